@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class RiskLevel(str, Enum):
+class RiskLevel(StrEnum):
     """How much harm a tool call can do, from read-only (`low`) to destructive (`critical`)."""
 
     LOW = "low"

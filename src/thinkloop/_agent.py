@@ -1,0 +1,227 @@
+"""`Agent`: configuration of an agent, and the entry points `run`, `run_sync`, `stream`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, Literal
+
+from ._budget import Budget, PriceTable
+from ._context import DEFAULT_MAX_CONTEXT_TOKENS, ContextManager
+from ._errors import ConfigurationError, UserError
+from ._events import Done, Event, RunResult, RunStarted
+from ._execute import AllowAll, ToolGate
+from ._guards import GuardConfig, Guards
+from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, run_loop
+from ._messages import Message, ModelSettings
+from ._prompt import DEFAULT_RULES
+from ._state import Mode, RunState
+from ._tools import Tool, ToolRegistry
+from .models import Model, resolve_model
+
+ModeSetting = Literal["auto", "native", "react"]
+
+
+class Agent:
+    """An agent's configuration: a model, tools, instructions, budgets, guards, safety and storage.
+
+    An `Agent` holds no run state: every `run()` gets its own, so one agent serves many concurrent runs.
+
+    Args:
+        model: a `Model`, or a model string: `"local"` (the default: the embedded local model),
+            `"local:0.5b"`, `"openai:gpt-4o-mini"`, `"script:replies.json"`.
+        tools: `Tool`s or plain functions (made into tools with `@tool`).
+        instructions: the role layer of the system prompt.
+        budget: the limits of each run (`Budget(max_steps=16)` by default).
+        mode: `"native"` tool calling, `"react"` text, or `"auto"` (native when the model supports tools).
+        settings: sampling settings (temperature 0.3, max output tokens 4096 by default).
+        environment, rules: more layers of the system prompt.
+        tool_timeout, output_max_length: defaults for tools that do not set their own.
+        max_context_tokens: the context window to keep the history within (≤ 0 means 8,000).
+        guards: settings of the loop guards and checkpoint hints.
+        safety: the gate every tool call passes (a `SafetyController`); None lets every call run.
+        store: where runs are checkpointed; None keeps them in memory only.
+        final_answer_on_stop: on a hard stop, make one last call for a best-effort answer.
+        on_event: a callback receiving every event of every run.
+    """
+
+    def __init__(
+        self,
+        model: str | Model | None = None,
+        *,
+        tools: Iterable[Tool | Callable[..., Any]] = (),
+        instructions: str = "",
+        name: str = "agent",
+        budget: Budget | None = None,
+        mode: ModeSetting = "auto",
+        settings: ModelSettings | None = None,
+        environment: str = "",
+        rules: Sequence[str] = DEFAULT_RULES,
+        tool_timeout: float = 120.0,
+        output_max_length: int = 10_000,
+        max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
+        guards: GuardConfig | None = None,
+        safety: ToolGate | None = None,
+        store: Checkpointer | None = None,
+        final_answer_on_stop: bool = True,
+        final_answer_prompt: str | None = None,
+        price_table: PriceTable | None = None,
+        on_event: EventSink | None = None,
+    ) -> None:
+        if mode not in ("auto", "native", "react"):
+            raise ConfigurationError(f"mode must be 'auto', 'native' or 'react', not {mode!r}")
+        if tool_timeout <= 0 or output_max_length <= 0:
+            raise ConfigurationError("tool_timeout and output_max_length must be positive")
+        self.name = name
+        self._model_spec = model
+        self._model: Model | None = model if isinstance(model, Model) else None
+        self.tools = ToolRegistry(tools)
+        self.instructions = instructions
+        self.budget = budget or Budget()
+        self.mode: ModeSetting = mode
+        self.settings = settings or ModelSettings()
+        self.environment = environment
+        self.rules = tuple(rules)
+        self.tool_timeout = tool_timeout
+        self.output_max_length = output_max_length
+        self.max_context_tokens = max_context_tokens if max_context_tokens > 0 else DEFAULT_MAX_CONTEXT_TOKENS
+        self.guard_config = guards or GuardConfig()
+        self.safety = safety
+        self.store = store
+        self.final_answer_on_stop = final_answer_on_stop
+        self.final_answer_prompt = final_answer_prompt
+        self.price_table = price_table or PriceTable()
+        self.on_event = on_event
+
+    # ------------------------------------------------------------------------------------- model
+
+    @property
+    def model(self) -> Model:
+        """The model, resolved from its string on first use (loading the local model happens then)."""
+        if self._model is None:
+            self._model = resolve_model(self._model_spec)
+        return self._model
+
+    def _initial_mode(self) -> Mode:
+        if self.mode == "auto":
+            return "native" if self.model.capabilities.tools else "react"
+        return self.mode
+
+    # ---------------------------------------------------------------------------------- entry points
+
+    async def run(
+        self,
+        goal: str,
+        *,
+        budget: Budget | None = None,
+        run_id: str | None = None,
+        on_event: EventSink | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> RunResult:
+        """Run the agent on `goal` until a final answer or a stop condition; the result is always returned."""
+        run = self._new_run(
+            goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[on_event], stream=False
+        )
+        return await self._drive(run)
+
+    def run_sync(self, goal: str, **kwargs: Any) -> RunResult:
+        """`run()` for code without an event loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.run(goal, **kwargs))
+        raise UserError(
+            "run_sync() cannot be called from a running event loop (e.g. Jupyter or async code): "
+            "use `await agent.run(...)` instead"
+        )
+
+    async def stream(
+        self,
+        goal: str,
+        *,
+        budget: Budget | None = None,
+        run_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> AsyncIterator[Event]:
+        """Run the agent, yielding its events live; the last event is `Done`, carrying the result.
+
+        Stopping the iteration (break, `aclose()`, cancellation) cancels the run cleanly.
+        """
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        run = self._new_run(
+            goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[queue.put_nowait], stream=True
+        )
+        task = asyncio.create_task(self._drive(run))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+                if isinstance(event, Done):
+                    break
+            await task
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    # ------------------------------------------------------------------------------------- internals
+
+    def _new_run(
+        self,
+        goal: str,
+        *,
+        budget: Budget | None,
+        run_id: str | None,
+        metadata: dict[str, Any] | None,
+        sinks: list[EventSink | None],
+        stream: bool,
+    ) -> RunContext:
+        if not isinstance(goal, str) or not goal.strip():
+            raise UserError(f"the goal must be a non-empty string, got {goal!r}")
+        state = RunState(
+            agent_name=self.name,
+            model=self.model.spec,
+            goal=goal,
+            mode=self._initial_mode(),
+            metadata=metadata or {},
+        )
+        if run_id is not None:
+            state.run_id = run_id
+        state.messages.append(Message.user(goal))
+        return self._context(state, budget=budget, sinks=sinks, stream=stream)
+
+    def _context(
+        self, state: RunState, *, budget: Budget | None, sinks: list[EventSink | None], stream: bool
+    ) -> RunContext:
+        config = LoopConfig(
+            budget=budget or self.budget,
+            settings=self.settings,
+            tool_timeout=self.tool_timeout,
+            output_max_length=self.output_max_length,
+            final_answer_on_stop=self.final_answer_on_stop,
+            final_answer_prompt=self.final_answer_prompt,
+            stream=stream,
+            price_table=self.price_table,
+        )
+        all_sinks = [s for s in (self.on_event, *sinks) if s is not None]
+        return RunContext(
+            state=state,
+            model=self.model,
+            tools=self.tools,
+            config=config,
+            guards=Guards(self.guard_config),
+            context=ContextManager(self.max_context_tokens),
+            prompt_layers={"role": self.instructions, "environment": self.environment, "rules": self.rules},
+            gate=self.safety or AllowAll(),
+            store=self.store,
+            sinks=all_sinks,
+            elapsed_before=state.elapsed,
+        )
+
+    async def _drive(self, run: RunContext, *, resumed: bool = False) -> RunResult:
+        state = run.state
+        run.emit(RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
+        await run.checkpoint()  # recorded before the first model call: a crash leaves a resumable run
+        return await run_loop(run)

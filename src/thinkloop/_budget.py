@@ -1,0 +1,102 @@
+"""Budgets (SPEC §5) and the per-model price table (SPEC §5.2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._errors import ConfigurationError
+from ._messages import Usage
+from ._state import StopReason
+
+DEFAULT_MAX_STEPS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Limits of one run. `None` means unlimited; `timeout` is in seconds of run time.
+
+    `check()` returns the stop reason a run has reached, or None. It is called before every model call.
+    """
+
+    max_steps: int = DEFAULT_MAX_STEPS
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ConfigurationError(f"Budget.max_steps must be at least 1, got {self.max_steps}")
+        for name in ("max_tokens", "max_cost", "timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigurationError(f"Budget.{name} must be positive or None, got {value!r}")
+
+    def check(self, *, steps: int, usage: Usage, elapsed: float) -> StopReason | None:
+        """The first limit reached, in order of precedence: timeout, cost, tokens, steps."""
+        if self.timeout is not None and elapsed >= self.timeout:
+            return StopReason.TIMEOUT
+        if self.max_cost is not None and usage.cost >= self.max_cost:
+            return StopReason.MAX_COST
+        if self.max_tokens is not None and usage.total_tokens >= self.max_tokens:
+            return StopReason.MAX_TOKENS
+        if steps >= self.max_steps:
+            return StopReason.MAX_STEPS
+        return None
+
+    def describe(self, reason: StopReason) -> str:
+        """A sentence naming the limit that stopped the run."""
+        limits = {
+            StopReason.TIMEOUT: f"the time limit of {self.timeout} s",
+            StopReason.MAX_COST: f"the cost limit of {self.max_cost}",
+            StopReason.MAX_TOKENS: f"the token limit of {self.max_tokens}",
+            StopReason.MAX_STEPS: f"the step limit of {self.max_steps}",
+        }
+        return f"The run reached {limits.get(reason, reason.value)}."
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """US dollars per million input and output tokens."""
+
+    input_per_million: float
+    output_per_million: float
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input_per_million + output_tokens * self.output_per_million) / 1e6
+
+
+@dataclass
+class PriceTable:
+    """Prices by model name; a name matches its longest known prefix (`gpt-4o-mini-2024…` → `gpt-4o-mini`)."""
+
+    prices: dict[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
+
+    def price(self, model_name: str) -> Price | None:
+        name = model_name.split(":", 1)[-1]
+        best: str | None = None
+        for known in self.prices:
+            if name.startswith(known) and (best is None or len(known) > len(best)):
+                best = known
+        return self.prices[best] if best is not None else None
+
+    def cost(self, model_name: str, input_tokens: int, output_tokens: int) -> float:
+        price = self.price(model_name)
+        return price.cost(input_tokens, output_tokens) if price else 0.0
+
+
+DEFAULT_PRICES: dict[str, Price] = {
+    "gpt-4o-mini": Price(0.15, 0.60),
+    "gpt-4o": Price(2.50, 10.00),
+    "gpt-4.1-nano": Price(0.10, 0.40),
+    "gpt-4.1-mini": Price(0.40, 1.60),
+    "gpt-4.1": Price(2.00, 8.00),
+    "gpt-5-nano": Price(0.05, 0.40),
+    "gpt-5-mini": Price(0.25, 2.00),
+    "gpt-5": Price(1.25, 10.00),
+    "o4-mini": Price(1.10, 4.40),
+    "o3": Price(2.00, 8.00),
+    "deepseek-chat": Price(0.27, 1.10),
+    "deepseek-reasoner": Price(0.55, 2.19),
+    "local": Price(0.0, 0.0),
+    "script": Price(0.0, 0.0),
+}

@@ -1,0 +1,86 @@
+"""thinkloop's exceptions.
+
+    ThinkloopError                  the root: catch this to catch everything thinkloop raises
+    ├── UserError                   a usage mistake by the application developer (fix the code)
+    │   └── ConfigurationError      a bad setting, model string, tool definition …
+    └── RunError                    something that happened during a run; carries the run state
+        ├── ModelError              a model provider failed (scope + provider name)
+        │   └── ModelRetryableError a transient failure (429, 5xx, timeout, connection) a router may retry
+        ├── ToolExecutionError      a tool failed in a way that cannot be told to the model
+        ├── StateError              a run state that cannot be loaded or resumed
+        └── ConcurrencyError        an event-log append lost the race (`expected_version` mismatch)
+
+Exceptions never log by themselves. Messages say what happened, with what value, and what to do.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._state import RunState
+
+
+class ThinkloopError(Exception):
+    """Root of every exception raised by thinkloop."""
+
+
+class UserError(ThinkloopError):
+    """A usage mistake by the application developer: the code calling thinkloop must change."""
+
+
+class ConfigurationError(UserError):
+    """A bad setting: a model string, a tool definition, a budget, a store URL …"""
+
+
+class RunError(ThinkloopError):
+    """Something went wrong during a run. `state` holds the run so far, so no work is lost."""
+
+    def __init__(self, message: str, *, state: RunState | None = None) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class ModelError(RunError):
+    """A model provider failed. `provider` names it, `scope` says what was being done."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        scope: str = "model request",
+        status_code: int | None = None,
+        retry_after: float | None = None,
+        state: RunState | None = None,
+    ) -> None:
+        super().__init__(f"{provider}: {scope} failed: {message}", state=state)
+        self.provider = provider
+        self.scope = scope
+        self.status_code = status_code
+        self.retry_after = retry_after
+
+
+class ModelRetryableError(ModelError):
+    """A transient model failure (rate limit, server error, timeout, lost connection)."""
+
+
+class ToolExecutionError(RunError):
+    """A tool failed in a way that cannot be reported to the model as an observation."""
+
+
+class StateError(RunError):
+    """A run state cannot be loaded, saved or resumed (corrupt, too new, already finished …)."""
+
+
+class ConcurrencyError(RunError):
+    """An append to an event log used an `expected_version` that is no longer current."""
+
+    def __init__(self, run_id: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"event log of run {run_id!r} is at version {actual}, not the expected {expected}: "
+            "another writer appended first; reload and retry"
+        )
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = actual

@@ -1,0 +1,207 @@
+"""Typed, JSON-serialisable events of a run (SPEC §8.1).
+
+Event `type` names are API: they are stored in event logs and sent over WebSockets, so they never change.
+Every event carries the `run_id` it belongs to and its `seq`uence number in the run's event log.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from ._messages import ToolCall, Usage
+from ._risk import RiskLevel
+from ._state import Mode, RunState, StopReason
+
+# How the safety gate decided on a tool call.
+Decision = Literal["auto", "approved", "approved_always", "denied", "blocked", "timeout"]
+# Why a tool call failed, when it did.
+ErrorKind = Literal[
+    "unknown_tool", "invalid_arguments", "exception", "timeout", "denied", "repeated_call", "unknown_outcome"
+]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = ""
+    seq: int = 0
+    time: float = Field(default_factory=time.time)
+
+
+class RunStarted(_Event):
+    type: Literal["run_started"] = "run_started"
+    goal: str
+    model: str
+    mode: Mode
+    resumed: bool = False
+
+
+class Thought(_Event):
+    """The model's reasoning text of a step that also calls tools."""
+
+    type: Literal["thought"] = "thought"
+    step: int
+    text: str
+
+
+class ToolCallEvent(_Event):
+    type: Literal["tool_call"] = "tool_call"
+    step: int
+    call: ToolCall
+    risk: RiskLevel = RiskLevel.LOW
+    decision: Decision = "auto"
+
+
+class ToolResultEvent(_Event):
+    type: Literal["tool_result"] = "tool_result"
+    step: int
+    call_id: str
+    name: str
+    output: str
+    success: bool
+    duration: float
+    error_kind: ErrorKind | None = None
+    truncated: bool = False
+    decision: Decision | None = None
+
+
+class AnswerDelta(_Event):
+    """A streamed piece of the final answer."""
+
+    type: Literal["answer_delta"] = "answer_delta"
+    text: str
+
+
+class Progress(_Event):
+    type: Literal["progress"] = "progress"
+    step: int
+    max_steps: int
+    usage: Usage
+
+
+class Hint(_Event):
+    """A checkpoint hint injected into the conversation by the guards."""
+
+    type: Literal["hint"] = "hint"
+    step: int
+    text: str
+    reason: str
+
+
+class ApprovalRequested(_Event):
+    type: Literal["approval_requested"] = "approval_requested"
+    step: int
+    call: ToolCall
+    risk: RiskLevel
+    reason: str
+
+
+class ModeSwitched(_Event):
+    type: Literal["mode_switched"] = "mode_switched"
+    step: int
+    from_mode: Mode
+    to_mode: Mode
+    reason: str
+
+
+class ModelAttempt(_Event):
+    """One attempt of a model call that failed (a router retries or falls back after it)."""
+
+    type: Literal["model_attempt"] = "model_attempt"
+    model: str
+    attempt: int
+    error: str
+    next_action: Literal["retry", "fallback", "give_up"]
+    delay: float = 0.0
+
+
+class Status(_Event):
+    """A long-running step outside the loop proper (e.g. loading the local model)."""
+
+    type: Literal["status"] = "status"
+    text: str
+
+
+class ErrorEvent(_Event):
+    type: Literal["error"] = "error"
+    message: str
+
+
+class Done(_Event):
+    """The last event of every run; carries the result."""
+
+    type: Literal["done"] = "done"
+    result: RunResult
+
+
+Event = Annotated[
+    RunStarted
+    | Thought
+    | ToolCallEvent
+    | ToolResultEvent
+    | AnswerDelta
+    | Progress
+    | Hint
+    | ApprovalRequested
+    | ModeSwitched
+    | ModelAttempt
+    | Status
+    | ErrorEvent
+    | Done,
+    Field(discriminator="type"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def event_from_json(data: str | bytes | dict[str, Any]) -> Event:
+    """Parse an event from JSON text or a decoded dict."""
+    if isinstance(data, dict):
+        return EVENT_ADAPTER.validate_python(data)
+    return EVENT_ADAPTER.validate_json(data)
+
+
+class RunResult(BaseModel):
+    """What a run produced, on every stop reason — including the full state, so nothing is lost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output: str
+    stop_reason: StopReason
+    usage: Usage
+    steps: int
+    tool_calls: int
+    duration: float
+    forced_final: bool = False
+    error: str | None = None
+    state: RunState
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
+    @property
+    def ok(self) -> bool:
+        """True when the model gave its own final answer."""
+        return self.stop_reason is StopReason.FINAL_ANSWER
+
+    @classmethod
+    def from_state(cls, state: RunState) -> RunResult:
+        assert state.stop_reason is not None, "a result needs a finished state"
+        return cls(
+            output=state.answer or "",
+            stop_reason=state.stop_reason,
+            usage=state.usage.model_copy(),
+            steps=state.step,
+            tool_calls=state.tool_calls,
+            duration=state.elapsed,
+            forced_final=state.forced_final,
+            error=state.error,
+            state=state,
+        )
+
+
+Done.model_rebuild()

@@ -1,0 +1,165 @@
+"""Act (SPEC §3.3–3.4, §6): the one choke point every tool call goes through.
+
+For each call: look the tool up, validate the arguments, rate the risk, ask the safety gate, record the
+call as started in the ledger, run it under a timeout, render and truncate its output, record the result.
+Every failure becomes an observation the model can act on; nothing here raises into the loop except
+cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from ._events import Decision, ErrorKind
+from ._messages import ToolCall
+from ._risk import RiskLevel
+from ._state import LedgerEntry
+from ._tools import Tool, ToolArgumentsError, render_output, truncate_output
+
+if TYPE_CHECKING:
+    from ._loop import RunContext
+
+
+@dataclass(slots=True)
+class ToolOutcome:
+    """What one tool call produced: the observation text and how it went."""
+
+    call: ToolCall
+    output: str
+    success: bool
+    duration: float = 0.0
+    error_kind: ErrorKind | None = None
+    truncated: bool = False
+    risk: RiskLevel = RiskLevel.LOW
+    decision: Decision | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """The safety gate's verdict on one call. `message` is told to the model when the call is refused."""
+
+    allowed: bool
+    decision: Decision
+    reason: str = ""
+    message: str = ""
+
+
+class ToolGate(Protocol):
+    """Decides whether a call may run (the safety controller implements this)."""
+
+    async def check(self, call: ToolCall, tool: Tool, risk: RiskLevel, run: RunContext) -> GateDecision: ...
+
+
+class AllowAll:
+    """The gate of an agent without a safety policy: every call runs."""
+
+    async def check(self, call: ToolCall, tool: Tool, risk: RiskLevel, run: RunContext) -> GateDecision:
+        return GateDecision(True, "auto")
+
+
+@dataclass(slots=True)
+class _Prepared:
+    call: ToolCall
+    tool: Tool
+    arguments: dict[str, object]
+    risk: RiskLevel
+    decision: Decision = "auto"
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+async def execute_calls(run: RunContext, calls: list[ToolCall]) -> list[ToolOutcome]:
+    """Execute one reply's tool calls: checks and approvals in order, then the allowed calls concurrently.
+
+    Outcomes come back in the order of `calls`, so each call is answered by its own id.
+    """
+    outcomes: dict[str, ToolOutcome] = {}
+    ready: list[_Prepared] = []
+    for call in calls:
+        prepared = await _prepare(run, call)
+        if isinstance(prepared, ToolOutcome):
+            outcomes[call.id] = prepared
+        else:
+            ready.append(prepared)
+    if len(ready) == 1:
+        outcomes[ready[0].call.id] = await _run_one(run, ready[0])
+    elif ready:
+        results = await asyncio.gather(*(_run_one(run, p) for p in ready))
+        outcomes.update((o.call.id, o) for o in results)
+    return [outcomes[c.id] for c in calls]
+
+
+async def _prepare(run: RunContext, call: ToolCall) -> _Prepared | ToolOutcome:
+    """Everything before running: lookup, argument checks, risk, the safety gate."""
+    tool = run.tools.get(call.name)
+    if tool is None:
+        return _failed(call, "unknown_tool", _unknown_tool_message(call.name, run.tools.names))
+    if call.malformed:
+        return _failed(call, "invalid_arguments", _bad_json_message(call, tool))
+    try:
+        arguments = tool.validate(call.arguments)
+    except ToolArgumentsError as exc:
+        return _failed(call, "invalid_arguments", _invalid_args_message(tool, str(exc)))
+    risk = tool.risk_for(arguments)
+    verdict = await run.gate.check(call, tool, risk, run)
+    if not verdict.allowed:
+        text = (
+            verdict.message
+            or f"Denied: the call of {tool.name} was not approved ({verdict.reason or 'no reason given'}). Do not retry it; find another way or answer with what you know."
+        )
+        return ToolOutcome(call, text, False, error_kind="denied", risk=risk, decision=verdict.decision)
+    return _Prepared(call, tool, arguments, risk, verdict.decision)
+
+
+async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
+    """Run one approved call: ledger start, timeout, render, truncate, ledger done."""
+    call, tool = prepared.call, prepared.tool
+    await run.ledger_started(
+        LedgerEntry(call_id=call.id, name=call.name, arguments=call.arguments, step=run.state.step)
+    )
+    timeout = tool.timeout if tool.timeout is not None else run.config.tool_timeout
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout):
+            value = await tool.invoke(prepared.arguments)
+        text, success, kind = render_output(value), True, None
+    except TimeoutError:
+        text, success, kind = (
+            f"Error: {tool.name} timed out after {timeout:g} s and was abandoned.",
+            False,
+            "timeout",
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        text, success, kind = f"Error: {tool.name} raised {type(exc).__name__}: {exc}", False, "exception"
+    duration = time.perf_counter() - started
+    limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
+    text, truncated = truncate_output(text, limit)
+    outcome = ToolOutcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
+    await run.ledger_done(call.id, text, success)
+    return outcome
+
+
+def _failed(call: ToolCall, kind: ErrorKind, text: str) -> ToolOutcome:
+    return ToolOutcome(call, text, False, error_kind=kind)
+
+
+def _unknown_tool_message(name: str, names: list[str]) -> str:
+    listing = ", ".join(names) if names else "(none: answer without tools)"
+    return f"Error: there is no tool named {name!r}. Available tools: {listing}."
+
+
+def _bad_json_message(call: ToolCall, tool: Tool) -> str:
+    raw = (call.raw_arguments or "")[:300]
+    schema = json.dumps(tool.parameters.get("properties", {}), ensure_ascii=False)
+    return f"Error: the arguments of {tool.name} were not a JSON object: {raw!r}. Send a JSON object matching: {schema}"
+
+
+def _invalid_args_message(tool: Tool, problem: str) -> str:
+    schema = json.dumps(tool.parameters.get("properties", {}), ensure_ascii=False)
+    required = tool.parameters.get("required", [])
+    return f"Error: invalid arguments for {tool.name}: {problem}. Expected properties: {schema}; required: {required}."

@@ -1,0 +1,455 @@
+"""The Think → Act → Observe loop (SPEC §4) and the per-run context it works on.
+
+`run_loop()` is the whole algorithm; each helper below it has one concern.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from . import _react
+from ._budget import Budget, PriceTable
+from ._context import ContextManager
+from ._errors import ModelError, RunError
+from ._events import (
+    AnswerDelta,
+    Done,
+    ErrorEvent,
+    Event,
+    Hint,
+    ModeSwitched,
+    Progress,
+    RunResult,
+    Thought,
+    ToolCallEvent,
+    ToolResultEvent,
+)
+from ._execute import AllowAll, ToolGate, ToolOutcome, execute_calls
+from ._guards import Guards
+from ._messages import Message, ModelRequest, ModelResponse, ModelSettings, TextDelta, ToolCall
+from ._prompt import final_answer_prompt, system_prompt
+from ._state import LedgerEntry, Mode, RunState, StopReason
+from ._tools import ToolRegistry
+
+if TYPE_CHECKING:
+    from .models import Model
+
+EventSink = Callable[[Event], None]
+
+
+class Checkpointer(Protocol):
+    """Where a run's state and events are saved at every step boundary (a `Store` implements this)."""
+
+    async def checkpoint(self, state: RunState, events: list[Event]) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The agent's settings the loop needs (an `Agent` builds this once)."""
+
+    budget: Budget
+    settings: ModelSettings
+    tool_timeout: float = 120.0
+    output_max_length: int = 10_000
+    final_answer_on_stop: bool = True
+    final_answer_prompt: str | None = None
+    stream: bool = False
+    price_table: PriceTable = field(default_factory=PriceTable)
+
+
+@dataclass
+class RunContext:
+    """One run: its state plus everything the loop uses. Never shared between runs."""
+
+    state: RunState
+    model: Model
+    tools: ToolRegistry
+    config: LoopConfig
+    guards: Guards
+    context: ContextManager
+    prompt_layers: dict[str, Any] = field(default_factory=dict)
+    gate: ToolGate = field(default_factory=AllowAll)
+    store: Checkpointer | None = None
+    sinks: list[EventSink] = field(default_factory=list)
+    pending: list[Event] = field(default_factory=list)
+    clock_start: float = field(default_factory=time.monotonic)
+    elapsed_before: float = 0.0
+
+    def system_for(self, mode: Mode) -> str:
+        """The system prompt for a mode: the agent's layers, plus the tool list and format in ReAct."""
+        tools = _react.tools_prompt(self.tools.definitions()) if mode == "react" and len(self.tools) else ""
+        return system_prompt(tools=tools, **self.prompt_layers)
+
+    # ------------------------------------------------------------------------------------- events
+
+    def emit(self, event: Event) -> None:
+        """Number the event, hand it to the sinks, and queue it for the next checkpoint."""
+        self.state.event_version += 1
+        event.run_id = self.state.run_id
+        event.seq = self.state.event_version
+        if self.store is not None:
+            self.pending.append(event)
+        for sink in self.sinks:
+            sink(event)
+
+    async def checkpoint(self) -> None:
+        """Save the state with the events emitted since the last checkpoint, in one transaction."""
+        self.state.elapsed = self.elapsed
+        if self.store is not None:
+            events, self.pending = self.pending, []
+            await self.store.checkpoint(self.state, events)
+
+    async def ledger_started(self, entry: LedgerEntry) -> None:
+        self.state.ledger[entry.call_id] = entry
+        await self.checkpoint()
+
+    async def ledger_done(self, call_id: str, output: str, success: bool) -> None:
+        entry = self.state.ledger.get(call_id)
+        if entry is not None:
+            entry.status, entry.output, entry.success = "done", output, success
+        await self.checkpoint()
+
+    @property
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.monotonic() - self.clock_start
+
+    @property
+    def deadline(self) -> float | None:
+        timeout = self.config.budget.timeout
+        return None if timeout is None else time.monotonic() + max(timeout - self.elapsed, 0.0)
+
+
+@dataclass(slots=True)
+class Reply:
+    """A model reply as the loop understands it."""
+
+    text: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+    problem: str | None = None  # why the reply could not be understood (to heal)
+
+
+# ================================================================================================ loop
+
+
+async def run_loop(run: RunContext) -> RunResult:
+    """Run Think → Act → Observe until a final answer or a stop condition.
+
+    1. Check the stop conditions: budgets, then the guards (loop, no progress).
+    2. Think: send the context view to the model and record its reply.
+    3. A reply that cannot be understood is healed: the model is told what was wrong, then back to 1
+       (more than `max_heals` bad replies in a row stop the run with `error`).
+    4. A reply without tool calls is the final answer: stop.
+    5. Act: run the tool calls — screened for loops, validated, risk-checked, timed out, truncated.
+    6. Observe: record the results, update the guards, add a checkpoint hint, save; back to 1.
+    A hard stop (budget, loop, no progress) makes one last call for a best-effort final answer.
+    """
+    try:
+        while True:
+            reason = check_stop(run)
+            if reason is not None:
+                return await finish_forced(run, reason)
+            reply = await think(run)
+            if reply.problem is not None:
+                if heal(run, reply):
+                    continue
+                return await finish(
+                    run,
+                    StopReason.ERROR,
+                    error=f"the model's replies could not be understood: {reply.problem}",
+                )
+            if not reply.calls:
+                return await finish(run, StopReason.FINAL_ANSWER, answer=reply.text)
+            outcomes = await act(run, reply.calls)
+            await observe(run, outcomes)
+    except TimeoutError:
+        return await finish(
+            run,
+            StopReason.TIMEOUT,
+            answer=_best_known(run),
+            error=run.config.budget.describe(StopReason.TIMEOUT),
+        )
+    except asyncio.CancelledError:
+        await finish(run, StopReason.CANCELLED, error="the run was cancelled")
+        raise
+    except RunError as exc:
+        return await finish(run, StopReason.ERROR, error=str(exc))
+
+
+# =============================================================================================== steps
+
+
+def check_stop(run: RunContext) -> StopReason | None:
+    """Budgets first, then the guards."""
+    state = run.state
+    reason = run.config.budget.check(steps=state.step, usage=state.usage, elapsed=run.elapsed)
+    return reason or run.guards.stop_reason(state)
+
+
+async def think(run: RunContext) -> Reply:
+    """One model call on the context view; the reply is recorded in the history."""
+    state = run.state
+    state.step += 1
+    state.phase = "thinking"
+    run.emit(Progress(step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.model_copy()))
+    request = build_request(run)
+    response = await call_model(run, request)
+    reply = interpret(run, response, request)
+    _record_reply(run, reply)
+    return reply
+
+
+def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
+    """The model request of this step: the context view, plus tools (native) or the ReAct format."""
+    state, react = run.state, run.state.mode == "react"
+    messages = run.context.view(state)
+    if react:
+        messages = _react.render_transcript(messages)
+    settings = run.config.settings
+    if react and not final:
+        settings = settings.model_copy(update={"stop": [*settings.stop, *_react.STOP_SEQUENCES]})
+    tools = [] if react or final else run.tools.definitions()
+    prefill = "Thought:" if react and not final and run.model.capabilities.prefill else ""
+    return ModelRequest(
+        messages=[Message.system(run.system_for(state.mode)), *messages],
+        tools=tools,
+        settings=settings,
+        run_id=state.run_id,
+        turn=state.usage.requests,
+        prefill=prefill,
+    )
+
+
+async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
+    """Call the model (streaming when asked), under the run's deadline; account its usage."""
+    async with asyncio.timeout_at(run.deadline):
+        if run.config.stream and run.model.capabilities.streaming:
+            response = await _stream_model(run, request)
+        else:
+            response = await run.model.request(request)
+    if (
+        request.prefill
+        and response.text
+        and not response.text.lstrip().lower().startswith(request.prefill.lower())
+    ):
+        response = response.model_copy(update={"text": f"{request.prefill} {response.text}"})
+    _account(run, request, response)
+    return response
+
+
+async def _stream_model(run: RunContext, request: ModelRequest) -> ModelResponse:
+    """Stream a reply; text is forwarded as `answer_delta` while it can still be the final answer."""
+    final: ModelResponse | None = None
+    answer = _AnswerStreamer(run, react=run.state.mode == "react")
+    async for chunk in run.model.stream(request):
+        if isinstance(chunk, TextDelta):
+            answer.feed(chunk.text)
+        elif isinstance(chunk, ModelResponse):
+            final = chunk
+        else:
+            answer.tool_call_seen = True
+    if final is None:
+        raise ModelError(
+            "the stream ended without a final response", provider=run.model.provider, scope="streaming"
+        )
+    return final
+
+
+class _AnswerStreamer:
+    """Emits `answer_delta` events: native text before any tool call; ReAct text after `Final Answer:`."""
+
+    def __init__(self, run: RunContext, *, react: bool) -> None:
+        self.run, self.react, self.buffer, self.sent, self.tool_call_seen = run, react, "", 0, False
+
+    def feed(self, text: str) -> None:
+        self.buffer += text
+        if self.tool_call_seen:
+            return
+        if not self.react:
+            self.run.emit(AnswerDelta(text=text))
+            return
+        match = _react._FINAL_RE.search(self.buffer)
+        if match is None:
+            return
+        start = max(match.end(), self.sent)
+        piece = self.buffer[start:]
+        if piece:
+            self.run.emit(AnswerDelta(text=piece))
+            self.sent = len(self.buffer)
+
+
+def _account(run: RunContext, request: ModelRequest, response: ModelResponse) -> None:
+    from .models._base import estimated_usage
+
+    usage = response.usage if response.usage.requests else estimated_usage(request, response)
+    if usage.cost == 0.0:
+        usage = usage.model_copy(
+            update={
+                "cost": run.config.price_table.cost(
+                    response.model_name or run.model.name, usage.input_tokens, usage.output_tokens
+                )
+            }
+        )
+    run.state.usage.add(usage)
+
+
+def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -> Reply:
+    """Turn a raw response into a `Reply`: native tool calls, or a parsed ReAct step."""
+    if run.state.mode == "react" and not response.tool_calls:
+        step = _react.parse_react(response.text, run.tools.names, call_id=f"react_{run.state.step}")
+        if step.error:
+            return Reply(text=response.text, problem=step.error)
+        if step.call is not None:
+            return Reply(text=step.thought, calls=[step.call])
+        return Reply(text=step.final or "")
+    calls = list(response.tool_calls)
+    if not calls and response.text and run.tools.names:
+        text_call = _react._bare_json_call(response.text, run.tools.names, f"text_{run.state.step}")
+        if text_call is not None:  # a native model that wrote its tool call as text
+            _note_malformed_native(run)
+            return Reply(text="", calls=[text_call])
+    if any(c.malformed for c in calls):
+        _note_malformed_native(run)
+    return Reply(text=response.text, calls=calls)
+
+
+def _note_malformed_native(run: RunContext) -> None:
+    if run.state.mode == "native" and run.guards.note_malformed_native(run.state):
+        switch_mode(run, "react", "the model kept producing malformed tool calls")
+
+
+def switch_mode(run: RunContext, mode: Mode, reason: str) -> None:
+    previous = run.state.mode
+    run.state.mode = mode
+    run.state.metadata.setdefault("mode_switches", []).append(
+        {"step": run.state.step, "to": mode, "reason": reason}
+    )
+    run.emit(ModeSwitched(step=run.state.step, from_mode=previous, to_mode=mode, reason=reason))
+
+
+def _record_reply(run: RunContext, reply: Reply) -> None:
+    state = run.state
+    state.messages.append(Message.assistant(reply.text, reply.calls, step=state.step))
+    if reply.calls and reply.text.strip():
+        run.emit(Thought(step=state.step, text=reply.text.strip()))
+
+
+def heal(run: RunContext, reply: Reply) -> bool:
+    """Ask the model to correct an unreadable reply; False when healing has failed too often."""
+    if run.guards.note_heal(run.state, malformed=True):
+        return False
+    names = ", ".join(run.tools.names)
+    text = (
+        f"Your last reply could not be understood: {reply.problem} Reply either with\n"
+        f"Thought: ...\nAction: one of [{names}]\nAction Input: {{JSON arguments}}\n"
+        "or with\nFinal Answer: your answer"
+    )
+    run.state.messages.append(Message.user(text, kind="correction", step=run.state.step))
+    return True
+
+
+async def act(run: RunContext, calls: list[ToolCall]) -> list[ToolOutcome]:
+    """Run one reply's tool calls; repeats the guards block are answered without running."""
+    state = run.state
+    state.phase = "acting"
+    blocked = run.guards.screen(state, calls)
+    runnable = [c for c in calls if c.id not in blocked]
+    executed = {o.call.id: o for o in await execute_calls(run, runnable)} if runnable else {}
+    outcomes = []
+    for call in calls:
+        if call.id in blocked:
+            run.emit(ToolCallEvent(step=state.step, call=call, decision="blocked"))
+            outcomes.append(
+                ToolOutcome(call, blocked[call.id], False, error_kind="repeated_call", decision="blocked")
+            )
+        else:
+            outcomes.append(executed[call.id])
+    state.tool_calls += len(runnable)
+    return outcomes
+
+
+async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
+    """Record each result as a tool message, update the guards, add a hint when due, checkpoint."""
+    state = run.state
+    for outcome in outcomes:
+        text = outcome.output
+        if outcome.success and run.guards.is_repeat(state, outcome.call):
+            text = f"{text}\n\n{run.guards.config.hint('repeat_note')}"
+        state.messages.append(Message.tool(outcome.call, text, step=state.step))
+        run.emit(_result_event(state.step, outcome))
+    run.guards.observe(state, outcomes)
+    malformed = all(o.error_kind in ("unknown_tool", "invalid_arguments") for o in outcomes)
+    run.guards.note_heal(state, malformed=malformed)
+    hint = run.guards.hint(state, run.config.budget.max_steps)
+    if hint is not None:
+        state.messages.append(Message.user(hint[0], kind="hint", step=state.step))
+        run.emit(Hint(step=state.step, text=hint[0], reason=hint[1]))
+    await run.checkpoint()
+
+
+def _result_event(step: int, o: ToolOutcome) -> ToolResultEvent:
+    return ToolResultEvent(
+        step=step, call_id=o.call.id, name=o.call.name, output=o.output, success=o.success,
+        duration=o.duration, error_kind=o.error_kind, truncated=o.truncated, decision=o.decision,
+    )  # fmt: skip
+
+
+# ============================================================================================= endings
+
+
+async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
+    """A hard stop: one last call without tools for a best-effort answer (SPEC §4.8), then finish."""
+    why = run.config.budget.describe(reason) if reason.is_budget else run.guards.describe(reason)
+    if not (reason.gets_final_answer_call and run.config.final_answer_on_stop):
+        return await finish(run, reason, answer=_best_known(run), error=why)
+    state = run.state
+    prompt = final_answer_prompt(run.config.final_answer_prompt, reason=why, goal=state.goal)
+    state.messages.append(Message.user(prompt, kind="final_prompt", step=state.step))
+    try:
+        request = build_request(run, final=True)
+        async with asyncio.timeout_at(run.deadline):
+            response = await run.model.request(request)
+        _account(run, request, response)
+    except (ModelError, TimeoutError) as exc:
+        return await finish(
+            run, reason, answer=_best_known(run), error=f"{why} The final-answer call failed: {exc}"
+        )
+    answer = _final_text(response.text)
+    state.messages.append(Message.assistant(answer, step=state.step))
+    state.forced_final = True
+    return await finish(run, reason, answer=answer, error=why)
+
+
+def _final_text(text: str) -> str:
+    match = _react._FINAL_RE.search(text)
+    return (text[match.end() :] if match else _react._cut_invented_observation(text)).strip()
+
+
+def _best_known(run: RunContext) -> str:
+    """Without a final-answer call: the last successful observation, if any."""
+    for msg in reversed(run.state.messages):
+        if msg.role == "tool" and not msg.content.startswith(("Error", "Blocked", "Denied")):
+            return msg.content
+    return ""
+
+
+async def finish(
+    run: RunContext, reason: StopReason, *, answer: str = "", error: str | None = None
+) -> RunResult:
+    """End the run with exactly one stop reason; save it; emit `done` (and `error` first on errors)."""
+    state = run.state
+    state.stop_reason = reason
+    state.answer = answer
+    state.error = error if reason is not StopReason.FINAL_ANSWER else None
+    state.phase = "error" if reason in (StopReason.ERROR, StopReason.CANCELLED) else "done"
+    state.ended_at = time.time()
+    state.elapsed = run.elapsed
+    if reason is StopReason.ERROR:
+        run.emit(ErrorEvent(message=error or "error"))
+    result = RunResult.from_state(state)
+    run.emit(Done(result=result))
+    await run.checkpoint()
+    return result

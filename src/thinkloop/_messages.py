@@ -1,0 +1,163 @@
+"""thinkloop's own message, tool-call and usage types.
+
+Provider wire formats never leave the model adapters: the loop, the state, the stores and the events
+only ever see these types. All of them are pydantic models, so they round-trip through JSON exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+# What a message is for, beyond its role. The context manager and the UI use it; providers never see it.
+MessageKind = Literal[
+    "task",  # the user's goal
+    "instructions",  # the system prompt
+    "reply",  # an ordinary model reply or tool result
+    "hint",  # a checkpoint hint injected by the guards
+    "correction",  # a self-healing correction request
+    "final_prompt",  # the request for a best-effort final answer
+    "summary",  # a compressed summary of older steps
+    "memory",  # a message carried over from an earlier turn of the session
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolCall(_Model):
+    """A call of one tool, as the model asked for it.
+
+    `arguments` is always a JSON object. When the model sent arguments that are not a JSON object,
+    `arguments` is empty and `raw_arguments` holds what was sent, so the loop can explain the error.
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    raw_arguments: str | None = None
+
+    @property
+    def malformed(self) -> bool:
+        return self.raw_arguments is not None
+
+
+class Message(_Model):
+    """One message of a conversation, in thinkloop's own provider-neutral shape."""
+
+    role: Role
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None  # for role == "tool": the call this answers
+    name: str | None = None  # for role == "tool": the tool's name
+    kind: MessageKind = "reply"
+    step: int | None = None  # the loop step that produced it (None for the task and instructions)
+
+    @classmethod
+    def system(cls, content: str, *, kind: MessageKind = "instructions") -> Message:
+        return cls(role="system", content=content, kind=kind)
+
+    @classmethod
+    def user(cls, content: str, *, kind: MessageKind = "task", step: int | None = None) -> Message:
+        return cls(role="user", content=content, kind=kind, step=step)
+
+    @classmethod
+    def assistant(
+        cls, content: str = "", tool_calls: list[ToolCall] | None = None, *, step: int | None = None
+    ) -> Message:
+        return cls(role="assistant", content=content, tool_calls=tool_calls or [], step=step)
+
+    @classmethod
+    def tool(cls, call: ToolCall, content: str, *, step: int | None = None) -> Message:
+        return cls(role="tool", content=content, tool_call_id=call.id, name=call.name, step=step)
+
+
+class Usage(_Model):
+    """Tokens and cost. `estimated` is True when any part was estimated rather than reported."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+    requests: int = 0
+    estimated: bool = False
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, other: Usage) -> None:
+        """Accumulate `other` into this usage (in place)."""
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cost += other.cost
+        self.requests += other.requests
+        self.estimated = self.estimated or other.estimated
+
+
+class ToolDefinition(_Model):
+    """What a model is told about a tool: a name, a description and a JSON Schema of its parameters."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ModelSettings(_Model):
+    """Sampling settings of a model request (defaults from SPEC §5.3)."""
+
+    temperature: float = 0.3
+    max_output_tokens: int = 4096
+    stop: list[str] = Field(default_factory=list)
+
+
+class ModelRequest(_Model):
+    """Everything a model needs for one turn.
+
+    `run_id` and `turn` (the number of model calls the run already made) are for bookkeeping and test
+    doubles; adapters never send them to a provider. `prefill` is text the reply should start with:
+    adapters whose capabilities say `prefill` continue from it (and return the text after it).
+    """
+
+    messages: list[Message]
+    tools: list[ToolDefinition] = Field(default_factory=list)
+    settings: ModelSettings = Field(default_factory=ModelSettings)
+    run_id: str = ""
+    turn: int = 0
+    prefill: str = ""
+
+
+FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "error", "unknown"]
+
+
+class ModelResponse(_Model):
+    """One model turn: text and/or tool calls, with the tokens it cost."""
+
+    text: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    model_name: str = ""
+    finish_reason: FinishReason = "stop"
+
+
+class TextDelta(_Model):
+    """A piece of streamed text."""
+
+    type: Literal["text_delta"] = "text_delta"
+    text: str
+
+
+class ToolCallDelta(_Model):
+    """A piece of a streamed tool call; pieces with the same `index` belong to one call."""
+
+    type: Literal["tool_call_delta"] = "tool_call_delta"
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments_delta: str = ""
+
+
+StreamChunk = TextDelta | ToolCallDelta | ModelResponse

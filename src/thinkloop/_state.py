@@ -1,0 +1,174 @@
+"""The run state (SPEC §9.1): everything a run is, as JSON-serialisable data.
+
+The state is the single source of truth of a run: the loop reads and updates it, stores save it at every
+step boundary, and `Agent.resume()` continues from it. It carries a schema version; loading a state of a
+newer version, or a corrupt one, raises `StateError` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._errors import StateError
+from ._messages import Message, Usage
+
+SCHEMA_VERSION = 1
+
+
+class StopReason(StrEnum):
+    """Why a run ended (SPEC §5.1). Every run ends with exactly one."""
+
+    FINAL_ANSWER = "final_answer"
+    MAX_STEPS = "max_steps"
+    MAX_TOKENS = "max_tokens"
+    MAX_COST = "max_cost"
+    TIMEOUT = "timeout"
+    NO_PROGRESS = "no_progress"
+    DANGEROUS_LOOP = "dangerous_loop"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+    @property
+    def is_budget(self) -> bool:
+        return self in _BUDGET_STOPS
+
+    @property
+    def gets_final_answer_call(self) -> bool:
+        """Hard stops after which the agent asks once for a best-effort answer (SPEC §4.8)."""
+        return self in _FORCED_FINAL_STOPS
+
+
+_BUDGET_STOPS = frozenset(
+    {StopReason.MAX_STEPS, StopReason.MAX_TOKENS, StopReason.MAX_COST, StopReason.TIMEOUT}
+)
+_FORCED_FINAL_STOPS = frozenset(
+    {
+        StopReason.MAX_STEPS,
+        StopReason.MAX_TOKENS,
+        StopReason.MAX_COST,
+        StopReason.NO_PROGRESS,
+        StopReason.DANGEROUS_LOOP,
+    }
+)
+
+Phase = Literal["thinking", "acting", "done", "error"]
+Mode = Literal["native", "react"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GuardState(_Model):
+    """Counters of the guards (SPEC §4.5–4.7, §5.1). Kept in the state so a resumed run keeps them."""
+
+    signature_counts: dict[str, int] = Field(default_factory=dict)
+    recent_signatures: list[str] = Field(default_factory=list)
+    recent_errors: list[str] = Field(default_factory=list)
+    total_calls: int = 0
+    repeated_calls: int = 0
+    blocked_calls: int = 0
+    consecutive_blocked: int = 0
+    consecutive_failures: int = 0
+    heal_failures: int = 0
+    malformed_native_replies: int = 0
+    steps_without_progress: int = 0
+    hints_given: list[int] = Field(default_factory=list)
+    seen_results: list[str] = Field(default_factory=list)
+
+
+LedgerStatus = Literal["started", "done"]
+
+
+class LedgerEntry(_Model):
+    """One tool call in the ledger: recorded as started before it runs, as done with its result after."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    step: int
+    status: LedgerStatus = "started"
+    output: str | None = None
+    success: bool | None = None
+
+
+class RunState(_Model):
+    """Everything a run is. Serialise with `to_json()`, load with `RunState.from_json()`."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    agent_name: str = "agent"
+    model: str = ""
+    goal: str = ""
+    session: str | None = None
+    messages: list[Message] = Field(default_factory=list)
+    step: int = 0
+    phase: Phase = "thinking"
+    mode: Mode = "native"
+    answer: str | None = None
+    stop_reason: StopReason | None = None
+    forced_final: bool = False
+    error: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    tool_calls: int = 0
+    guards: GuardState = Field(default_factory=GuardState)
+    ledger: dict[str, LedgerEntry] = Field(default_factory=dict)
+    approved_tools: list[str] = Field(default_factory=list)
+    discovered_tools: list[str] = Field(default_factory=list)
+    created_at: float = Field(default_factory=time.time)
+    ended_at: float | None = None
+    elapsed: float = 0.0  # seconds of run time, accumulated across resumes
+    event_version: int = 0  # number of events emitted so far (the event log's version)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("done", "error")
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> RunState:
+        """Load a state, refusing newer schema versions and corrupt data with a clear `StateError`."""
+        try:
+            state = cls.model_validate_json(data)
+        except ValidationError as exc:
+            version = _peek_version(data)
+            if version is not None and version > SCHEMA_VERSION:
+                raise _too_new(version) from exc
+            raise StateError(
+                f"corrupt run state: {exc.error_count()} problem(s): {_first_error(exc)}"
+            ) from exc
+        if state.schema_version > SCHEMA_VERSION:
+            raise _too_new(state.schema_version)
+        return state
+
+
+def _peek_version(data: str | bytes) -> int | None:
+    import json
+
+    try:
+        raw = json.loads(data)
+    except ValueError:
+        return None
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    return version if isinstance(version, int) else None
+
+
+def _too_new(version: int) -> StateError:
+    return StateError(
+        f"run state has schema version {version}, newer than this thinkloop supports ({SCHEMA_VERSION}): "
+        "upgrade thinkloop to load it"
+    )
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(root)"
+    return f"{where}: {err['msg']}"

@@ -1,0 +1,345 @@
+"""Tools (SPEC §3.1–3.2): a name, a description, a JSON Schema, and an async invoke.
+
+`@tool` builds a `Tool` from a plain (sync or async) function: the schema comes from the type hints,
+the description and per-parameter docs from the docstring. `Tool(...)` builds one by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Any, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic.fields import FieldInfo
+
+from ._errors import ConfigurationError
+from ._messages import ToolDefinition
+from ._risk import RiskLevel
+
+RiskSpec = RiskLevel | Callable[[dict[str, Any]], RiskLevel]
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+class ToolArgumentsError(ValueError):
+    """Arguments that do not match a tool's schema; the message is written for the model to read."""
+
+
+class Tool:
+    """A tool an agent can call.
+
+    Args:
+        name: what the model calls it (letters, digits, `_`, `-`, `.`; at most 64 characters).
+        description: what it does, for the model.
+        parameters: JSON Schema of its arguments (an object schema).
+        function: sync or async callable receiving the validated arguments as keyword arguments.
+        risk: a static `RiskLevel`, or a function of the arguments returning one (dynamic risk).
+        timeout: seconds before a call is abandoned (None: the agent's default, 120 s).
+        idempotent: True if running a call twice has the same effect as once (safe to re-run on resume).
+        output_max_length: characters kept of the output (None: the agent's default, 10,000).
+        validator: a pydantic model validating and coercing the arguments (built by `@tool`); without
+            one, required properties and basic JSON types are checked against `parameters`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        parameters: Mapping[str, Any] | None,
+        function: Callable[..., Any],
+        *,
+        risk: RiskSpec = RiskLevel.LOW,
+        timeout: float | None = None,
+        idempotent: bool = False,
+        output_max_length: int | None = None,
+        validator: type[BaseModel] | None = None,
+    ) -> None:
+        if not _NAME_RE.match(name):
+            raise ConfigurationError(
+                f"invalid tool name {name!r}: use 1-64 letters, digits, '_', '-' or '.', not starting with a digit"
+            )
+        self.name = name
+        self.description = description.strip()
+        self.parameters: dict[str, Any] = dict(parameters or {"type": "object", "properties": {}})
+        self.function = function
+        self.risk = risk
+        self.timeout = timeout
+        self.idempotent = idempotent
+        self.output_max_length = output_max_length
+        self.validator = validator
+        self._is_async = inspect.iscoroutinefunction(function)
+        self.definition = ToolDefinition(name=name, description=self.description, parameters=self.parameters)
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r})"
+
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Return the validated (and coerced) arguments, or raise `ToolArgumentsError`."""
+        if self.validator is not None:
+            try:
+                model = self.validator.model_validate(arguments)
+            except ValidationError as exc:
+                raise ToolArgumentsError(_explain(exc)) from None
+            return {name: getattr(model, name) for name in type(model).model_fields}
+        _check_against_schema(arguments, self.parameters)
+        return arguments
+
+    def risk_for(self, arguments: dict[str, Any]) -> RiskLevel:
+        """The risk of a call with these arguments; a failing risk function rates the call HIGH."""
+        if isinstance(self.risk, RiskLevel):
+            return self.risk
+        try:
+            return RiskLevel(self.risk(arguments))
+        except Exception:
+            return RiskLevel.HIGH
+
+    async def invoke(self, arguments: dict[str, Any]) -> Any:
+        """Call the function with validated arguments. Sync functions run in a worker thread."""
+        if self._is_async:
+            return await self.function(**arguments)
+        return await asyncio.to_thread(self.function, **arguments)
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "arguments"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+def _check_against_schema(arguments: dict[str, Any], schema: Mapping[str, Any]) -> None:
+    """A light check for hand-written tools: required properties, unknown ones, and top-level types."""
+    properties: Mapping[str, Any] = schema.get("properties", {})
+    missing = [name for name in schema.get("required", []) if name not in arguments]
+    if missing:
+        raise ToolArgumentsError(f"missing required argument(s): {', '.join(missing)}")
+    if schema.get("additionalProperties") is False:
+        unknown = [name for name in arguments if name not in properties]
+        if unknown:
+            raise ToolArgumentsError(f"unknown argument(s): {', '.join(unknown)}")
+    for name, value in arguments.items():
+        expected = properties.get(name, {}).get("type")
+        if not isinstance(expected, str) or expected not in _JSON_TYPES:
+            continue
+        ok = isinstance(value, _JSON_TYPES[expected]) and not (
+            expected in ("integer", "number") and isinstance(value, bool)
+        )
+        if not ok:
+            raise ToolArgumentsError(f"{name}: expected {expected}, got {type(value).__name__} {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------- @tool
+
+
+@overload
+def tool(function: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    risk: RiskSpec = RiskLevel.LOW,
+    timeout: float | None = None,
+    idempotent: bool = False,
+    output_max_length: int | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    function: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    risk: RiskSpec = RiskLevel.LOW,
+    timeout: float | None = None,
+    idempotent: bool = False,
+    output_max_length: int | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a `Tool` from a function: `@tool` or `@tool(risk=RiskLevel.HIGH, timeout=10)`.
+
+    The parameters' type hints become the JSON Schema; the docstring's first paragraph becomes the
+    description and an `Args:` section documents the parameters.
+    """
+
+    def build(fn: Callable[..., Any]) -> Tool:
+        summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
+        validator = _validator_for(fn, param_docs)
+        return Tool(
+            name=name or fn.__name__,
+            description=description or summary or fn.__name__.replace("_", " "),
+            parameters=_schema_of(validator),
+            function=fn,
+            risk=risk,
+            timeout=timeout,
+            idempotent=idempotent,
+            output_max_length=output_max_length,
+            validator=validator,
+        )
+
+    return build(function) if function is not None else build
+
+
+def _validator_for(fn: Callable[..., Any], docs: dict[str, str]) -> type[BaseModel]:
+    try:
+        hints = get_type_hints(fn)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot read the type hints of tool function {fn.__name__!r}: {exc}"
+        ) from exc
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigurationError(
+                f"tool function {fn.__name__!r} takes *{param.name}: tools need named parameters only"
+            )
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, FieldInfo(default=default, description=docs.get(param.name)))
+    config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+    try:
+        return create_model(f"{fn.__name__}_arguments", __config__=config, **fields)
+    except Exception as exc:
+        raise ConfigurationError(f"cannot build a schema for tool function {fn.__name__!r}: {exc}") from exc
+
+
+def _schema_of(validator: type[BaseModel]) -> dict[str, Any]:
+    schema = validator.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    schema.setdefault("properties", {})
+    return schema
+
+
+_SECTION_RE = re.compile(r"^(Args|Arguments|Parameters|Params):\s*$", re.IGNORECASE)
+_PARAM_RE = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_OTHER_SECTION_RE = re.compile(r"^(Returns?|Raises|Yields|Examples?|Notes?):\s*$", re.IGNORECASE)
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into its description and per-parameter docs."""
+    lines = doc.splitlines()
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    section = "summary"
+    current: str | None = None
+    for line in lines:
+        if _SECTION_RE.match(line.strip()):
+            section, current = "args", None
+        elif _OTHER_SECTION_RE.match(line.strip()):
+            section = "other"
+        elif section == "summary":
+            summary.append(line)
+        elif section == "args":
+            current = _add_param_line(line, params, current)
+    return "\n".join(summary).strip(), params
+
+
+def _add_param_line(line: str, params: dict[str, str], current: str | None) -> str | None:
+    match = _PARAM_RE.match(line)
+    indent = len(line) - len(line.lstrip())
+    if match and (current is None or indent <= 4):
+        current = match.group(1).lstrip("*")
+        params[current] = match.group(2).strip()
+    elif current is not None and line.strip():
+        params[current] = f"{params[current]} {line.strip()}".strip()
+    return current
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+
+class ToolRegistry:
+    """Tools by name. Adding two tools of one name is an error."""
+
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for item in tools:
+            self.add(item)
+
+    def add(self, item: Tool | Callable[..., Any]) -> Tool:
+        new = as_tool(item)
+        if new.name in self._tools:
+            raise ConfigurationError(f"two tools are named {new.name!r}: tool names must be unique")
+        self._tools[new.name] = new
+        return new
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def definitions(self, names: Iterable[str] | None = None) -> list[ToolDefinition]:
+        if names is None:
+            return [t.definition for t in self._tools.values()]
+        return [self._tools[n].definition for n in names if n in self._tools]
+
+
+def as_tool(item: Tool | Callable[..., Any]) -> Tool:
+    """A `Tool` as is; a plain function through `@tool`."""
+    if isinstance(item, Tool):
+        return item
+    if callable(item):
+        return tool(item)
+    raise ConfigurationError(f"not a tool: {item!r}; pass a Tool or a function")
+
+
+# ------------------------------------------------------------------------------------ output → text
+
+
+def render_output(value: Any) -> str:
+    """Turn what a tool returned into observation text."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "(no output)"
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def truncate_output(text: str, limit: int) -> tuple[str, bool]:
+    """Keep the head and tail of `text` within `limit` characters, saying how much was cut."""
+    if len(text) <= limit:
+        return text, False
+    cut = len(text) - limit
+    marker = f"\n… [{cut} characters truncated of {len(text)}] …\n"
+    keep = max(limit - len(marker), 0)
+    head = keep * 2 // 3
+    tail = keep - head
+    return text[:head] + marker + (text[-tail:] if tail else ""), True
+
+
+AsyncToolFunction = Callable[..., Awaitable[Any]]

@@ -1,0 +1,44 @@
+"""Models: the `Model` interface, the OpenAI-compatible adapter, the embedded local model, the router."""
+
+from __future__ import annotations
+
+import os
+
+from .._errors import ConfigurationError
+from ._base import Model as Model
+from ._base import ModelCapabilities as ModelCapabilities
+from ._base import estimate_tokens as estimate_tokens
+
+DEFAULT_MODEL = "local"
+
+__all__ = ["DEFAULT_MODEL", "Model", "ModelCapabilities", "estimate_tokens", "resolve_model"]
+
+
+def resolve_model(spec: str | Model | None) -> Model:
+    """A `Model` from a model string (`provider:name`); None means `$THINKLOOP_MODEL` or `local`.
+
+    Known providers: `openai:MODEL` (any OpenAI-compatible API; `OPENAI_BASE_URL`/`OPENAI_API_KEY`),
+    `local` / `local:0.5b` (the embedded model), `script:FILE` (a scripted model from a JSON file).
+    """
+    if isinstance(spec, Model):
+        return spec
+    text = (spec or os.environ.get("THINKLOOP_MODEL") or DEFAULT_MODEL).strip()
+    provider, _, name = text.partition(":")
+    provider = provider.lower()
+    if provider == "openai":
+        if not name:
+            raise ConfigurationError("'openai:' needs a model name, e.g. 'openai:gpt-4o-mini'")
+        from ._openai import OpenAIModel
+
+        return OpenAIModel(name)
+    if provider == "local":
+        from ._local import LocalModel
+
+        return LocalModel(name or None)
+    if provider == "script":
+        from ..testing import load_script
+
+        return load_script(name)
+    raise ConfigurationError(
+        f"unknown model {text!r}: use 'local', 'local:0.5b', 'openai:MODEL' or 'script:FILE', or pass a Model"
+    )
