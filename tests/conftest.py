@@ -1,0 +1,70 @@
+"""Shared test configuration. Keep it minimal; append, don't rewrite."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+# ----------------------------------------------------------------------------- no real network in tests
+
+
+class NetworkBlockedError(ConnectionRefusedError):
+    """Raised instead of opening a connection to anything but this machine."""
+
+
+_LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", socket.gethostname()}
+
+
+def _is_local_host(host: object) -> bool:
+    if host is None:
+        return True
+    if isinstance(host, bytes):
+        host = host.decode()
+    if not isinstance(host, str):
+        return False
+    if host in _LOCAL_NAMES or host.endswith(".localhost") or host in ("", "0.0.0.0", "::"):
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_address(sock: socket.socket, address: Any) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_local_host(address[0]):
+        raise NetworkBlockedError(f"network access is blocked in tests: connection to {address!r} refused")
+
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+_real_getaddrinfo = socket.getaddrinfo
+
+
+def _guarded_connect(self: socket.socket, address: Any) -> None:
+    _check_address(self, address)
+    _real_connect(self, address)
+
+
+def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
+    _check_address(self, address)
+    return _real_connect_ex(self, address)
+
+
+def _guarded_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+    if not _is_local_host(host):
+        raise NetworkBlockedError(f"network access is blocked in tests: lookup of {host!r} refused")
+    return _real_getaddrinfo(host, *args, **kwargs)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _block_network() -> Iterator[None]:
+    """Tests talk to loopback only: connections and DNS lookups of other hosts are refused."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", _guarded_connect)
+        patch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
+        patch.setattr(socket, "getaddrinfo", _guarded_getaddrinfo)
+        yield
