@@ -1,0 +1,309 @@
+"""Every path of the Think → Act → Observe loop, driven by the scripted and function models."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from thinkloop import (
+    Agent,
+    Budget,
+    ModelError,
+    ModelRequest,
+    Price,
+    PriceTable,
+    RunState,
+    StateError,
+    StopReason,
+    Tool,
+    UserError,
+    tool,
+)
+from thinkloop._events import Done, Event
+from thinkloop.testing import FunctionModel, ScriptedModel
+from thinkloop.tools.calculator import calculator
+
+
+def call(name: str, **args: object) -> dict[str, object]:
+    return {"tool_calls": [{"name": name, "args": args}]}
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+async def test_native_tool_call_then_answer_transcript() -> None:
+    model = ScriptedModel([call("add", a=2, b=3), "The answer is 5."])
+    events: list[Event] = []
+    result = await Agent(model, tools=[add]).run("What is 2+3?", on_event=events.append)
+
+    assert result.output == "The answer is 5."
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    assert (result.steps, result.tool_calls, result.forced_final) == (2, 1, False)
+    assert [(m.role, m.content) for m in result.state.messages] == [
+        ("user", "What is 2+3?"),
+        ("assistant", ""),
+        ("tool", "5"),
+        ("assistant", "The answer is 5."),
+    ]
+    assert result.state.messages[2].tool_call_id == result.state.messages[1].tool_calls[0].id
+    assert [e.type for e in events] == ["run_started", "progress", "tool_call", "tool_result", "progress", "done"]
+    assert [e.seq for e in events] == list(range(1, 7))
+    assert all(e.run_id == result.run_id for e in events)
+    model.assert_used_up()
+    # the model saw the tools and the tool result
+    second = model.requests[1]
+    assert [t.name for t in second.tools] == ["add"]
+    assert second.messages[0].role == "system" and second.messages[-1].role == "tool"
+
+
+async def test_react_mode_for_models_without_tools() -> None:
+    model = ScriptedModel(
+        ['Thought: I need to add.\nAction: add\nAction Input: {"a": 2, "b": 3}', "Thought: done\nFinal Answer: 5"],
+        tools=False,
+    )
+    result = await Agent(model, tools=[add]).run("What is 2+3?")
+    assert result.output == "5"
+    assert result.state.mode == "react"
+    first, second = model.requests
+    assert first.tools == [] and "\nObservation:" in first.settings.stop
+    assert "Action Input:" in first.messages[0].content  # the ReAct format is in the system prompt
+    assert second.messages[-1].content == "Observation: 5"  # the result came back as an observation
+    assert second.messages[-2].content.startswith("Thought: I need to add.\nAction: add")
+
+
+async def test_react_prefill_is_prepended_for_models_that_support_it() -> None:
+    model = ScriptedModel([" done\nFinal Answer: ok"], tools=False, prefill=True)
+    result = await Agent(model, tools=[add]).run("go")
+    assert model.requests[0].prefill == "Thought:"
+    assert result.output == "ok"
+
+
+async def test_parallel_calls_run_concurrently_and_each_is_answered() -> None:
+    started: list[str] = []
+    both_started = asyncio.Event()
+
+    @tool
+    async def fetch(key: str) -> str:
+        """Fetch a key."""
+        started.append(key)
+        if len(started) == 2:
+            both_started.set()
+        await asyncio.wait_for(both_started.wait(), 2)  # deadlocks unless both run at once
+        return f"value-{key}"
+
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "fetch", "args": {"key": "a"}}, {"name": "fetch", "args": {"key": "b"}}]}, "done"]
+    )
+    result = await Agent(model, tools=[fetch]).run("fetch a and b")
+    tool_msgs = [m for m in result.state.messages if m.role == "tool"]
+    assert [(m.tool_call_id, m.content) for m in tool_msgs] == [("call_0_0", "value-a"), ("call_0_1", "value-b")]
+    assert result.tool_calls == 2
+
+
+async def test_unknown_tool_and_invalid_arguments_become_observations() -> None:
+    model = ScriptedModel(
+        [
+            call("nope"),
+            call("add", a="x", b=1),
+            {"tool_calls": [{"name": "add", "args": "{not json"}]},
+            call("add", a=1, b=1),
+            "2",
+        ]
+    )
+    result = await Agent(model, tools=[add]).run("1+1")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs[0].startswith("Error: there is no tool named 'nope'. Available tools: add.")
+    assert "invalid arguments for add: a: Input should be a valid integer" in outputs[1]
+    assert "were not a JSON object" in outputs[2]
+    assert outputs[3] == "2" and result.output == "2"
+
+
+async def test_tool_exception_and_timeout_become_observations() -> None:
+    @tool
+    def boom() -> str:
+        """Fail."""
+        raise RuntimeError("disk on fire")
+
+    @tool(timeout=0.05)
+    async def slow() -> str:
+        """Hang."""
+        await asyncio.sleep(10)
+        return "never"
+
+    model = ScriptedModel([call("boom"), call("slow"), "gave up"])
+    result = await Agent(model, tools=[boom, slow]).run("try")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs == ["Error: boom raised RuntimeError: disk on fire", "Error: slow timed out after 0.05 s and was abandoned."]
+    assert result.output == "gave up"
+
+
+async def test_long_output_is_truncated_keeping_head_and_tail() -> None:
+    @tool
+    def dump() -> str:
+        """Dump."""
+        return "HEAD" + "x" * 50_000 + "TAIL"
+
+    result = await Agent(ScriptedModel([call("dump"), "ok"]), tools=[dump], output_max_length=1000).run("dump")
+    out = next(m.content for m in result.state.messages if m.role == "tool")
+    assert len(out) <= 1000 and out.startswith("HEAD") and out.endswith("TAIL") and "truncated of 50008" in out
+
+
+async def test_empty_reply_ends_with_empty_answer() -> None:
+    result = await Agent(ScriptedModel([""])).run("say nothing")
+    assert (result.output, result.stop_reason) == ("", StopReason.FINAL_ANSWER)
+
+
+async def test_max_steps_gets_a_best_effort_final_answer() -> None:
+    def model_fn(request: ModelRequest) -> object:
+        if not request.tools:  # the final-answer call has no tools
+            return "best effort: 5"
+        return call("add", a=request.turn, b=1)
+
+    result = await Agent(FunctionModel(model_fn), tools=[add], budget=Budget(max_steps=3)).run("loop")
+    assert result.stop_reason is StopReason.MAX_STEPS
+    assert result.forced_final and result.output == "best effort: 5"
+    assert result.steps == 3 and "step limit of 3" in (result.error or "")
+    assert result.state.messages[-2].kind == "final_prompt"
+
+
+async def test_final_answer_call_can_be_disabled() -> None:
+    model = FunctionModel(lambda r: call("add", a=r.turn, b=1))
+    result = await Agent(model, tools=[add], budget=Budget(max_steps=2), final_answer_on_stop=False).run("loop")
+    assert result.stop_reason is StopReason.MAX_STEPS and not result.forced_final
+    assert result.output == "2"  # the last useful observation (1 + 1) is kept as the answer
+
+
+async def test_max_tokens_and_max_cost() -> None:
+    model = FunctionModel(lambda r: call("add", a=r.turn, b=1) if r.tools else "partial")
+    result = await Agent(model, tools=[add], budget=Budget(max_tokens=300)).run("x" * 600)
+    assert result.stop_reason is StopReason.MAX_TOKENS and result.usage.total_tokens >= 300
+
+    prices = PriceTable({"function": Price(1_000_000.0, 0.0)})  # $1 per input token
+    model = FunctionModel(lambda r: call("add", a=r.turn, b=1) if r.tools else "partial")
+    result = await Agent(model, tools=[add], budget=Budget(max_cost=500.0), price_table=prices).run("x" * 600)
+    assert result.stop_reason is StopReason.MAX_COST and result.usage.cost >= 500
+
+
+async def test_timeout_stops_a_hanging_model() -> None:
+    model = ScriptedModel(["late"], latency=5)
+    result = await Agent(model, budget=Budget(timeout=0.1)).run("hurry")
+    assert result.stop_reason is StopReason.TIMEOUT
+    assert "time limit" in (result.error or "")
+
+
+async def test_model_error_stops_with_error_and_keeps_state() -> None:
+    def failing(request: ModelRequest) -> object:
+        if request.turn == 1:
+            raise ModelError("HTTP 400 bad request", provider="acme")
+        return call("add", a=1, b=2)
+
+    result = await Agent(FunctionModel(failing), tools=[add]).run("x")
+    assert result.stop_reason is StopReason.ERROR
+    assert result.error == "acme: model request failed: HTTP 400 bad request"
+    assert [m.content for m in result.state.messages if m.role == "tool"] == ["3"]  # work so far kept
+
+
+async def test_self_healing_then_giving_up() -> None:
+    bad = "Thought:"  # no action, no answer
+    healed = await Agent(ScriptedModel([bad, bad, "Final Answer: ok"], tools=False), tools=[add]).run("x")
+    assert healed.output == "ok"
+    assert [m.kind for m in healed.state.messages].count("correction") == 2
+
+    failed = await Agent(ScriptedModel([bad] * 4, tools=False), tools=[add]).run("x")
+    assert failed.stop_reason is StopReason.ERROR
+    assert "could not be understood" in (failed.error or "")
+    assert [m.kind for m in failed.state.messages].count("correction") == 3
+
+
+async def test_cancelled_run_records_its_state() -> None:
+    agent = Agent(ScriptedModel(["never"], latency=10))
+    events: list[Event] = []
+    task = asyncio.create_task(agent.run("wait", on_event=events.append))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    done = events[-1]
+    assert isinstance(done, Done) and done.result.stop_reason is StopReason.CANCELLED
+
+
+async def test_stream_yields_events_and_answer_deltas() -> None:
+    agent = Agent(ScriptedModel([call("add", a=1, b=2), "The sum is 3."], stream_chunk=4), tools=[add])
+    events = [e async for e in agent.stream("1+2")]
+    types = [e.type for e in events]
+    assert types[0] == "run_started" and types[-1] == "done"
+    assert "".join(e.text for e in events if e.type == "answer_delta") == "The sum is 3."  # type: ignore[union-attr]
+    last = events[-1]
+    assert isinstance(last, Done) and last.result.output == "The sum is 3."
+
+
+async def test_stream_consumer_that_stops_cancels_the_run_cleanly() -> None:
+    agent = Agent(FunctionModel(lambda r: call("add", a=1, b=r.turn), latency=0.01), tools=[add])
+    before = len(asyncio.all_tasks())
+    stream = agent.stream("forever")
+    async for event in stream:
+        if event.type == "tool_result":
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+    await asyncio.sleep(0)
+    assert len(asyncio.all_tasks()) == before  # no leaked run task
+
+
+async def test_react_streams_only_the_final_answer() -> None:
+    agent = Agent(ScriptedModel(["Thought: easy\nFinal Answer: forty-two"], tools=False, stream_chunk=3), tools=[add])
+    deltas = [e.text async for e in agent.stream("q") if e.type == "answer_delta"]  # type: ignore[union-attr]
+    assert "".join(deltas).strip() == "forty-two"
+
+
+async def test_one_agent_serves_many_concurrent_runs() -> None:
+    def model_fn(request: ModelRequest) -> object:
+        goal = request.messages[1].content
+        n = int(goal.split()[-1])
+        if request.messages[-1].role == "tool":
+            return f"answer {request.messages[-1].content}"
+        return call("add", a=n, b=n)
+
+    agent = Agent(FunctionModel(model_fn, latency=0.001), tools=[add])
+    results = await asyncio.gather(*(agent.run(f"double {i}") for i in range(50)))
+    assert [r.output for r in results] == [f"answer {2 * i}" for i in range(50)]
+    assert len({r.run_id for r in results}) == 50
+
+
+async def test_state_round_trips_through_json_exactly() -> None:
+    result = await Agent(ScriptedModel([call("add", a=2, b=3), "5"]), tools=[add, calculator]).run("2+3")
+    text = result.state.to_json()
+    again = RunState.from_json(text)
+    assert again == result.state and again.to_json() == text
+    assert json.loads(text)["schema_version"] == 1
+
+
+def test_newer_or_corrupt_state_is_refused() -> None:
+    with pytest.raises(StateError, match="newer than this thinkloop supports"):
+        RunState.from_json(json.dumps({"schema_version": 99, "unknown_field": 1}))
+    with pytest.raises(StateError, match="corrupt run state"):
+        RunState.from_json('{"messages": 3}')
+
+
+async def test_run_sync_refuses_a_running_loop() -> None:
+    with pytest.raises(UserError, match="await agent.run"):
+        Agent(ScriptedModel(["x"])).run_sync("hi")
+
+
+def test_run_sync_works_without_a_loop() -> None:
+    assert Agent(ScriptedModel(["hello"])).run_sync("hi").output == "hello"
+
+
+async def test_bad_goal_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="non-empty string"):
+        await Agent(ScriptedModel(["x"])).run("   ")
+
+
+async def test_tool_returning_objects_is_rendered_as_json() -> None:
+    t = Tool("info", "Info.", None, lambda: {"cpu": 3, "ok": True})
+    result = await Agent(ScriptedModel([call("info"), "fine"]), tools=[t]).run("info")
+    assert next(m.content for m in result.state.messages if m.role == "tool") == '{"cpu": 3, "ok": true}'

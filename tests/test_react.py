@@ -1,0 +1,89 @@
+"""The tolerant ReAct parser and the native → ReAct transcript rendering."""
+
+from __future__ import annotations
+
+import pytest
+
+from thinkloop import Message, ToolCall
+from thinkloop._react import parse_react, render_transcript, tools_prompt
+from thinkloop._tools import ToolRegistry
+from thinkloop.tools.calculator import calculator
+
+TOOLS = ["calculator", "search"]
+
+
+def parse(text: str):  # type: ignore[no-untyped-def]
+    return parse_react(text, TOOLS, call_id="c1")
+
+
+def test_standard_action() -> None:
+    step = parse('Thought: need math\nAction: calculator\nAction Input: {"expression": "2+2"}')
+    assert step.thought == "need math"
+    assert step.call == ToolCall(id="c1", name="calculator", arguments={"expression": "2+2"})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'thought: x\naction: Calculator\naction input: {"expression": "2+2"}',
+        'Thought:x\n  ACTION :  calculator  \nAction_Input:\n```json\n{"expression": "2+2"}\n```',
+        '**Thought:** x\n**Action:** `calculator`\n**Action Input:** {"expression": "2+2"}',
+        "Thought: x\nAction: calculator\nAction Input: {'expression': '2+2',}",
+        'Thought: x\nAction: calculator\nAction Input: {"expression": "2+2"',
+        'Action: calculator({"expression": "2+2"})',
+        'Thought: x\nAction: use the calculator tool\nAction Input: {"expression": "2+2"}',
+        '```json\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n```',
+        '{"tool": "calculator", "args": "{\\"expression\\": \\"2+2\\"}"}',
+    ],
+)
+def test_tolerant_variants(text: str) -> None:
+    step = parse(text)
+    assert step.call is not None, text
+    assert step.call.name == "calculator"
+    assert step.call.arguments == {"expression": "2+2"}
+
+
+def test_final_answer_variants() -> None:
+    assert parse("Thought: done\nFinal Answer: 42").final == "42"
+    assert parse("final answer:   the result is 7\nmore lines").final == "the result is 7\nmore lines"
+    assert parse("Just a plain reply.").final == "Just a plain reply."
+
+
+def test_action_before_final_answer_wins_and_invented_observation_is_cut() -> None:
+    text = 'Thought: t\nAction: search\nAction Input: {"q": "x"}\nObservation: made up\nFinal Answer: fake'
+    step = parse(text)
+    assert step.call is not None and step.call.name == "search" and step.final is None
+
+
+def test_final_answer_before_action_wins() -> None:
+    step = parse('Final Answer: 5\nAction: search\nAction Input: {"q": 1}')
+    assert step.final is not None and step.final.startswith("5") and step.call is None
+
+
+def test_unreadable_arguments_are_kept_raw() -> None:
+    step = parse("Action: calculator\nAction Input: [1, 2")
+    assert step.call is not None and step.call.malformed and step.call.raw_arguments
+
+
+def test_empty_thought_is_an_error() -> None:
+    assert parse("Thought:   ").error is not None
+    assert parse("Action:   \n").error is not None
+
+
+def test_transcript_rendering_merges_observations() -> None:
+    calls = [ToolCall(id="a", name="search", arguments={"q": 1}), ToolCall(id="b", name="search", arguments={"q": 2})]
+    history = [
+        Message.user("task"),
+        Message.assistant("looking", calls),
+        Message.tool(calls[0], "r1"),
+        Message.tool(calls[1], "r2"),
+    ]
+    out = render_transcript(history)
+    assert [m.role for m in out] == ["user", "assistant", "user"]
+    assert out[1].content.startswith('Thought: looking\nAction: search\nAction Input: {"q": 1}')
+    assert out[2].content == "Observation: r1\nObservation: r2"
+
+
+def test_tools_prompt_lists_tools_and_format() -> None:
+    text = tools_prompt(ToolRegistry([calculator]).definitions())
+    assert "- calculator: Evaluate" in text and "Action Input:" in text and "Final Answer:" in text

@@ -1,0 +1,136 @@
+"""Tools: @tool schemas from signatures and docstrings, validation, registry, output rendering."""
+
+from __future__ import annotations
+
+import pytest
+
+from thinkloop import ConfigurationError, RiskLevel, Tool, ToolRegistry, tool
+from thinkloop._tools import ToolArgumentsError, render_output, truncate_output
+from thinkloop.tools.calculator import CalculatorError, calculator, evaluate, format_number
+
+
+@tool
+def add(a: int, b: int = 2) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first number.
+        b: the second number,
+            with a continuation line.
+    """
+    return a + b
+
+
+def test_tool_schema_from_signature_and_docstring() -> None:
+    assert add.name == "add"
+    assert add.description == "Add two integers."
+    assert add.parameters["properties"]["a"] == {"type": "integer", "description": "the first number."}
+    assert add.parameters["properties"]["b"]["description"] == "the second number, with a continuation line."
+    assert add.parameters["properties"]["b"]["default"] == 2
+    assert add.parameters["required"] == ["a"]
+    assert add.parameters["additionalProperties"] is False
+
+
+def test_tool_decorator_with_options() -> None:
+    @tool(name="kill", risk=RiskLevel.HIGH, timeout=5, idempotent=False)
+    async def kill_process(pid: int) -> str:
+        """Kill a process."""
+        return f"killed {pid}"
+
+    assert kill_process.name == "kill"
+    assert kill_process.risk_for({"pid": 1}) is RiskLevel.HIGH
+    assert kill_process.timeout == 5
+
+
+def test_validation_coerces_and_explains() -> None:
+    assert add.validate({"a": "3"}) == {"a": 3, "b": 2}
+    with pytest.raises(ToolArgumentsError, match="a: Field required"):
+        add.validate({})
+    with pytest.raises(ToolArgumentsError, match="c: Extra inputs are not permitted"):
+        add.validate({"a": 1, "c": 2})
+    with pytest.raises(ToolArgumentsError, match="a: Input should be a valid integer"):
+        add.validate({"a": "three"})
+
+
+def test_hand_written_tool_checks_schema() -> None:
+    echo = Tool(
+        "echo", "Echo text.", {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}, str
+    )
+    assert echo.validate({"text": "hi"}) == {"text": "hi"}
+    with pytest.raises(ToolArgumentsError, match="missing required argument"):
+        echo.validate({})
+    with pytest.raises(ToolArgumentsError, match="text: expected string"):
+        echo.validate({"text": 3})
+
+
+def test_dynamic_risk_and_failing_risk_function() -> None:
+    t = Tool("rm", "", None, lambda path: path, risk=lambda args: RiskLevel.CRITICAL if args["path"] == "/" else RiskLevel.LOW)
+    assert t.risk_for({"path": "/"}) is RiskLevel.CRITICAL
+    assert t.risk_for({"path": "x"}) is RiskLevel.LOW
+    assert t.risk_for({}) is RiskLevel.HIGH  # the risk function raised: rated high, never low
+
+
+async def test_sync_and_async_invoke() -> None:
+    @tool
+    async def double(x: int) -> int:
+        """Double."""
+        return 2 * x
+
+    assert await add.invoke({"a": 1, "b": 2}) == 3
+    assert await double.invoke({"x": 4}) == 8
+
+
+def test_invalid_definitions_are_user_errors() -> None:
+    with pytest.raises(ConfigurationError, match="invalid tool name"):
+        Tool("bad name!", "", None, print)
+
+    def star(*args: int) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="named parameters only"):
+        tool(star)
+
+
+def test_registry_rejects_duplicates() -> None:
+    registry = ToolRegistry([add])
+    with pytest.raises(ConfigurationError, match="two tools are named 'add'"):
+        registry.add(add)
+    assert registry.names == ["add"]
+    assert registry.definitions()[0].name == "add"
+
+
+def test_render_and_truncate() -> None:
+    assert render_output({"a": 1}) == '{"a": 1}'
+    assert render_output(None) == "(no output)"
+    text, cut = truncate_output("x" * 100 + "TAIL", 60)
+    assert cut and text.endswith("TAIL") and text.startswith("x") and "truncated of 104" in text
+    assert len(text) <= 60
+    assert truncate_output("short", 60) == ("short", False)
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [("17*23+4", "395"), ("2^10", "1024"), ("sqrt(16)", "4"), ("0.1+0.2", "0.3"), ("-(3-5)*2", "4"), ("10/4", "2.5")],
+)
+def test_calculator(expr: str, expected: str) -> None:
+    assert format_number(evaluate(expr)) == expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("__import__('os').system('ls')", "unknown function"),
+        ("9**9**9", "too large"),
+        ("1/0", "division by zero"),
+        ("x + 1", "unsupported element"),
+        ("(1", "cannot parse"),
+        ("factorial(100000)", "too large"),
+        ("", "empty"),
+    ],
+)
+def test_calculator_refuses(expr: str, message: str) -> None:
+    with pytest.raises(CalculatorError, match=message):
+        evaluate(expr)
+
+
+def test_calculator_tool_accepts_numbers_as_expression() -> None:
+    assert calculator.validate({"expression": 391}) == {"expression": "391"}
