@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from ._events import Decision, ErrorKind
+from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
 from ._risk import RiskLevel
 from ._state import LedgerEntry
@@ -40,12 +40,17 @@ class ToolOutcome:
 
 @dataclass(frozen=True, slots=True)
 class GateDecision:
-    """The safety gate's verdict on one call. `message` is told to the model when the call is refused."""
+    """The safety gate's verdict on one call. `message` is told to the model when the call is refused.
+
+    `risk` is the risk the gate rated the call at, when it differs from the tool's own (a policy override
+    or the command classifier); None keeps the tool's.
+    """
 
     allowed: bool
     decision: Decision
     reason: str = ""
     message: str = ""
+    risk: RiskLevel | None = None
 
 
 class ToolGate(Protocol):
@@ -105,11 +110,10 @@ async def _prepare(run: RunContext, call: ToolCall) -> _Prepared | ToolOutcome:
         return _failed(call, "invalid_arguments", _invalid_args_message(tool, str(exc)))
     risk = tool.risk_for(arguments)
     verdict = await run.gate.check(call, tool, risk, run)
+    risk = verdict.risk or risk
+    run.emit(ToolCallEvent(step=run.state.step, call=call, risk=risk, decision=verdict.decision))
     if not verdict.allowed:
-        text = (
-            verdict.message
-            or f"Denied: the call of {tool.name} was not approved ({verdict.reason or 'no reason given'}). Do not retry it; find another way or answer with what you know."
-        )
+        text = verdict.message or _denied_message(tool, verdict.reason)
         return ToolOutcome(call, text, False, error_kind="denied", risk=risk, decision=verdict.decision)
     return _Prepared(call, tool, arguments, risk, verdict.decision)
 
@@ -146,6 +150,13 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
 
 def _failed(call: ToolCall, kind: ErrorKind, text: str) -> ToolOutcome:
     return ToolOutcome(call, text, False, error_kind=kind)
+
+
+def _denied_message(tool: Tool, reason: str) -> str:
+    return (
+        f"Denied: the call of {tool.name} was not run ({reason or 'not approved'}). "
+        "Do not retry it; find another way, or answer with what you know."
+    )
 
 
 def _unknown_tool_message(name: str, names: list[str]) -> str:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import StateError
 from ._messages import Message, Usage
+from ._risk import RiskLevel
 
 SCHEMA_VERSION = 1
 
@@ -97,6 +98,19 @@ class LedgerEntry(_Model):
     success: bool | None = None
 
 
+class ApprovalRecord(_Model):
+    """The safety gate's decision on one tool call (SPEC §6): what was decided, at what risk, and why."""
+
+    step: int
+    call_id: str
+    tool: str
+    risk: RiskLevel
+    decision: str  # a `Decision` value: auto, approved, approved_always, denied, blocked, timeout
+    reason: str = ""
+    message: str = ""  # what the person (or the policy) told the model, for refused calls
+    time: float = Field(default_factory=time.time)
+
+
 class RunState(_Model):
     """Everything a run is. Serialise with `to_json()`, load with `RunState.from_json()`."""
 
@@ -118,7 +132,8 @@ class RunState(_Model):
     tool_calls: int = 0
     guards: GuardState = Field(default_factory=GuardState)
     ledger: dict[str, LedgerEntry] = Field(default_factory=dict)
-    approved_tools: list[str] = Field(default_factory=list)
+    approved_tools: list[str] = Field(default_factory=list)  # approve-always keys (see thinkloop.safety)
+    approvals: list[ApprovalRecord] = Field(default_factory=list)  # every safety decision of the run
     discovered_tools: list[str] = Field(default_factory=list)
     created_at: float = Field(default_factory=time.time)
     ended_at: float | None = None
