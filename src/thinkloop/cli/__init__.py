@@ -1,0 +1,37 @@
+"""The `thinkloop` command line: `run` a goal, and inspect, resume and replay `runs`."""
+
+from __future__ import annotations
+
+import typer
+
+from ._run import run_command
+
+app = typer.Typer(
+    name="thinkloop",
+    help='thinkloop — an engine for LLM agents. `thinkloop run "GOAL"` runs an agent on the embedded local model.',
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command("run")(run_command)
+
+
+@app.callback()
+def _root() -> None:
+    """thinkloop — an engine for LLM agents."""
+
+
+def _add_runs() -> None:
+    try:
+        from ._runs import runs_app
+    except ImportError:  # the store sub-package is optional at import time
+        return
+    app.add_typer(runs_app, name="runs", help="List, inspect, resume, replay and export saved runs.")
+
+
+_add_runs()
+
+
+def main() -> None:
+    """Entry point of the `thinkloop` script."""
+    app()
