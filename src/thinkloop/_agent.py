@@ -13,7 +13,7 @@ from ._errors import ConfigurationError, UserError
 from ._events import Done, Event, RunResult, RunStarted
 from ._execute import AllowAll, ToolGate
 from ._guards import GuardConfig, Guards
-from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, run_loop
+from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, current_run, run_loop
 from ._messages import Message, ModelSettings
 from ._prompt import DEFAULT_RULES
 from ._state import Mode, RunState
@@ -30,7 +30,8 @@ class Agent:
 
     Args:
         model: a `Model`, or a model string: `"local"` (the default: the embedded local model),
-            `"local:0.5b"`, `"openai:gpt-4o-mini"`, `"script:replies.json"`.
+            `"local:0.5b"`, `"openai:gpt-4o-mini"`, `"script:replies.json"`; a list of them (or
+            `"router:SPEC,SPEC"`) makes a `RouterModel` with retries and fallback.
         tools: `Tool`s or plain functions (made into tools with `@tool`).
         instructions: the role layer of the system prompt.
         budget: the limits of each run (`Budget(max_steps=16)` by default).
@@ -48,7 +49,7 @@ class Agent:
 
     def __init__(
         self,
-        model: str | Model | None = None,
+        model: str | Model | Sequence[str | Model] | None = None,
         *,
         tools: Iterable[Tool | Callable[..., Any]] = (),
         instructions: str = "",
@@ -224,4 +225,8 @@ class Agent:
         state = run.state
         run.emit(RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
         await run.checkpoint()  # recorded before the first model call: a crash leaves a resumable run
-        return await run_loop(run)
+        token = current_run.set(run)  # lets a router emit its `model_attempt` events to this run
+        try:
+            return await run_loop(run)
+        finally:
+            current_run.reset(token)

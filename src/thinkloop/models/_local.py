@@ -1,0 +1,457 @@
+"""The embedded local model (SPEC §2.3): Qwen2.5-Coder-Instruct (1.5B or 0.5B, Q4_K_M GGUF) run in-process
+by llama.cpp — no key, no network, thinkloop's zero-configuration default (`model="local"`).
+
+- The prompt is the Qwen2.5 ChatML template built here (`render_chatml`), completed with a raw
+  `create_completion`; no llama-cpp chat handler is used. Template markers are tokenized as control
+  tokens and message text as plain text, so a tool output cannot forge a `<|im_start|>` turn.
+- Text ReAct is the default mode (`capabilities.tools` is False); the loop sends `prefill="Thought:"`
+  and the reply continues from it. Native tools, when a request carries them, are rendered Qwen-style
+  in the system prompt and `<tool_call>{json}</tool_call>` (or bare JSON) replies are parsed leniently.
+- One `Llama` per model file per process, shared by every `LocalModel` and every run: generations are
+  serialised (an asyncio lock per event loop, a thread lock across loops) and run in a worker thread,
+  so the event loop stays responsive. Consecutive turns of one run reuse the KV cache of their common
+  prefix (llama.cpp prefix matching), so only the new messages are processed.
+- `llama_cpp` is imported lazily, when the model is first used: `import thinkloop` never loads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import threading
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import _react
+from .._errors import ConfigurationError, ModelError
+from .._messages import (
+    FinishReason,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    StreamChunk,
+    TextDelta,
+    ToolCall,
+    ToolDefinition,
+    Usage,
+)
+from . import _weights
+from ._base import Model, ModelCapabilities
+
+DEFAULT_N_CTX = 8192
+DEFAULT_SEED = 0
+DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+STOP_TOKENS = [IM_END, END_OF_TEXT]
+
+INSTALL_HINT = (
+    "the local model needs llama-cpp-python: install it with `pip install 'thinkloop[local]'` "
+    "(it builds llama.cpp from source: about 11 minutes on 2 cores, once), or choose another model, "
+    "e.g. model='openai:gpt-4o-mini'"
+)
+
+# =============================================================================================== prompt
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A piece of the prompt: template markup (`control`, tokenized with special tokens) or plain text."""
+
+    text: str
+    control: bool = False
+
+
+_TOOLS_HEAD = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_TAIL = (
+    "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call>"
+)
+
+
+def render_chatml(
+    messages: Sequence[Message], tools: Sequence[ToolDefinition] = (), prefill: str = ""
+) -> list[Segment]:
+    """The Qwen2.5 ChatML prompt of a conversation, ending with an open assistant turn and `prefill`.
+
+    System messages are merged into the first turn (Qwen's default system prompt when there are none);
+    tool calls are written as `<tool_call>` JSON (arguments as an object, never a string); tool results
+    become a user turn, as `<tool_response>` when `tools` are given and as `Observation:` text otherwise.
+    """
+    system = "\n\n".join(m.content for m in messages if m.role == "system") or DEFAULT_SYSTEM
+    if tools:
+        system = f"{system}\n\n{_tools_block(tools)}"
+    turns: list[tuple[str, str]] = [("system", system)]
+    for msg in messages:
+        if msg.role == "system":
+            continue
+        role, text = _turn_of(msg, native=bool(tools))
+        if role == "user" and msg.role == "tool" and turns[-1][0] == "tool-results":
+            turns[-1] = ("tool-results", f"{turns[-1][1]}\n{text}")
+        else:
+            turns.append(("tool-results" if msg.role == "tool" else role, text))
+    segments: list[Segment] = []
+    for role, text in turns:
+        segments += _turn_segments("user" if role == "tool-results" else role, text)
+    segments += [Segment(IM_START, control=True), Segment("assistant\n" + prefill)]
+    return segments
+
+
+def _turn_segments(role: str, text: str) -> list[Segment]:
+    return [
+        Segment(IM_START, control=True),
+        Segment(f"{role}\n"),
+        Segment(text),
+        Segment(IM_END, control=True),
+        Segment("\n"),
+    ]
+
+
+def _turn_of(msg: Message, *, native: bool) -> tuple[str, str]:
+    if msg.role == "tool":
+        if native:
+            return "user", f"<tool_response>\n{msg.content}\n</tool_response>"
+        return "user", f"{_react.OBSERVATION} {msg.content}"
+    if msg.role == "assistant" and msg.tool_calls:
+        calls = "\n".join(_tool_call_text(c) for c in msg.tool_calls)
+        return "assistant", f"{msg.content.strip()}\n{calls}".strip()
+    return msg.role, msg.content
+
+
+def _tool_call_text(call: ToolCall) -> str:
+    args: Any = call.arguments if call.raw_arguments is None else call.raw_arguments
+    body = json.dumps({"name": call.name, "arguments": args}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def _tools_block(tools: Sequence[ToolDefinition]) -> str:
+    lines = [
+        json.dumps(
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+            },
+            ensure_ascii=False,
+        )
+        for t in tools
+    ]
+    return "\n".join([_TOOLS_HEAD, *lines, _TOOLS_TAIL])
+
+
+def prompt_text(segments: Sequence[Segment]) -> str:
+    """The prompt as one string (what the model reads; for logs and tests)."""
+    return "".join(s.text for s in segments)
+
+
+# ============================================================================================ tool calls
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+
+
+def parse_tool_calls(text: str, tool_names: Sequence[str]) -> tuple[str, list[ToolCall]]:
+    """Native-mode reply → (text before the calls, tool calls), tolerating missing tags and string args.
+
+    Calls are read from `<tool_call>` blocks; a reply without any is a call only when it is (fenced or
+    bare) JSON naming a known tool.
+    """
+    names = list(tool_names)
+    blocks = _TOOL_CALL_RE.findall(text)
+    if not blocks:
+        call = _react._bare_json_call(text, names, _call_id()) if names else None
+        return (text, []) if call is None else ("", [call])
+    calls = [c for c in (_block_call(b, names) for b in blocks) if c is not None]
+    return text[: text.find("<tool_call>")].strip(), calls
+
+
+def _block_call(body: str, names: list[str]) -> ToolCall | None:
+    call = _react._bare_json_call(body, names, _call_id())
+    if call is not None:
+        return call
+    obj, raw = _react.parse_arguments(body)  # an unknown tool name: let the loop explain it
+    name = obj.get("name")
+    if raw is not None or not isinstance(name, str):
+        return ToolCall(id=_call_id(), name="unknown", raw_arguments=body) if body.strip() else None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        args, raw = _react.parse_arguments(args)
+    if not isinstance(args, dict):
+        return ToolCall(id=_call_id(), name=name, raw_arguments=json.dumps(args))
+    return ToolCall(id=_call_id(), name=name, arguments=args, raw_arguments=raw)
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:12]}"
+
+
+# ============================================================================================== runtime
+
+
+@dataclass(eq=False)
+class _Runtime:
+    """One loaded `Llama` and the locks that serialise its use."""
+
+    llm: Any
+    path: Path
+    thread_lock: threading.Lock = field(default_factory=threading.Lock)
+    _loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
+
+    def async_lock(self) -> asyncio.Lock:
+        """This event loop's lock: waiting runs queue here, not in worker threads."""
+        loop = asyncio.get_running_loop()
+        lock = self._loop_locks.get(loop)
+        if lock is None:
+            lock = self._loop_locks[loop] = asyncio.Lock()
+        return lock
+
+    def tokenize(self, segments: Sequence[Segment]) -> list[int]:
+        tokens: list[int] = []
+        for seg in segments:
+            if seg.text:
+                tokens += self.llm.tokenize(seg.text.encode("utf-8"), add_bos=False, special=seg.control)
+        return tokens
+
+
+_RUNTIMES: dict[tuple[str, int, int], _Runtime] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def _import_llama() -> Any:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle threads must not spin between requests
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ConfigurationError(INSTALL_HINT) from exc
+    return llama_cpp.Llama
+
+
+def _load_runtime(path: Path, n_ctx: int, n_threads: int, seed: int) -> _Runtime:
+    """The shared runtime of a model file (loaded on first use; seconds)."""
+    key = (str(path.resolve()), n_ctx, n_threads)
+    with _LOAD_LOCK:
+        runtime = _RUNTIMES.get(key)
+        if runtime is None:
+            llama = _import_llama()
+            try:
+                llm = llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, seed=seed, verbose=False)
+            except (ValueError, RuntimeError) as exc:
+                raise ConfigurationError(
+                    f"llama.cpp could not load the model file {path}: {exc}; check that it is a GGUF file "
+                    "(re-assemble the default weights with `python -m thinkloop.models._weights`)"
+                ) from exc
+            runtime = _RUNTIMES[key] = _Runtime(llm, path)
+        return runtime
+
+
+# ============================================================================================ generation
+
+
+@dataclass(slots=True)
+class _Generation:
+    text: str = ""
+    finish_reason: FinishReason = "unknown"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One completion to run in the worker thread."""
+
+    segments: list[Segment]
+    stop: list[str]
+    max_tokens: int
+    temperature: float
+    seed: int
+    on_text: Callable[[str], object]
+    cancel: threading.Event
+
+
+def _generate(runtime: _Runtime, job: _Job, provider: str) -> _Generation:
+    """Run one completion (blocking: call it in a worker thread), streaming text to `job.on_text`."""
+    with runtime.thread_lock:
+        llm = runtime.llm
+        tokens = runtime.tokenize(job.segments)
+        n_ctx = int(llm.n_ctx())
+        if len(tokens) >= n_ctx:
+            raise ModelError(
+                f"the prompt has {len(tokens):,} tokens, more than the context window of {n_ctx:,}: "
+                "lower the agent's max_context_tokens or load the model with a larger n_ctx",
+                provider=provider,
+                scope="generation",
+            )
+        result = _Generation(prompt_tokens=len(tokens))
+        pieces: list[str] = []
+        stream = llm.create_completion(
+            tokens,
+            max_tokens=job.max_tokens,
+            temperature=job.temperature,
+            stop=job.stop,
+            seed=job.seed,
+            stream=True,
+        )
+        try:
+            for chunk in stream:
+                choice = chunk["choices"][0]
+                if choice["text"]:
+                    pieces.append(choice["text"])
+                    job.on_text(choice["text"])
+                if choice.get("finish_reason"):
+                    result.finish_reason = "length" if choice["finish_reason"] == "length" else "stop"
+                if job.cancel.is_set():
+                    break
+        finally:
+            stream.close()
+        result.text = "".join(pieces)
+        end = 1 if result.finish_reason == "stop" else 0  # the stop token was generated too
+        result.completion_tokens = len(llm.tokenize(result.text.encode("utf-8"), add_bos=False)) + end
+        return result
+
+
+# ================================================================================================ model
+
+
+class LocalModel(Model):
+    """The embedded Qwen2.5-Coder-Instruct model, run in-process by llama.cpp.
+
+    Args:
+        variant: `"1.5b"` (the default) or `"0.5b"` (smaller, faster, weaker); model names
+            (`"qwen2.5-coder-0.5b"`) are accepted too.
+        path: an explicit GGUF file to load instead of the assembled weights of `variant`
+            (it must use the ChatML template, like every Qwen2.5 instruct model).
+        n_ctx: the context window in tokens (prompt + reply), 8192 by default.
+        n_threads: CPU threads for llama.cpp; all cores by default.
+        seed: the sampling seed, fixed so that the same prompt gives the same reply.
+
+    Loading happens on the first request (or `await model.load()`): the weights are assembled from
+    their installed part packages if needed (never downloaded), then loaded once per process.
+    """
+
+    provider = "local"
+
+    def __init__(
+        self,
+        variant: str | None = None,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_threads: int | None = None,
+        seed: int = DEFAULT_SEED,
+    ) -> None:
+        if n_ctx < 512:
+            raise ConfigurationError(f"n_ctx must be at least 512 tokens, not {n_ctx}")
+        self.variant = _weights.get_variant(variant)
+        self.path = Path(path).expanduser() if path is not None else None
+        self.name = self.path.stem if self.path is not None else self.variant.model_name
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self.seed = seed
+        self.capabilities = ModelCapabilities(
+            tools=False, streaming=True, parallel_tool_calls=False, prefill=True, context_window=n_ctx
+        )
+        self._runtime: _Runtime | None = None
+
+    # ------------------------------------------------------------------------------------ loading
+
+    @property
+    def loaded(self) -> bool:
+        return self._runtime is not None
+
+    async def load(self, progress: _weights.ProgressCallback | None = None) -> None:
+        """Assemble the weights if needed and load the model (in a worker thread; seconds)."""
+        if self._runtime is None:
+            self._runtime = await asyncio.to_thread(self._load_sync, progress)
+
+    def _load_sync(self, progress: _weights.ProgressCallback | None = None) -> _Runtime:
+        _import_llama()  # fail fast, before assembling a gigabyte, when the runtime is missing
+        path = self._weights_path(progress)
+        if progress is not None:
+            progress("load", 0, 1)
+        runtime = _load_runtime(path, self.n_ctx, self.n_threads, self.seed)
+        if progress is not None:
+            progress("load", 1, 1)
+        return runtime
+
+    def _weights_path(self, progress: _weights.ProgressCallback | None) -> Path:
+        if self.path is None:
+            return _weights.assemble(self.variant.key, progress)
+        if not self.path.is_file():
+            raise ConfigurationError(f"the local model file {self.path} does not exist")
+        return self.path
+
+    # ------------------------------------------------------------------------------------- requests
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        response: ModelResponse | None = None
+        async for chunk in self.stream(request):
+            if isinstance(chunk, ModelResponse):
+                response = chunk
+        assert response is not None
+        return response
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        """Generate in a worker thread; text deltas come through a queue, then the final response."""
+        await self.load()
+        runtime = self._runtime
+        assert runtime is not None
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        job = _Job(
+            segments=render_chatml(request.messages, request.tools, request.prefill),
+            stop=[*request.settings.stop, *STOP_TOKENS],
+            max_tokens=request.settings.max_output_tokens,
+            temperature=request.settings.temperature,
+            seed=self.seed,
+            on_text=lambda text: loop.call_soon_threadsafe(queue.put_nowait, text),
+            cancel=threading.Event(),
+        )
+        async with runtime.async_lock():
+            task = asyncio.ensure_future(asyncio.to_thread(_generate, runtime, job, self.provider))
+            task.add_done_callback(lambda _: queue.put_nowait(None))
+            try:
+                while (text := await queue.get()) is not None:
+                    yield TextDelta(text=text)
+                generation = await task
+            finally:
+                if not task.done():  # cancelled or abandoned: stop generating at the next token
+                    job.cancel.set()
+                    task.add_done_callback(_consume_result)
+        yield self._response(request, generation)
+
+    def _response(self, request: ModelRequest, generation: _Generation) -> ModelResponse:
+        text, calls = generation.text, list[ToolCall]()
+        if request.tools:
+            text, calls = parse_tool_calls(text, [t.name for t in request.tools])
+        usage = Usage(
+            input_tokens=generation.prompt_tokens, output_tokens=generation.completion_tokens, requests=1
+        )
+        finish = "tool_calls" if calls else generation.finish_reason
+        return ModelResponse(
+            text=text, tool_calls=calls, usage=usage, model_name=self.name, finish_reason=finish
+        )
+
+    # --------------------------------------------------------------------------------------- tokens
+
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        """Tokens of `messages` in the ChatML prompt, by the model's own tokenizer (once it is loaded)."""
+        if self._runtime is None:
+            return None
+        segments = render_chatml(messages)[:-2]  # without the open assistant turn
+        return len(self._runtime.tokenize(segments))
+
+
+def _consume_result(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned generation's outcome so asyncio does not report it as never retrieved."""
+    with contextlib.suppress(BaseException):
+        task.result()
