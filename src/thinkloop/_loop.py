@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,18 @@ if TYPE_CHECKING:
     from .models import Model
 
 EventSink = Callable[[Event], None]
+
+current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("current_run", default=None)
+"""The run being driven in this context (set by `Agent` around the loop), for code below the loop."""
+
+
+def emit_current(event: Event) -> bool:
+    """Emit `event` to the run of the current context (e.g. a router's `ModelAttempt`); False if none."""
+    run = current_run.get()
+    if run is None:
+        return False
+    run.emit(event)
+    return True
 
 
 class Checkpointer(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from .._errors import ConfigurationError
 from ._base import Model as Model
@@ -14,14 +15,20 @@ DEFAULT_MODEL = "local"
 __all__ = ["DEFAULT_MODEL", "Model", "ModelCapabilities", "estimate_tokens", "resolve_model"]
 
 
-def resolve_model(spec: str | Model | None) -> Model:
+def resolve_model(spec: str | Model | Sequence[str | Model] | None) -> Model:
     """A `Model` from a model string (`provider:name`); None means `$THINKLOOP_MODEL` or `local`.
 
     Known providers: `openai:MODEL` (any OpenAI-compatible API; `OPENAI_BASE_URL`/`OPENAI_API_KEY`),
-    `local` / `local:0.5b` (the embedded model), `script:FILE` (a scripted model from a JSON file).
+    `local` / `local:0.5b` (the embedded model), `script:FILE` (a scripted model from a JSON file),
+    `router:SPEC,SPEC,...` (a `RouterModel` over those models). A list of models or strings also
+    makes a `RouterModel`.
     """
     if isinstance(spec, Model):
         return spec
+    if spec is not None and not isinstance(spec, str):
+        from ._router import RouterModel
+
+        return RouterModel(list(spec))
     text = (spec or os.environ.get("THINKLOOP_MODEL") or DEFAULT_MODEL).strip()
     provider, _, name = text.partition(":")
     provider = provider.lower()
@@ -35,10 +42,14 @@ def resolve_model(spec: str | Model | None) -> Model:
         from ._local import LocalModel
 
         return LocalModel(name or None)
+    if provider == "router":
+        from ._router import RouterModel
+
+        return RouterModel([part.strip() for part in name.split(",") if part.strip()])
     if provider == "script":
         from ..testing import load_script
 
         return load_script(name)
     raise ConfigurationError(
-        f"unknown model {text!r}: use 'local', 'local:0.5b', 'openai:MODEL' or 'script:FILE', or pass a Model"
+        f"unknown model {text!r}: use 'local', 'local:0.5b', 'openai:MODEL', 'script:FILE' or 'router:SPEC,SPEC', or pass a Model"
     )

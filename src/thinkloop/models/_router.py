@@ -1,0 +1,370 @@
+"""`RouterModel` (SPEC §2.4): several models behind one `Model`, with retries, fallback and breakers.
+
+For each request the router walks its members in order:
+
+1. Members that cannot serve the request are left out: a request with native `tools` only goes to
+   members whose capabilities say `tools`.
+2. A member whose circuit breaker is open (it failed `breaker_threshold` times in a row, less than
+   `breaker_cooldown` seconds ago) is skipped. After the cooldown one request probes it (half-open):
+   success closes the breaker, failure opens it again.
+3. A `ModelRetryableError` (429, 5xx, timeout, lost connection) is retried on the same member after an
+   exponential backoff with jitter, or after the provider's `Retry-After` (capped at `max_backoff`),
+   up to `retries` times. Any other `ModelError` goes straight to the next member.
+4. When every member has failed, the last error is raised with a message listing each member's failure.
+
+`asyncio.CancelledError` (and the run's deadline) always pass through: nothing is retried after them.
+Each failed attempt is reported as a `ModelAttempt` event of the current run and to `on_attempt`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .._errors import ConfigurationError, ModelError, ModelRetryableError
+from .._events import ModelAttempt
+from .._messages import Message, ModelRequest, ModelResponse, StreamChunk, Usage
+from ._base import Model, ModelCapabilities, estimated_usage
+
+NextAction = Literal["retry", "fallback", "give_up"]
+AttemptHook = Callable[[ModelAttempt], None]
+Sleep = Callable[[float], Awaitable[None]]
+Clock = Callable[[], float]
+
+
+@dataclass(slots=True)
+class CircuitBreaker:
+    """Consecutive failures of one member; open for `cooldown` s after `threshold` of them.
+
+    States: closed (requests go through), open (requests are skipped), half-open (the cooldown is over:
+    one probe request goes through; its success closes the breaker, its failure opens it again).
+    """
+
+    threshold: int
+    cooldown: float
+    failures: int = 0
+    opened_at: float | None = None
+    probing: bool = False
+
+    def state(self, now: float) -> Literal["closed", "open", "half_open"]:
+        if self.opened_at is None:
+            return "closed"
+        return "half_open" if now - self.opened_at >= self.cooldown else "open"
+
+    def allow(self, now: float) -> bool:
+        """May a request go to this member now? In half-open, only one probe at a time."""
+        state = self.state(now)
+        if state == "closed":
+            return True
+        if state == "open" or self.probing:
+            return False
+        self.probing = True
+        return True
+
+    def retry_in(self, now: float) -> float:
+        return 0.0 if self.opened_at is None else max(self.cooldown - (now - self.opened_at), 0.0)
+
+    def success(self) -> None:
+        self.failures, self.opened_at, self.probing = 0, None, False
+
+    def failure(self, now: float) -> None:
+        self.failures += 1
+        if self.probing or self.failures >= self.threshold:
+            self.opened_at = now
+        self.probing = False
+
+    def release(self) -> None:
+        """The probe ended without a verdict (cancelled): let another request probe."""
+        self.probing = False
+
+
+@dataclass
+class _Attempt:
+    """The bookkeeping of one routed request: which member is tried, and what failed so far."""
+
+    router: RouterModel
+    candidates: list[int]
+    skipped: list[str]
+    index: int = 0
+    attempt: int = 1
+    failures: list[str] = field(default_factory=list)
+    last_error: ModelError | None = None
+    spent: Usage = field(default_factory=Usage)
+    current: int | None = None
+
+    def next_member(self) -> Model | None:
+        """The member to try now, skipping those whose breaker is open; None when all are used up."""
+        router = self.router
+        while self.index < len(self.candidates):
+            slot = self.candidates[self.index]
+            breaker = router.breakers[slot]
+            now = router.clock()
+            if breaker.allow(now):
+                self.current = slot
+                return router.models[slot]
+            member = router.models[slot].spec
+            self.failures.append(f"{member}: skipped, circuit open for {breaker.retry_in(now):.1f} s more")
+            self.index, self.attempt = self.index + 1, 1
+        self.current = None
+        return None
+
+    async def failed(self, member: Model, exc: ModelError) -> None:
+        """Record a failed attempt, then wait to retry the member or move on to the next one."""
+        router = self.router
+        breaker = router.breakers[self.candidates[self.index]]
+        breaker.failure(router.clock())
+        self.last_error = exc
+        self.spent.add(_spent_usage(exc))
+        action, delay = self._next_action(exc, breaker)
+        router.report(
+            ModelAttempt(
+                model=member.spec, attempt=self.attempt, error=str(exc), next_action=action, delay=delay
+            )
+        )
+        if action == "retry":
+            self.attempt += 1
+            await router.sleep(delay)
+            return
+        self.failures.append(f"{member.spec}: {exc} (after {self.attempt} attempt(s))")
+        self.index, self.attempt = self.index + 1, 1
+
+    def _next_action(self, exc: ModelError, breaker: CircuitBreaker) -> tuple[NextAction, float]:
+        router = self.router
+        retry = (
+            isinstance(exc, ModelRetryableError)
+            and self.attempt <= router.retries
+            and breaker.state(router.clock()) == "closed"
+        )
+        if retry:
+            return "retry", router.delay(self.attempt, exc.retry_after)
+        return ("fallback" if self.index + 1 < len(self.candidates) else "give_up"), 0.0
+
+    def succeeded(self, response: ModelResponse, member: Model, request: ModelRequest) -> ModelResponse:
+        """Close the member's breaker; charge tokens that failed attempts consumed to the response."""
+        self.router.breakers[self.candidates[self.index]].success()
+        update: dict[str, object] = {}
+        if not response.model_name:
+            update["model_name"] = member.name
+        if self.spent.total_tokens or self.spent.cost:
+            usage = response.usage if response.usage.requests else estimated_usage(request, response)
+            usage = usage.model_copy()
+            usage.add(self.spent)
+            update["usage"] = usage
+        return response.model_copy(update=update) if update else response
+
+    def release(self) -> None:
+        if self.current is not None:
+            self.router.breakers[self.current].release()
+
+    def exhausted(self) -> ModelError:
+        """The error raised when no member answered: the last one, saying what happened to each."""
+        lines = "; ".join([*self.failures, *self.skipped]) or "no member could be tried"
+        message = f"all {len(self.router.models)} models of the router failed: {lines}"
+        last = self.last_error
+        if last is None:
+            return ModelRetryableError(
+                f"{message}. Try again later or add another model to the router.",
+                provider="router",
+                retry_after=self._soonest_retry(),
+            )
+        cls = type(last) if isinstance(last, ModelRetryableError) else ModelError
+        error = cls(
+            message,
+            provider="router",
+            scope=last.scope,
+            status_code=last.status_code,
+            retry_after=last.retry_after,
+        )
+        error.__cause__ = last
+        return error
+
+    def _soonest_retry(self) -> float | None:
+        now = self.router.clock()
+        waits = [self.router.breakers[i].retry_in(now) for i in self.candidates]
+        return min(waits) if waits else None
+
+
+def _spent_usage(exc: ModelError) -> Usage:
+    """Tokens a failed attempt consumed, when the adapter attached them to the error as `usage`."""
+    usage = getattr(exc, "usage", None)
+    if not isinstance(usage, Usage):
+        return Usage()
+    return usage.model_copy(update={"requests": 0})
+
+
+class RouterModel(Model):
+    """Several models behind one `Model` interface: retries, fallback, circuit breakers, capability routing.
+
+    Args:
+        models: the members, in order of preference (`Model`s or model strings).
+        retries: how many times a retryable failure is retried on the same member before falling back.
+        backoff: the first retry delay in seconds; it doubles at each retry (exponential backoff).
+        max_backoff: the cap of every delay, including the provider's `Retry-After`.
+        jitter: randomise each backoff delay between 50 % and 100 % of its value (spreads retries).
+        breaker_threshold: consecutive failed attempts after which a member is skipped …
+        breaker_cooldown: … for this many seconds; then one request probes it.
+        on_attempt: called with a `ModelAttempt` for every failed attempt (also emitted to the run).
+        sleep, clock, rng: injectable for tests (default `asyncio.sleep`, `time.monotonic`, `random`).
+
+    Usage: the response carries its member's usage plus the tokens that failed attempts reported
+    consuming (an adapter attaches them to the error as `usage`), so the run budget is charged for all.
+    """
+
+    provider = "router"
+
+    def __init__(
+        self,
+        models: Sequence[Model | str],
+        *,
+        retries: int = 2,
+        backoff: float = 0.5,
+        max_backoff: float = 20.0,
+        jitter: bool = True,
+        breaker_threshold: int = 3,
+        breaker_cooldown: float = 30.0,
+        on_attempt: AttemptHook | None = None,
+        sleep: Sleep = asyncio.sleep,
+        clock: Clock = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        _check_settings(models, retries, backoff, max_backoff, breaker_threshold, breaker_cooldown)
+        from . import resolve_model
+
+        self.models: list[Model] = [resolve_model(m) for m in models]
+        self.name = ",".join(m.spec for m in self.models)
+        self.capabilities = _union_capabilities(self.models)
+        self.retries, self.backoff, self.max_backoff, self.jitter = retries, backoff, max_backoff, jitter
+        self.breakers = [CircuitBreaker(breaker_threshold, breaker_cooldown) for _ in self.models]
+        self.on_attempt = on_attempt
+        self.sleep, self.clock = sleep, clock
+        self.rng = rng or random.Random()
+
+    # ------------------------------------------------------------------------------------ routing
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        """Seconds to wait before retry number `attempt`: `Retry-After` if given, else backoff; capped."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_backoff)
+        delay = min(self.backoff * 2.0 ** (attempt - 1), self.max_backoff)
+        return delay * self.rng.uniform(0.5, 1.0) if self.jitter else delay
+
+    def report(self, event: ModelAttempt) -> None:
+        from .._loop import emit_current
+
+        emit_current(event)
+        if self.on_attempt is not None:
+            self.on_attempt(event.model_copy())
+
+    def _plan(self, request: ModelRequest) -> _Attempt:
+        if not request.tools:
+            return _Attempt(self, list(range(len(self.models))), [])
+        able = [i for i, m in enumerate(self.models) if m.capabilities.tools]
+        skipped = [
+            f"{m.spec}: skipped, no native tool calling" for m in self.models if not m.capabilities.tools
+        ]
+        if not able:
+            raise ModelError(
+                f"the request has {len(request.tools)} tool(s) but none of the models "
+                f"({self.name}) supports native tool calling: use mode='react'",
+                provider="router",
+            )
+        return _Attempt(self, able, skipped)
+
+    # ------------------------------------------------------------------------------ Model interface
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        plan = self._plan(request)
+        while (member := plan.next_member()) is not None:
+            try:
+                response = await member.request(request)
+            except ModelError as exc:
+                await plan.failed(member, exc)
+                continue
+            except BaseException:
+                plan.release()
+                raise
+            return plan.succeeded(response, member, request)
+        raise plan.exhausted()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        """Stream from the first member that starts answering; a failure after the first chunk surfaces."""
+        plan = self._plan(request)
+        while (member := plan.next_member()) is not None:
+            started = False
+            try:
+                async for chunk in _member_stream(member, request):
+                    if isinstance(chunk, ModelResponse):
+                        chunk = plan.succeeded(chunk, member, request)
+                    started = True
+                    yield chunk
+            except ModelError as exc:
+                if started:
+                    self._surface(plan, member, exc)
+                    raise
+                await plan.failed(member, exc)
+                continue
+            except BaseException:
+                plan.release()
+                raise
+            return
+        raise plan.exhausted()
+
+    def _surface(self, plan: _Attempt, member: Model, exc: ModelError) -> None:
+        """A failure after the first chunk: counted against the member, reported, not retried."""
+        self.breakers[plan.candidates[plan.index]].failure(self.clock())
+        self.report(
+            ModelAttempt(model=member.spec, attempt=plan.attempt, error=str(exc), next_action="give_up")
+        )
+
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        return self.models[0].count_tokens(messages)
+
+    async def aclose(self) -> None:
+        for member in self.models:
+            await member.aclose()
+
+
+async def _member_stream(member: Model, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+    """A member's stream, or its whole reply as chunks when it cannot stream."""
+    stream = member.stream(request) if member.capabilities.streaming else Model.stream(member, request)
+    async for chunk in stream:
+        yield chunk
+
+
+def _union_capabilities(models: Sequence[Model]) -> ModelCapabilities:
+    """Tools/streaming if any member has them (requests are routed); prefill and parallel calls if all do."""
+    windows = [m.capabilities.context_window for m in models if m.capabilities.context_window]
+    return ModelCapabilities(
+        tools=any(m.capabilities.tools for m in models),
+        streaming=any(m.capabilities.streaming for m in models),
+        parallel_tool_calls=all(m.capabilities.parallel_tool_calls for m in models),
+        prefill=all(m.capabilities.prefill for m in models),
+        context_window=min(windows) if windows else None,
+    )
+
+
+def _check_settings(
+    models: Sequence[Model | str],
+    retries: int,
+    backoff: float,
+    max_backoff: float,
+    threshold: int,
+    cooldown: float,
+) -> None:
+    if isinstance(models, str) or not models:
+        raise ConfigurationError(
+            f"RouterModel needs a non-empty list of models, got {models!r}; "
+            "e.g. RouterModel(['openai:gpt-4o-mini', 'openai:gpt-4o'])"
+        )
+    if retries < 0 or backoff < 0 or max_backoff < 0:
+        raise ConfigurationError(
+            f"retries, backoff and max_backoff must be ≥ 0 (got {retries}, {backoff}, {max_backoff})"
+        )
+    if threshold < 1 or cooldown < 0:
+        raise ConfigurationError(
+            f"breaker_threshold must be ≥ 1 and breaker_cooldown ≥ 0 (got {threshold}, {cooldown})"
+        )

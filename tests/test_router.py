@@ -1,0 +1,477 @@
+"""RouterModel (SPEC §2.4): retries, Retry-After, fallback, circuit breakers, capability routing,
+streaming fallback, attempt events, usage and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from thinkloop import Agent, ConfigurationError, ModelError, ModelRetryableError, StopReason, tool
+from thinkloop._events import ModelAttempt
+from thinkloop._messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    StreamChunk,
+    TextDelta,
+    ToolDefinition,
+    Usage,
+)
+from thinkloop.models import resolve_model
+from thinkloop.models._router import CircuitBreaker, RouterModel
+from thinkloop.testing import FunctionModel, Reply, ScriptedModel
+
+REQUEST = ModelRequest(messages=[Message.user("hi")])
+TOOL_REQUEST = ModelRequest(messages=[Message.user("hi")], tools=[ToolDefinition(name="add")])
+
+
+def flaky(*outcomes: BaseException | Reply, name: str = "m", tools: bool = True) -> FunctionModel:
+    """A model answering with the next outcome: an exception is raised, a reply is returned."""
+    queue = list(outcomes)
+
+    def reply(request: ModelRequest) -> Reply:
+        item = queue.pop(0) if len(queue) > 1 else queue[0]
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    return FunctionModel(reply, name=name, tools=tools)
+
+
+def busy(retry_after: float | None = None) -> ModelRetryableError:
+    return ModelRetryableError("HTTP 503 busy", provider="test", status_code=503, retry_after=retry_after)
+
+
+def bad_request() -> ModelError:
+    return ModelError("HTTP 400 bad request", provider="test", status_code=400)
+
+
+class Recorder:
+    """The injectable sleep, clock and attempt hook of a router under test."""
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+        self.attempts: list[ModelAttempt] = []
+        self.now = 1000.0
+
+    async def sleep(self, delay: float) -> None:
+        self.sleeps.append(delay)
+
+    def clock(self) -> float:
+        return self.now
+
+    def router(self, *models: Any, **kwargs: Any) -> RouterModel:
+        kwargs.setdefault("jitter", False)
+        return RouterModel(
+            list(models), sleep=self.sleep, clock=self.clock, on_attempt=self.attempts.append, **kwargs
+        )
+
+    @property
+    def actions(self) -> list[tuple[str, int, str]]:
+        return [(a.model, a.attempt, a.next_action) for a in self.attempts]
+
+
+# --------------------------------------------------------------------------------- retries and delays
+
+
+async def test_retryable_error_is_retried_with_exponential_backoff() -> None:
+    rec = Recorder()
+    model = flaky(busy(), busy(), "ok", name="a")
+    router = rec.router(model, backoff=0.5)
+    response = await router.request(REQUEST)
+    assert response.text == "ok"
+    assert response.model_name == "a"
+    assert len(model.requests) == 3
+    assert rec.sleeps == [0.5, 1.0]
+    assert rec.actions == [("test:a", 1, "retry"), ("test:a", 2, "retry")]
+    assert rec.attempts[0].delay == 0.5
+    assert "HTTP 503 busy" in rec.attempts[0].error
+
+
+async def test_retry_after_is_honoured_and_capped() -> None:
+    rec = Recorder()
+    router = rec.router(flaky(busy(retry_after=2.0), busy(retry_after=300.0), "ok"), max_backoff=7.0)
+    assert (await router.request(REQUEST)).text == "ok"
+    assert rec.sleeps == [2.0, 7.0]
+
+
+async def test_backoff_is_capped_and_jittered() -> None:
+    router = RouterModel([ScriptedModel([])], backoff=1.0, max_backoff=3.0, rng=random.Random(7))
+    delays = [router.delay(attempt, None) for attempt in (1, 2, 3, 4)]
+    assert 0.5 <= delays[0] <= 1.0
+    assert 1.0 <= delays[1] <= 2.0
+    assert 1.5 <= delays[2] <= 3.0 and 1.5 <= delays[3] <= 3.0
+    plain = RouterModel([ScriptedModel([])], backoff=1.0, max_backoff=3.0, jitter=False)
+    assert [plain.delay(a, None) for a in (1, 2, 3, 4)] == [1.0, 2.0, 3.0, 3.0]
+
+
+# ---------------------------------------------------------------------------------------- fallback
+
+
+async def test_falls_back_to_the_next_model_after_the_retries() -> None:
+    rec = Recorder()
+    first, second = flaky(busy(), name="a"), flaky("from b", name="b")
+    router = rec.router(first, second, retries=2, breaker_threshold=10)
+    response = await router.request(REQUEST)
+    assert response.text == "from b"
+    assert response.model_name == "b"
+    assert len(first.requests) == 3
+    assert rec.actions == [("test:a", 1, "retry"), ("test:a", 2, "retry"), ("test:a", 3, "fallback")]
+    assert len(rec.sleeps) == 2
+
+
+async def test_non_retryable_error_falls_back_at_once() -> None:
+    rec = Recorder()
+    first, second = flaky(bad_request(), name="a"), flaky("from b", name="b")
+    response = await rec.router(first, second).request(REQUEST)
+    assert response.text == "from b"
+    assert len(first.requests) == 1
+    assert rec.sleeps == []
+    assert rec.actions == [("test:a", 1, "fallback")]
+
+
+async def test_all_failing_raises_the_last_error_listing_every_model() -> None:
+    rec = Recorder()
+    router = rec.router(flaky(bad_request(), name="a"), flaky(busy(), name="b"), retries=1)
+    with pytest.raises(ModelRetryableError) as caught:
+        await router.request(REQUEST)
+    message = str(caught.value)
+    assert message.startswith("router: model request failed: all 2 models of the router failed")
+    assert "test:a: test: model request failed: HTTP 400 bad request (after 1 attempt(s))" in message
+    assert "test:b: test: model request failed: HTTP 503 busy (after 2 attempt(s))" in message
+    assert caught.value.status_code == 503
+    assert isinstance(caught.value.__cause__, ModelRetryableError)
+    assert rec.actions[-1] == ("test:b", 2, "give_up")
+
+
+async def test_last_error_not_retryable_gives_a_plain_model_error() -> None:
+    router = Recorder().router(flaky(busy(), name="a"), flaky(bad_request(), name="b"), retries=0)
+    with pytest.raises(ModelError) as caught:
+        await router.request(REQUEST)
+    assert type(caught.value) is ModelError
+    assert caught.value.status_code == 400
+
+
+# ------------------------------------------------------------------------------------ circuit breaker
+
+
+async def test_breaker_opens_skips_the_dead_model_and_half_opens_after_cooldown() -> None:
+    rec = Recorder()
+    dead = flaky(busy(), busy(), busy(), "back", name="dead")
+    spare = flaky("spare", name="spare")
+    router = rec.router(dead, spare, retries=5, breaker_threshold=3, breaker_cooldown=30)
+
+    assert (await router.request(REQUEST)).text == "spare"  # 3 failures open the breaker: no 4th try
+    assert len(dead.requests) == 3
+    assert rec.actions[-1] == ("test:dead", 3, "fallback")
+    assert router.breakers[0].state(rec.now) == "open"
+
+    rec.now += 10
+    assert (await router.request(REQUEST)).text == "spare"
+    assert len(dead.requests) == 3  # skipped while open
+
+    rec.now += 25  # the cooldown is over: one probe goes to the dead model, which has recovered
+    assert router.breakers[0].state(rec.now) == "half_open"
+    assert (await router.request(REQUEST)).text == "back"
+    assert router.breakers[0].state(rec.now) == "closed"
+    assert len(dead.requests) == 4
+
+
+async def test_failed_probe_opens_the_breaker_again() -> None:
+    rec = Recorder()
+    dead, spare = flaky(busy(), name="dead"), flaky("spare", name="spare")
+    router = rec.router(dead, spare, retries=0, breaker_threshold=1, breaker_cooldown=5)
+    await router.request(REQUEST)
+    rec.now += 6
+    await router.request(REQUEST)  # the probe fails: open again, at once, without retrying
+    assert len(dead.requests) == 2
+    assert router.breakers[0].state(rec.now) == "open"
+    rec.now += 1
+    await router.request(REQUEST)
+    assert len(dead.requests) == 2
+
+
+def test_half_open_breaker_lets_one_probe_through() -> None:
+    breaker = CircuitBreaker(threshold=1, cooldown=5)
+    breaker.failure(0.0)
+    assert not breaker.allow(1.0)
+    assert breaker.allow(6.0)
+    assert not breaker.allow(6.0)  # a second concurrent request does not probe too
+    breaker.release()
+    assert breaker.allow(6.0)
+    breaker.success()
+    assert breaker.state(6.0) == "closed" and breaker.failures == 0
+
+
+async def test_every_breaker_open_raises_a_retryable_error_saying_when() -> None:
+    rec = Recorder()
+    only = flaky(busy(), name="only")
+    router = rec.router(only, retries=0, breaker_threshold=1, breaker_cooldown=30)
+    with pytest.raises(ModelRetryableError):
+        await router.request(REQUEST)
+    rec.now += 10
+    with pytest.raises(ModelRetryableError) as caught:
+        await router.request(REQUEST)
+    assert "test:only: skipped, circuit open for 20.0 s more" in str(caught.value)
+    assert caught.value.retry_after == 20.0
+    assert len(only.requests) == 1
+
+
+# --------------------------------------------------------------------------------- capability routing
+
+
+async def test_requests_with_tools_go_only_to_tool_capable_models() -> None:
+    text_only = flaky("text", name="text", tools=False)
+    native = flaky("native", name="native")
+    router = Recorder().router(text_only, native)
+    assert router.capabilities.tools
+    assert (await router.request(TOOL_REQUEST)).text == "native"
+    assert (await router.request(REQUEST)).text == "text"
+    assert len(text_only.requests) == 1 and text_only.requests[0].tools == []
+
+
+async def test_tool_request_without_healthy_tool_model_names_the_skipped_ones() -> None:
+    router = Recorder().router(flaky("text", name="text", tools=False), flaky(bad_request(), name="native"))
+    with pytest.raises(ModelError) as caught:
+        await router.request(TOOL_REQUEST)
+    assert "test:text: skipped, no native tool calling" in str(caught.value)
+    assert "test:native: test: model request failed: HTTP 400" in str(caught.value)
+
+
+async def test_tool_request_to_text_only_router_says_to_use_react() -> None:
+    router = RouterModel([ScriptedModel(["a"], tools=False), ScriptedModel(["b"], tools=False)])
+    assert not router.capabilities.tools
+    with pytest.raises(
+        ModelError, match="none of the models .* supports native tool calling: use mode='react'"
+    ):
+        await router.request(TOOL_REQUEST)
+
+
+async def test_text_only_router_runs_the_agent_in_react_mode() -> None:
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    replies = ['Thought: add\nAction: add\nAction Input: {"a": 2, "b": 3}', "Final Answer: 5"]
+    router = RouterModel([ScriptedModel(replies, tools=False)])
+    result = await Agent(router, tools=[add]).run("2+3?")
+    assert result.output == "5"
+    assert result.state.mode == "react"
+
+
+# --------------------------------------------------------------------------------------- streaming
+
+
+class _BreaksMidStream(FunctionModel):
+    """A streaming model whose connection breaks after its first text chunk."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        self.requests.append(request)
+        yield TextDelta(text="Hel")
+        raise ModelRetryableError("connection lost mid-stream", provider="test")
+
+
+async def _collect(router: RouterModel) -> list[StreamChunk]:
+    return [chunk async for chunk in router.stream(REQUEST)]
+
+
+async def test_stream_falls_back_before_the_first_chunk() -> None:
+    rec = Recorder()
+    first, second = flaky(busy(), name="a"), flaky("Hello there", name="b")
+    chunks = await _collect(rec.router(first, second, retries=1))
+    text = "".join(c.text for c in chunks if isinstance(c, TextDelta))
+    assert text == "Hello there"
+    final = chunks[-1]
+    assert isinstance(final, ModelResponse) and final.model_name == "b"
+    assert rec.actions == [("test:a", 1, "retry"), ("test:a", 2, "fallback")]
+
+
+async def test_stream_error_after_the_first_chunk_surfaces() -> None:
+    rec = Recorder()
+    broken = _BreaksMidStream(lambda r: "unused", name="broken")
+    spare = flaky("spare", name="spare")
+    router = rec.router(broken, spare)
+    seen: list[StreamChunk] = []
+    with pytest.raises(ModelRetryableError, match="connection lost mid-stream"):
+        async for chunk in router.stream(REQUEST):
+            seen.append(chunk)
+    assert seen == [TextDelta(text="Hel")]
+    assert spare.requests == []
+    assert rec.actions == [("test:broken", 1, "give_up")]
+    assert router.breakers[0].failures == 1
+
+
+async def test_stream_from_a_model_that_cannot_stream() -> None:
+    model = ScriptedModel(["whole reply"], streaming=False)
+    chunks = await _collect(RouterModel([model]))
+    assert [type(c).__name__ for c in chunks] == ["TextDelta", "ModelResponse"]
+
+
+# --------------------------------------------------------------------------------- runs and events
+
+
+async def test_attempts_are_events_of_the_run_stream() -> None:
+    rec = Recorder()
+    router = RouterModel(
+        [flaky(busy(retry_after=0.25), name="a"), flaky("the answer", name="b")],
+        retries=1,
+        sleep=rec.sleep,
+    )
+    events = [e async for e in Agent(router).stream("question")]
+    attempts = [e for e in events if isinstance(e, ModelAttempt)]
+    assert [(a.model, a.attempt, a.next_action, a.delay) for a in attempts] == [
+        ("test:a", 1, "retry", 0.25),
+        ("test:a", 2, "fallback", 0.0),
+    ]
+    run_id = events[0].run_id
+    assert all(a.run_id == run_id and a.seq > 0 for a in attempts)
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    assert events[-1].type == "done"
+    assert rec.sleeps == [0.25]
+
+
+async def test_attempt_outside_a_run_goes_to_the_hook_only() -> None:
+    rec = Recorder()
+    await rec.router(flaky(busy(), "ok")).request(REQUEST)
+    assert rec.actions == [("test:m", 1, "retry")]
+
+
+async def test_run_fails_with_every_failure_in_its_error() -> None:
+    router = Recorder().router(flaky(bad_request(), name="a"), flaky(bad_request(), name="b"))
+    result = await Agent(router).run("question")
+    assert result.stop_reason is StopReason.ERROR
+    assert result.error is not None and "all 2 models of the router failed" in result.error
+    assert "test:a:" in result.error and "test:b:" in result.error
+
+
+async def test_tokens_of_failed_attempts_are_charged_to_the_run() -> None:
+    error = busy()
+    error.usage = Usage(input_tokens=100, output_tokens=7, requests=1)  # type: ignore[attr-defined]
+    reply = ModelResponse(text="done", usage=Usage(input_tokens=50, output_tokens=5, requests=1))
+    router = Recorder().router(flaky(error, reply))
+    response = await router.request(REQUEST)
+    assert (response.usage.input_tokens, response.usage.output_tokens, response.usage.requests) == (
+        150,
+        12,
+        1,
+    )
+    result = await Agent(Recorder().router(flaky(error, reply))).run("q")
+    assert result.usage.input_tokens == 150 and result.usage.requests == 1
+
+
+# ------------------------------------------------------------------------------------- cancellation
+
+
+async def test_cancellation_is_never_retried() -> None:
+    started = asyncio.Event()
+
+    async def hang(request: ModelRequest) -> Reply:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    slow, spare = FunctionModel(hang, name="slow"), flaky("spare", name="spare")
+    rec = Recorder()
+    router = rec.router(slow, spare)
+    task = asyncio.create_task(router.request(REQUEST))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(slow.requests) == 1 and spare.requests == []
+    assert rec.attempts == []
+    assert router.breakers[0].failures == 0
+
+
+async def test_cancellation_during_backoff_passes_through() -> None:
+    sleeping = asyncio.Event()
+
+    async def slow_sleep(delay: float) -> None:
+        sleeping.set()
+        await asyncio.sleep(3600)
+
+    model = flaky(busy(), "ok")
+    router = RouterModel([model], sleep=slow_sleep, jitter=False)
+    task = asyncio.create_task(router.request(REQUEST))
+    await sleeping.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(model.requests) == 1
+
+
+async def test_cancelled_probe_lets_the_next_request_probe() -> None:
+    rec = Recorder()
+    gate = asyncio.Event()
+    calls: list[ModelRequest] = []
+
+    async def reply(request: ModelRequest) -> Reply:
+        calls.append(request)
+        if len(calls) == 1:
+            raise busy()
+        gate.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    model = FunctionModel(reply, name="a")
+    router = rec.router(
+        model, flaky("spare", name="spare"), retries=0, breaker_threshold=1, breaker_cooldown=1
+    )
+    await router.request(REQUEST)
+    rec.now += 2
+    task = asyncio.create_task(router.request(REQUEST))
+    await gate.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert router.breakers[0].allow(rec.now)  # the probe slot was released
+
+
+# ----------------------------------------------------------------------------------- configuration
+
+
+def test_router_model_strings(tmp_path: Path) -> None:
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(json.dumps(["hi"]))
+    spec = f"router:script:{tmp_path / 'a.json'}, script:{tmp_path / 'b.json'}"
+    router = resolve_model(spec)
+    assert isinstance(router, RouterModel)
+    assert [m.spec for m in router.models] == [f"test:{name}" for name in ("a.json", "b.json")]
+    assert router.spec == "router:test:a.json,test:b.json"
+
+
+async def test_agent_accepts_a_list_of_models() -> None:
+    agent = Agent([flaky(bad_request(), name="a"), ScriptedModel(["fine"])])
+    assert isinstance(agent.model, RouterModel)
+    result = await agent.run("q")
+    assert result.output == "fine"
+
+
+@pytest.mark.parametrize(
+    ("models", "kwargs", "message"),
+    [
+        ([], {}, "needs a non-empty list of models"),
+        ("openai:gpt-4o", {}, "needs a non-empty list of models"),
+        (["x"], {"retries": -1}, "must be ≥ 0"),
+        (["x"], {"breaker_threshold": 0}, "breaker_threshold must be ≥ 1"),
+    ],
+)
+def test_bad_settings_are_configuration_errors(models: Any, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        RouterModel(models, **kwargs)
+
+
+def test_capabilities_are_combined() -> None:
+    router = RouterModel(
+        [ScriptedModel([], tools=False, streaming=False, prefill=True), ScriptedModel([], prefill=True)]
+    )
+    caps = router.capabilities
+    assert caps.tools and caps.streaming and caps.prefill
+    assert not RouterModel([ScriptedModel([], prefill=True), ScriptedModel([])]).capabilities.prefill
