@@ -42,6 +42,8 @@ class Tool:
         output_max_length: characters kept of the output (None: the agent's default, 10,000).
         validator: a pydantic model validating and coercing the arguments (built by `@tool`); without
             one, required properties and basic JSON types are checked against `parameters`.
+        in_thread: run a sync function in a worker thread (the default, so a blocking function never
+            stalls other runs); `False` calls it directly — only for quick, non-blocking functions.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class Tool:
         idempotent: bool = False,
         output_max_length: int | None = None,
         validator: type[BaseModel] | None = None,
+        in_thread: bool = True,
     ) -> None:
         if not _NAME_RE.match(name):
             raise ConfigurationError(
@@ -70,6 +73,7 @@ class Tool:
         self.idempotent = idempotent
         self.output_max_length = output_max_length
         self.validator = validator
+        self.in_thread = in_thread
         self._is_async = inspect.iscoroutinefunction(function)
         self.definition = ToolDefinition(name=name, description=self.description, parameters=self.parameters)
 
@@ -100,7 +104,9 @@ class Tool:
         """Call the function with validated arguments. Sync functions run in a worker thread."""
         if self._is_async:
             return await self.function(**arguments)
-        return await asyncio.to_thread(self.function, **arguments)
+        if self.in_thread:
+            return await asyncio.to_thread(self.function, **arguments)
+        return self.function(**arguments)
 
 
 def _explain(exc: ValidationError) -> str:
@@ -159,6 +165,7 @@ def tool(
     timeout: float | None = None,
     idempotent: bool = False,
     output_max_length: int | None = None,
+    in_thread: bool = True,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -172,6 +179,7 @@ def tool(
     timeout: float | None = None,
     idempotent: bool = False,
     output_max_length: int | None = None,
+    in_thread: bool = True,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a `Tool` from a function: `@tool` or `@tool(risk=RiskLevel.HIGH, timeout=10)`.
 
@@ -192,6 +200,7 @@ def tool(
             idempotent=idempotent,
             output_max_length=output_max_length,
             validator=validator,
+            in_thread=in_thread,
         )
 
     return build(function) if function is not None else build

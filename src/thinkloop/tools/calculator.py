@@ -132,4 +132,5 @@ calculator = Tool(
     validator=_Arguments,
     risk=RiskLevel.LOW,
     idempotent=True,
+    in_thread=False,  # pure and bounded: no need for a worker thread
 )
