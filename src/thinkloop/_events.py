@@ -6,6 +6,7 @@ Every event carries the `run_id` it belongs to and its `seq`uence number in the 
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Annotated, Any, Literal
 
@@ -24,7 +25,7 @@ ErrorKind = Literal[
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     run_id: str = ""
     seq: int = 0
@@ -154,20 +155,23 @@ Event = Annotated[
     Field(discriminator="type"),
 ]
 
-EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+@functools.cache
+def event_adapter() -> TypeAdapter[Event]:
+    """The pydantic adapter of the `Event` union (built on first use, to keep `import thinkloop` fast)."""
+    return TypeAdapter(Event)
 
 
 def event_from_json(data: str | bytes | dict[str, Any]) -> Event:
     """Parse an event from JSON text or a decoded dict."""
     if isinstance(data, dict):
-        return EVENT_ADAPTER.validate_python(data)
-    return EVENT_ADAPTER.validate_json(data)
+        return event_adapter().validate_python(data)
+    return event_adapter().validate_json(data)
 
 
 class RunResult(BaseModel):
     """What a run produced, on every stop reason — including the full state, so nothing is lost."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     output: str
     stop_reason: StopReason

@@ -62,7 +62,7 @@ Mode = Literal["native", "react"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class GuardState(_Model):
