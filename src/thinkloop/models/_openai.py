@@ -17,7 +17,8 @@ import ipaddress
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
@@ -113,30 +114,56 @@ class OpenAIModel(Model):
             "max_completion_tokens" if reasoning else "max_tokens"
         )
         self.send_temperature = not reasoning
-        self._client: AsyncOpenAI | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._clients: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[AsyncOpenAI, AsyncGenerator[None, None]]
+        ] = weakref.WeakKeyDictionary()
 
     # ------------------------------------------------------------------------------------- client
 
-    def _get_client(self) -> AsyncOpenAI:
-        """The SDK client, made on first use and remade when used from another event loop."""
+    async def _get_client(self) -> AsyncOpenAI:
+        """The SDK client of the running event loop, made on first use there.
+
+        An SDK client's connections belong to one event loop, so each loop gets its own (e.g. every
+        `agent.run_sync()`). It is closed by `aclose()`, or when its loop shuts down: a suspended async
+        generator holds it, and `asyncio.run()` closes the async generators of its loop before the loop.
+        """
         loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
+        entry = self._clients.get(loop)
+        if entry is None:
             from openai import AsyncOpenAI
 
-            self._client = AsyncOpenAI(
+            client = AsyncOpenAI(
                 api_key=self.api_key,
                 base_url=self.base_url,
                 timeout=self.timeout,
                 max_retries=self.max_retries,
             )
-            self._client_loop = loop
-        return self._client
+            lifetime = self._client_lifetime(client)
+            self._clients[loop] = (client, lifetime)
+            await anext(lifetime)
+            return client
+        return entry[0]
+
+    async def _client_lifetime(self, client: AsyncOpenAI) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            for loop, (known, _) in list(self._clients.items()):
+                if known is client:
+                    del self._clients[loop]
+            await client.close()
+
+    @property
+    def _client(self) -> AsyncOpenAI | None:
+        """The client of the running event loop, if one was made (for tests)."""
+        entry = self._clients.get(asyncio.get_running_loop())
+        return entry[0] if entry else None
 
     async def aclose(self) -> None:
-        client, self._client, self._client_loop = self._client, None, None
-        if client is not None:
-            await client.close()
+        """Close the client of the running event loop (clients of other loops close with their loop)."""
+        entry = self._clients.pop(asyncio.get_running_loop(), None)
+        if entry is not None:
+            await entry[1].aclose()
 
     # ----------------------------------------------------------------------------------- requests
 
@@ -145,7 +172,7 @@ class OpenAIModel(Model):
 
         params = self._params(request)
         try:
-            completion = await self._get_client().chat.completions.create(**params)
+            completion = await (await self._get_client()).chat.completions.create(**params)
         except OpenAIError as exc:
             raise self._wrap_error(exc, "chat completion") from exc
         return _parse_completion(completion, self.name)
@@ -158,7 +185,7 @@ class OpenAIModel(Model):
         params.update(stream=True, stream_options={"include_usage": True})
         assembler = _StreamAssembler(self.name)
         try:
-            stream = await self._get_client().chat.completions.create(**params)
+            stream = await (await self._get_client()).chat.completions.create(**params)
         except OpenAIError as exc:
             raise self._wrap_error(exc, scope) from exc
         async with stream:
