@@ -17,6 +17,7 @@ from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, current_run,
 from ._messages import Message, ModelSettings
 from ._prompt import DEFAULT_RULES
 from ._state import Mode, RunState
+from ._discovery import ToolDiscovery
 from ._tools import Tool, ToolRegistry
 from .models import Model, resolve_model
 
@@ -45,6 +46,8 @@ class Agent:
         store: where runs are checkpointed; None keeps them in memory only.
         final_answer_on_stop: on a hard stop, make one last call for a best-effort answer.
         on_event: a callback receiving every event of every run.
+        discovery: runtime tool discovery (`ToolDiscovery`): the model is shown only a few tools plus
+            `discover_tools`, which finds the others in the catalogue when needed.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class Agent:
         final_answer_prompt: str | None = None,
         price_table: PriceTable | None = None,
         on_event: EventSink | None = None,
+        discovery: ToolDiscovery | None = None,
     ) -> None:
         if mode not in ("auto", "native", "react"):
             raise ConfigurationError(f"mode must be 'auto', 'native' or 'react', not {mode!r}")
@@ -94,6 +98,9 @@ class Agent:
         self.final_answer_prompt = final_answer_prompt
         self.price_table = price_table or PriceTable()
         self.on_event = on_event
+        self.discovery = discovery
+        if discovery is not None:
+            discovery.check(self.tools.names)
 
     # ------------------------------------------------------------------------------------- model
 
@@ -210,7 +217,8 @@ class Agent:
         return RunContext(
             state=state,
             model=self.model,
-            tools=self.tools,
+            tools=self.tools if self.discovery is None else self.discovery.with_tool(self.tools),
+            discovery=self.discovery,
             config=config,
             guards=Guards(self.guard_config),
             context=ContextManager(self.max_context_tokens),

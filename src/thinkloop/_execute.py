@@ -101,7 +101,7 @@ async def _prepare(run: RunContext, call: ToolCall) -> _Prepared | ToolOutcome:
     """Everything before running: lookup, argument checks, risk, the safety gate."""
     tool = run.tools.get(call.name)
     if tool is None:
-        return _failed(call, "unknown_tool", _unknown_tool_message(call.name, run.tools.names))
+        return _failed(call, "unknown_tool", _unknown_tool_message(call.name, run.visible_names()))
     if call.malformed:
         return _failed(call, "invalid_arguments", _bad_json_message(call, tool))
     try:

@@ -37,6 +37,8 @@ from ._state import LedgerEntry, Mode, RunState, StopReason
 from ._tools import ToolRegistry
 
 if TYPE_CHECKING:
+    from ._discovery import ToolDiscovery
+    from ._messages import ToolDefinition
     from .models import Model
 
 EventSink = Callable[[Event], None]
@@ -91,10 +93,18 @@ class RunContext:
     pending: list[Event] = field(default_factory=list)
     clock_start: float = field(default_factory=time.monotonic)
     elapsed_before: float = 0.0
+    discovery: ToolDiscovery | None = None  # runtime tool discovery: which tools the model is shown
+
+    def visible_names(self) -> list[str]:
+        """The tools the model is shown: all of them, or with tool discovery the shown and discovered ones."""
+        return self.tools.names if self.discovery is None else self.discovery.visible_names(self)
+
+    def visible_definitions(self) -> list[ToolDefinition]:
+        return self.tools.definitions(None if self.discovery is None else self.visible_names())
 
     def system_for(self, mode: Mode) -> str:
         """The system prompt for a mode: the agent's layers, plus the tool list and format in ReAct."""
-        tools = _react.tools_prompt(self.tools.definitions()) if mode == "react" and len(self.tools) else ""
+        tools = _react.tools_prompt(self.visible_definitions()) if mode == "react" and len(self.tools) else ""
         return system_prompt(tools=tools, **self.prompt_layers)
 
     # ------------------------------------------------------------------------------------- events
@@ -224,7 +234,7 @@ def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
     settings = run.config.settings
     if react and not final:
         settings = settings.model_copy(update={"stop": [*settings.stop, *_react.STOP_SEQUENCES]})
-    tools = [] if react or final else run.tools.definitions()
+    tools = [] if react or final else run.visible_definitions()
     prefill = "Thought:" if react and not final and run.model.capabilities.prefill else ""
     return ModelRequest(
         messages=[Message.system(run.system_for(state.mode)), *messages],
@@ -354,7 +364,7 @@ def heal(run: RunContext, reply: Reply) -> bool:
     """Ask the model to correct an unreadable reply; False when healing has failed too often."""
     if run.guards.note_heal(run.state, malformed=True):
         return False
-    names = ", ".join(run.tools.names)
+    names = ", ".join(run.visible_names())
     text = (
         f"Your last reply could not be understood: {reply.problem} Reply either with\n"
         f"Thought: ...\nAction: one of [{names}]\nAction Input: {{JSON arguments}}\n"

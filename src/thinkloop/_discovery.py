@@ -1,0 +1,293 @@
+"""Runtime tool discovery (SPEC §3.5): a large catalogue, a few tools shown, `discover_tools` for the rest.
+
+With `Agent(tools=[...hundreds...], discovery=ToolDiscovery(always=["calculator"]))` the model is shown
+only the `always` tools and the meta-tool `discover_tools`. Calling `discover_tools(query=...)` ranks the
+whole catalogue (the agent's tools and its MCP servers' tools) by BM25 over tool names, descriptions and
+parameter names and descriptions, and adds the best matches to the tools shown in the following model
+calls — as native tool definitions, or in the ReAct tool list of the system prompt. Discovered tools are
+recorded in `RunState.discovered_tools`, so a resumed run keeps them.
+
+A call of a catalogue tool that was not discovered yet still runs (the registry used to execute calls
+holds the whole catalogue): small models that guess a right name are not punished for skipping a step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ConfigurationError
+from ._messages import ToolDefinition
+from ._risk import RiskLevel
+from ._tools import Tool, ToolRegistry
+
+if TYPE_CHECKING:
+    from ._loop import RunContext
+
+DISCOVER_TOOLS = "discover_tools"
+
+__all__ = ["DISCOVER_TOOLS", "SearchHit", "ToolDiscovery", "ToolIndex", "tokenize"]
+
+# ------------------------------------------------------------------------------------- tokenising
+
+_CAMEL_RE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_WORD_RE = re.compile(r"[^\W_]+")
+_CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+_STOPWORD_TEXT = (
+    "a an and are as at be by can do does for from has have how i in is it its me my of "
+    "on or that the this to use used using want was what when which will with you your"
+)
+_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+
+
+def tokenize(text: str) -> list[str]:
+    """Search terms of `text`: snake_case and camelCase split, lower-cased, stop words dropped, stemmed.
+
+    Runs of CJK characters, written without spaces, give their characters and character bigrams.
+    """
+    terms: list[str] = []
+    for word in _WORD_RE.findall(_CAMEL_RE.sub(" ", text)):
+        word = word.lower()
+        if _CJK_RE.search(word):
+            terms.extend(_cjk_terms(word))
+        elif word not in _STOPWORDS:
+            terms.append(_stem(word))
+    return terms
+
+
+def _cjk_terms(word: str) -> list[str]:
+    return [*word, *(word[i : i + 2] for i in range(len(word) - 1))]
+
+
+def _stem(word: str) -> str:
+    """A tiny suffix stripper, applied alike to tools and queries: forecasts/forecasting → forecast."""
+    if len(word) <= 3 or word.isdigit():
+        return word
+    for suffix, replacement, min_len in (("ies", "y", 5), ("sses", "ss", 5), ("ing", "", 6), ("ed", "", 5)):
+        if word.endswith(suffix) and len(word) >= min_len:
+            return word[: -len(suffix)] + replacement
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
+
+
+# ------------------------------------------------------------------------------------------ index
+
+# How much each part of a tool counts: its name says most about what it does.
+_FIELD_WEIGHTS = (("name", 3), ("description", 1), ("param_names", 2), ("param_descriptions", 1))
+
+
+def _fields(definition: ToolDefinition) -> dict[str, str]:
+    properties: dict[str, Any] = definition.parameters.get("properties", {}) or {}
+    descriptions = [str(p.get("description", "")) for p in properties.values() if isinstance(p, dict)]
+    return {
+        "name": definition.name.replace(".", " ").replace("-", " "),
+        "description": definition.description,
+        "param_names": " ".join(properties),
+        "param_descriptions": " ".join(descriptions),
+    }
+
+
+def _document(definition: ToolDefinition) -> Counter[str]:
+    fields = _fields(definition)
+    terms: Counter[str] = Counter()
+    for field_name, weight in _FIELD_WEIGHTS:
+        for term in tokenize(fields[field_name]):
+            terms[term] += weight
+    return terms
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One search result: a tool's name and its BM25 score."""
+
+    name: str
+    score: float
+
+
+class ToolIndex:
+    """A BM25 index of tool definitions (names, descriptions, parameter names and descriptions)."""
+
+    K1 = 1.2
+    B = 0.75
+
+    def __init__(self, definitions: Iterable[ToolDefinition]) -> None:
+        self.names: list[str] = []
+        self._lengths: list[int] = []
+        self._postings: dict[str, list[tuple[int, int]]] = {}
+        for definition in definitions:
+            terms = _document(definition)
+            doc = len(self.names)
+            self.names.append(definition.name)
+            self._lengths.append(sum(terms.values()))
+            for term, count in terms.items():
+                self._postings.setdefault(term, []).append((doc, count))
+        count = len(self.names)
+        self._average = sum(self._lengths) / count if count else 0.0
+        self._idf = {
+            term: math.log(1 + (count - len(docs) + 0.5) / (len(docs) + 0.5))
+            for term, docs in self._postings.items()
+        }
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def search(self, query: str, limit: int = 5, *, exclude: Iterable[str] = ()) -> list[SearchHit]:
+        """The best `limit` tools for `query`, best first; tools sharing no term with it are left out."""
+        scores: dict[int, float] = {}
+        for term in set(tokenize(query)):
+            idf = self._idf.get(term)
+            if idf is None:
+                continue
+            for doc, tf in self._postings[term]:
+                norm = self.K1 * (1 - self.B + self.B * self._lengths[doc] / (self._average or 1.0))
+                scores[doc] = scores.get(doc, 0.0) + idf * tf * (self.K1 + 1) / (tf + norm)
+        skip = set(exclude)
+        ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+        hits = [
+            SearchHit(self.names[doc], round(score, 4))
+            for doc, score in ranked
+            if self.names[doc] not in skip
+        ]
+        return hits[:limit]
+
+
+# -------------------------------------------------------------------------------------- discovery
+
+_QUERY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {
+            "type": "string",
+            "description": "what you need a tool for, in a few words, e.g. 'convert currency' or "
+            "'weather forecast for a city'",
+        }
+    },
+    "required": ["query"],
+}
+
+
+class ToolDiscovery:
+    """Show the model a few tools plus `discover_tools`, which finds more in the agent's catalogue.
+
+    Args:
+        always: names of tools that are always shown (the rest of the agent's tools, and its MCP
+            servers' tools, are found through `discover_tools`).
+        max_results: how many tools one `discover_tools` call adds at most.
+        max_discovered: how many discovered tools a run keeps shown; past it the oldest are hidden
+            again (they still run when called, and can be discovered again).
+    """
+
+    def __init__(self, always: Iterable[str] = (), *, max_results: int = 5, max_discovered: int = 20) -> None:
+        if max_results < 1 or max_discovered < 1:
+            raise ConfigurationError(
+                f"max_results and max_discovered must be ≥ 1 (got {max_results}, {max_discovered})"
+            )
+        self.always = tuple(always)
+        if DISCOVER_TOOLS in self.always:
+            raise ConfigurationError(f"{DISCOVER_TOOLS!r} is always shown: do not list it in `always`")
+        self.max_results = max_results
+        self.max_discovered = max_discovered
+        self.tool = Tool(
+            DISCOVER_TOOLS,
+            "Find more tools. Describe what you need to do; the best matching tools are added to the tools "
+            "you can call from your next step on.",
+            _QUERY_SCHEMA,
+            self._discover,
+            risk=RiskLevel.LOW,
+            idempotent=True,
+        )
+        self._index_key: tuple[int, ...] = ()
+        self._index: ToolIndex | None = None
+
+    def __repr__(self) -> str:
+        return f"ToolDiscovery(always={list(self.always)!r}, max_results={self.max_results})"
+
+    def check(self, names: Sequence[str]) -> None:
+        """Fail fast on a catalogue that cannot work: one with a tool named `discover_tools`.
+
+        `always` names are not checked here (an MCP server's tools are only known once connected); a name
+        that matches no tool shows nothing, and that tool can still be discovered.
+        """
+        if DISCOVER_TOOLS in names:
+            raise ConfigurationError(
+                f"a tool is named {DISCOVER_TOOLS!r}, which tool discovery adds itself: rename that tool"
+            )
+
+    def with_tool(self, registry: ToolRegistry) -> ToolRegistry:
+        """A run's registry: the whole catalogue plus `discover_tools`."""
+        return ToolRegistry([*registry, self.tool])
+
+    def visible_names(self, run: RunContext) -> list[str]:
+        """The tools shown to the model: the `always` ones, `discover_tools`, then those discovered."""
+        registry, shown = run.tools, set(self.always)
+        names = [n for n in registry.names if n in shown or n == DISCOVER_TOOLS]
+        names += [n for n in run.state.discovered_tools if n in registry and n not in shown]
+        return names
+
+    def index(self, registry: ToolRegistry) -> ToolIndex:
+        """The search index of a registry's catalogue (cached until its tools change)."""
+        tools = [t for t in registry if t.name != DISCOVER_TOOLS]
+        key = tuple(id(t) for t in tools)
+        if self._index is None or key != self._index_key:
+            self._index, self._index_key = ToolIndex(t.definition for t in tools), key
+        return self._index
+
+    def discover(self, run: RunContext, query: str) -> str:
+        """Search the catalogue for `query`, show the best new tools from the next call on; the observation."""
+        query = query.strip()
+        if not query:
+            return "Error: describe what you need a tool for in `query`, e.g. 'send an email'."
+        shown = set(self.visible_names(run))
+        hits = self.index(run.tools).search(query, self.max_results + len(shown))
+        new = [h.name for h in hits if h.name not in shown][: self.max_results]
+        already = [h.name for h in hits[: self.max_results] if h.name in shown]
+        self._remember(run, new)
+        return _describe_results(query, [run.tools.definitions([n])[0] for n in new], already)
+
+    def _remember(self, run: RunContext, names: list[str]) -> None:
+        discovered = run.state.discovered_tools
+        discovered.extend(n for n in names if n not in discovered)
+        del discovered[: max(len(discovered) - self.max_discovered, 0)]
+
+    async def _discover(self, query: str) -> str:
+        from ._loop import current_run
+
+        run = current_run.get()
+        if run is None:
+            return "Error: discover_tools can only be used inside an agent run."
+        return self.discover(run, query)
+
+
+def _describe_results(query: str, found: list[ToolDefinition], already: list[str]) -> str:
+    lines: list[str] = []
+    if found:
+        lines.append(f"Found {len(found)} tool(s) for {query!r}; you can call them from now on:")
+        lines += [f"- {_signature(d)}: {_short(d.description)}" for d in found]
+    if already:
+        lines.append(f"Already available: {', '.join(already)}.")
+    if not lines:
+        return (
+            f"No tool matches {query!r}. Try other words (the action and the thing it acts on, e.g. "
+            "'create invoice'), or answer with what you have."
+        )
+    return "\n".join(lines)
+
+
+def _signature(definition: ToolDefinition) -> str:
+    properties: dict[str, Any] = definition.parameters.get("properties", {}) or {}
+    required = set(definition.parameters.get("required", []) or [])
+    params = [
+        f"{name}{'' if name in required else '?'}: {spec.get('type', 'any') if isinstance(spec, dict) else 'any'}"
+        for name, spec in properties.items()
+    ]
+    return f"{definition.name}({', '.join(params)})"
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

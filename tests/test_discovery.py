@@ -1,0 +1,292 @@
+"""Runtime tool discovery (SPEC §3.5): a 300-tool catalogue, `discover_tools`, native and ReAct modes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from thinkloop import Agent, ConfigurationError, RunState, Tool, tool
+from thinkloop._discovery import DISCOVER_TOOLS, ToolDiscovery, ToolIndex, tokenize
+from thinkloop._loop import build_request
+from thinkloop._messages import ModelRequest, ToolDefinition
+from thinkloop.testing import ScriptedModel
+
+VERBS = {
+    "get": "Get one {obj} by its id from the {system} system.",
+    "list": "List the {obj}s of the {system} system, newest first, filtered by status.",
+    "create": "Create a new {obj} in the {system} system from the given name and details.",
+    "update": "Update fields of an existing {obj} in the {system} system.",
+    "delete": "Delete a {obj} from the {system} system permanently.",
+    "search": "Full-text search over the {obj}s of the {system} system.",
+    "export": "Export the {obj}s of the {system} system as a CSV or JSON file.",
+    "archive": "Archive an old {obj} of the {system} system so it no longer shows in lists.",
+    "validate": "Check that a {obj} of the {system} system is complete and consistent.",
+    "summarize": "Write a short summary of the recent {obj} activity of the {system} system.",
+}
+OBJECTS = {
+    "invoice": "billing", "customer": "CRM", "order": "shop", "ticket": "helpdesk", "shipment": "logistics",
+    "product": "catalogue", "payment": "billing", "refund": "billing", "subscription": "billing",
+    "employee": "HR", "meeting": "calendar", "document": "document store", "email": "mail",
+    "report": "analytics", "dashboard": "analytics", "user_account": "identity", "server": "infrastructure",
+    "database_backup": "infrastructure", "dns_record": "network", "certificate": "security",
+    "container": "cluster", "deployment": "cluster", "alert": "monitoring", "log_stream": "logging",
+    "metric": "monitoring", "budget": "finance", "contract": "legal", "vendor": "procurement",
+    "warehouse_item": "inventory", "weather_station": "facilities",
+}  # fmt: skip
+
+
+def _generated(verb: str, obj: str, system: str) -> Tool:
+    params: dict[str, Any] = {f"{obj}_id": {"type": "string", "description": f"The id of the {obj}."}}
+    if verb in ("list", "search", "export", "summarize"):
+        params = {
+            "query": {"type": "string", "description": "Words to look for."},
+            "limit": {"type": "integer", "description": "At most this many results."},
+        }
+    return Tool(
+        f"{verb}_{obj}",
+        VERBS[verb].format(obj=obj.replace("_", " "), system=system),
+        {"type": "object", "properties": params, "required": list(params)[:1]},
+        lambda **kwargs: f"{verb} {obj}: ok",
+    )
+
+
+@tool
+def get_weather_forecast(city: str, days: int = 1) -> str:
+    """Get the weather forecast (temperature, rain, wind) for a city for the next days.
+
+    Args:
+        city: the city, e.g. "Paris".
+        days: how many days ahead.
+    """
+    return f"{city}: 18°C, light rain, for {days} day(s)"
+
+
+@tool
+def convert_currency(amount: float, from_currency: str, to_currency: str) -> str:
+    """Convert an amount of money from one currency to another at today's exchange rate.
+
+    Args:
+        amount: the amount to convert.
+        from_currency: ISO code of the currency to convert from, e.g. USD.
+        to_currency: ISO code of the currency to convert to, e.g. EUR.
+    """
+    return f"{amount} {from_currency} = {amount * 0.92:.2f} {to_currency}"
+
+
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression."""
+    return expression
+
+
+def catalogue() -> list[Tool]:
+    """300 tools: the calculator, the two the task needs, and 297 generated ones."""
+    generated = [_generated(v, o, s) for o, s in OBJECTS.items() for v in VERBS][:297]
+    return [calculator, *generated[:150], get_weather_forecast, *generated[150:], convert_currency]
+
+
+def names(request: ModelRequest) -> list[str]:
+    return [t.name for t in request.tools]
+
+
+GOAL = "What will the weather be in Paris tomorrow, and how much is 100 USD in EUR?"
+NATIVE_SCRIPT = [
+    {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "weather forecast for a city"}}]},
+    {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "convert money between currencies"}}]},
+    {
+        "tool_calls": [
+            {"name": "get_weather_forecast", "args": {"city": "Paris", "days": 1}},
+            {
+                "name": "convert_currency",
+                "args": {"amount": 100, "from_currency": "USD", "to_currency": "EUR"},
+            },
+        ]
+    },
+    "Paris: 18°C with light rain; 100 USD is 92.00 EUR.",
+]
+
+
+# ------------------------------------------------------------------------------------------ search
+
+
+def test_tokenize_splits_snake_and_camel_case_and_stems() -> None:
+    assert tokenize("getWeatherForecasts for HTTPServer") == ["get", "weather", "forecast", "http", "server"]
+    assert tokenize("convert_currency amounts, converting") == ["convert", "currency", "amount", "convert"]
+    assert tokenize("天气预报") == ["天", "气", "预", "报", "天气", "气预", "预报"]
+
+
+def test_search_ranks_the_needed_tools_first_in_300() -> None:
+    tools = catalogue()
+    assert len(tools) == 300
+    index = ToolIndex(t.definition for t in tools)
+    assert index.search("weather forecast for a city", 3)[0].name == "get_weather_forecast"
+    assert index.search("convert money between currencies", 3)[0].name == "convert_currency"
+    assert index.search("exchange rate USD to EUR", 1)[0].name == "convert_currency"
+    top = [h.name for h in index.search("create an invoice", 5)]
+    assert top[0] == "create_invoice"
+    assert index.search("zzzz qqqq") == []
+
+
+def test_search_uses_parameter_names_and_descriptions() -> None:
+    index = ToolIndex(
+        [
+            ToolDefinition(name="lookup", description="Look something up.", parameters={
+                "type": "object", "properties": {"isbn": {"type": "string", "description": "book number"}}}),
+            ToolDefinition(name="fetch", description="Fetch something."),
+        ]
+    )  # fmt: skip
+    assert [h.name for h in index.search("isbn")] == ["lookup"]
+    assert [h.name for h in index.search("book")] == ["lookup"]
+    assert [h.name for h in index.search("look up a book", exclude=["lookup"])] == []
+
+
+# -------------------------------------------------------------------------------------- native run
+
+
+async def test_scripted_run_discovers_and_calls_the_two_tools_it_needs() -> None:
+    model = ScriptedModel(NATIVE_SCRIPT)
+    agent = Agent(model, tools=catalogue(), discovery=ToolDiscovery(always=["calculator"], max_results=3))
+    result = await agent.run(GOAL)
+
+    assert result.output == "Paris: 18°C with light rain; 100 USD is 92.00 EUR."
+    model.assert_used_up()
+    first, second, third, _ = model.requests
+    assert names(first) == ["calculator", DISCOVER_TOOLS]
+    assert names(second)[:2] == ["calculator", DISCOVER_TOOLS]
+    assert "get_weather_forecast" in names(second) and "convert_currency" not in names(second)
+    assert {"get_weather_forecast", "convert_currency"} <= set(names(third))
+    assert len(names(third)) <= 2 + 2 * 3
+    assert result.state.discovered_tools[0] == "get_weather_forecast"
+    assert "convert_currency" in result.state.discovered_tools
+
+    observations = [m.content for m in result.state.messages if m.role == "tool"]
+    assert observations[0].startswith("Found 3 tool(s) for 'weather forecast for a city'")
+    assert "- get_weather_forecast(city: string, days?: integer): Get the weather forecast" in observations[0]
+    assert observations[2:] == ["Paris: 18°C, light rain, for 1 day(s)", "100.0 USD = 92.00 EUR"]
+
+
+async def test_prompt_is_much_smaller_than_showing_all_tools() -> None:
+    shown_all = ScriptedModel(NATIVE_SCRIPT[2:])
+    await Agent(shown_all, tools=catalogue()).run(GOAL)
+    discovering = ScriptedModel(NATIVE_SCRIPT)
+    await Agent(discovering, tools=catalogue(), discovery=ToolDiscovery(always=["calculator"])).run(GOAL)
+    assert len(shown_all.requests[0].tools) == 300
+    size_all = sum(len(str(r.tools)) for r in shown_all.requests)
+    size_discovering = sum(len(str(r.tools)) for r in discovering.requests)
+    assert size_discovering * 5 < size_all
+
+
+async def test_undiscovered_tool_still_runs() -> None:
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "convert_currency", "args": {"amount": 1, "from_currency": "USD",
+                                                               "to_currency": "EUR"}}]}, "done"]
+    )  # fmt: skip
+    result = await Agent(model, tools=catalogue(), discovery=ToolDiscovery()).run(GOAL)
+    assert result.state.messages[2].content == "1.0 USD = 0.92 EUR"
+    assert result.state.discovered_tools == []
+
+
+async def test_unknown_tool_error_lists_only_the_shown_tools() -> None:
+    model = ScriptedModel([{"tool_calls": [{"name": "teleport", "args": {}}]}, "done"])
+    result = await Agent(model, tools=catalogue(), discovery=ToolDiscovery(always=["calculator"])).run(GOAL)
+    assert result.state.messages[2].content == (
+        "Error: there is no tool named 'teleport'. Available tools: calculator, discover_tools."
+    )
+
+
+async def test_discovery_reports_already_shown_and_no_match() -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "evaluate arithmetic expression"}}]},
+            {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "xylophone"}}]},
+            {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "  "}}]},
+            "done",
+        ]
+    )
+    result = await Agent(model, tools=catalogue(), discovery=ToolDiscovery(always=["calculator"])).run(GOAL)
+    observations = [m.content for m in result.state.messages if m.role == "tool"]
+    assert "Already available: calculator." in observations[0]
+    assert observations[1].startswith("No tool matches 'xylophone'.")
+    assert observations[2].startswith("Error: describe what you need")
+
+
+async def test_discovered_tools_are_capped_oldest_first() -> None:
+    queries = ["invoice", "customer", "shipment"]
+    model = ScriptedModel(
+        [*({"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": q}}]} for q in queries), "done"]
+    )
+    discovery = ToolDiscovery(max_results=2, max_discovered=3)
+    result = await Agent(model, tools=catalogue(), discovery=discovery).run(GOAL)
+    discovered = result.state.discovered_tools
+    assert len(discovered) == 3
+    assert all("shipment" in n for n in discovered[-2:])
+    assert len(names(model.requests[-1])) == 1 + 3
+
+
+# --------------------------------------------------------------------------------------- ReAct run
+
+
+async def test_react_run_discovers_tools_into_the_system_prompt() -> None:
+    replies = [
+        'Thought: I need a forecast tool\nAction: discover_tools\nAction Input: {"query": "weather forecast"}',
+        'Thought: and a currency one\nAction: discover_tools\nAction Input: {"query": "convert currency"}',
+        'Thought: forecast\nAction: get_weather_forecast\nAction Input: {"city": "Paris"}',
+        'Thought: money\nAction: convert_currency\nAction Input: {"amount": 100, "from_currency": "USD", '
+        '"to_currency": "EUR"}',
+        "Thought: I know the final answer\nFinal Answer: 18°C and rain; 92.00 EUR.",
+    ]
+    model = ScriptedModel(replies, tools=False)
+    agent = Agent(model, tools=catalogue(), discovery=ToolDiscovery(always=["calculator"], max_results=2))
+    result = await agent.run(GOAL)
+
+    assert result.state.mode == "react"
+    assert result.output == "18°C and rain; 92.00 EUR."
+    prompts = [r.messages[0].content for r in model.requests]
+    assert all(r.tools == [] for r in model.requests)
+    assert "- discover_tools:" in prompts[0] and "- calculator:" in prompts[0]
+    assert "get_weather_forecast" not in prompts[0] and "create_invoice" not in prompts[0]
+    assert "- get_weather_forecast:" in prompts[1] and "convert_currency" not in prompts[1]
+    assert "- convert_currency:" in prompts[2]
+    assert "one of [calculator, discover_tools, get_weather_forecast" in prompts[2]
+    tool_outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert tool_outputs[2:] == ["Paris: 18°C, light rain, for 1 day(s)", "100.0 USD = 92.00 EUR"]
+
+
+# ------------------------------------------------------------------------------------ state, config
+
+
+async def test_a_resumed_run_keeps_its_discovered_tools() -> None:
+    model = ScriptedModel(NATIVE_SCRIPT[:1] + ["stop here"])
+    agent = Agent(model, tools=catalogue(), discovery=ToolDiscovery())
+    result = await agent.run(GOAL)
+    state = RunState.from_json(result.state.to_json())
+    assert "get_weather_forecast" in state.discovered_tools
+    run = agent._context(state, budget=None, sinks=[], stream=False)
+    assert "get_weather_forecast" in names(build_request(run))
+
+
+def test_a_tool_named_discover_tools_is_refused() -> None:
+    clash = Tool(DISCOVER_TOOLS, "mine", None, lambda: "x")
+    with pytest.raises(ConfigurationError, match="rename that tool"):
+        Agent(ScriptedModel([]), tools=[clash], discovery=ToolDiscovery())
+    with pytest.raises(ConfigurationError, match="max_results and max_discovered must be ≥ 1"):
+        ToolDiscovery(max_results=0)
+
+
+async def test_discover_tools_outside_a_run_says_so() -> None:
+    discovery = ToolDiscovery()
+    assert (await discovery.tool.invoke({"query": "x"})).startswith("Error: discover_tools can only be used")
+
+
+def test_the_index_is_cached_until_the_tools_change() -> None:
+    discovery = ToolDiscovery()
+    agent = Agent(ScriptedModel([]), tools=catalogue(), discovery=discovery)
+    registry = discovery.with_tool(agent.tools)
+    first = discovery.index(registry)
+    assert discovery.index(registry) is first
+    assert len(first) == 300
+    bigger = discovery.with_tool(
+        Agent(ScriptedModel([]), tools=[*catalogue(), _generated("get", "x", "y")]).tools
+    )
+    assert len(discovery.index(bigger)) == 301
