@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -576,13 +577,36 @@ def test_count_tokens_follows_openai_chat_accounting(monkeypatch: pytest.MonkeyP
 
 
 def test_count_tokens_is_none_without_an_encoding() -> None:
-    _openai._encoder_for.cache_clear()
+    _openai._reset_encoders()
     try:
         assert OpenAIModel("qwen2.5:7b", api_key="k").count_tokens([Message.user("hi")]) is None
         # gpt-4o's encoding file is not cached on this offline machine: no exception, no network, just None
         assert OpenAIModel("gpt-4o-mini", api_key="k").count_tokens([Message.user("hi")]) is None
     finally:
-        _openai._encoder_for.cache_clear()
+        _openai._reset_encoders()
+
+
+def test_a_slow_tokenizer_load_does_not_block_counting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tiktoken may download its file with no timeout: counting answers None until it is loaded."""
+    release = threading.Event()
+
+    def slow_find(name: str) -> _ByteEncoder:
+        release.wait(30)
+        return _ByteEncoder()
+
+    _openai._reset_encoders()
+    monkeypatch.setattr(_openai, "_find_encoding", slow_find)
+    monkeypatch.setattr(_openai, "TOKENIZER_WAIT", 0.01)
+    model = OpenAIModel("gpt-4o-mini", api_key="k")
+    try:
+        assert model.count_tokens([Message.user("hi")]) is None
+        assert model.count_tokens([Message.user("hi")]) is None  # still loading: no second wait
+        release.set()
+        _openai._loading["gpt-4o-mini"].join(10)
+        assert model.count_tokens([Message.user("hi")]) == 3 + 3 + 4 + 2
+    finally:
+        release.set()
+        _openai._reset_encoders()
 
 
 # ============================================================================================ agent

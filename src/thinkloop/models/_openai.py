@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import email.utils
-import functools
 import ipaddress
 import json
 import os
+import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -506,9 +506,39 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 # ============================================================================================== tokens
 
 
-@functools.lru_cache(maxsize=32)
+TOKENIZER_WAIT = 5.0  # seconds the first count waits for tiktoken to load (it may download its file)
+_encoders: dict[str, Any] = {}  # model name -> encoding, or None when it has none
+_loading: dict[str, threading.Thread] = {}
+_loading_lock = threading.Lock()
+
+
 def _encoder_for(name: str) -> Any:
-    """The `tiktoken` encoding of a model, or None (tiktoken missing, model unknown, encoding unavailable)."""
+    """The `tiktoken` encoding of a model, or None (tiktoken missing, model unknown, not loaded yet).
+
+    tiktoken downloads an encoding's file on first use, with no timeout; it is loaded on a thread and
+    the first call waits at most `TOKENIZER_WAIT` seconds, so a blocked network never stalls a run.
+    Until it is loaded the model counts no tokens (the loop estimates them).
+    """
+    if name in _encoders:
+        return _encoders[name]
+    with _loading_lock:
+        thread = _loading.get(name)
+        first = thread is None
+        if thread is None:
+            thread = _loading[name] = threading.Thread(
+                target=_load_encoder, args=(name,), name=f"tiktoken-{name}", daemon=True
+            )
+            thread.start()
+    if first:
+        thread.join(TOKENIZER_WAIT)
+    return _encoders.get(name)
+
+
+def _load_encoder(name: str) -> None:
+    _encoders[name] = _find_encoding(name)
+
+
+def _find_encoding(name: str) -> Any:
     try:
         import tiktoken
     except ImportError:
@@ -524,6 +554,13 @@ def _encoder_for(name: str) -> Any:
         return tiktoken.get_encoding("o200k_base")
     except Exception:
         return None
+
+
+def _reset_encoders() -> None:
+    """Forget loaded encodings (for tests)."""
+    with _loading_lock:
+        _encoders.clear()
+        _loading.clear()
 
 
 def _count(encoder: Any, text: str) -> int:
