@@ -30,8 +30,7 @@ from thinkloop import (
 )
 from thinkloop._budget import DEFAULT_PRICES
 from thinkloop._messages import ModelResponse, TextDelta, ToolCallDelta
-from thinkloop.models import ModelCapabilities, _openai, resolve_model
-from thinkloop.models._openai import OpenAIModel
+from thinkloop.models import ModelCapabilities, OpenAIModel, _openai, resolve_model
 from thinkloop.testing_server import Completion, Fault, OpenAICompatibleServer, RecordedRequest, tool_call
 
 ADD = ToolDefinition(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
 from ._base import Model as Model
@@ -12,7 +13,20 @@ from ._base import estimate_tokens as estimate_tokens
 
 DEFAULT_MODEL = "local"
 
-__all__ = ["DEFAULT_MODEL", "Model", "ModelCapabilities", "estimate_tokens", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "Model", "ModelCapabilities", "OpenAIModel", "estimate_tokens", "resolve_model"]
+
+if TYPE_CHECKING:
+    from ._openai import OpenAIModel as OpenAIModel
+
+_LAZY = {"OpenAIModel": "._openai"}  # imported on first use, so `import thinkloop` stays fast
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolve_model(spec: str | Model | Sequence[str | Model] | None) -> Model:
