@@ -23,9 +23,10 @@ from thinkloop._messages import (
     ToolDefinition,
     Usage,
 )
-from thinkloop.models import resolve_model
+from thinkloop.models import OpenAIModel, resolve_model
 from thinkloop.models._router import CircuitBreaker, RouterModel
 from thinkloop.testing import FunctionModel, Reply, ScriptedModel
+from thinkloop.testing_server import Completion, Fault, OpenAICompatibleServer
 
 REQUEST = ModelRequest(messages=[Message.user("hi")])
 TOOL_REQUEST = ModelRequest(messages=[Message.user("hi")], tools=[ToolDefinition(name="add")])
@@ -475,3 +476,110 @@ def test_capabilities_are_combined() -> None:
     caps = router.capabilities
     assert caps.tools and caps.streaming and caps.prefill
     assert not RouterModel([ScriptedModel([], prefill=True), ScriptedModel([])]).capabilities.prefill
+
+
+# --------------------------------------------------------------------- loopback OpenAI-compatible servers
+
+
+def openai_on(server: OpenAICompatibleServer, name: str, **kwargs: Any) -> OpenAIModel:
+    return OpenAIModel(name, base_url=server.url, api_key="test", **kwargs)
+
+
+async def test_loopback_429_retry_after_is_honoured() -> None:
+    rec = Recorder()
+    script = [Fault(status=429, headers={"Retry-After": "2"}), Completion(text="hello", usage=(12, 3))]
+    async with OpenAICompatibleServer(script) as server:
+        router = rec.router(openai_on(server, "primary"))
+        response = await router.request(REQUEST)
+    assert response.text == "hello"
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (12, 3)
+    assert rec.sleeps == [2.0]
+    assert rec.actions == [("openai:primary", 1, "retry")]
+    assert "429" in rec.attempts[0].error
+    assert len(server.requests) == 2
+
+
+async def test_loopback_5xx_and_dropped_connection_fall_back_to_the_second_server() -> None:
+    rec = Recorder()
+    failing = [Fault(status=500), Fault(status=503), Fault(drop=True)]
+    async with (
+        OpenAICompatibleServer(failing) as first,
+        OpenAICompatibleServer([Completion(text="from the spare")]) as second,
+    ):
+        router = rec.router(
+            openai_on(first, "main"), openai_on(second, "spare"), retries=2, breaker_threshold=5
+        )
+        response = await router.request(REQUEST)
+    assert response.text == "from the spare"
+    assert len(first.requests) == 3 and len(second.requests) == 1
+    assert [a.next_action for a in rec.attempts] == ["retry", "retry", "fallback"]
+    assert "500" in rec.attempts[0].error and "503" in rec.attempts[1].error
+
+
+async def test_loopback_timeout_is_retried() -> None:
+    rec = Recorder()
+    async with OpenAICompatibleServer([Fault(delay=5), Completion(text="in time")]) as server:
+        router = rec.router(openai_on(server, "slow", timeout=0.3))
+        response = await router.request(REQUEST)
+    assert response.text == "in time"
+    assert rec.actions == [("openai:slow", 1, "retry")]
+
+
+async def test_loopback_bad_request_is_not_retried() -> None:
+    rec = Recorder()
+    async with (
+        OpenAICompatibleServer([Fault(status=400, message="bad")]) as first,
+        OpenAICompatibleServer(["spare"]) as second,
+    ):
+        response = await rec.router(openai_on(first, "a"), openai_on(second, "b")).request(REQUEST)
+    assert response.text == "spare"
+    assert len(first.requests) == 1
+    assert rec.actions == [("openai:a", 1, "fallback")]
+
+
+async def test_loopback_stream_falls_back_before_the_first_chunk() -> None:
+    rec = Recorder()
+    async with (
+        OpenAICompatibleServer([Fault(status=503)]) as first,
+        OpenAICompatibleServer([Completion(text="streamed from b")]) as second,
+    ):
+        router = rec.router(openai_on(first, "a"), openai_on(second, "b"), retries=0)
+        chunks = await _collect(router)
+    assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "streamed from b"
+    assert isinstance(chunks[-1], ModelResponse) and chunks[-1].text == "streamed from b"
+    assert second.requests[0].json["stream"] is True
+
+
+async def test_loopback_stream_broken_after_the_first_chunk_surfaces() -> None:
+    rec = Recorder()
+    broken = Completion(text="Hello there, world", text_chunk_size=3, drop_after_events=2)
+    async with OpenAICompatibleServer([broken]) as first, OpenAICompatibleServer(["spare"]) as second:
+        router = rec.router(openai_on(first, "a"), openai_on(second, "b"))
+        seen: list[str] = []
+        with pytest.raises(ModelError):
+            async for chunk in router.stream(REQUEST):
+                if isinstance(chunk, TextDelta):
+                    seen.append(chunk.text)
+    assert seen and "".join(seen) != "Hello there, world"
+    assert second.requests == []
+    assert rec.actions == [("openai:a", 1, "give_up")]
+
+
+async def test_loopback_agent_stream_shows_attempts_and_answers() -> None:
+    sleeps: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        sleeps.append(delay)
+
+    async with (
+        OpenAICompatibleServer([Fault(status=429, headers={"Retry-After": "1"}), Fault(status=500)]) as first,
+        OpenAICompatibleServer([Completion(text="The answer is 42.")]) as second,
+    ):
+        router = RouterModel([openai_on(first, "a"), openai_on(second, "b")], retries=1, sleep=sleep)
+        events = [e async for e in Agent(router).stream("question")]
+    attempts = [(e.model, e.attempt, e.next_action, e.delay) for e in events if isinstance(e, ModelAttempt)]
+    assert attempts == [("openai:a", 1, "retry", 1.0), ("openai:a", 2, "fallback", 0.0)]
+    done = events[-1]
+    assert done.type == "done" and done.result.output == "The answer is 42."
+    assert "".join(e.text for e in events if e.type == "answer_delta") == "The answer is 42."
+    assert sleeps == [1.0]
