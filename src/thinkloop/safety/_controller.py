@@ -1,0 +1,313 @@
+"""The safety controller (SPEC §6.2): the gate every tool call passes before it runs.
+
+For each call the controller applies its `SafetyPolicy`: a blocked call is refused without asking
+anyone; a call that may run on its own runs; any other call is put to the approval function (a person
+at a terminal, a web page, or code), which approves, denies (optionally telling the model why) or
+approves always for the rest of the run. No answer in time, an error in the approval function, or no
+approval function at all mean *deny*. A refused call is never executed: `_execute` only runs calls the
+gate allowed. Every decision is recorded in `RunState.approvals` and on the `tool_call` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .._events import ApprovalRequested, Decision
+from .._execute import GateDecision
+from .._messages import ToolCall
+from .._risk import RiskLevel
+from .._state import ApprovalRecord
+from .._tools import Tool
+from ._policy import Evaluation, SafetyMode, SafetyPolicy
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .._loop import RunContext
+
+__all__ = [
+    "ApprovalDecision",
+    "ApprovalFunction",
+    "ApprovalRequest",
+    "SafetyController",
+    "approval_key",
+    "console_approval",
+]
+
+
+class ApprovalRequest(BaseModel):
+    """What the approval function is asked about: one tool call, its risk, and why it needs approval."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    step: int
+    call: ToolCall
+    tool: str
+    description: str = ""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    risk: RiskLevel
+    reason: str  # why approval is needed, with the command classifier's findings
+    command: str | None = None  # the shell command, for command tools
+
+
+class ApprovalDecision(BaseModel):
+    """The answer to an `ApprovalRequest`.
+
+    `approve_always` approves this call and every later call with the same approval key in this run
+    (see `approval_key`). `message` is passed to the model when the call is denied.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["approve", "deny", "approve_always"]
+    message: str = ""
+
+    @classmethod
+    def approve(cls) -> ApprovalDecision:
+        return cls(action="approve")
+
+    @classmethod
+    def approve_always(cls) -> ApprovalDecision:
+        return cls(action="approve_always")
+
+    @classmethod
+    def deny(cls, message: str = "") -> ApprovalDecision:
+        return cls(action="deny", message=message)
+
+
+ApprovalResult = ApprovalDecision | bool
+ApprovalFunction = Callable[[ApprovalRequest], Awaitable[ApprovalResult] | ApprovalResult]
+
+
+def approval_key(tool_name: str, command: str | None) -> str:
+    """What "approve always" remembers, in `RunState.approved_tools`.
+
+    For command tools (`shell`, `ssh_execute` …) it is the tool *and the exact command*
+    (`"shell:systemctl status nginx"`): approving one command never approves another. For other tools it
+    is the tool's name: every later call of that tool in the run runs without asking.
+    """
+    return f"{tool_name}:{command.strip()}" if command is not None else tool_name
+
+
+class SafetyController:
+    """The safety gate: applies a `SafetyPolicy` to every tool call and asks for approval when needed.
+
+    Args:
+        policy: a `SafetyPolicy`, or just a mode (`"strict"`, `"balanced"`, `"permissive"`).
+        approval: an async (or quick sync) function `ApprovalRequest -> ApprovalDecision` (or a bool).
+            Without one, every call that needs approval is denied.
+        approval_timeout: seconds to wait for an answer before denying (None waits forever).
+
+    Use it as `Agent(..., safety=SafetyController("strict", approval=console_approval()))`.
+    """
+
+    def __init__(
+        self,
+        policy: SafetyPolicy | SafetyMode | str | None = None,
+        *,
+        approval: ApprovalFunction | None = None,
+        approval_timeout: float | None = 300.0,
+    ) -> None:
+        if policy is None:
+            policy = SafetyPolicy()
+        elif not isinstance(policy, SafetyPolicy):
+            policy = SafetyPolicy(mode=SafetyMode(policy))
+        self.policy = policy
+        self.approval = approval
+        self.approval_timeout = approval_timeout
+
+    def __repr__(self) -> str:
+        return f"SafetyController(mode={self.policy.mode.value!r})"
+
+    async def check(self, call: ToolCall, tool: Tool, risk: RiskLevel, run: RunContext) -> GateDecision:
+        """Decide one call: blocked → refused; allowed by the policy → runs; otherwise ask."""
+        evaluation = self.policy.evaluate(tool.name, call.arguments, risk)
+        if evaluation.verdict == "block":
+            message = _blocked_message(tool.name, evaluation)
+            return _record(run, call, evaluation, "blocked", message=message)
+        if evaluation.verdict == "auto":
+            return _record(run, call, evaluation, "auto")
+        key = approval_key(tool.name, evaluation.command)
+        if key in run.state.approved_tools:
+            return _record(
+                run, call, evaluation, "approved_always", note="approved always earlier in this run"
+            )
+        return await self._ask(call, tool, evaluation, run, key)
+
+    async def _ask(
+        self, call: ToolCall, tool: Tool, evaluation: Evaluation, run: RunContext, key: str
+    ) -> GateDecision:
+        reason = evaluation.explain()
+        request = ApprovalRequest(
+            run_id=run.state.run_id,
+            step=run.state.step,
+            call=call,
+            tool=tool.name,
+            description=tool.description,
+            arguments=call.arguments,
+            risk=evaluation.risk,
+            reason=reason,
+            command=evaluation.command,
+        )
+        run.emit(ApprovalRequested(step=run.state.step, call=call, risk=evaluation.risk, reason=reason))
+        answer = await self._answer(request)
+        if answer.decision == "approved_always" and key not in run.state.approved_tools:
+            run.state.approved_tools.append(key)
+        if answer.decision in ("approved", "approved_always"):
+            return _record(run, call, evaluation, answer.decision)
+        note = f"{reason}; {answer.problem}" if answer.problem else reason
+        message = _denied_message(tool.name, answer)
+        return _record(run, call, evaluation, answer.decision, message=message, note=note)
+
+    async def _answer(self, request: ApprovalRequest) -> _Answer:
+        """Ask the approval function; no function, a timeout, an error or a strange answer mean deny."""
+        if self.approval is None:
+            return _Answer("denied", problem="no approval function is configured")
+        try:
+            async with asyncio.timeout(self.approval_timeout):
+                answer = self.approval(request)
+                if inspect.isawaitable(answer):
+                    answer = await answer
+        except TimeoutError:
+            return _Answer("timeout", problem=f"no answer came within {self.approval_timeout:g} s")
+        except Exception as exc:
+            return _Answer("denied", problem=f"the approval function failed ({type(exc).__name__}: {exc})")
+        return _interpret(answer)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    decision: Decision
+    message: str = ""  # the person's message to the model
+    problem: str = ""  # why the call was denied without a person's answer
+
+
+def _interpret(answer: object) -> _Answer:
+    if answer is True:
+        return _Answer("approved")
+    if answer is False:
+        return _Answer("denied")
+    if isinstance(answer, ApprovalDecision):
+        kinds: dict[str, Decision] = {"approve": "approved", "approve_always": "approved_always"}
+        return _Answer(kinds.get(answer.action, "denied"), message=answer.message)
+    return _Answer("denied", problem=f"the approval function returned {answer!r}, not an ApprovalDecision")
+
+
+def _record(
+    run: RunContext,
+    call: ToolCall,
+    evaluation: Evaluation,
+    decision: Decision,
+    *,
+    message: str = "",
+    note: str = "",
+) -> GateDecision:
+    """Record the decision in the run state and turn it into the gate's verdict."""
+    reason = note or evaluation.explain()
+    run.state.approvals.append(
+        ApprovalRecord(
+            step=run.state.step,
+            call_id=call.id,
+            tool=call.name,
+            risk=evaluation.risk,
+            decision=decision,
+            reason=reason,
+            message=message,
+        )
+    )
+    allowed = decision in ("auto", "approved", "approved_always")
+    return GateDecision(allowed, decision, reason=reason, message=message, risk=evaluation.risk)
+
+
+def _blocked_message(tool_name: str, evaluation: Evaluation) -> str:
+    return (
+        f"Blocked by the safety policy: this call of {tool_name} is never allowed ({evaluation.explain()}). "
+        "It was not run. Do not retry it or work around it; find a safe way, or answer with what you know."
+    )
+
+
+def _denied_message(tool_name: str, answer: _Answer) -> str:
+    if answer.problem:
+        why = f"it needed approval and was not approved ({answer.problem})"
+    else:
+        why = "the person reviewing it denied it"
+    text = f"Denied: the call of {tool_name} was not run: {why}."
+    if answer.message:
+        text += f" Their message: {answer.message}"
+    return text + " Do not retry the same call; find another way, or answer with what you know."
+
+
+# ============================================================================== console approval
+
+
+def console_approval(
+    console: Console | None = None, *, assume_yes: bool = False, stdin: TextIO | None = None
+) -> Callable[[ApprovalRequest], Awaitable[ApprovalDecision]]:
+    """An approval function asking the person at the terminal; the CLI uses it.
+
+    It shows the tool, its arguments or command, the risk and the reasons, and reads one line:
+    `y` approves, `a` approves always for this run, anything else — including just Enter — denies
+    (`n some text` denies and tells the model "some text"). With no terminal (stdin is not a TTY)
+    it denies, unless `assume_yes` is set, which approves without asking. Blacklisted calls never get
+    here: the controller refuses them before asking, so `assume_yes` cannot approve them.
+
+    The blocking `input()` runs in a worker thread; prompts of concurrent calls are asked one at a time.
+    """
+    lock = threading.Lock()
+
+    async def approve(request: ApprovalRequest) -> ApprovalDecision:
+        if assume_yes:
+            return ApprovalDecision.approve()
+        stream = stdin if stdin is not None else sys.stdin
+        if stream is None or not stream.isatty():
+            return ApprovalDecision.deny(
+                "there is no terminal to ask for approval (run with --yes to approve such calls)"
+            )
+        return await asyncio.to_thread(_ask_at_terminal, console, request, stream, lock)
+
+    return approve
+
+
+def _ask_at_terminal(
+    console: Console | None, request: ApprovalRequest, stream: TextIO, lock: threading.Lock
+) -> ApprovalDecision:
+    from rich.console import Console
+    from rich.markup import escape
+
+    out = console or Console(stderr=True)
+    with lock:
+        out.print(
+            f"\n[bold yellow]Approval needed[/] — tool [bold]{escape(request.tool)}[/], risk [bold]{request.risk.value}[/]"
+        )
+        if request.command is not None:
+            out.print(f"  command: [cyan]{escape(request.command)}[/]")
+        else:
+            out.print(f"  arguments: {escape(json.dumps(request.arguments, ensure_ascii=False)[:2000])}")
+        out.print(f"  why: {escape(request.reason)}")
+        out.print("Run it? [y]es / [a]lways in this run / [N]o (n <message> tells the model why) ", end="")
+        try:
+            line = stream.readline()
+        except (OSError, ValueError):
+            line = ""
+    return _parse_answer(line)
+
+
+def _parse_answer(line: str) -> ApprovalDecision:
+    answer = line.strip()
+    word, _, rest = answer.partition(" ")
+    word = word.lower()
+    if word in ("y", "yes"):
+        return ApprovalDecision.approve()
+    if word in ("a", "always"):
+        return ApprovalDecision.approve_always()
+    return ApprovalDecision.deny(rest.strip() if word in ("n", "no") else "")

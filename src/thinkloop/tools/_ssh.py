@@ -1,0 +1,241 @@
+"""The `ssh_execute` tool (SPEC §3.7): run a command on a configured host over SSH (asyncssh).
+
+Hosts and credentials come from configuration (`SSHHost`), never from the model: the model only names
+a host and a command. Host keys are checked against known_hosts unless a host explicitly opts out with
+`verify_host_key=False`. Passwords and key passphrases are `SecretStr`s: they never appear in reprs,
+dumps, results, events or error messages. The result has the shape of the `shell` tool's: `host`,
+`exit_code`, `stdout`, `stderr`, `duration`, `timed_out`. Needs the `ops` extra (`asyncssh`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from .._errors import ConfigurationError
+from .._tools import Tool, truncate_output
+from ._shell import DEFAULT_OUTPUT_LIMIT, command_risk
+
+
+class SSHHost(BaseModel):
+    """How to reach one host.
+
+    Args:
+        hostname: the address (name or IP).
+        port: the SSH port.
+        username: the login (None: asyncssh's default, the local user).
+        client_keys: paths of private keys to offer (empty: asyncssh's defaults, `~/.ssh/id_*`, and the agent).
+        passphrase: the passphrase of encrypted keys.
+        password: a password, if the host uses password authentication (prefer keys).
+        known_hosts: the known_hosts file to check the host key against (None: `~/.ssh/known_hosts`).
+        verify_host_key: set to False — explicitly — to skip host key checks (a trusted lab host only).
+        connect_timeout: seconds to establish the connection.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    hostname: str
+    port: int = 22
+    username: str | None = None
+    client_keys: list[str] = Field(default_factory=list)
+    passphrase: SecretStr | None = None
+    password: SecretStr | None = None
+    known_hosts: str | None = None
+    verify_host_key: bool = True
+    connect_timeout: float = 10.0
+
+    @property
+    def address(self) -> str:
+        return f"{self.username + '@' if self.username else ''}{self.hostname}:{self.port}"
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments of `asyncssh.connect` (secrets revealed here only)."""
+        options: dict[str, Any] = {"port": self.port, "connect_timeout": self.connect_timeout}
+        if self.username is not None:
+            options["username"] = self.username
+        if self.client_keys:
+            options["client_keys"] = [str(Path(k).expanduser()) for k in self.client_keys]
+        if self.passphrase is not None:
+            options["passphrase"] = self.passphrase.get_secret_value()
+        if self.password is not None:
+            options["password"] = self.password.get_secret_value()
+        if not self.verify_host_key:
+            options["known_hosts"] = None
+        elif self.known_hosts is not None:
+            options["known_hosts"] = str(Path(self.known_hosts).expanduser())
+        return options
+
+
+class SSHToolError(RuntimeError):
+    """An SSH call that could not be made (unknown host, refused connection, bad host key …)."""
+
+
+class SSHExecutor:
+    """Runs commands on configured hosts; optionally keeps one connection per host open.
+
+    Args:
+        hosts: host name (as the model names it) → `SSHHost` (or a dict of its fields).
+        timeout: seconds before a remote command is killed.
+        output_limit: characters kept of stdout and of stderr each.
+        reuse_connections: keep connections open between calls (close with `await executor.aclose()`).
+    """
+
+    def __init__(
+        self,
+        hosts: Mapping[str, SSHHost | Mapping[str, Any]],
+        *,
+        timeout: float = 60.0,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        reuse_connections: bool = False,
+    ) -> None:
+        if not hosts:
+            raise ConfigurationError("ssh_execute needs at least one host: ssh_tool({'web1': SSHHost(...)})")
+        self.hosts = {
+            name: h if isinstance(h, SSHHost) else SSHHost.model_validate(h) for name, h in hosts.items()
+        }
+        self.timeout = timeout
+        self.output_limit = output_limit
+        self.reuse_connections = reuse_connections
+        self._pool: dict[str, Any] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"SSHExecutor(hosts={sorted(self.hosts)})"
+
+    async def execute(self, host: str, command: str) -> dict[str, Any]:
+        """Run `command` on `host`; raises `SSHToolError` with an explanation when it cannot."""
+        config = self.hosts.get(host)
+        if config is None:
+            raise SSHToolError(
+                f"unknown host {host!r}: the configured hosts are {', '.join(sorted(self.hosts))}"
+            )
+        started = time.perf_counter()
+        if self.reuse_connections:
+            connection = await self._pooled(host, config)
+            return await self._run(connection, host, command, started)
+        connection = await _connect(host, config)
+        async with connection:
+            return await self._run(connection, host, command, started)
+
+    async def _run(self, connection: Any, host: str, command: str, started: float) -> dict[str, Any]:
+        import asyncssh
+
+        process = await connection.create_process(command)
+        timed_out = False
+        try:
+            result = await process.wait(check=False, timeout=self.timeout)
+            stdout, stderr, status = result.stdout, result.stderr, result.exit_status
+        except asyncssh.TimeoutError as exc:
+            timed_out, status = True, None
+            stdout, stderr = exc.stdout, exc.stderr
+            with contextlib.suppress(Exception):
+                process.kill()
+        finally:
+            process.close()
+        err = _text(stderr, self.output_limit) + (
+            f"\n[killed: timed out after {self.timeout:g} s]" if timed_out else ""
+        )
+        return {
+            "host": host,
+            "exit_code": status,
+            "stdout": _text(stdout, self.output_limit),
+            "stderr": err,
+            "duration": round(time.perf_counter() - started, 3),
+            "timed_out": timed_out,
+        }
+
+    async def _pooled(self, host: str, config: SSHHost) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # connections belong to one event loop
+            self._pool, self._loop = {}, loop
+        connection = self._pool.get(host)
+        if connection is None or connection.is_closed():
+            connection = self._pool[host] = await _connect(host, config)
+        return connection
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""
+        pool, self._pool = self._pool, {}
+        for connection in pool.values():
+            connection.close()
+            with contextlib.suppress(Exception):
+                await connection.wait_closed()
+
+    def as_tool(self, name: str = "ssh_execute") -> Tool:
+        hosts = ", ".join(sorted(self.hosts))
+        return Tool(
+            name=name,
+            description=(
+                f"Run a shell command on a remote host over SSH. Hosts: {hosts}. Returns exit_code, stdout, "
+                f"stderr and duration; the command is killed after {self.timeout:g} s."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "host": {
+                        "type": "string",
+                        "enum": sorted(self.hosts),
+                        "description": "The host to run on.",
+                    },
+                    "command": {"type": "string", "description": "The shell command to run there."},
+                },
+                "required": ["host", "command"],
+                "additionalProperties": False,
+            },
+            function=self.execute,
+            risk=command_risk,
+            timeout=self.timeout + max(h.connect_timeout for h in self.hosts.values()) + 10.0,
+            idempotent=False,
+        )
+
+
+def ssh_tool(
+    hosts: Mapping[str, SSHHost | Mapping[str, Any]],
+    *,
+    timeout: float = 60.0,
+    output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    name: str = "ssh_execute",
+) -> Tool:
+    """A `Tool` named `ssh_execute(host, command)` for the configured hosts (a new connection per call).
+
+    For connections kept open between calls, use `SSHExecutor(hosts, reuse_connections=True).as_tool()`.
+    """
+    return SSHExecutor(hosts, timeout=timeout, output_limit=output_limit).as_tool(name)
+
+
+async def _connect(name: str, config: SSHHost) -> Any:
+    """Open a connection, turning asyncssh's failures into explanations (never mentioning secrets)."""
+    try:
+        import asyncssh
+    except ImportError as exc:
+        raise ConfigurationError("ssh_execute needs asyncssh: pip install 'thinkloop[ops]'") from exc
+    where = f"{name} ({config.address})"
+    try:
+        return await asyncssh.connect(config.hostname, **config.connect_options())
+    except asyncssh.HostKeyNotVerifiable as exc:
+        known = config.known_hosts or "~/.ssh/known_hosts"
+        raise SSHToolError(
+            f"the host key of {where} does not match known_hosts ({known}): refusing to connect "
+            f"({exc.reason}). Check the server; if its key legitimately changed, update known_hosts."
+        ) from None
+    except asyncssh.PermissionDenied:
+        raise SSHToolError(
+            f"authentication to {where} failed (permission denied): check the user name and keys"
+        ) from None
+    except asyncssh.Error as exc:
+        raise SSHToolError(f"SSH connection to {where} failed: {exc.reason}") from None
+    except (OSError, TimeoutError) as exc:
+        raise SSHToolError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+
+
+def _text(value: object, limit: int) -> str:
+    if value is None:
+        return ""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return truncate_output(text, limit)[0]

@@ -1,0 +1,323 @@
+"""Built-in operations tools: shell, workspace files, analyze_output, builtin_tools (SPEC §3.7)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from thinkloop import Agent, ConfigurationError, RiskLevel, Tool
+from thinkloop.testing import ScriptedModel
+from thinkloop.tools import (
+    BUILTIN_TOOL_NAMES,
+    Workspace,
+    WorkspaceError,
+    analyze_output,
+    analyze_text,
+    builtin_tools,
+    file_tools,
+    shell_tool,
+)
+
+
+async def shell(tool: Tool, command: str) -> dict[str, Any]:
+    result = await tool.invoke(tool.validate({"command": command}))
+    assert isinstance(result, dict)
+    return result
+
+
+# -------------------------------------------------------------------------------------------- shell
+
+
+@pytest.fixture
+def real_tmp(tmp_path: Path) -> Path:
+    """`tmp_path` with symlinks resolved (what `pwd` prints)."""
+    return tmp_path.resolve()
+
+
+async def test_shell_returns_exit_code_stdout_stderr_and_duration(real_tmp: Path) -> None:
+    tool = shell_tool(cwd=real_tmp)
+    ok = await shell(tool, "echo hello; echo oops >&2; pwd")
+    assert ok["exit_code"] == 0
+    assert ok["stdout"] == f"hello\n{real_tmp}\n"
+    assert ok["stderr"] == "oops\n"
+    assert ok["timed_out"] is False and ok["duration"] >= 0
+    failed = await shell(tool, "exit 3")
+    assert failed["exit_code"] == 3
+    missing = await shell(tool, "no-such-command-xyz")
+    assert missing["exit_code"] == 127 and "not found" in missing["stderr"]
+
+
+async def test_shell_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    tool = shell_tool(cwd=tmp_path, timeout=0.5)
+    # a background child that would outlive the shell: it must die with the process group
+    result = await shell(tool, "sleep 60 & echo $!; sleep 60")
+    assert result["timed_out"] is True
+    assert result["exit_code"] is None
+    assert "timed out after 0.5 s" in result["stderr"]
+    child = int(result["stdout"].split()[0])  # output written before the timeout is kept
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """True if `pid` runs (a killed process not yet reaped by init is a zombie: not running)."""
+    for _ in range(200):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        if state in ("Z", "X"):
+            return False
+        time.sleep(0.01)  # SIGKILL delivery is asynchronous
+    return True
+
+
+async def test_shell_passes_only_allow_listed_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("THINKLOOP_TEST_SECRET", "s3cr3t-token")
+    monkeypatch.setenv("THINKLOOP_TEST_VISIBLE", "visible-value")
+    tool = shell_tool(cwd=tmp_path, env_allowlist=("PATH", "THINKLOOP_TEST_VISIBLE"), env={"EXTRA": "x1"})
+    result = await shell(tool, "env")
+    assert "s3cr3t-token" not in result["stdout"]
+    assert "THINKLOOP_TEST_VISIBLE=visible-value" in result["stdout"]
+    assert "EXTRA=x1" in result["stdout"]
+    default = await shell(shell_tool(cwd=tmp_path), "env")
+    assert "s3cr3t-token" not in default["stdout"]
+    assert "PATH=" in default["stdout"]
+
+
+async def test_shell_output_is_truncated_keeping_head_and_tail(tmp_path: Path) -> None:
+    tool = shell_tool(cwd=tmp_path, output_limit=1_000)
+    result = await shell(tool, "echo FIRST; seq 1 200000; echo LAST")
+    assert len(result["stdout"]) <= 1_000
+    assert result["stdout"].startswith("FIRST\n")
+    assert result["stdout"].rstrip().endswith("LAST")
+    assert "truncated" in result["stdout"]
+    assert result["exit_code"] == 0
+
+
+def test_shell_risk_comes_from_the_classifier(tmp_path: Path) -> None:
+    tool = shell_tool(cwd=tmp_path)
+    assert tool.risk_for({"command": "ls -la"}) is RiskLevel.LOW
+    assert tool.risk_for({"command": "rm -rf /"}) is RiskLevel.CRITICAL
+    assert tool.idempotent is False
+
+
+def test_shell_configuration_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        shell_tool(cwd=tmp_path / "missing")
+    with pytest.raises(ConfigurationError, match="positive"):
+        shell_tool(timeout=0)
+
+
+async def test_shell_in_an_agent_run(tmp_path: Path) -> None:
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "shell", "args": {"command": "echo 42"}}]}, "It said 42."]
+    )
+    result = await Agent(model, tools=[shell_tool(cwd=tmp_path)]).run("run echo")
+    observation = json.loads([m for m in result.state.messages if m.role == "tool"][0].content)
+    assert observation["stdout"] == "42\n" and observation["exit_code"] == 0
+
+
+# -------------------------------------------------------------------------------------------- files
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> tuple[Path, Path, dict[str, Tool]]:
+    root = tmp_path / "ws"
+    outside = tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_text("top secret")
+    (root / "notes.txt").write_text("hello notes")
+    (root / "sub").mkdir()
+    (root / "sub" / "inner.txt").write_text("inner")
+    return root, outside, {t.name: t for t in file_tools(root)}
+
+
+async def invoke(tool: Tool, **args: Any) -> Any:
+    return await tool.invoke(tool.validate(args))
+
+
+async def test_file_tools_read_write_list(workspace: tuple[Path, Path, dict[str, Tool]]) -> None:
+    root, _, tools = workspace
+    assert await invoke(tools["read_file"], path="notes.txt") == "hello notes"
+    assert await invoke(tools["read_file"], path="sub/../notes.txt") == "hello notes"
+    assert (
+        await invoke(tools["write_file"], path="new/dir/a.txt", content="abc")
+        == "wrote 3 characters to new/dir/a.txt"
+    )
+    await invoke(tools["write_file"], path="new/dir/a.txt", content="def", append=True)
+    assert (root / "new" / "dir" / "a.txt").read_text() == "abcdef"
+    listing = await invoke(tools["list_dir"])
+    assert listing.splitlines() == [".: 3 entries", "new/", "notes.txt  11 bytes", "sub/"]
+    assert "inner.txt  5 bytes" in await invoke(tools["list_dir"], path="sub")
+
+
+def test_file_tool_risks(workspace: tuple[Path, Path, dict[str, Tool]]) -> None:
+    _, _, tools = workspace
+    assert {name: t.risk for name, t in tools.items()} == {
+        "read_file": RiskLevel.LOW,
+        "write_file": RiskLevel.MEDIUM,
+        "list_dir": RiskLevel.LOW,
+    }
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["../outside/secret.txt", "sub/../../outside/secret.txt", "..", "/etc/passwd", "{outside}/secret.txt"],
+)
+async def test_paths_outside_the_workspace_are_refused(
+    workspace: tuple[Path, Path, dict[str, Tool]], path: str
+) -> None:
+    root, outside, tools = workspace
+    path = path.format(outside=outside)
+    for name, args in [
+        ("read_file", {"path": path}),
+        ("list_dir", {"path": path}),
+        ("write_file", {"path": path, "content": "pwned"}),
+    ]:
+        with pytest.raises(WorkspaceError, match="outside the workspace"):
+            await invoke(tools[name], **args)
+    assert (outside / "secret.txt").read_text() == "top secret"
+
+
+async def test_symlinks_escaping_the_root_are_refused_and_inner_ones_work(
+    workspace: tuple[Path, Path, dict[str, Tool]],
+) -> None:
+    root, outside, tools = workspace
+    (root / "escape").symlink_to(outside)
+    (root / "leak.txt").symlink_to(outside / "secret.txt")
+    (root / "dangling").symlink_to(outside / "not-yet.txt")
+    (root / "alias.txt").symlink_to(root / "notes.txt")
+    (root / "subalias").symlink_to(root / "sub")
+    for path in ["escape/secret.txt", "leak.txt", "escape"]:
+        with pytest.raises(WorkspaceError, match="outside the workspace"):
+            await invoke(tools["read_file"], path=path)
+    with pytest.raises(WorkspaceError, match="outside the workspace"):
+        await invoke(tools["write_file"], path="dangling", content="x")
+    with pytest.raises(WorkspaceError, match="outside the workspace"):
+        await invoke(tools["write_file"], path="escape/new.txt", content="x")
+    assert not (outside / "not-yet.txt").exists() and not (outside / "new.txt").exists()
+    assert await invoke(tools["read_file"], path="alias.txt") == "hello notes"
+    assert await invoke(tools["read_file"], path="subalias/inner.txt") == "inner"
+
+
+async def test_file_errors_are_observations_for_the_model(
+    workspace: tuple[Path, Path, dict[str, Tool]],
+) -> None:
+    root, _, tools = workspace
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "read_file", "args": {"path": "../outside/secret.txt"}}]}, "cannot"]
+    )
+    result = await Agent(model, tools=list(tools.values())).run("read it")
+    observation = [m for m in result.state.messages if m.role == "tool"][0].content
+    assert observation.startswith(
+        "Error: read_file raised WorkspaceError: the path '../outside/secret.txt' is outside"
+    )
+    assert "top secret" not in observation
+    with pytest.raises(WorkspaceError, match="no such file"):
+        await invoke(tools["read_file"], path="nope.txt")
+    with pytest.raises(WorkspaceError, match="is a directory"):
+        await invoke(tools["read_file"], path="sub")
+    with pytest.raises(WorkspaceError, match="is a directory"):
+        await invoke(tools["write_file"], path="sub", content="x")
+
+
+async def test_large_and_binary_files(tmp_path: Path) -> None:
+    (tmp_path / "big.txt").write_text("x" * 500)
+    (tmp_path / "bin.dat").write_bytes(b"\x00\x01\x02" * 10)
+    tools = {t.name: t for t in file_tools(tmp_path, max_read=100)}
+    big = await invoke(tools["read_file"], path="big.txt")
+    assert big.startswith("x" * 100) and "showing 100 of 500 characters" in big
+    assert "binary file of 30 bytes" in await invoke(tools["read_file"], path="bin.dat")
+
+
+def test_workspace_root_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="not a directory"):
+        Workspace(tmp_path / "missing")
+
+
+# ----------------------------------------------------------------------------------- analyze_output
+
+BUILD_LOG = "\n".join(
+    [
+        "Collecting packages",
+        *[f"step {i}: ok" for i in range(1, 300)],
+        "warning: deprecated option --foo",
+        "Traceback (most recent call last):",
+        '  File "app.py", line 3, in <module>',
+        "    main()",
+        "ValueError: bad config value 'x'",
+        "ERROR: build failed",
+        "0 errors in module b",
+        "Process exited with code 2",
+    ]
+)
+
+
+def test_analyze_output_finds_errors_warnings_traces_and_exit_codes() -> None:
+    summary = analyze_text(BUILD_LOG)
+    lines = summary.splitlines()
+    assert (
+        lines[0]
+        == f"308 lines, {len(BUILD_LOG)} characters; 3 error line(s), 1 warning line(s), 1 stack trace(s)."
+    )
+    assert "Exit status:" in lines and "  308: Process exited with code 2" in lines
+    assert "  305: ValueError: bad config value 'x'" in lines  # the end of the trace
+    assert "  306: ERROR: build failed" in lines
+    assert "  301: warning: deprecated option --foo" in lines
+    assert "  1: Collecting packages" in lines  # head
+    assert not any("0 errors in module b" in line and "Errors" not in line for line in lines[:8])
+    assert analyze_text(BUILD_LOG) == summary  # deterministic
+    assert len(summary) < len(BUILD_LOG) / 5
+
+
+def test_analyze_output_caps_long_lists_and_handles_small_inputs() -> None:
+    many = "\n".join(f"error {i}" for i in range(100))
+    summary = analyze_text(many, max_items=10)
+    assert "  1: error 0" in summary and "  100: error 99" in summary
+    assert "… 90 more not shown …" in summary
+    assert analyze_text("") == "The output is empty."
+    assert "All lines:" in analyze_text("one\ntwo")
+
+
+async def test_analyze_output_tool() -> None:
+    assert analyze_output.risk is RiskLevel.LOW and analyze_output.idempotent
+    text = await analyze_output.invoke(analyze_output.validate({"output": BUILD_LOG}))
+    assert text == analyze_text(BUILD_LOG)
+
+
+# ------------------------------------------------------------------------------------ builtin_tools
+
+
+def test_builtin_tools_by_name(tmp_path: Path) -> None:
+    tools = builtin_tools(["shell", "files", "calculator", "analyze_output", "read_file"], root=tmp_path)
+    assert [t.name for t in tools] == [
+        "shell",
+        "read_file",
+        "write_file",
+        "list_dir",
+        "calculator",
+        "analyze_output",
+    ]
+    ssh = builtin_tools(["ssh_execute"], hosts={"web1": {"hostname": "127.0.0.1", "port": 2222}})
+    assert ssh[0].name == "ssh_execute"
+    assert set(BUILTIN_TOOL_NAMES) >= {"shell", "ssh_execute", "files", "calculator", "analyze_output"}
+
+
+def test_builtin_tools_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="unknown built-in tool"):
+        builtin_tools(["shel"], root=tmp_path)
+    with pytest.raises(ConfigurationError, match="ssh_execute needs hosts"):
+        builtin_tools(["ssh_execute"], root=tmp_path)
+
+
+async def test_builtin_shell_runs_in_the_root(real_tmp: Path) -> None:
+    (tool,) = builtin_tools(["shell"], root=real_tmp)
+    assert str(real_tmp) in tool.description
+    assert (await shell(tool, "pwd"))["stdout"] == f"{real_tmp}\n"
