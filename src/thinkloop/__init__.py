@@ -4,6 +4,7 @@ from ._agent import Agent as Agent
 from ._budget import Budget as Budget
 from ._budget import Price as Price
 from ._budget import PriceTable as PriceTable
+from ._discovery import ToolDiscovery as ToolDiscovery
 from ._errors import ConcurrencyError as ConcurrencyError
 from ._errors import ConfigurationError as ConfigurationError
 from ._errors import ModelError as ModelError

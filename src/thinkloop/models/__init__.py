@@ -13,12 +13,21 @@ from ._base import estimate_tokens as estimate_tokens
 
 DEFAULT_MODEL = "local"
 
-__all__ = ["DEFAULT_MODEL", "Model", "ModelCapabilities", "OpenAIModel", "estimate_tokens", "resolve_model"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "Model",
+    "ModelCapabilities",
+    "OpenAIModel",
+    "RouterModel",
+    "estimate_tokens",
+    "resolve_model",
+]
 
 if TYPE_CHECKING:
     from ._openai import OpenAIModel as OpenAIModel
+    from ._router import RouterModel as RouterModel
 
-_LAZY = {"OpenAIModel": "._openai"}  # imported on first use, so `import thinkloop` stays fast
+_LAZY = {"OpenAIModel": "._openai", "RouterModel": "._router"}  # imported on first use, so `import thinkloop` stays fast
 
 
 def __getattr__(name: str) -> Any:
