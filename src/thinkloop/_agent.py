@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -16,10 +17,13 @@ from ._guards import GuardConfig, Guards
 from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, current_run, run_loop
 from ._messages import Message, ModelSettings
 from ._prompt import DEFAULT_RULES
+from ._resume import load_resumable, memory_messages, resume_pending
 from ._state import Mode, RunState
 from ._discovery import ToolDiscovery
 from ._tools import Tool, ToolRegistry
 from .models import Model, resolve_model
+from .stores._base import Store, check_id
+from .stores._memory import MemoryStore
 
 ModeSetting = Literal["auto", "native", "react"]
 
@@ -43,7 +47,8 @@ class Agent:
         max_context_tokens: the context window to keep the history within (≤ 0 means 8,000).
         guards: settings of the loop guards and checkpoint hints.
         safety: the gate every tool call passes (a `SafetyController`); None lets every call run.
-        store: where runs are checkpointed; None keeps them in memory only.
+        store: where runs are checkpointed (a `Store`); None keeps them in this process's memory
+            (a `MemoryStore`), which is enough for `resume()` and `session=` within the process.
         final_answer_on_stop: on a hard stop, make one last call for a best-effort answer.
         on_event: a callback receiving every event of every run.
         discovery: runtime tool discovery (`ToolDiscovery`): the model is shown only a few tools plus
@@ -93,7 +98,7 @@ class Agent:
         self.max_context_tokens = max_context_tokens if max_context_tokens > 0 else DEFAULT_MAX_CONTEXT_TOKENS
         self.guard_config = guards or GuardConfig()
         self.safety = safety
-        self.store = store
+        self.store: Checkpointer = MemoryStore() if store is None else store
         self.final_answer_on_stop = final_answer_on_stop
         self.final_answer_prompt = final_answer_prompt
         self.price_table = price_table or PriceTable()
@@ -126,12 +131,54 @@ class Agent:
         run_id: str | None = None,
         on_event: EventSink | None = None,
         metadata: dict[str, Any] | None = None,
+        session: str | None = None,
     ) -> RunResult:
-        """Run the agent on `goal` until a final answer or a stop condition; the result is always returned."""
+        """Run the agent on `goal` until a final answer or a stop condition; the result is always returned.
+
+        With `session`, the session's earlier turns (from the store's conversation memory) come before
+        the goal, and the goal and the answer are added to it when the run ends.
+        """
         run = self._new_run(
             goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[on_event], stream=False
         )
+        run.state.session = self._session(session)
         return await self._drive(run)
+
+    async def resume(
+        self, run_id: str, *, budget: Budget | None = None, on_event: EventSink | None = None
+    ) -> RunResult:
+        """Continue a run from its last checkpoint, exactly where it stopped (SPEC §9.2).
+
+        The step counter, usage, elapsed time, guard counters, approvals, mode and budget (unless
+        `budget` is given) carry on. Tool calls interrupted mid-flight are settled with the ledger:
+        a completed call is never executed again; a started one is re-run only if its tool is idempotent.
+        A run that already ended raises `StateError`.
+        """
+        state = await load_resumable(self._store_for("resume a run"), check_id(run_id))
+        run = self._context(state, budget=budget, sinks=[on_event], stream=False)
+        return await self._drive(run, resumed=True)
+
+    def resume_sync(self, run_id: str, **kwargs: Any) -> RunResult:
+        """`resume()` for code without an event loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.resume(run_id, **kwargs))
+        raise UserError("resume_sync() cannot be called from a running event loop: use `await agent.resume(...)`")
+
+    def _store_for(self, what: str) -> Store:
+        if not isinstance(self.store, Store):
+            raise UserError(
+                f"to {what} the agent needs a `Store` (e.g. `Agent(store=SQLiteStore())`), "
+                f"not {type(self.store).__name__}"
+            )
+        return self.store
+
+    def _session(self, session: str | None) -> str | None:
+        if session is None:
+            return None
+        self._store_for("use a session")
+        return check_id(session, "session id")
 
     def run_sync(self, goal: str, **kwargs: Any) -> RunResult:
         """`run()` for code without an event loop."""
@@ -151,6 +198,7 @@ class Agent:
         budget: Budget | None = None,
         run_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        session: str | None = None,
     ) -> AsyncIterator[Event]:
         """Run the agent, yielding its events live; the last event is `Done`, carrying the result.
 
@@ -160,6 +208,7 @@ class Agent:
         run = self._new_run(
             goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[queue.put_nowait], stream=True
         )
+        run.state.session = self._session(session)
         task = asyncio.create_task(self._drive(run))
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
@@ -203,6 +252,8 @@ class Agent:
     def _context(
         self, state: RunState, *, budget: Budget | None, sinks: list[EventSink | None], stream: bool
     ) -> RunContext:
+        if budget is None and state.budget:  # a resumed run keeps the limits it started with
+            budget = Budget(**state.budget)
         config = LoopConfig(
             budget=budget or self.budget,
             settings=self.settings,
@@ -213,6 +264,7 @@ class Agent:
             stream=stream,
             price_table=self.price_table,
         )
+        state.budget = dataclasses.asdict(config.budget)
         all_sinks = [s for s in (self.on_event, *sinks) if s is not None]
         return RunContext(
             state=state,
@@ -231,10 +283,15 @@ class Agent:
 
     async def _drive(self, run: RunContext, *, resumed: bool = False) -> RunResult:
         state = run.state
+        if state.session is not None and not resumed:
+            memory = await self._store_for("use a session").get_memory(state.session)
+            state.messages[:0] = memory_messages([(m.role, m.content) for m in memory])
         run.emit(RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
         await run.checkpoint()  # recorded before the first model call: a crash leaves a resumable run
         token = current_run.set(run)  # lets a router emit its `model_attempt` events to this run
         try:
+            if resumed:
+                await resume_pending(run)  # tool calls the interruption left without a result
             return await run_loop(run)
         finally:
             current_run.reset(token)

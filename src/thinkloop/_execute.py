@@ -144,7 +144,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
     text, truncated = truncate_output(text, limit)
     outcome = ToolOutcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
-    await run.ledger_done(call.id, text, success)
+    await run.ledger_done(call.id, text, success, error_kind=kind)
     return outcome
 
 

@@ -130,10 +130,13 @@ class RunContext:
         self.state.ledger[entry.call_id] = entry
         await self.checkpoint()
 
-    async def ledger_done(self, call_id: str, output: str, success: bool) -> None:
+    async def ledger_done(
+        self, call_id: str, output: str, success: bool, *, error_kind: str | None = None
+    ) -> None:
         entry = self.state.ledger.get(call_id)
         if entry is not None:
             entry.status, entry.output, entry.success = "done", output, success
+            entry.error_kind = error_kind
         await self.checkpoint()
 
     @property
@@ -379,6 +382,8 @@ async def act(run: RunContext, calls: list[ToolCall]) -> list[ToolOutcome]:
     state = run.state
     state.phase = "acting"
     blocked = run.guards.screen(state, calls)
+    plan_calls(run, calls, blocked)
+    await run.checkpoint()  # the reply and its screening are saved before any tool runs
     runnable = [c for c in calls if c.id not in blocked]
     executed = {o.call.id: o for o in await execute_calls(run, runnable)} if runnable else {}
     outcomes = []
@@ -392,6 +397,18 @@ async def act(run: RunContext, calls: list[ToolCall]) -> list[ToolOutcome]:
             outcomes.append(executed[call.id])
     state.tool_calls += len(runnable)
     return outcomes
+
+
+def plan_calls(run: RunContext, calls: list[ToolCall], blocked: dict[str, str]) -> None:
+    """Record a reply's calls in the ledger before anything runs: planned, or done if the guards blocked it."""
+    for call in calls:
+        entry = LedgerEntry(
+            call_id=call.id, name=call.name, arguments=call.arguments, step=run.state.step, status="planned"
+        )
+        if call.id in blocked:
+            entry.status, entry.output, entry.success = "done", blocked[call.id], False
+            entry.error_kind = "repeated_call"
+        run.state.ledger[call.id] = entry
 
 
 async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:

@@ -83,11 +83,12 @@ class GuardState(_Model):
     seen_results: list[str] = Field(default_factory=list)
 
 
-LedgerStatus = Literal["started", "done"]
+LedgerStatus = Literal["planned", "started", "done"]
 
 
 class LedgerEntry(_Model):
-    """One tool call in the ledger: recorded as started before it runs, as done with its result after."""
+    """One tool call in the ledger: planned when the reply is screened, started before it runs, done with
+    its result after (a call the guards blocked is done at once, with `error_kind` "repeated_call")."""
 
     call_id: str
     name: str
@@ -96,6 +97,7 @@ class LedgerEntry(_Model):
     status: LedgerStatus = "started"
     output: str | None = None
     success: bool | None = None
+    error_kind: str | None = None
 
 
 class ApprovalRecord(_Model):
@@ -140,6 +142,7 @@ class RunState(_Model):
     elapsed: float = 0.0  # seconds of run time, accumulated across resumes
     event_version: int = 0  # number of events emitted so far (the event log's version)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    budget: dict[str, Any] = Field(default_factory=dict)  # the run's limits, so a resume keeps them
 
     @property
     def finished(self) -> bool:

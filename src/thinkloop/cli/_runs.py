@@ -1,0 +1,304 @@
+"""`thinkloop runs …`: list, show, resume, replay and export saved runs (SPEC §13.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .._errors import ThinkloopError, UserError
+from .._events import Done
+from .._state import RunState
+from ..stores import RunSummary, Store, open_store
+
+T = TypeVar("T")
+
+runs_app = typer.Typer(
+    help="List, inspect, resume, replay and export saved runs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="The store: sqlite:///PATH (default: the user data dir, or $THINKLOOP_HOME), "
+        "postgresql://…, file:///DIR.",
+    ),
+]
+RunId = Annotated[str, typer.Argument(help="The run's id (see `thinkloop runs list`).")]
+
+
+def _with_store(url: str | None, job: Callable[[Store], Awaitable[T]], console: Console) -> T:
+    """Open the store, run `job` on it, close it; thinkloop errors end the command with a clear message."""
+
+    async def main() -> T:
+        store = open_store(url)
+        try:
+            return await job(store)
+        finally:
+            await store.aclose()
+
+    try:
+        return asyncio.run(main())
+    except ThinkloopError as exc:
+        console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2 if isinstance(exc, UserError) else 1) from None
+
+
+async def _state(store: Store, run_id: str) -> RunState:
+    state = await store.load_state(run_id)
+    if state is None:
+        raise UserError(f"no run {run_id!r} in {store.url}: see `thinkloop runs list`")
+    return state
+
+
+# ================================================================================================ list
+
+
+@runs_app.command("list")
+def list_command(
+    store: StoreOption = None,
+    limit: Annotated[int, typer.Option(help="How many runs, newest first.", min=1)] = 20,
+    status: Annotated[str | None, typer.Option(help="Only runs that are running, done or error.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run.")] = False,
+) -> None:
+    """List saved runs, most recently updated first."""
+    console = Console()
+    if status not in (None, "running", "done", "error"):
+        console.print(f"[bold red]error:[/] --status must be running, done or error, not {status!r}")
+        raise typer.Exit(2)
+    runs = _with_store(store, lambda s: s.list_runs(limit, status=status), console)  # type: ignore[arg-type]
+    if as_json:
+        for run in runs:
+            sys.stdout.write(run.model_dump_json() + "\n")
+        return
+    console.print(_runs_table(runs))
+
+
+def _runs_table(runs: list[RunSummary]) -> Table:
+    table = Table(show_lines=False)
+    for name in ("run id", "status", "stop reason", "steps", "tools", "tokens", "updated", "goal"):
+        table.add_column(name, overflow="fold" if name == "goal" else "ellipsis")
+    for r in runs:
+        style = {"done": "green", "error": "red"}.get(r.status, "yellow")
+        table.add_row(
+            r.run_id,
+            f"[{style}]{r.status}[/]",
+            r.stop_reason or "",
+            str(r.step),
+            str(r.tool_calls),
+            str(r.usage.total_tokens),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at)),
+            escape(r.goal[:80]),
+        )
+    return table
+
+
+# ================================================================================================ show
+
+
+@runs_app.command("show")
+def show_command(run_id: RunId, store: StoreOption = None) -> None:
+    """Show a run: its state, steps, tool calls, stop reason and usage."""
+    console = Console()
+    state = _with_store(store, lambda s: _state(s, run_id), console)
+    _print_state(console, state)
+
+
+def _print_state(console: Console, state: RunState) -> None:
+    u = state.usage
+    console.print(
+        f"[bold]run[/] {state.run_id} · agent {escape(state.agent_name)} · model {escape(state.model)}"
+    )
+    console.print(f"[bold]goal:[/] {escape(state.goal)}")
+    status = state.stop_reason.value if state.stop_reason else f"unfinished ({state.phase})"
+    console.print(
+        f"[bold]status:[/] {status} · {state.step} steps · {state.tool_calls} tool calls · mode {state.mode} · "
+        f"{u.input_tokens}+{u.output_tokens} tokens · ${u.cost:.4f} · {state.elapsed:.1f} s"
+    )
+    if state.session:
+        console.print(f"[bold]session:[/] {state.session}")
+    for message in state.messages:
+        _print_message(console, message.role, message.kind, message.step, message.content, message.tool_calls)
+    if state.answer:
+        console.print(f"[bold green]answer:[/] {escape(state.answer)}")
+    if state.error:
+        console.print(f"[yellow]{escape(state.error)}[/]")
+    if not state.finished:
+        console.print(f"[dim]resume it with: thinkloop runs resume {state.run_id}[/]")
+
+
+def _print_message(
+    console: Console, role: str, kind: str, step: int | None, content: str, calls: Any
+) -> None:
+    where = f"step {step}" if step is not None else kind
+    text = content.strip()
+    if len(text) > 500:
+        text = text[:480] + f" … [{len(text) - 480} more chars]"
+    if text:
+        console.print(f"[dim]{where:>8}[/] [bold]{role}[/]: {escape(text)}")
+    for call in calls:
+        args = json.dumps(call.arguments, ensure_ascii=False)[:200]
+        console.print(
+            f"[dim]{where:>8}[/] [bold blue]→ {escape(call.name)}[/]({escape(args)}) [dim]{call.id}[/]"
+        )
+
+
+# ============================================================================================== replay
+
+
+@runs_app.command("replay")
+def replay_command(
+    run_id: RunId,
+    store: StoreOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines.")] = False,
+) -> None:
+    """Re-render a run's event log the way the live view showed it."""
+    from ._view import render_event
+
+    console = Console()
+
+    async def job(s: Store) -> list[Any]:
+        await _state(s, run_id)
+        return await s.read_events(run_id)
+
+    for event in _with_store(store, job, console):
+        if as_json:
+            sys.stdout.write(event.model_dump_json() + "\n")
+        elif event.type == "answer_delta":
+            continue  # the answer is shown whole by `done`
+        else:
+            render_event(console, event)
+
+
+# ============================================================================================== export
+
+
+@runs_app.command("export")
+def export_command(
+    run_id: RunId,
+    store: StoreOption = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file, not stdout.")
+    ] = None,
+) -> None:
+    """Export a run as JSON: {"state": …, "events": […]}."""
+    console = Console(stderr=True)
+
+    async def job(s: Store) -> str:
+        state = await _state(s, run_id)
+        events = await s.read_events(run_id)
+        body = {
+            "state": state.model_dump(mode="json"),
+            "events": [e.model_dump(mode="json") for e in events],
+        }
+        return json.dumps(body, ensure_ascii=False, indent=2)
+
+    text = _with_store(store, job, console)
+    if output is None:
+        sys.stdout.write(text + "\n")
+    else:
+        output.write_text(text + "\n", encoding="utf-8")
+        console.print(f"run {run_id} written to {output}")
+
+
+# ============================================================================================== resume
+
+
+@runs_app.command("resume")
+def resume_command(
+    run_id: RunId,
+    store: StoreOption = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", "-m", help="The model; default: the one the run was started with."),
+    ] = None,
+    tools: Annotated[
+        str | None, typer.Option(help="Built-in tools (default: those the run was started with).")
+    ] = None,
+    safety: Annotated[str, typer.Option(help="Safety mode: strict, balanced or permissive.")] = "balanced",
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Approve risky calls without asking.")] = False,
+    workspace: Annotated[Path, typer.Option(help="Root directory of the file tools and the shell.")] = Path(
+        "."
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines.")] = False,
+) -> None:
+    """Continue an interrupted run from its last checkpoint, with the live view."""
+    console = Console(stderr=as_json)
+    options = {"tools": tools, "safety": safety, "yes": yes, "workspace": workspace}
+    try:
+        code = asyncio.run(_resume(run_id, store, model, options, as_json, console))
+    except KeyboardInterrupt:
+        console.print("[yellow]cancelled[/]")
+        code = 130
+    except ThinkloopError as exc:
+        console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        code = 2 if isinstance(exc, UserError) else 1
+    raise typer.Exit(code)
+
+
+async def _resume(
+    run_id: str,
+    store_url: str | None,
+    model_spec: str | None,
+    options: dict[str, Any],
+    as_json: bool,
+    console: Console,
+) -> int:
+    from .._budget import Budget
+    from ._run import DEFAULT_TOOLS, build_agent, load_model
+    from ._view import LiveView, exit_code
+
+    store = open_store(store_url)
+    try:
+        state = await _state(store, run_id)
+        raw = state.metadata.get("cli")
+        cli: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        model = await load_model(model_spec or state.model or None, console)
+        agent = build_agent(
+            model,
+            budget=Budget(**state.budget) if state.budget else Budget(),
+            instructions=str(cli.get("instructions", "")),
+            store_url=store.url,
+            console=console,
+            tools=options["tools"] or str(cli.get("tools", DEFAULT_TOOLS)),
+            safety=options["safety"],
+            yes=options["yes"],
+            workspace=options["workspace"],
+            mcp=[],
+            mode="auto",
+        )
+    finally:
+        await store.aclose()
+    view = LiveView(console)
+    done: list[Done] = []
+
+    def show(event: Any) -> None:
+        if isinstance(event, Done):
+            done.append(event)
+        if as_json:
+            sys.stdout.write(event.model_dump_json() + "\n")
+            sys.stdout.flush()
+        else:
+            view(event)
+
+    try:
+        await agent.resume(run_id, on_event=show)
+    finally:
+        view.close()
+        await agent.aclose()
+        if isinstance(agent.store, Store):
+            await agent.store.aclose()
+    return exit_code(done[-1] if done else None)

@@ -1,0 +1,74 @@
+"""Stores: where runs, their event logs and conversation memory are kept (SPEC §9).
+
+    SQLiteStore(path=None)   the embedded default: one file, several processes on one machine
+    PostgresStore(dsn)       several processes or machines (the `postgres` extra)
+    MemoryStore()            this process only (tests; `Agent()` without a store)
+    FileStore(root)          JSON files in a directory
+
+`open_store(url)` builds one from a URL: `sqlite:///path/to.db`, `sqlite://` (the default file),
+`postgresql://user@host/db`, `file:///some/dir`, `memory:`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .._errors import ConfigurationError
+from ._base import MemoryEntry as MemoryEntry
+from ._base import RunStatus as RunStatus
+from ._base import RunSummary as RunSummary
+from ._base import Store as Store
+from ._base import check_id as check_id
+from ._file import FileStore as FileStore
+from ._memory import MemoryStore as MemoryStore
+from ._postgres import PostgresStore as PostgresStore
+from ._sqlite import SQLiteStore as SQLiteStore
+from ._sqlite import default_path as default_path
+
+__all__ = [
+    "FileStore",
+    "MemoryEntry",
+    "MemoryStore",
+    "PostgresStore",
+    "RunStatus",
+    "RunSummary",
+    "SQLiteStore",
+    "Store",
+    "check_id",
+    "default_path",
+    "open_store",
+]
+
+
+def open_store(url: str | None = None) -> Store:
+    """A store from a URL; None or `""` means the default SQLite file (`$THINKLOOP_STORE` if set)."""
+    import os
+
+    text = (url or os.environ.get("THINKLOOP_STORE") or "sqlite://").strip()
+    scheme, sep, rest = text.partition(":")
+    scheme = scheme.lower()
+    if scheme == "memory":
+        return MemoryStore()
+    if scheme in ("postgres", "postgresql"):
+        return PostgresStore(text)
+    if scheme == "sqlite" and sep:
+        path = _path_of(rest)
+        return SQLiteStore(path or None)
+    if scheme == "file" and sep:
+        path = _path_of(rest)
+        if not path:
+            raise ConfigurationError(f"store URL {text!r} needs a directory: file:///path/to/dir")
+        return FileStore(path)
+    raise ConfigurationError(
+        f"unknown store URL {text!r}: use sqlite:///path.db, postgresql://user@host/db, "
+        "file:///path/to/dir or memory:"
+    )
+
+
+def _path_of(rest: str) -> str:
+    """`///abs/path` and `////abs/path` → `/abs/path`; `//` → ``; `//rel/path` and `rel/path` → `rel/path`."""
+    if rest.startswith("//"):
+        rest = rest[2:]
+    while rest.startswith("//"):
+        rest = rest[1:]
+    return str(Path(rest)) if rest else ""

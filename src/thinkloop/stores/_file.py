@@ -1,0 +1,219 @@
+"""`FileStore`: runs as JSON files in a directory (seed 000), for development and inspection.
+
+    ROOT/runs/RUN_ID.json             the run's last state (replaced atomically)
+    ROOT/runs/RUN_ID.events.jsonl     its event log, one JSON event per line
+    ROOT/sessions/SESSION.jsonl       a session's conversation memory
+
+Ids are checked (`[A-Za-z0-9_.-]`, no `..`) so no id can reach outside ROOT. Writers take an exclusive
+`flock` on ROOT/.lock, so several processes may share a root on one machine. A checkpoint appends the
+events, then replaces the state file; if a crash falls between the two, the next checkpoint drops the
+orphaned events (their state was never saved), so the log stays gap-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .._errors import ConcurrencyError
+from .._events import Event
+from .._state import RunState
+from ._base import (
+    MemoryEntry,
+    MemoryRole,
+    RunStatus,
+    RunSummary,
+    Store,
+    base_version,
+    check_id,
+    check_role,
+    load_state_text,
+    memory_turn,
+    numbered,
+    parse_event,
+)
+
+T = TypeVar("T")
+
+
+class FileStore(Store):
+    """A store of JSON files under `root` (created if missing)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser()
+        self.url = f"file://{self.root.resolve()}"
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    # ---------------------------------------------------------------------------------- paths
+
+    def _state_path(self, run_id: str) -> Path:
+        return self.root / "runs" / f"{check_id(run_id)}.json"
+
+    def _log_path(self, run_id: str) -> Path:
+        return self.root / "runs" / f"{check_id(run_id)}.events.jsonl"
+
+    def _session_path(self, session: str) -> Path:
+        return self.root / "sessions" / f"{check_id(session, 'session id')}.jsonl"
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        (self.root / "runs").mkdir(parents=True, exist_ok=True)
+        (self.root / "sessions").mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    # ------------------------------------------------------------------------------------ runs
+
+    async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+        expected = base_version(state, events)
+        lines = [e.model_dump_json() for e in events]
+        memory = [(role, content) for role, content in memory_turn(state, events)]
+        await self._call(
+            self._checkpoint, state.run_id, expected, lines, state.to_json(), state.session, memory
+        )
+
+    def _checkpoint(
+        self,
+        run_id: str,
+        expected: int,
+        lines: list[str],
+        state_json: str | None,
+        session: str | None,
+        memory: list[tuple[MemoryRole, str]],
+    ) -> None:
+        log = self._log_path(run_id)
+        with self._locked():
+            existing = _read_lines(log)
+            if len(existing) != expected:
+                existing = self._repair(run_id, existing, expected)
+            if lines:
+                with open(log, "a", encoding="utf-8") as f:
+                    f.write("".join(line + "\n" for line in lines))
+            if state_json is not None:
+                _write_atomic(self._state_path(run_id), state_json)
+            for role, content in memory:
+                self._remember(session or "", role, content)
+
+    def _repair(self, run_id: str, existing: list[str], expected: int) -> list[str]:
+        """Drop events a crashed checkpoint wrote without its state; anything else is a lost race."""
+        saved = self._saved_version(run_id)
+        if saved == expected and len(existing) > expected:
+            kept = existing[:expected]
+            _write_atomic(self._log_path(run_id), "".join(line + "\n" for line in kept))
+            return kept
+        raise ConcurrencyError(run_id, expected, len(existing))
+
+    def _saved_version(self, run_id: str) -> int | None:
+        path = self._state_path(run_id)
+        if not path.exists():
+            return None
+        try:
+            version = json.loads(path.read_text(encoding="utf-8")).get("event_version")
+        except ValueError:
+            return None
+        return version if isinstance(version, int) else None
+
+    async def load_state(self, run_id: str) -> RunState | None:
+        path = self._state_path(run_id)
+        text = await self._call(_read_text, path)
+        return None if text is None else load_state_text(run_id, text)
+
+    async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
+        check_id(run_id)
+        lines = [e.model_dump_json() for e in numbered(run_id, events, expected_version)]
+        await self._call(self._append, run_id, expected_version, lines)
+        return expected_version + len(lines)
+
+    def _append(self, run_id: str, expected: int, lines: list[str]) -> None:
+        log = self._log_path(run_id)
+        with self._locked():
+            actual = len(_read_lines(log))
+            if actual != expected:
+                raise ConcurrencyError(run_id, expected, actual)
+            with open(log, "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+
+    async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
+        lines = await self._call(_read_lines, self._log_path(run_id))
+        return [parse_event(run_id, line) for line in lines[max(after, 0) :]]
+
+    async def list_runs(
+        self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
+    ) -> list[RunSummary]:
+        summaries = await self._call(self._summaries)
+        rows = [
+            s
+            for s in summaries
+            if (status is None or s.status == status) and (session is None or s.session == session)
+        ]
+        rows.sort(key=lambda s: s.updated_at, reverse=True)
+        return rows[:limit]
+
+    def _summaries(self) -> list[RunSummary]:
+        runs = self.root / "runs"
+        if not runs.is_dir():
+            return []
+        out = []
+        for path in runs.glob("*.json"):
+            try:
+                state = RunState.from_json(path.read_bytes())
+            except (OSError, ValueError):
+                continue  # a corrupt run is reported by load_state, not by a listing
+            out.append(RunSummary.from_state(state, updated_at=path.stat().st_mtime))
+        return out
+
+    # ---------------------------------------------------------------------------------- memory
+
+    async def add_memory(self, session: str, role: MemoryRole, content: str) -> None:
+        check_id(session, "session id")
+        check_role(role)
+        await self._call(self._add_memory, session, role, content)
+
+    def _add_memory(self, session: str, role: MemoryRole, content: str) -> None:
+        with self._locked():
+            self._remember(session, role, content)
+
+    def _remember(self, session: str, role: MemoryRole, content: str) -> None:
+        entry = MemoryEntry(session=session, role=role, content=content, time=time.time())
+        with open(self._session_path(session), "a", encoding="utf-8") as f:
+            f.write(entry.model_dump_json() + "\n")
+
+    async def get_memory(self, session: str, limit: int | None = None) -> list[MemoryEntry]:
+        lines = await self._call(_read_lines, self._session_path(session))
+        if limit is not None:
+            lines = lines[-limit:] if limit > 0 else []
+        return [MemoryEntry.model_validate_json(line) for line in lines]
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    return [line for line in text.split("\n") if line.strip()]
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

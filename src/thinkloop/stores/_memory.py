@@ -1,0 +1,89 @@
+"""`MemoryStore`: everything in this process's memory (tests, and `Agent()` without a store)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from .._errors import ConcurrencyError
+from .._events import Event
+from .._state import RunState
+from ._base import (
+    MemoryEntry,
+    MemoryRole,
+    RunStatus,
+    RunSummary,
+    Store,
+    base_version,
+    check_id,
+    check_role,
+    load_state_text,
+    memory_turn,
+    numbered,
+    parse_event,
+)
+
+
+class MemoryStore(Store):
+    """A store in memory: states and events are kept as JSON, so stored runs never change under you."""
+
+    url = "memory:"
+
+    def __init__(self) -> None:
+        self._states: dict[str, tuple[str, RunSummary]] = {}
+        self._events: dict[str, list[str]] = {}
+        self._memory: dict[str, list[MemoryEntry]] = {}
+
+    async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+        run_id = check_id(state.run_id)
+        expected = base_version(state, events)
+        self._check_version(run_id, expected)
+        self._events.setdefault(run_id, []).extend(e.model_dump_json() for e in events)
+        self._states[run_id] = (state.to_json(), RunSummary.from_state(state))
+        for role, content in memory_turn(state, events):
+            self._remember(state.session or "", role, content)
+
+    async def load_state(self, run_id: str) -> RunState | None:
+        stored = self._states.get(check_id(run_id))
+        return None if stored is None else load_state_text(run_id, stored[0])
+
+    async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
+        self._check_version(check_id(run_id), expected_version)
+        log = self._events.setdefault(run_id, [])
+        log.extend(e.model_dump_json() for e in numbered(run_id, events, expected_version))
+        return len(log)
+
+    async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
+        log = self._events.get(check_id(run_id), [])
+        return [parse_event(run_id, text) for text in log[max(after, 0) :]]
+
+    async def list_runs(
+        self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
+    ) -> list[RunSummary]:
+        rows = [s for _, s in self._states.values()]
+        rows = [
+            r
+            for r in rows
+            if (status is None or r.status == status) and (session is None or r.session == session)
+        ]
+        rows.sort(key=lambda r: r.updated_at, reverse=True)
+        return [r.model_copy() for r in rows[:limit]]
+
+    async def add_memory(self, session: str, role: MemoryRole, content: str) -> None:
+        self._remember(check_id(session, "session id"), check_role(role), content)
+
+    async def get_memory(self, session: str, limit: int | None = None) -> list[MemoryEntry]:
+        entries = self._memory.get(check_id(session, "session id"), [])
+        if limit is not None:
+            entries = entries[-limit:] if limit > 0 else []
+        return [e.model_copy() for e in entries]
+
+    def _check_version(self, run_id: str, expected: int) -> None:
+        actual = len(self._events.get(run_id, []))
+        if actual != expected:
+            raise ConcurrencyError(run_id, expected, actual)
+
+    def _remember(self, session: str, role: MemoryRole, content: str) -> None:
+        self._memory.setdefault(session, []).append(
+            MemoryEntry(session=session, role=role, content=content, time=time.time())
+        )

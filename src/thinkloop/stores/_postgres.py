@@ -1,0 +1,225 @@
+"""`PostgresStore`: runs shared by several processes or machines (SPEC §9.4), on psycopg 3 (async).
+
+Needs the `postgres` extra (`pip install 'thinkloop[postgres]'`). The tables (`thinkloop_runs`,
+`thinkloop_events`, `thinkloop_memory`) are created and migrated by the library on first use, under an
+advisory lock, with their version in `thinkloop_schema`. Appends are checked against the log's version
+and protected by the `(run_id, seq)` primary key, so of two writers at the same version exactly one wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._errors import ConcurrencyError, ConfigurationError, StateError
+from .._events import Event
+from .._state import RunState
+from ._base import (
+    MemoryEntry,
+    MemoryRole,
+    RunStatus,
+    RunSummary,
+    Store,
+    base_version,
+    check_id,
+    check_role,
+    load_state_text,
+    memory_turn,
+    numbered,
+    parse_event,
+)
+
+SCHEMA_VERSION = 1
+_LOCK_KEY = 0x7468696E6B  # "think": the advisory lock taken while migrating
+
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS thinkloop_runs (
+        run_id TEXT PRIMARY KEY, state TEXT NOT NULL, summary TEXT NOT NULL, status TEXT NOT NULL,
+        session TEXT, updated_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS thinkloop_runs_updated ON thinkloop_runs (updated_at)",
+    """CREATE TABLE IF NOT EXISTS thinkloop_events (
+        run_id TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq))""",
+    """CREATE TABLE IF NOT EXISTS thinkloop_memory (
+        id BIGSERIAL PRIMARY KEY, session TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+        time DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS thinkloop_memory_session ON thinkloop_memory (session, id)",
+]
+
+_EVENT_SQL = "INSERT INTO thinkloop_events (run_id, seq, type, data) VALUES (%s, %s, %s, %s)"
+_RUN_SQL = (
+    "INSERT INTO thinkloop_runs (run_id, state, summary, status, session, updated_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET state = excluded.state, "
+    "summary = excluded.summary, status = excluded.status, session = excluded.session, "
+    "updated_at = excluded.updated_at"
+)
+_MEMORY_SQL = "INSERT INTO thinkloop_memory (session, role, content, time) VALUES (%s, %s, %s, %s)"
+
+
+class PostgresStore(Store):
+    """A store in a PostgreSQL database.
+
+    Args:
+        dsn: a libpq connection string or URL, e.g. `postgresql://user@host:5432/db`.
+
+    One connection per store, opened on first use; operations of one store are serialised on it.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.url = dsn
+        self._conn: Any = None
+        self._lock = asyncio.Lock()
+
+    async def _connection(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            try:
+                import psycopg
+            except ImportError:
+                raise ConfigurationError(
+                    "PostgresStore needs psycopg 3: pip install 'thinkloop[postgres]'"
+                ) from None
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+            await _migrate(conn)
+            self._conn = conn
+        return self._conn
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    # -------------------------------------------------------------------------------------- runs
+
+    async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+        run_id = check_id(state.run_id)
+        expected = base_version(state, events)
+        rows = [(run_id, e.seq, e.type, e.model_dump_json()) for e in events]
+        now = time.time()
+        summary = RunSummary.from_state(state, updated_at=now)
+        run_row = (run_id, state.to_json(), summary.model_dump_json(), summary.status, state.session, now)
+        memory = [(state.session, role, content, now) for role, content in memory_turn(state, events)]
+        await self._write(run_id, expected, rows, run_row, memory)
+
+    async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
+        check_id(run_id)
+        rows = [
+            (run_id, e.seq, e.type, e.model_dump_json()) for e in numbered(run_id, events, expected_version)
+        ]
+        await self._write(run_id, expected_version, rows, None, [])
+        return expected_version + len(rows)
+
+    async def _write(
+        self,
+        run_id: str,
+        expected: int,
+        rows: Sequence[tuple[str, int, str, str]],
+        run_row: tuple[Any, ...] | None,
+        memory: list[tuple[Any, ...]],
+    ) -> None:
+        import psycopg
+
+        async with self._lock:
+            conn = await self._connection()
+            try:
+                async with conn.transaction(), conn.cursor() as cur:
+                    await cur.execute(
+                        "SELECT coalesce(max(seq), 0) FROM thinkloop_events WHERE run_id = %s", (run_id,)
+                    )
+                    actual = (await cur.fetchone())[0]
+                    if actual != expected:
+                        raise ConcurrencyError(run_id, expected, actual)
+                    if rows:
+                        await cur.executemany(_EVENT_SQL, rows)
+                    if run_row is not None:
+                        await cur.execute(_RUN_SQL, run_row)
+                    if memory:
+                        await cur.executemany(_MEMORY_SQL, memory)
+            except psycopg.errors.UniqueViolation:
+                raise ConcurrencyError(run_id, expected, await self._version(run_id)) from None
+
+    async def _version(self, run_id: str) -> int:
+        row = await self._fetchone(
+            "SELECT coalesce(max(seq), 0) FROM thinkloop_events WHERE run_id = %s", (run_id,)
+        )
+        return int(row[0]) if row else 0
+
+    async def load_state(self, run_id: str) -> RunState | None:
+        row = await self._fetchone("SELECT state FROM thinkloop_runs WHERE run_id = %s", (check_id(run_id),))
+        return None if row is None else load_state_text(run_id, row[0])
+
+    async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
+        rows = await self._fetchall(
+            "SELECT data FROM thinkloop_events WHERE run_id = %s AND seq > %s ORDER BY seq",
+            (check_id(run_id), after),
+        )
+        return [parse_event(run_id, r[0]) for r in rows]
+
+    async def list_runs(
+        self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
+    ) -> list[RunSummary]:
+        clauses: list[str] = ["TRUE"]
+        params: list[Any] = []
+        if status is not None:
+            clauses.append("status = %s")
+            params.append(status)
+        if session is not None:
+            clauses.append("session = %s")
+            params.append(session)
+        rows = await self._fetchall(
+            f"SELECT summary FROM thinkloop_runs WHERE {' AND '.join(clauses)} "
+            "ORDER BY updated_at DESC LIMIT %s",
+            (*params, limit),
+        )
+        return [RunSummary.model_validate_json(r[0]) for r in rows]
+
+    # ------------------------------------------------------------------------------------ memory
+
+    async def add_memory(self, session: str, role: MemoryRole, content: str) -> None:
+        row = (check_id(session, "session id"), check_role(role), content, time.time())
+        async with self._lock:
+            conn = await self._connection()
+            await conn.execute(_MEMORY_SQL, row)
+
+    async def get_memory(self, session: str, limit: int | None = None) -> list[MemoryEntry]:
+        check_id(session, "session id")
+        sql = "SELECT role, content, time FROM thinkloop_memory WHERE session = %s ORDER BY id DESC"
+        params: tuple[Any, ...] = (session,)
+        if limit is not None:
+            sql, params = sql + " LIMIT %s", (session, max(limit, 0))
+        rows = await self._fetchall(sql, params)
+        return [MemoryEntry(session=session, role=r[0], content=r[1], time=r[2]) for r in reversed(rows)]
+
+    # ----------------------------------------------------------------------------------- helpers
+
+    async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
+        async with self._lock:
+            conn = await self._connection()
+            cur = await conn.execute(sql, params)
+            return await cur.fetchone()
+
+    async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        async with self._lock:
+            conn = await self._connection()
+            cur = await conn.execute(sql, params)
+            return list(await cur.fetchall())
+
+
+async def _migrate(conn: Any) -> None:
+    """Create or upgrade the tables, once, under an advisory lock (several processes may start at once)."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        await conn.execute("CREATE TABLE IF NOT EXISTS thinkloop_schema (version INTEGER NOT NULL)")
+        cur = await conn.execute("SELECT max(version) FROM thinkloop_schema")
+        version = (await cur.fetchone())[0] or 0
+        if version > SCHEMA_VERSION:
+            raise StateError(
+                f"the database has thinkloop schema version {version}, newer than this thinkloop "
+                f"supports ({SCHEMA_VERSION}): upgrade thinkloop"
+            )
+        if version < SCHEMA_VERSION:
+            for sql in _SCHEMA:
+                await conn.execute(sql)
+            await conn.execute("INSERT INTO thinkloop_schema (version) VALUES (%s)", (SCHEMA_VERSION,))

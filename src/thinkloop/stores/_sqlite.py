@@ -1,0 +1,256 @@
+"""`SQLiteStore`: the embedded default store (SPEC §9.4).
+
+One file (by default `$THINKLOOP_HOME/thinkloop.db`, else the user data directory), in WAL mode with a
+busy timeout, so several processes on one machine can share it. The stdlib `sqlite3` connection lives
+in one worker thread per store; a checkpoint is one `BEGIN IMMEDIATE … COMMIT` transaction with cached
+statements and `synchronous=NORMAL` (durable against process crashes; a power cut may lose the last
+few commits, never corrupt the file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .._errors import ConcurrencyError, StateError
+from .._events import Event
+from .._state import RunState
+from ._base import (
+    MemoryEntry,
+    MemoryRole,
+    RunStatus,
+    RunSummary,
+    Store,
+    base_version,
+    check_id,
+    check_role,
+    load_state_text,
+    memory_turn,
+    numbered,
+    parse_event,
+)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id TEXT PRIMARY KEY, state TEXT NOT NULL, summary TEXT NOT NULL, status TEXT NOT NULL,
+        session TEXT, updated_at REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at)",
+    """CREATE TABLE IF NOT EXISTS events (
+        run_id TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS memory (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL, role TEXT NOT NULL,
+        content TEXT NOT NULL, time REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS memory_session ON memory (session, id)",
+]
+
+_VERSION_SQL = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
+_EVENT_SQL = "INSERT INTO events (run_id, seq, type, data) VALUES (?, ?, ?, ?)"
+_RUN_SQL = (
+    "INSERT INTO runs (run_id, state, summary, status, session, updated_at) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (run_id) DO UPDATE SET state = excluded.state, summary = excluded.summary, "
+    "status = excluded.status, session = excluded.session, updated_at = excluded.updated_at"
+)
+_MEMORY_SQL = "INSERT INTO memory (session, role, content, time) VALUES (?, ?, ?, ?)"
+
+
+def default_path() -> Path:
+    """`$THINKLOOP_HOME/thinkloop.db`, else `thinkloop.db` in the user data directory."""
+    home = os.environ.get("THINKLOOP_HOME")
+    if home:
+        return Path(home).expanduser() / "thinkloop.db"
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("thinkloop", appauthor=False)) / "thinkloop.db"
+
+
+class SQLiteStore(Store):
+    """A store in one SQLite file, safe for several processes on one machine.
+
+    Args:
+        path: the database file (created with its directory); None means `default_path()`;
+            `":memory:"` keeps it in memory.
+        busy_timeout: seconds to wait for another process's write lock before failing.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 10.0) -> None:
+        self.path = default_path() if path is None else Path(path)
+        self.url = f"sqlite://{self.path}"
+        self.busy_timeout = busy_timeout
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    # ------------------------------------------------------------------------------ the worker thread
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="thinkloop-sqlite")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn, args)
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        if self._conn is None:
+            self._conn = self._connect()
+        return fn(self._conn, *args)
+
+    def _connect(self) -> sqlite3.Connection:
+        if str(self.path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        _migrate(conn)
+        return conn
+
+    async def aclose(self) -> None:
+        if self._executor is not None:
+            if self._conn is not None:
+                await self._call(_close)
+                self._conn = None
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # -------------------------------------------------------------------------------------- runs
+
+    async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+        run_id = check_id(state.run_id)
+        expected = base_version(state, events)
+        rows = [(run_id, e.seq, e.type, e.model_dump_json()) for e in events]
+        now = time.time()
+        summary = RunSummary.from_state(state, updated_at=now)
+        run_row = (run_id, state.to_json(), summary.model_dump_json(), summary.status, state.session, now)
+        memory = [(state.session, role, content, now) for role, content in memory_turn(state, events)]
+        await self._call(_checkpoint, run_id, expected, rows, run_row, memory)
+
+    async def load_state(self, run_id: str) -> RunState | None:
+        row = await self._call(_one, "SELECT state FROM runs WHERE run_id = ?", (check_id(run_id),))
+        return None if row is None else load_state_text(run_id, row[0])
+
+    async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
+        check_id(run_id)
+        rows = [
+            (run_id, e.seq, e.type, e.model_dump_json()) for e in numbered(run_id, events, expected_version)
+        ]
+        await self._call(_checkpoint, run_id, expected_version, rows, None, [])
+        return expected_version + len(rows)
+
+    async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
+        rows = await self._call(
+            _all,
+            "SELECT data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+            (check_id(run_id), after),
+        )
+        return [parse_event(run_id, r[0]) for r in rows]
+
+    async def list_runs(
+        self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
+    ) -> list[RunSummary]:
+        where, params = _filters(status, session)
+        rows = await self._call(
+            _all, f"SELECT summary FROM runs{where} ORDER BY updated_at DESC LIMIT ?", (*params, limit)
+        )
+        return [RunSummary.model_validate_json(r[0]) for r in rows]
+
+    # ------------------------------------------------------------------------------------ memory
+
+    async def add_memory(self, session: str, role: MemoryRole, content: str) -> None:
+        row = (check_id(session, "session id"), check_role(role), content, time.time())
+        await self._call(_execute, _MEMORY_SQL, row)
+
+    async def get_memory(self, session: str, limit: int | None = None) -> list[MemoryEntry]:
+        check_id(session, "session id")
+        sql = "SELECT role, content, time FROM memory WHERE session = ? ORDER BY id DESC"
+        params: tuple[Any, ...] = (session,)
+        if limit is not None:
+            sql, params = sql + " LIMIT ?", (session, max(limit, 0))
+        rows = await self._call(_all, sql, params)
+        return [MemoryEntry(session=session, role=r[0], content=r[1], time=r[2]) for r in reversed(rows)]
+
+
+# ========================================================================= run in the worker thread
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+        version = row[0] or 0
+        if version > SCHEMA_VERSION:
+            raise StateError(
+                f"the database has schema version {version}, newer than this thinkloop supports "
+                f"({SCHEMA_VERSION}): upgrade thinkloop"
+            )
+        if version < SCHEMA_VERSION:
+            for sql in _SCHEMA:
+                conn.execute(sql)
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _checkpoint(
+    conn: sqlite3.Connection,
+    run_id: str,
+    expected: int,
+    rows: Sequence[tuple[str, int, str, str]],
+    run_row: tuple[Any, ...] | None,
+    memory: list[tuple[Any, ...]],
+) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        actual = conn.execute(_VERSION_SQL, (run_id,)).fetchone()[0]
+        if actual != expected:
+            raise ConcurrencyError(run_id, expected, actual)
+        if rows:
+            conn.executemany(_EVENT_SQL, rows)
+        if run_row is not None:
+            conn.execute(_RUN_SQL, run_row)
+        if memory:
+            conn.executemany(_MEMORY_SQL, memory)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _one(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Any:
+    return conn.execute(sql, params).fetchone()
+
+
+def _all(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    return conn.execute(sql, params).fetchall()
+
+
+def _execute(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> None:
+    conn.execute(sql, params)
+
+
+def _close(conn: sqlite3.Connection) -> None:
+    conn.close()
+
+
+def _filters(status: str | None, session: str | None) -> tuple[str, tuple[Any, ...]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if status is not None:
+        clauses.append("status = ?")
+        params.append(status)
+    if session is not None:
+        clauses.append("session = ?")
+        params.append(session)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(params)
