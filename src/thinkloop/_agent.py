@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from ._budget import Budget, PriceTable
-from ._context import DEFAULT_MAX_CONTEXT_TOKENS, ContextManager
+from ._context import DEFAULT_MAX_CONTEXT_TOKENS, ContextManager, Summarizer
 from ._errors import ConfigurationError, UserError
 from ._events import Done, Event, RunResult, RunStarted
 from ._execute import AllowAll, ToolGate
@@ -20,6 +20,7 @@ from ._prompt import DEFAULT_RULES
 from ._resume import load_resumable, memory_messages, resume_pending
 from ._state import Mode, RunState
 from ._discovery import ToolDiscovery
+from ._tokens import TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
 from .models import Model, resolve_model
 from .stores._base import Store, check_id
@@ -45,6 +46,10 @@ class Agent:
         environment, rules: more layers of the system prompt.
         tool_timeout, output_max_length: defaults for tools that do not set their own.
         max_context_tokens: the context window to keep the history within (≤ 0 means 8,000).
+        token_counter: how the context manager counts tokens: a `TokenCounter` or a function
+            `(messages) -> int`; by default the model's own tokenizer, else the estimate chars/3 + 1.
+        summarizer: an async `(messages, previous_summary) -> str` that summarises the steps dropped
+            from the context; by default a deterministic summary (tool calls and result snippets).
         guards: settings of the loop guards and checkpoint hints.
         safety: the gate every tool call passes (a `SafetyController`); None lets every call run.
         store: where runs are checkpointed (a `Store`); None keeps them in this process's memory
@@ -70,6 +75,8 @@ class Agent:
         tool_timeout: float = 120.0,
         output_max_length: int = 10_000,
         max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
+        token_counter: TokenCounterLike | None = None,
+        summarizer: Summarizer | None = None,
         guards: GuardConfig | None = None,
         safety: ToolGate | None = None,
         store: Checkpointer | None = None,
@@ -97,6 +104,8 @@ class Agent:
         self.output_max_length = output_max_length
         self.max_context_tokens = max_context_tokens if max_context_tokens > 0 else DEFAULT_MAX_CONTEXT_TOKENS
         self.guard_config = guards or GuardConfig()
+        self.token_counter = token_counter
+        self.summarizer = summarizer
         self.safety = safety
         self.store: Checkpointer = MemoryStore() if store is None else store
         self.final_answer_on_stop = final_answer_on_stop
@@ -273,7 +282,11 @@ class Agent:
             discovery=self.discovery,
             config=config,
             guards=Guards(self.guard_config),
-            context=ContextManager(self.max_context_tokens),
+            context=ContextManager(
+                self.max_context_tokens,
+                counter=as_counter(self.token_counter, self.model),
+                summarizer=self.summarizer,
+            ),
             prompt_layers={"role": self.instructions, "environment": self.environment, "rules": self.rules},
             gate=self.safety or AllowAll(),
             store=self.store,

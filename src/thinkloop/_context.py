@@ -1,23 +1,479 @@
-"""Context management (SPEC §7): the view of the history sent to the model.
+"""Context management (SPEC §7): the view of a run's history that is sent to the model.
 
-The run state keeps the full history; `ContextManager.view()` returns what the model sees.
+The run state keeps the full history (for persistence, replay and the user); `ContextManager.view()`
+returns what the model sees at each step:
+
+- **Step groups.** The history is cut into groups: the head (everything before the first assistant
+  message: the task, memory), then one group per assistant message with its tool results and the
+  hints or corrections that follow it. Groups are kept or dropped whole, so an assistant tool call is
+  never separated from its results (SPEC §7.3) — by construction. Each group is also repaired when
+  needed (orphan tool results dropped, missing results answered by a placeholder), and
+  `validate_history()` checks the result in tests.
+- **Anti-drift (SPEC §7.4).** The task message is always kept. The last `keep_steps` steps are kept
+  whole; in older steps, observations are truncated to `old_observation_chars`. When steps have to
+  be dropped, they are replaced by one summary message (kind "summary") — written by a deterministic
+  compressor (tool names, arguments, result snippets) or by an optional `summarizer` — which ends by
+  restating the task.
+- **Trimming (SPEC §7.2).** Before each call the view is kept within `trim_ratio` (90 %) of
+  `max_context_tokens`, counting the system prompt and the tool definitions too. When it is over, the
+  oldest steps are dropped down to `trim_to` (75 %), so the kept window (and the provider's prompt cache)
+  stays stable for several steps. The newest groups holding at least the last `min_messages` messages
+  are never dropped; if they alone are too big, their longest observations are shortened.
+
+Work per step is small: the grouping is extended incrementally, token counts are cached per message,
+and a history far below the limit is returned as is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
-from ._messages import Message
+from ._errors import ThinkloopError
+from ._messages import Message, ToolDefinition
 from ._state import RunState
+from ._tokens import EstimateCounter, TokenCounter, estimate_tools, is_exact
+from ._tools import truncate_output
+
+logger = logging.getLogger("thinkloop.context")
 
 DEFAULT_MAX_CONTEXT_TOKENS = 8000
 
+Summarizer = Callable[[list[Message], str], Awaitable[str]]
+"""A model-written summary: `(messages to summarise, the previous summary or "") -> summary text`."""
+
+NO_RESULT = "Error: no result was recorded for this call (the run was interrupted). Call it again if needed."
+
+
+class InvalidHistoryError(ThinkloopError, ValueError):
+    """A message list that a chat provider would reject (a tool result without its call, or the reverse)."""
+
+
+# ============================================================================================ validation
+
+
+def validate_history(messages: Sequence[Message]) -> None:
+    """Raise `InvalidHistoryError` unless `messages` is valid for the OpenAI chat format.
+
+    Every `tool` message answers a call of the assistant message just before its block of tool
+    messages; every call of an assistant message is answered, once, in the block right after it; so no
+    window starts with a tool message.
+    """
+    pending: dict[str, str] = {}  # call id -> tool name, of the open assistant message
+    for index, msg in enumerate(messages):
+        if msg.role == "tool":
+            if msg.tool_call_id is None or msg.tool_call_id not in pending:
+                raise InvalidHistoryError(
+                    f"message {index} is a tool result for call {msg.tool_call_id!r}, which is not an "
+                    "unanswered call of the assistant message right before it"
+                )
+            del pending[msg.tool_call_id]
+            continue
+        if pending:
+            raise InvalidHistoryError(
+                f"message {index} ({msg.role}) comes before the result of call(s) {sorted(pending)}: every "
+                "assistant tool call must be answered right after it"
+            )
+        if msg.role == "assistant" and msg.tool_calls:
+            ids = [c.id for c in msg.tool_calls]
+            if len(set(ids)) != len(ids):
+                raise InvalidHistoryError(f"message {index} has duplicate tool call ids: {ids}")
+            pending = {c.id: c.name for c in msg.tool_calls}
+    if pending:
+        raise InvalidHistoryError(f"the history ends before the result of call(s) {sorted(pending)}")
+
+
+# ================================================================================================ groups
+
+
+@dataclass(slots=True)
+class _Group:
+    """A head or a step: messages that are kept or dropped together."""
+
+    messages: list[Message] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    tokens: int = 0
+    is_step: bool = False
+    pinned: bool = False
+    _clean: tuple[int, list[Message], int] | None = None  # (len when built, messages, tokens)
+    _compact: tuple[int, list[Message], int] | None = None
+    _lines: tuple[int, list[str]] | None = None
+
+    def add(self, msg: Message, tokens: int) -> None:
+        self.messages.append(msg)
+        self.counts.append(tokens)
+        self.tokens += tokens
+        if msg.kind == "task":
+            self.pinned = True
+
+
+def _repaired(group: _Group) -> list[Message] | None:
+    """The group's messages made valid (results right after their call), or None when already valid."""
+    msgs = group.messages
+    if not group.is_step:
+        return [m for m in msgs if m.role != "tool"] if any(m.role == "tool" for m in msgs) else None
+    ids = [c.id for c in msgs[0].tool_calls]
+    body = msgs[1:]
+    in_order = len(body) >= len(ids) and all(
+        m.role == "tool" and m.tool_call_id == i for m, i in zip(body, ids, strict=False)
+    )
+    if in_order and not any(m.role == "tool" for m in body[len(ids) :]):
+        return None
+    results = {m.tool_call_id: m for m in body if m.role == "tool" and m.tool_call_id in ids}
+    head = msgs[0]
+    if len(set(ids)) != len(ids):  # duplicate ids cannot be answered unambiguously: keep the text only
+        head, ids = head.model_copy(update={"tool_calls": []}), []
+    answers = [results.get(i) or _placeholder(head, i) for i in ids]
+    return [head, *answers, *(m for m in body if m.role != "tool")]
+
+
+def _placeholder(assistant: Message, call_id: str) -> Message:
+    call = next(c for c in assistant.tool_calls if c.id == call_id)
+    return Message.tool(call, NO_RESULT, step=assistant.step)
+
+
+# ========================================================================================= the manager
+
 
 class ContextManager:
-    """Builds the model's view of a run's history within `max_context_tokens`."""
+    """Builds the model's view of one run's history within `max_context_tokens` (one per run).
 
-    def __init__(self, max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS) -> None:
+    Args:
+        max_context_tokens: the context window to stay within (≤ 0 means 8,000).
+        counter: how tokens are counted (the estimate by default; see `thinkloop._tokens`).
+        keep_steps: the newest steps kept whole (older observations are truncated).
+        min_messages: the newest messages never dropped.
+        trim_ratio: the share of `max_context_tokens` the view (with system prompt and tools) must fit.
+        trim_to: when trimming, drop old steps until the view fits this share (hysteresis).
+        old_observation_chars: observations of older steps are cut to this length (None: never).
+        summary_max_chars: the longest summary of dropped steps.
+        summarizer: an async function writing the summary of dropped steps (a model call); the
+            deterministic summary is used until it answers, and whenever it fails.
+    """
+
+    def __init__(
+        self,
+        max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
+        *,
+        counter: TokenCounter | None = None,
+        keep_steps: int = 5,
+        min_messages: int = 4,
+        trim_ratio: float = 0.9,
+        trim_to: float = 0.75,
+        old_observation_chars: int | None = 500,
+        summary_max_chars: int = 2000,
+        summarizer: Summarizer | None = None,
+    ) -> None:
         self.max_context_tokens = max_context_tokens if max_context_tokens > 0 else DEFAULT_MAX_CONTEXT_TOKENS
+        self.counter: TokenCounter = counter or EstimateCounter()
+        self.keep_steps = max(keep_steps, 1)
+        self.min_messages = max(min_messages, 1)
+        self.trim_ratio = trim_ratio
+        self.trim_to = min(trim_to, trim_ratio)
+        self.old_observation_chars = old_observation_chars
+        self.summary_max_chars = summary_max_chars
+        self.summarizer = summarizer
+        self._calibrated = False
+        self.scale = 1.0  # reported / counted tokens, learnt from provider usage (estimates only)
+        self.last_tokens = 0  # tokens of the last view, with the reserve
+        self._reset(None)
+        self._reserve_key: tuple[str, tuple[str, ...]] | None = None
+        self._reserve = 0
+        self._last_reserve = 0
+        self._summary_cache: tuple[tuple[int, str], Message, int] | None = None
+        self._model_summary: tuple[int, str] | None = None  # (groups covered, text)
+        self._summarizer_failed_at = -1
 
-    def view(self, state: RunState, messages: Sequence[Message] | None = None) -> list[Message]:
-        return list(state.messages if messages is None else messages)
+    # ------------------------------------------------------------------------------------ public
+
+    @property
+    def budget(self) -> int:
+        return int(self.max_context_tokens * self.trim_ratio)
+
+    @property
+    def dropped_steps(self) -> int:
+        """How many step groups the view currently replaces by the summary."""
+        return sum(1 for g in self._groups[1 : self._dropped] if not g.pinned)
+
+    def view(
+        self,
+        state: RunState,
+        messages: Sequence[Message] | None = None,
+        *,
+        system: str | None = None,
+        tools: Sequence[ToolDefinition] = (),
+        reserve: int = 0,
+    ) -> list[Message]:
+        """The messages to send (without the system message, which the caller adds).
+
+        `system` and `tools` are what the request will also carry: their tokens are reserved, as is
+        `reserve`. The returned list is new; `state.messages` is never changed.
+        """
+        source = state.messages if messages is None else messages
+        self._last_reserve = self._reserve_for(system, tools) + reserve
+        self._plan(source, self._last_reserve)
+        out, tokens = self._assemble(state)
+        total = tokens + self._last_reserve
+        if total * self.scale > self.budget:
+            out, total = self._squeeze(out, total)
+        self.last_tokens = total
+        return out
+
+    async def prepare(self, state: RunState) -> None:
+        """Before a step: plan the trim and, with a `summarizer`, have newly dropped steps summarised."""
+        if self.summarizer is None:
+            return
+        self._plan(state.messages, self._last_reserve)
+        covered = self._model_summary[0] if self._model_summary else 1
+        if self._dropped <= covered or self._dropped == self._summarizer_failed_at:
+            return
+        new = [m for g in self._groups[covered : self._dropped] if not g.pinned for m in self._clean(g)[0]]
+        previous = self._model_summary[1] if self._model_summary else ""
+        try:
+            text = await self.summarizer(new, previous)
+        except Exception as exc:  # a summary is an optimisation: fall back to the deterministic one
+            logger.warning("the context summarizer failed (%s); using the deterministic summary", exc)
+            self._summarizer_failed_at = self._dropped
+            return
+        self._model_summary = (self._dropped, str(text).strip())
+
+    def record_usage(self, reported_input_tokens: int) -> None:
+        """Calibrate an estimating counter with the input tokens the provider reported for the last view."""
+        if reported_input_tokens <= 0 or self.last_tokens <= 0 or is_exact(self.counter):
+            return
+        ratio = min(max(reported_input_tokens / self.last_tokens, 0.5), 2.0)
+        self.scale = ratio if not self._calibrated else 0.7 * self.scale + 0.3 * ratio
+        self._calibrated = True
+
+    # ------------------------------------------------------------------------------- grouping
+
+    def _reset(self, source: Sequence[Message] | None) -> None:
+        self._source = source
+        self._seen = 0
+        self._last: Message | None = None
+        self._groups: list[_Group] = [_Group(pinned=True)]
+        self._dropped = 1  # groups[1:_dropped] that are not pinned are dropped
+        self._model_summary = None
+        self._summary_cache = None
+
+    def _sync(self, source: Sequence[Message]) -> None:
+        """Extend the grouping with the messages added since the last call (rebuild if history changed)."""
+        seen = self._seen
+        if source is not self._source or len(source) < seen or (seen and source[seen - 1] is not self._last):
+            self._reset(source)
+            seen = 0
+        if len(source) == seen:
+            return
+        count = self.counter.count
+        for msg in source[seen:]:
+            if msg.role == "assistant":
+                self._groups.append(_Group(is_step=True))
+            self._groups[-1].add(msg, count([msg]))
+        self._seen = len(source)
+        self._last = source[-1]
+
+    def _clean(self, group: _Group) -> tuple[list[Message], int]:
+        size = len(group.messages)
+        if group._clean is None or group._clean[0] != size:
+            fixed = _repaired(group)
+            if fixed is None:
+                group._clean = (size, group.messages, group.tokens)
+            else:
+                group._clean = (size, fixed, self._count(fixed))
+        return group._clean[1], group._clean[2]
+
+    def _compact(self, group: _Group) -> tuple[list[Message], int]:
+        """The group with long observations cut (for steps older than `keep_steps`)."""
+        limit = self.old_observation_chars
+        size = len(group.messages)
+        if limit is None:
+            return self._clean(group)
+        if group._compact is None or group._compact[0] != size:
+            msgs = self._clean(group)[0]
+            cut = [
+                m.model_copy(update={"content": truncate_output(m.content, limit)[0]})
+                if m.role == "tool" and len(m.content) > limit
+                else m
+                for m in msgs
+            ]
+            group._compact = (size, cut, self._count(cut))
+        return group._compact[1], group._compact[2]
+
+    def _form(self, index: int, old_before: int) -> tuple[list[Message], int]:
+        group = self._groups[index]
+        if group.is_step and index < old_before:
+            return self._compact(group)
+        return self._clean(group)
+
+    def _count(self, messages: Sequence[Message]) -> int:
+        count = self.counter.count
+        return sum(count([m]) for m in messages)
+
+    def _reserve_for(self, system: str | None, tools: Sequence[ToolDefinition]) -> int:
+        key = (system or "", tuple(t.name for t in tools))
+        if key != self._reserve_key:
+            self._reserve_key = key
+            sys_tokens = self.counter.count([Message.system(system)]) if system else 0
+            self._reserve = sys_tokens + estimate_tools(tools)
+        return self._reserve
+
+    # -------------------------------------------------------------------------------- planning
+
+    def _plan(self, source: Sequence[Message], reserve: int) -> None:
+        """Decide which old steps the view drops (monotonic: a dropped step stays dropped)."""
+        self._sync(source)
+        groups = self._groups
+        old_before = len(groups) - self.keep_steps
+        kept = sum(self._form(i, old_before)[1] for i in self._kept_indexes())
+        summary = self._summary_tokens() if self.dropped_steps else 0
+        if (kept + summary + reserve) * self.scale <= self.budget:
+            return
+        protected = self._protected_from()
+        target = self.max_context_tokens * self.trim_to
+        summary = self._summary_reserve()
+        index = self._dropped
+        while (kept + summary + reserve) * self.scale > target and index < protected:
+            if not groups[index].pinned:
+                kept -= self._form(index, old_before)[1]
+            index += 1
+        self._dropped = max(self._dropped, index)
+
+    def _kept_indexes(self) -> list[int]:
+        dropped = self._dropped
+        return [i for i, g in enumerate(self._groups) if i == 0 or i >= dropped or g.pinned]
+
+    def _protected_from(self) -> int:
+        """Index of the first group of the newest groups that hold at least `min_messages` messages."""
+        messages = 0
+        index = len(self._groups)
+        while index > 1 and messages < self.min_messages:
+            index -= 1
+            messages += len(self._groups[index].messages)
+        return max(index, 1)
+
+    # -------------------------------------------------------------------------------- assembling
+
+    def _assemble(self, state: RunState) -> tuple[list[Message], int]:
+        groups = self._groups
+        old_before = len(groups) - self.keep_steps
+        out: list[Message] = []
+        tokens = 0
+        summary_at = self._dropped if self.dropped_steps else -1
+        for index in self._kept_indexes():
+            if index >= summary_at >= 0:
+                message, count = self._summary_message(state)
+                out.append(message)
+                tokens += count
+                summary_at = -1
+            msgs, count = self._form(index, old_before)
+            out.extend(msgs)
+            tokens += count
+        if summary_at >= 0:  # everything after the dropped steps is pinned or gone
+            message, count = self._summary_message(state)
+            out.append(message)
+            tokens += count
+        return out, tokens
+
+    def _squeeze(self, view: list[Message], total: int) -> tuple[list[Message], int]:
+        """Last resort when even the newest messages do not fit: shorten their longest observations."""
+        excess_chars = int((total * self.scale - self.budget) * 3) + 64
+        order = sorted(
+            (i for i, m in enumerate(view) if m.role == "tool"), key=lambda i: -len(view[i].content)
+        )
+        out = list(view)
+        for i in order:
+            if excess_chars <= 0:
+                break
+            content = out[i].content
+            limit = max(len(content) - excess_chars, 300)
+            if limit >= len(content):
+                continue
+            out[i] = out[i].model_copy(update={"content": truncate_output(content, limit)[0]})
+            excess_chars -= len(content) - len(out[i].content)
+        return out, self._count(out) + self._last_reserve
+
+    # ---------------------------------------------------------------------------------- summary
+
+    @property
+    def _body_chars(self) -> int:
+        """The summary's body length (the rest of `summary_max_chars` is its header and the task)."""
+        return max(self.summary_max_chars - 560, 200)
+
+    def _summary_reserve(self) -> int:
+        return self.summary_max_chars // 3 + 16
+
+    def _summary_tokens(self) -> int:
+        return self._summary_cache[2] if self._summary_cache else self._summary_reserve()
+
+    def _summary_message(self, state: RunState) -> tuple[Message, int]:
+        text = self._summary_text(state)
+        key = (self._dropped, text)
+        if self._summary_cache is None or self._summary_cache[0] != key:
+            message = Message.user(text, kind="summary")
+            self._summary_cache = (key, message, self.counter.count([message]))
+        return self._summary_cache[1], self._summary_cache[2]
+
+    def _summary_text(self, state: RunState) -> str:
+        dropped = [g for g in self._groups[1 : self._dropped] if not g.pinned]
+        head = f"[Context summary: {len(dropped)} earlier step(s) were removed to save space.]"
+        if self._model_summary is not None and self._model_summary[0] == self._dropped:
+            body = _clip_lines(self._model_summary[1], self._body_chars)
+        else:
+            body = self._deterministic_summary(state, dropped)
+        goal = state.goal or next((m.content for m in self._groups[0].messages if m.role == "user"), "")
+        reminder = f"\nThe task is still: {_clip(goal, 400)}" if goal else ""
+        return f"{head}\n{body}{reminder}".strip()
+
+    def _deterministic_summary(self, state: RunState, dropped: list[_Group]) -> str:
+        """One line per tool call of the dropped steps (newest kept when too long)."""
+        lines: list[str] = []
+        for group in dropped:
+            lines.extend(self._lines(state, group))
+        budget = self._body_chars
+        kept: list[str] = []
+        for line in reversed(lines):
+            if budget - len(line) - 1 < 0:
+                kept.append(f"- ({len(lines) - len(kept)} older line(s) omitted)")
+                break
+            budget -= len(line) + 1
+            kept.append(line)
+        return "\n".join(reversed(kept))
+
+    def _lines(self, state: RunState, group: _Group) -> list[str]:
+        size = len(group.messages)
+        if group._lines is None or group._lines[0] != size:
+            group._lines = (size, _summarise_group(state, self._clean(group)[0]))
+        return group._lines[1]
+
+
+def _summarise_group(state: RunState, messages: list[Message]) -> list[str]:
+    head = messages[0]
+    step = f"step {head.step}" if head.step is not None else "a step"
+    if not head.tool_calls:
+        return [f"- {step}: said: {_clip(head.content, 160)}"] if head.content.strip() else []
+    results = {m.tool_call_id: m for m in messages if m.role == "tool"}
+    lines = []
+    for call in head.tool_calls:
+        args = call.raw_arguments if call.raw_arguments is not None else _json(call.arguments)
+        result = results.get(call.id)
+        entry = state.ledger.get(call.id)
+        failed = entry is not None and entry.success is False
+        outcome = _clip(result.content, 200) if result is not None else "(no result)"
+        verb = "failed" if failed else "→"
+        lines.append(f"- {step}: {call.name}({_clip(args, 120)}) {verb} {outcome}")
+    return lines
+
+
+def _clip_lines(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _clip(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -1,16 +1,26 @@
 """Guards that keep a run on track (SPEC §4.5–4.7, §5.1).
 
-- Loop detection: a call's signature is its tool name + canonical JSON of its arguments. Above
-  `max_identical_calls` identical calls, the call is not executed and the model is told to change
-  approach; A-B-A-B alternation is caught the same way. If the model keeps repeating blocked calls,
-  the run stops as `dangerous_loop`.
-- Consecutive failures: a failed observation is a tool error, a validation error, an unknown tool, a
-  denied call, a timeout or a blocked repeat (`ToolOutcome.success is False`); any success resets it.
-- No progress: a step is useful when it yields a successful result not seen before in the run (or what
-  `is_useful` says); `no_progress_threshold + 2` steps in a row without one stop the run.
-- Checkpoint hints: at rounds 4/8/12 of 16 (scaled to `max_steps`) a hint is added as a user message.
+- **Loop detection.** A call's signature is its tool name + the canonical JSON of its arguments (key
+  order and whitespace do not matter). The second and third identical calls run, and their results
+  carry a note saying so; above `max_identical_calls` identical calls the call is not run and the
+  model is told to change approach. Alternation is blocked the same way: after A, B, A, B with
+  unchanged results, a fifth A does not run (a poll whose result changes is not a loop). When the model keeps going — `max_blocked_steps` steps in a row
+  whose calls were all blocked — the run stops as `dangerous_loop`.
+- **Repeated errors.** A step whose executed calls all failed has an error fingerprint; the same
+  fingerprint twice in a row gets a "change approach" hint, `max_repeated_errors` in a row stop the
+  run as `dangerous_loop`.
+- **Consecutive failures.** A failed observation is an executed call whose `ToolOutcome.success` is
+  False: a tool error or exception, invalid arguments, an unknown tool, a denied call, a timeout.
+  Blocked repeats are counted by the loop detector instead. Any success resets the counter.
+- **No progress.** A step is useful when one of its calls succeeded with a result not seen before in
+  the run (or when `GuardConfig.is_useful` says so); `no_progress_threshold + 2` steps in a row
+  without a useful one stop the run as `no_progress`.
+- **Checkpoint hints** (zero extra model calls): at rounds 4/8/12 of 16, scaled to `max_steps`, a user
+  message: "change approach" at round 4 when stuck (over half the calls were repeats, ≥ 3 failures in
+  a row, or a repeated error), "summarise; answer if you can" at round 8, "N steps left, answer now"
+  at round 12.
 
-All counters live in `RunState.guards`, so a resumed run continues with the same counters.
+All counters live in `RunState.guards`, so a saved and resumed run continues with the same counters.
 """
 
 from __future__ import annotations
@@ -32,6 +42,10 @@ DEFAULT_HINTS: dict[str, str] = {
         "Checkpoint: many of your recent tool calls repeated earlier calls or failed. Stop and change your "
         "approach: use different arguments or a different tool, or answer with what you already know."
     ),
+    "repeated_error": (
+        "Checkpoint: your last {count} steps failed with the same error. Repeating the call will not help: "
+        "read the error, then change the arguments or the tool, or answer with what you already know."
+    ),
     "summarise": (
         "Checkpoint: you are halfway through your step budget. Summarise what you have found so far. "
         "If you can already answer the task, give the final answer now."
@@ -49,18 +63,39 @@ DEFAULT_HINTS: dict[str, str] = {
         "The earlier result stands. Change your approach, or give the final answer now."
     ),
     "alternating": (
-        "Blocked: you are alternating between the same two calls ({a} and {b}); this call was NOT run. "
-        "Change your approach, or give the final answer now."
+        "Blocked: you are alternating between the same two steps and getting the same results; this call "
+        "({name}) was NOT run. Change your approach, or give the final answer now."
     ),
+}
+
+_STOP_TEXTS = {
+    "blocked": "The run was stopped because the model kept repeating tool calls that had already been made.",
+    "errors": "The run was stopped because the model kept making calls that failed with the same error.",
 }
 
 
 @dataclass(frozen=True)
 class GuardConfig:
-    """Settings of the guards. Hint texts may use `{remaining}`; see `DEFAULT_HINTS` for the keys."""
+    """Settings of the guards.
+
+    Args:
+        max_identical_calls: identical calls (same tool, same arguments) that run; the next is blocked.
+        max_blocked_steps: steps in a row whose calls were all blocked before `dangerous_loop`.
+        max_repeated_errors: steps in a row failing with the same error before `dangerous_loop`.
+        no_progress_threshold: `no_progress` after this + 2 steps without a useful result.
+        checkpoint_hints: inject the checkpoint hints at rounds 4/8/12 of 16 (scaled to `max_steps`).
+        max_heals: unreadable replies in a row that are corrected before the run stops with `error`.
+        native_fallback_after: malformed native tool calls (or calls written as text) before the run
+            switches to text ReAct.
+        hints: replacement texts by key (see `DEFAULT_HINTS`; `{remaining}`, `{count}`, `{name}` are
+            filled in).
+        is_useful: `(outcome, guard_state) -> bool`, what counts as progress (default: a successful
+            call whose result was not seen before in the run).
+    """
 
     max_identical_calls: int = 3
     max_blocked_steps: int = 2
+    max_repeated_errors: int = 4
     no_progress_threshold: int = 3
     checkpoint_hints: bool = True
     max_heals: int = 3
@@ -69,12 +104,18 @@ class GuardConfig:
     is_useful: Callable[[ToolOutcome, GuardState], bool] | None = None
 
     def hint(self, key: str, **values: Any) -> str:
-        return self.hints.get(key, DEFAULT_HINTS[key]).format(**values)
+        template = self.hints.get(key, DEFAULT_HINTS[key])
+        return template.format_map(_Defaults(values))
+
+
+class _Defaults(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
 
 
 def signature(call: ToolCall) -> str:
     """Tool name + canonical JSON of the arguments: key order and whitespace do not matter."""
-    args = call.raw_arguments if call.raw_arguments is not None else _canonical(call.arguments)
+    args = call.raw_arguments.strip() if call.raw_arguments is not None else _canonical(call.arguments)
     return f"{call.name}:{args}"
 
 
@@ -86,8 +127,20 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.strip().encode(), digest_size=8).hexdigest()
 
 
+def _streak(items: list[str]) -> int:
+    """How many items at the end of `items` are equal to the last one."""
+    if not items:
+        return 0
+    count = 0
+    for item in reversed(items):
+        if item != items[-1]:
+            break
+        count += 1
+    return count
+
+
 class Guards:
-    """The guard logic; all state it reads and writes is `state.guards`."""
+    """The guard logic of one run; all state it reads and writes is `state.guards`."""
 
     def __init__(self, config: GuardConfig | None = None) -> None:
         self.config = config or GuardConfig()
@@ -95,8 +148,10 @@ class Guards:
     # -------------------------------------------------------------------------------- loop detection
 
     def screen(self, state: RunState, calls: list[ToolCall]) -> dict[str, str]:
-        """Count the calls' signatures; return {call_id: message} for those that must not run."""
+        """Count the calls' signatures; return {call_id: message} for the calls that must not run."""
         g = state.guards
+        step_sig = "|".join(sorted(signature(c) for c in calls))
+        alternating = _alternates(g.recent_signatures, step_sig)
         blocked: dict[str, str] = {}
         for call in calls:
             sig = signature(call)
@@ -105,44 +160,42 @@ class Guards:
             g.total_calls += 1
             if count > 1:
                 g.repeated_calls += 1
-            reason = self._block_reason(g, call, sig, count)
-            g.recent_signatures = [*g.recent_signatures[-7:], sig]
-            if reason:
-                blocked[call.id] = reason
-                g.blocked_calls += 1
-        g.consecutive_blocked = g.consecutive_blocked + 1 if blocked and len(blocked) == len(calls) else 0
+            if count > self.config.max_identical_calls:
+                blocked[call.id] = self.config.hint("blocked", name=call.name, count=count - 1)
+            elif alternating:
+                blocked[call.id] = self.config.hint("alternating", name=call.name)
+        g.recent_signatures = [*g.recent_signatures[-7:], step_sig]
+        g.blocked_calls += len(blocked)
+        all_blocked = bool(calls) and len(blocked) == len(calls)
+        g.consecutive_blocked = g.consecutive_blocked + 1 if all_blocked else 0
         return blocked
 
-    def _block_reason(self, g: GuardState, call: ToolCall, sig: str, count: int) -> str | None:
-        if count > self.config.max_identical_calls:
-            return self.config.hint("blocked", name=call.name, count=count - 1)
-        recent = g.recent_signatures[-3:]
-        if len(recent) == 3 and recent[0] == recent[2] == sig and recent[1] != sig:
-            return self.config.hint("alternating", a=sig[:80], b=recent[1][:80])
-        return None
-
     def is_repeat(self, state: RunState, call: ToolCall) -> bool:
+        """True when this exact call was made before in the run."""
         return state.guards.signature_counts.get(signature(call), 0) > 1
 
     # ------------------------------------------------------------------------------------ observing
 
     def observe(self, state: RunState, outcomes: list[ToolOutcome]) -> None:
-        """Update failure, repeated-error and progress counters from one step's outcomes."""
+        """Update the failure, repeated-error and progress counters from one step's outcomes."""
         g = state.guards
-        useful = False
-        for outcome in outcomes:
-            if outcome.success:
-                g.consecutive_failures = 0
+        executed = [o for o in outcomes if o.error_kind != "repeated_call"]
+        for outcome in executed:
+            g.consecutive_failures = 0 if outcome.success else g.consecutive_failures + 1
+        if executed:
+            if any(o.success for o in executed):
                 g.recent_errors = []
             else:
-                g.consecutive_failures += 1
-                g.recent_errors = [*g.recent_errors[-4:], _digest(outcome.output)]
-            useful = self._useful(outcome, g) or useful
-        g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
+                errors = "\n".join(sorted(f"{o.call.name}:{o.output}" for o in executed))
+                g.recent_errors = [*g.recent_errors[-7:], _digest(errors)]
+        useful = [self._useful(o, g) for o in outcomes]  # every outcome is looked at (seen results)
+        g.steps_without_progress = 0 if any(useful) else g.steps_without_progress + 1
+        if g.recent_signatures:
+            _note_results(g.recent_signatures, outcomes, blocked=not executed)
 
     def _useful(self, outcome: ToolOutcome, g: GuardState) -> bool:
         if self.config.is_useful is not None:
-            return self.config.is_useful(outcome, g)
+            return bool(self.config.is_useful(outcome, g))
         if not outcome.success:
             return False
         digest = _digest(outcome.output)
@@ -166,43 +219,79 @@ class Guards:
     # -------------------------------------------------------------------------------------- stopping
 
     def stop_reason(self, state: RunState) -> StopReason | None:
+        """`dangerous_loop` or `no_progress` when the run must stop, else None."""
         g = state.guards
         if g.consecutive_blocked >= self.config.max_blocked_steps:
+            state.metadata["guard_stop"] = "blocked"
             return StopReason.DANGEROUS_LOOP
-        if len(g.recent_errors) >= 4 and len(set(g.recent_errors[-4:])) == 1:
+        if _streak(g.recent_errors) >= self.config.max_repeated_errors:
+            state.metadata["guard_stop"] = "errors"
             return StopReason.DANGEROUS_LOOP
         if g.steps_without_progress >= self.config.no_progress_threshold + 2:
+            state.metadata["guard_stop"] = "no_progress"
             return StopReason.NO_PROGRESS
         return None
 
-    def describe(self, reason: StopReason) -> str:
+    def describe(self, reason: StopReason, state: RunState | None = None) -> str:
+        """A sentence saying why the guards stopped the run (told to the model and the user)."""
         if reason is StopReason.DANGEROUS_LOOP:
-            return "The run was stopped because the model kept repeating the same action."
-        return f"The run was stopped because {self.config.no_progress_threshold + 2} steps in a row produced nothing new."
+            cause = state.metadata.get("guard_stop") if state is not None else None
+            return _STOP_TEXTS.get(str(cause), _STOP_TEXTS["blocked"])
+        steps = self.config.no_progress_threshold + 2
+        return f"The run was stopped because {steps} steps in a row produced no new useful result."
 
     # ----------------------------------------------------------------------------------------- hints
 
     def hint(self, state: RunState, max_steps: int) -> tuple[str, str] | None:
-        """The checkpoint hint due after step `state.step`, as (text, reason), or None."""
-        if not self.config.checkpoint_hints:
+        """The hint due after step `state.step`, as (text, reason), or None; each step gets one at most."""
+        g = state.guards
+        if not self.config.checkpoint_hints or state.step in g.hints_given:
             return None
+        key = self._checkpoint_key(state, max_steps)
+        errors = _streak(g.recent_errors)
+        if key is None and errors == 2:
+            key = "repeated_error"
+        if key is None:
+            return None
+        g.hints_given.append(state.step)
+        text = self.config.hint(key, remaining=max(max_steps - state.step, 0), count=errors)
+        return text, key
+
+    def _checkpoint_key(self, state: RunState, max_steps: int) -> str | None:
         step, g = state.step, state.guards
-        rounds = _hint_rounds(max_steps)
-        if step in g.hints_given or step not in rounds.values():
-            return None
+        rounds = hint_rounds(max_steps)
         if step == rounds["change_approach"]:
-            stuck = (g.total_calls and g.repeated_calls / g.total_calls > 0.5) or g.consecutive_failures >= 3
-            if not stuck:
-                return None
-            key = "change_approach"
-        else:
-            key = "summarise" if step == rounds["summarise"] else "answer_now"
-        g.hints_given.append(step)
-        return self.config.hint(key, remaining=max(max_steps - step, 0)), key
+            repeats = g.total_calls > 0 and g.repeated_calls / g.total_calls > 0.5
+            stuck = repeats or g.consecutive_failures >= 3 or _streak(g.recent_errors) >= 2
+            return "change_approach" if stuck else None
+        if step == rounds["summarise"]:
+            return "summarise"
+        if step == rounds["answer_now"]:
+            return "answer_now"
+        return None
 
 
-def _hint_rounds(max_steps: int) -> dict[str, int]:
-    """Rounds 4/8/12 of 16, scaled to `max_steps` (distinct and at least 1 apart where possible)."""
+def _note_results(recent: list[str], outcomes: list[ToolOutcome], *, blocked: bool) -> None:
+    """Add the step's result fingerprint to its signature (a blocked step keeps the earlier result)."""
+    sig = recent[-1].split("#", 1)[0]
+    results = _digest("\n".join(o.output for o in outcomes))
+    if blocked:
+        earlier = next((r for r in reversed(recent[:-1]) if r.split("#", 1)[0] == sig and "#" in r), None)
+        results = earlier.split("#", 1)[1] if earlier else results
+    recent[-1] = f"{sig}#{results}"
+
+
+def _alternates(recent: list[str], step_sig: str) -> bool:
+    """True when the last steps were A, B, A, B — each time with the same result — and this one is A."""
+    if len(recent) < 4:
+        return False
+    a1, b1, a2, b2 = recent[-4:]
+    same_a = a1 == a2 and "#" in a2 and a2.split("#", 1)[0] == step_sig
+    return same_a and b1 == b2 and "#" in b2 and b2.split("#", 1)[0] != step_sig
+
+
+def hint_rounds(max_steps: int) -> dict[str, int]:
+    """Rounds 4/8/12 of 16, scaled to `max_steps` (the last one at least a step before the end)."""
     scale = max_steps / 16
     return {
         "change_approach": max(1, round(4 * scale)),

@@ -221,6 +221,7 @@ async def think(run: RunContext) -> Reply:
     state.step += 1
     state.phase = "thinking"
     run.emit(Progress(step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.model_copy()))
+    await run.context.prepare(state)  # a model-written summary of dropped steps, when configured
     request = build_request(run)
     response = await call_model(run, request)
     reply = interpret(run, response, request)
@@ -231,16 +232,17 @@ async def think(run: RunContext) -> Reply:
 def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
     """The model request of this step: the context view, plus tools (native) or the ReAct format."""
     state, react = run.state, run.state.mode == "react"
-    messages = run.context.view(state)
+    system = run.system_for(state.mode)
+    tools = [] if react or final else run.visible_definitions()
+    messages = run.context.view(state, system=system, tools=tools)
     if react:
         messages = _react.render_transcript(messages)
     settings = run.config.settings
     if react and not final:
         settings = settings.model_copy(update={"stop": [*settings.stop, *_react.STOP_SEQUENCES]})
-    tools = [] if react or final else run.visible_definitions()
     prefill = "Thought:" if react and not final and run.model.capabilities.prefill else ""
     return ModelRequest(
-        messages=[Message.system(run.system_for(state.mode)), *messages],
+        messages=[Message.system(system), *messages],
         tools=tools,
         settings=settings,
         run_id=state.run_id,
@@ -320,6 +322,8 @@ def _account(run: RunContext, request: ModelRequest, response: ModelResponse) ->
             }
         )
     run.state.usage.add(usage)
+    if not usage.estimated:
+        run.context.record_usage(usage.input_tokens)
 
 
 def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -> Reply:
@@ -442,7 +446,7 @@ def _result_event(step: int, o: ToolOutcome) -> ToolResultEvent:
 
 async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
     """A hard stop: one last call without tools for a best-effort answer (SPEC §4.8), then finish."""
-    why = run.config.budget.describe(reason) if reason.is_budget else run.guards.describe(reason)
+    why = run.config.budget.describe(reason) if reason.is_budget else run.guards.describe(reason, run.state)
     if not (reason.gets_final_answer_call and run.config.final_answer_on_stop):
         return await finish(run, reason, answer=_best_known(run), error=why)
     state = run.state
@@ -457,7 +461,7 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
         return await finish(
             run, reason, answer=_best_known(run), error=f"{why} The final-answer call failed: {exc}"
         )
-    answer = _final_text(response.text)
+    answer = _forced_answer(run, response)
     state.messages.append(Message.assistant(answer, step=state.step))
     state.forced_final = True
     return await finish(run, reason, answer=answer, error=why)
@@ -468,11 +472,20 @@ def _final_text(text: str) -> str:
     return (text[match.end() :] if match else _react._cut_invented_observation(text)).strip()
 
 
+def _forced_answer(run: RunContext, response: ModelResponse) -> str:
+    """The forced final answer; the best known result when the model replied with a tool call again."""
+    text = _final_text(response.text)
+    acting = _react._ACTION_RE.search(text) or _react._bare_json_call(text, run.tools.names, "final")
+    if response.tool_calls or not text or acting:
+        return _best_known(run) or text
+    return text
+
+
 def _best_known(run: RunContext) -> str:
-    """Without a final-answer call: the last successful observation, if any."""
-    for msg in reversed(run.state.messages):
-        if msg.role == "tool" and not msg.content.startswith(("Error", "Blocked", "Denied")):
-            return msg.content
+    """Without a usable final answer: the output of the last successful tool call (by the ledger), if any."""
+    for entry in reversed(run.state.ledger.values()):
+        if entry.status == "done" and entry.success and entry.output:
+            return entry.output
     return ""
 
 

@@ -1,0 +1,110 @@
+"""Token counting (SPEC §7.1): pluggable counters for the context manager.
+
+Three sources, best first:
+
+1. The provider's reported usage: the loop accumulates it into `RunState.usage`, and the context
+   manager uses it to calibrate an estimating counter (`ContextManager.record_usage`).
+2. The model's own tokenizer: `Model.count_tokens(messages)` when it returns a number (tiktoken for
+   OpenAI models, the GGUF's tokenizer for the local model) — `ModelTokenCounter`.
+3. The estimate `characters / 3 + 1` per text — `EstimateCounter`.
+
+A counter is anything with `count(messages) -> int`; a plain function `(messages) -> int` works too
+(`as_counter` wraps it). Counters are asked about one message at a time and their answers are cached
+per run, so a slow tokenizer costs once per message, not once per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from ._errors import ConfigurationError
+from ._messages import Message, ToolDefinition
+from .models._base import estimate_tokens
+
+if TYPE_CHECKING:
+    from .models import Model
+
+MESSAGE_OVERHEAD = 4
+"""Tokens a chat format adds around each message (role and separators) in the estimate."""
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts the tokens of messages as the model will see them."""
+
+    def count(self, messages: Sequence[Message]) -> int: ...
+
+
+class EstimateCounter:
+    """The fallback estimate: `chars/3 + 1` per text, plus a small overhead per message and call."""
+
+    exact = False
+
+    def count(self, messages: Sequence[Message]) -> int:
+        return sum(estimate_message(m) for m in messages)
+
+
+class ModelTokenCounter:
+    """The model's own tokenizer (`Model.count_tokens`), falling back to the estimate when it has none.
+
+    Whether the model has a tokenizer is asked once, with a tiny message; a model that answers None is
+    never asked again.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        probe = model.count_tokens([Message.user("hi")])
+        self.exact = isinstance(probe, int)
+
+    def count(self, messages: Sequence[Message]) -> int:
+        if self.exact:
+            counted = self.model.count_tokens(messages)
+            if isinstance(counted, int):
+                return counted
+        return sum(estimate_message(m) for m in messages)
+
+
+class _FunctionCounter:
+    def __init__(self, function: Callable[[Sequence[Message]], int]) -> None:
+        self.function = function
+        self.exact = True
+
+    def count(self, messages: Sequence[Message]) -> int:
+        return int(self.function(messages))
+
+
+TokenCounterLike = TokenCounter | Callable[[Sequence[Message]], int]
+
+
+def as_counter(counter: TokenCounterLike | None, model: Model | None = None) -> TokenCounter:
+    """The counter to use: the one given (a counter or a function), else the model's, else the estimate."""
+    if counter is None:
+        return ModelTokenCounter(model) if model is not None else EstimateCounter()
+    if isinstance(counter, TokenCounter):
+        return counter
+    if callable(counter):
+        return _FunctionCounter(counter)
+    raise ConfigurationError(
+        f"token_counter must have a count(messages) method or be a function (messages) -> int, "
+        f"not {counter!r}"
+    )
+
+
+def is_exact(counter: TokenCounter) -> bool:
+    """True when the counter is a real tokenizer (an estimate gets calibrated by reported usage)."""
+    return bool(getattr(counter, "exact", True))
+
+
+def estimate_message(message: Message) -> int:
+    """The estimate of one message: its text, its tool calls, and the per-message overhead."""
+    total = estimate_tokens(message.content) + MESSAGE_OVERHEAD
+    for call in message.tool_calls:
+        args = call.raw_arguments if call.raw_arguments is not None else str(call.arguments)
+        total += estimate_tokens(call.name) + estimate_tokens(args)
+    return total
+
+
+def estimate_tools(tools: Sequence[ToolDefinition]) -> int:
+    """The estimate of the tool definitions sent with a request."""
+    return sum(estimate_tokens(t.description) + estimate_tokens(str(t.parameters)) for t in tools)

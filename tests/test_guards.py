@@ -1,0 +1,390 @@
+"""The guards (SPEC §4.5–4.8, §5.1): scripted scenarios for every guard, through the real loop."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from thinkloop import Agent, Budget, GuardConfig, ModelRequest, RunState, StopReason, ToolCall, tool
+from thinkloop._events import Event, Hint, ModeSwitched, ToolCallEvent, ToolResultEvent
+from thinkloop._execute import GateDecision, ToolOutcome
+from thinkloop._guards import Guards, hint_rounds, signature
+from thinkloop._loop import run_loop
+from thinkloop.testing import FunctionModel, ScriptedModel
+
+
+def call(name: str, **args: object) -> dict[str, object]:
+    return {"tool_calls": [{"name": name, "args": args}]}
+
+
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression."""
+    a, b = expression.replace(" ", "").split("*")
+    return str(int(a) * int(b))
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return f"value of {key}"
+
+
+@tool
+def broken(x: int) -> str:
+    """Always fails the same way."""
+    raise RuntimeError("the service is down")
+
+
+def is_final(request: ModelRequest) -> bool:
+    return request.messages[-1].kind == "final_prompt"
+
+
+def run(agent: Agent, goal: str = "What is 17 * 23?") -> tuple[Any, list[Event]]:
+    events: list[Event] = []
+    result = asyncio.run(agent.run(goal, on_event=events.append))
+    return result, events
+
+
+# =========================================================================================== signatures
+
+
+def test_signature_ignores_key_order_and_whitespace() -> None:
+    a = ToolCall(id="1", name="f", arguments={"a": 1, "b": [1, 2]})
+    b = ToolCall(id="2", name="f", arguments={"b": [1, 2], "a": 1})
+    raw = ToolCall(id="3", name="f", raw_arguments="  {oops \n")
+    raw2 = ToolCall(id="4", name="f", raw_arguments="{oops")
+    assert signature(a) == signature(b) == 'f:{"a":1,"b":[1,2]}'
+    assert signature(raw) == signature(raw2)
+    assert signature(a) != signature(ToolCall(id="5", name="g", arguments={"a": 1, "b": [1, 2]}))
+
+
+# ============================================================================================ repeats
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_model_repeating_a_call_ten_times_stops_as_dangerous_loop_with_the_known_answer(
+    native: bool,
+) -> None:
+    def reply(request: ModelRequest) -> object:
+        if is_final(request):
+            return "Final Answer: 17 * 23 = 391"
+        if native:
+            return call("calculator", expression="17*23")
+        return 'Thought: compute it\nAction: calculator\nAction Input: {"expression": "17*23"}'
+
+    model = FunctionModel(reply, tools=native)
+    result, events = run(Agent(model, tools=[calculator]))
+
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP
+    assert result.forced_final and result.output == "17 * 23 = 391"
+    assert "repeating" in (result.error or "")
+    assert result.steps == 5 and result.tool_calls == 3  # 3 ran, the 4th and 5th were blocked
+    decisions = [e.decision for e in events if isinstance(e, ToolCallEvent)]
+    assert decisions.count("blocked") == 2
+    tool_texts = [m.content for m in result.state.messages if m.role == "tool"]
+    assert tool_texts[0] == "391"
+    assert all("already made this exact call" in t for t in tool_texts[1:3])
+    assert all(t.startswith("Blocked: calculator was already called") for t in tool_texts[3:])
+    assert result.state.guards.blocked_calls == 2
+    assert result.state.messages[-2].kind == "final_prompt"
+
+
+def test_forced_answer_that_is_another_tool_call_falls_back_to_the_last_result() -> None:
+    def reply(request: ModelRequest) -> object:
+        if is_final(request):  # a small model keeps "calling" even when told to answer
+            return 'Action: calculator\nAction Input: {"expression": "17*23"}'
+        return call("calculator", expression="17 * 23")
+
+    result, _ = run(Agent(FunctionModel(reply), tools=[calculator]))
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP
+    assert result.output == "391" and result.forced_final
+
+
+def test_without_final_answer_call_the_last_successful_result_is_the_answer() -> None:
+    model = FunctionModel(lambda r: call("calculator", expression="17*23"))
+    result, _ = run(Agent(model, tools=[calculator], final_answer_on_stop=False))
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP
+    assert result.output == "391" and not result.forced_final
+    assert len(model.requests) == 5
+
+
+def test_a_repeat_after_a_different_call_is_still_counted() -> None:
+    script = [
+        call("calculator", expression="2*3"),
+        call("lookup", key="x"),
+        call("calculator", expression="2*3"),
+        call("calculator", expression="2*3"),
+        call("calculator", expression="2*3"),
+        "done",
+    ]
+    result, events = run(Agent(ScriptedModel(script), tools=[calculator, lookup]))
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    blocked = [e for e in events if isinstance(e, ToolCallEvent) and e.decision == "blocked"]
+    assert len(blocked) == 1 and blocked[0].step == 5
+    assert result.state.guards.consecutive_blocked == 1
+
+
+def test_max_identical_calls_is_configurable() -> None:
+    model = FunctionModel(lambda r: "ok" if is_final(r) else call("lookup", key="k"))
+    guards = GuardConfig(max_identical_calls=1, max_blocked_steps=1)
+    result, _ = run(Agent(model, tools=[lookup], guards=guards))
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP
+    assert result.steps == 2 and result.tool_calls == 1
+
+
+# ========================================================================================= alternation
+
+
+def test_alternating_two_calls_is_blocked_then_stopped() -> None:
+    calls = itertools.cycle([call("lookup", key="a"), call("lookup", key="b")])
+    model = FunctionModel(lambda r: "the values" if is_final(r) else next(calls))
+    result, events = run(Agent(model, tools=[lookup]))
+
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP
+    assert result.output == "the values"
+    assert result.steps == 6 and result.tool_calls == 4  # a, b, a, b ran; a and b were then blocked
+    tool_texts = [m.content for m in result.state.messages if m.role == "tool"]
+    assert tool_texts[4].startswith("Blocked: you are alternating")
+    assert [e.decision for e in events if isinstance(e, ToolCallEvent)][4:] == ["blocked", "blocked"]
+
+
+def test_alternation_with_changing_results_is_polling_and_runs() -> None:
+    ticks = itertools.count()
+
+    @tool
+    def status(job: str) -> str:
+        """A job's status."""
+        return f"running ({next(ticks)})"
+
+    @tool
+    def wait(seconds: int) -> str:
+        """Wait."""
+        return "waited"
+
+    script = [call("status", job="j"), call("wait", seconds=1)] * 3 + ["finished"]
+    result, events = run(Agent(ScriptedModel(script), tools=[status, wait]))
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    assert result.tool_calls == 6
+    assert not [e for e in events if isinstance(e, ToolCallEvent) and e.decision == "blocked"]
+
+
+# ==================================================================================== repeated errors
+
+
+def test_same_error_repeated_gets_a_hint_then_stops() -> None:
+    args = itertools.count()
+    model = FunctionModel(lambda r: "I could not" if is_final(r) else call("broken", x=next(args)))
+    result, events = run(Agent(model, tools=[broken]))
+
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP
+    assert "same error" in (result.error or "")
+    assert result.steps == 4 and result.tool_calls == 4
+    hints = [e for e in events if isinstance(e, Hint)]
+    assert [(h.step, h.reason) for h in hints] == [(2, "repeated_error"), (4, "change_approach")]
+    assert "last 2 steps failed with the same error" in hints[0].text
+    assert result.state.guards.consecutive_failures == 4
+
+
+def test_different_errors_each_time_end_as_no_progress() -> None:
+    @tool
+    def flaky(x: int) -> str:
+        """Fails differently every time."""
+        raise ValueError(f"bad input {x}")
+
+    args = itertools.count()
+    model = FunctionModel(lambda r: "gave up" if is_final(r) else call("flaky", x=next(args)))
+    result, _ = run(Agent(model, tools=[flaky]))
+    assert result.stop_reason is StopReason.NO_PROGRESS
+    assert result.steps == 5 and result.output == "gave up" and result.forced_final
+    assert "no new useful result" in (result.error or "")
+
+
+# ==================================================================================== failure counting
+
+
+def _outcome(success: bool, kind: str | None = None, output: str = "x") -> ToolOutcome:
+    return ToolOutcome(ToolCall(id="c", name="t"), output, success, error_kind=kind)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["exception", "invalid_arguments", "unknown_tool", "denied", "timeout"])
+def test_every_kind_of_failed_observation_counts_and_a_success_resets(kind: str) -> None:
+    guards, state = Guards(), RunState()
+    guards.observe(state, [_outcome(False, kind, "Error: 1")])
+    guards.observe(state, [_outcome(False, kind, "Error: 2")])
+    assert state.guards.consecutive_failures == 2
+    guards.observe(state, [_outcome(True, None, "Error: this text does not make it a failure")])
+    assert state.guards.consecutive_failures == 0
+    assert state.guards.steps_without_progress == 0  # a new successful result is progress
+
+
+def test_blocked_repeats_are_not_counted_as_failures() -> None:
+    guards, state = Guards(), RunState()
+    guards.observe(state, [_outcome(False, "exception")])
+    guards.observe(state, [_outcome(False, "repeated_call", "Blocked: ...")])
+    assert state.guards.consecutive_failures == 1
+    assert state.guards.recent_errors and len(state.guards.recent_errors) == 1
+
+
+def test_denied_calls_count_as_failures_in_a_run() -> None:
+    class DenyAll:
+        async def check(self, call: ToolCall, tool: object, risk: object, run: object) -> GateDecision:
+            return GateDecision(False, "denied", reason="policy")
+
+    args = itertools.count()
+    model = FunctionModel(lambda r: "no" if is_final(r) else call("lookup", key=str(next(args))))
+    result, _ = run(Agent(model, tools=[lookup], safety=DenyAll()))  # type: ignore[arg-type]
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP  # the same "Denied" answer four times
+    assert result.state.guards.consecutive_failures == 4
+    assert not any(entry.success for entry in result.state.ledger.values())  # nothing ran
+
+
+# ======================================================================================== no progress
+
+
+def test_new_calls_that_return_nothing_new_stop_as_no_progress() -> None:
+    @tool
+    def search(query: str) -> str:
+        """Search."""
+        return "no results"
+
+    queries = itertools.count()
+    model = FunctionModel(
+        lambda r: "nothing found" if is_final(r) else call("search", query=f"q{next(queries)}")
+    )
+    result, events = run(Agent(model, tools=[search]))
+    assert result.stop_reason is StopReason.NO_PROGRESS
+    assert result.steps == 6  # step 1 found something new; steps 2-6 did not
+    assert result.output == "nothing found" and result.forced_final
+    assert [e.step for e in events if isinstance(e, Hint)] == []
+
+
+def test_what_counts_as_useful_is_configurable() -> None:
+    seen: list[str] = []
+
+    def useful(outcome: ToolOutcome, _: object) -> bool:
+        seen.append(outcome.output)
+        return "found" in outcome.output
+
+    keys = itertools.count()
+    model = FunctionModel(lambda r: "done" if is_final(r) else call("lookup", key=str(next(keys))))
+    guards = GuardConfig(is_useful=useful, no_progress_threshold=1)
+    result, _ = run(Agent(model, tools=[lookup], guards=guards))
+    assert result.stop_reason is StopReason.NO_PROGRESS
+    assert result.steps == 3 and seen == ["value of 0", "value of 1", "value of 2"]
+
+
+# ============================================================================================== hints
+
+
+def test_hint_rounds_scale_with_max_steps() -> None:
+    assert hint_rounds(16) == {"change_approach": 4, "summarise": 8, "answer_now": 12}
+    assert hint_rounds(8) == {"change_approach": 2, "summarise": 4, "answer_now": 6}
+    assert hint_rounds(32) == {"change_approach": 8, "summarise": 16, "answer_now": 24}
+    assert hint_rounds(4)["answer_now"] == 3
+
+
+def test_checkpoint_hints_are_user_messages_and_events() -> None:
+    keys = itertools.count()
+    model = FunctionModel(lambda r: "done" if is_final(r) else call("lookup", key=str(next(keys))))
+    result, events = run(Agent(model, tools=[lookup]))
+
+    assert result.stop_reason is StopReason.MAX_STEPS
+    hints = [e for e in events if isinstance(e, Hint)]
+    assert [(h.step, h.reason) for h in hints] == [(8, "summarise"), (12, "answer_now")]
+    assert "only 4 step(s) left" in hints[1].text
+    hint_messages = [m for m in result.state.messages if m.kind == "hint"]
+    assert [(m.role, m.step, m.content) for m in hint_messages] == [("user", h.step, h.text) for h in hints]
+
+
+def test_change_approach_hint_at_round_four_when_calls_repeat() -> None:
+    script = [call("lookup", key="a")] * 4 + ["done"]  # 3 of 4 calls are repeats
+    result, events = run(Agent(ScriptedModel(script), tools=[lookup]))
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    assert [(e.step, e.reason) for e in events if isinstance(e, Hint)] == [(4, "change_approach")]
+
+
+def test_hint_texts_are_configurable_and_scaled_to_max_steps() -> None:
+    keys = itertools.count()
+    model = FunctionModel(lambda r: "done" if is_final(r) else call("lookup", key=str(next(keys))))
+    guards = GuardConfig(hints={"answer_now": "Wrap up: {remaining} left."})
+    agent = Agent(model, tools=[lookup], guards=guards, budget=Budget(max_steps=8))
+    result, events = run(agent)
+    assert [(e.step, e.text) for e in events if isinstance(e, Hint)][-1] == (6, "Wrap up: 2 left.")
+
+
+def test_checkpoint_hints_can_be_turned_off() -> None:
+    keys = itertools.count()
+    model = FunctionModel(lambda r: "done" if is_final(r) else call("lookup", key=str(next(keys))))
+    result, events = run(Agent(model, tools=[lookup], guards=GuardConfig(checkpoint_hints=False)))
+    assert not [e for e in events if isinstance(e, Hint)]
+    assert not [m for m in result.state.messages if m.kind == "hint"]
+
+
+# ========================================================================================== mode fallback
+
+
+def test_malformed_native_tool_calls_switch_the_run_to_react() -> None:
+    def reply(request: ModelRequest) -> object:
+        if request.tools:  # native: broken argument JSON
+            return {"tool_calls": [{"name": "calculator", "args": '{"expression": "17*23"'}]}
+        if "Observation: 391" in request.messages[-1].content:
+            return "Thought: I know it\nFinal Answer: 391"
+        return 'Thought: compute\nAction: calculator\nAction Input: {"expression": "17*23"}'
+
+    model = FunctionModel(reply)
+    result, events = run(Agent(model, tools=[calculator]))
+
+    assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "391"
+    assert result.state.mode == "react"
+    switches = [e for e in events if isinstance(e, ModeSwitched)]
+    assert len(switches) == 1 and (switches[0].from_mode, switches[0].to_mode) == ("native", "react")
+    assert result.state.metadata["mode_switches"] == [
+        {"step": 2, "to": "react", "reason": "the model kept producing malformed tool calls"}
+    ]
+    assert [bool(r.tools) for r in model.requests] == [True, True, False, False]
+    results = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert [e.error_kind for e in results] == ["invalid_arguments", "invalid_arguments", None]
+
+
+def test_tool_calls_written_as_text_are_run_and_switch_to_react() -> None:
+    def reply(request: ModelRequest) -> object:
+        if request.messages[-1].role == "tool" or "Observation:" in request.messages[-1].content:
+            return "Final Answer: 391"
+        return '```json\n{"name": "calculator", "arguments": {"expression": "17*23"}}\n```'
+
+    model = FunctionModel(reply)
+    result, events = run(Agent(model, tools=[calculator]))
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    assert result.tool_calls == 1
+    assert result.state.guards.malformed_native_replies == 1
+    assert not [e for e in events if isinstance(e, ModeSwitched)]  # one text call is tolerated
+
+    model = FunctionModel(lambda r: '{"name": "calculator", "arguments": {"expression": "1*1"}}')
+    result, events = run(Agent(model, tools=[calculator], guards=GuardConfig(native_fallback_after=1)))
+    assert [e.to_mode for e in events if isinstance(e, ModeSwitched)] == ["react"]
+
+
+# ============================================================================================== resume
+
+
+async def test_guard_counters_survive_serialisation_mid_run() -> None:
+    model = FunctionModel(lambda r: "391" if is_final(r) else call("calculator", expression="17*23"))
+    agent = Agent(model, tools=[calculator])
+    first = await agent.run("What is 17 * 23?", budget=Budget(max_steps=3))
+    assert first.stop_reason is StopReason.MAX_STEPS
+
+    state = RunState.from_json(first.state.to_json())
+    assert state.guards == first.state.guards
+    assert state.guards.signature_counts == {'calculator:{"expression":"17*23"}': 3}
+    state.phase, state.stop_reason, state.answer = "thinking", None, None  # continue the run
+    state.messages = [m for m in state.messages if m.kind != "final_prompt"][:-1]
+    run_ctx = agent._context(state, budget=Budget(max_steps=16), sinks=[], stream=False)
+    result = await run_loop(run_ctx)
+
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP
+    assert result.steps == 5 and result.tool_calls == 3  # steps 4 and 5 were blocked at once
+    assert state.guards.blocked_calls == 2
