@@ -298,7 +298,9 @@ async def _resume(
         await agent.resume(run_id, on_event=show)
     finally:
         view.close()
-        await agent.aclose()
+        aclose = getattr(agent, "aclose", None)  # closes MCP servers, when the agent has them
+        if aclose is not None:
+            await aclose()
         if isinstance(agent.store, Store):
             await agent.store.aclose()
     return exit_code(done[-1] if done else None)
