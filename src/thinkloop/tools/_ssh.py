@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -126,7 +127,11 @@ class SSHExecutor:
     async def _run(self, connection: Any, host: str, command: str, started: float) -> dict[str, Any]:
         import asyncssh
 
-        process = await connection.create_process(command)
+        # The wrapper reports the remote shell's pid (the leader of the session's process group, as
+        # sshd starts each session with setsid) so a timed-out command can be killed with its children.
+        process = await connection.create_process(
+            f"echo {_PID_MARK}$$ >&2; exec /bin/sh -c {shlex.quote(command)}"
+        )
         timed_out = False
         try:
             result = await process.wait(check=False, timeout=self.timeout)
@@ -134,18 +139,17 @@ class SSHExecutor:
         except asyncssh.TimeoutError as exc:
             timed_out, status = True, None
             stdout, stderr = exc.stdout, exc.stderr
-            with contextlib.suppress(Exception):
-                process.kill()
         finally:
             process.close()
-        err = _text(stderr, self.output_limit) + (
-            f"\n[killed: timed out after {self.timeout:g} s]" if timed_out else ""
-        )
+        pid, stderr_text = _split_pid(_text(stderr, None))
+        if timed_out:
+            await _kill_remote(connection, pid)
+            stderr_text += f"\n[killed: timed out after {self.timeout:g} s]"
         return {
             "host": host,
             "exit_code": status,
             "stdout": _text(stdout, self.output_limit),
-            "stderr": err,
+            "stderr": truncate_output(stderr_text, self.output_limit)[0],
             "duration": round(time.perf_counter() - started, 3),
             "timed_out": timed_out,
         }
@@ -221,8 +225,8 @@ async def _connect(name: str, config: SSHHost) -> Any:
     except asyncssh.HostKeyNotVerifiable as exc:
         known = config.known_hosts or "~/.ssh/known_hosts"
         raise SSHToolError(
-            f"the host key of {where} does not match known_hosts ({known}): refusing to connect "
-            f"({exc.reason}). Check the server; if its key legitimately changed, update known_hosts."
+            f"the host key of {where} is not trusted by known_hosts ({known}): it is missing there or does "
+            f"not match ({exc.reason}); refusing to connect. Check the server, then add or update its key."
         ) from None
     except asyncssh.PermissionDenied:
         raise SSHToolError(
@@ -234,8 +238,28 @@ async def _connect(name: str, config: SSHHost) -> Any:
         raise SSHToolError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
 
 
-def _text(value: object, limit: int) -> str:
+def _text(value: object, limit: int | None) -> str:
     if value is None:
         return ""
     text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-    return truncate_output(text, limit)[0]
+    return text if limit is None else truncate_output(text, limit)[0]
+
+
+_PID_MARK = "thinkloop-pid:"
+
+
+def _split_pid(stderr: str) -> tuple[int | None, str]:
+    """The remote pid the wrapper printed first on stderr, and the rest of stderr."""
+    first, newline, rest = stderr.partition("\n")
+    if first.startswith(_PID_MARK) and first[len(_PID_MARK) :].isdigit():
+        return int(first[len(_PID_MARK) :]), rest
+    return None, stderr
+
+
+async def _kill_remote(connection: Any, pid: int | None) -> None:
+    """Kill a timed-out remote command's process group (best effort, over a second channel)."""
+    if pid is None:
+        return
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(5):
+            await connection.run(f"kill -KILL -- -{pid} 2>/dev/null || kill -KILL {pid}", check=False)

@@ -1,0 +1,279 @@
+"""`ssh_execute` against a real OpenSSH server started on 127.0.0.1 with throw-away keys."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from thinkloop import Agent, RiskLevel
+from thinkloop._events import Event
+from thinkloop.safety import SafetyController
+from thinkloop.testing import ScriptedModel
+from thinkloop.tools import SSHExecutor, SSHHost, SSHToolError, ssh_tool
+
+asyncssh = pytest.importorskip("asyncssh", reason="ssh_execute needs the `ops` extra (asyncssh)")
+
+SSHD = "/usr/sbin/sshd"
+PASSWORD = "hunter2-Very-Secret-Pa55"
+
+pytestmark = [
+    pytest.mark.ssh,
+    pytest.mark.skipif(
+        not os.path.exists(SSHD),
+        reason=f"{SSHD} is absent: install Debian's openssh-server to run these tests",
+    ),
+]
+
+
+@dataclass
+class Server:
+    port: int
+    client_key: Path
+    known_hosts: Path
+    wrong_known_hosts: Path
+    stranger_key: Path
+    user: str
+
+    def host(self, **overrides: Any) -> SSHHost:
+        fields: dict[str, Any] = {
+            "hostname": "127.0.0.1",
+            "port": self.port,
+            "username": self.user,
+            "client_keys": [str(self.client_key)],
+            "known_hosts": str(self.known_hosts),
+            "connect_timeout": 5.0,
+        }
+        return SSHHost(**(fields | overrides))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _write_key(path: Path) -> Any:
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    key.write_private_key(str(path))
+    path.chmod(0o600)
+    return key
+
+
+def _wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
+    for _ in range(500):
+        if process.poll() is not None:
+            err = process.stderr.read().decode() if process.stderr else ""
+            pytest.fail(f"sshd exited with {process.returncode}: {err}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.01)
+    pytest.fail("sshd did not start listening within 5 s")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    base = tmp_path_factory.mktemp("sshd")
+    host_key = _write_key(base / "host_key")
+    client = _write_key(base / "client_key")
+    _write_key(base / "stranger_key")
+    other_host = asyncssh.generate_private_key("ssh-ed25519")
+    (base / "authorized_keys").write_text(client.export_public_key().decode())
+    port = _free_port()
+    entry = f"[127.0.0.1]:{port} "
+    (base / "known_hosts").write_text(entry + host_key.export_public_key().decode())
+    (base / "wrong_known_hosts").write_text(entry + other_host.export_public_key().decode())
+    config = base / "sshd_config"
+    config.write_text(
+        "\n".join(
+            [
+                "ListenAddress 127.0.0.1",
+                f"HostKey {base / 'host_key'}",
+                f"AuthorizedKeysFile {base / 'authorized_keys'}",
+                f"PidFile {base / 'sshd.pid'}",
+                "StrictModes no",
+                "UsePAM no",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PermitRootLogin prohibit-password",
+                "LogLevel ERROR",
+                "",
+            ]
+        )
+    )
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege separation directory
+    process = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(config), "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_listening(port, process)
+        yield Server(
+            port=port,
+            client_key=base / "client_key",
+            known_hosts=base / "known_hosts",
+            wrong_known_hosts=base / "wrong_known_hosts",
+            stranger_key=base / "stranger_key",
+            user=getpass.getuser(),
+        )
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stderr:
+            process.stderr.close()
+
+
+def _alive(pid: int) -> bool:
+    """True if `pid` still runs after a grace period (zombies waiting to be reaped count as dead)."""
+    for _ in range(300):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+        if state in ("Z", "X"):
+            return False
+        time.sleep(0.01)
+    return True
+
+
+async def run(executor_or_tool: Any, host: str, command: str) -> dict[str, Any]:
+    if isinstance(executor_or_tool, SSHExecutor):
+        return await executor_or_tool.execute(host, command)
+    tool = executor_or_tool
+    result = await tool.invoke(tool.validate({"host": host, "command": command}))
+    assert isinstance(result, dict)
+    return result
+
+
+async def test_echo_exit_codes_and_stderr(server: Server) -> None:
+    tool = ssh_tool({"lab": server.host()})
+    ok = await run(tool, "lab", "echo hello from $(hostname >/dev/null && echo ssh)")
+    assert ok["host"] == "lab"
+    assert (ok["exit_code"], ok["stdout"], ok["stderr"], ok["timed_out"]) == (
+        0,
+        "hello from ssh\n",
+        "",
+        False,
+    )
+    assert ok["duration"] > 0
+    failed = await run(tool, "lab", "echo bad >&2; exit 7")
+    assert (failed["exit_code"], failed["stdout"], failed["stderr"]) == (7, "", "bad\n")
+    quoted = await run(tool, "lab", """x=1; printf '%s|' "a b" 'c'"d" "$x" '$x' >&2""")
+    assert quoted["stderr"] == "a b|cd|1|$x|"  # quoting and stderr reach the caller unaltered
+
+
+async def test_timeout_kills_the_remote_command(server: Server) -> None:
+    tool = ssh_tool({"lab": server.host()}, timeout=0.5)
+    result = await run(tool, "lab", "echo $$; sleep 30")
+    assert result["timed_out"] is True and result["exit_code"] is None
+    remote_shell = int(result["stdout"])  # the server is this machine: its processes are visible here
+    assert not _alive(remote_shell)
+    assert "timed out after 0.5 s" in result["stderr"]
+
+
+async def test_output_is_truncated(server: Server) -> None:
+    tool = ssh_tool({"lab": server.host()}, output_limit=500)
+    result = await run(tool, "lab", "echo FIRST; seq 1 50000; echo LAST")
+    assert len(result["stdout"]) <= 500
+    assert result["stdout"].startswith("FIRST") and result["stdout"].rstrip().endswith("LAST")
+
+
+async def test_unknown_host_is_a_clear_error(server: Server) -> None:
+    executor = SSHExecutor({"lab": server.host(), "db": server.host()})
+    with pytest.raises(SSHToolError, match=r"unknown host 'web9': the configured hosts are db, lab"):
+        await executor.execute("web9", "uptime")
+
+
+async def test_host_key_mismatch_is_refused(server: Server) -> None:
+    executor = SSHExecutor({"lab": server.host(known_hosts=str(server.wrong_known_hosts))})
+    with pytest.raises(SSHToolError, match="host key of lab .* is not trusted by known_hosts"):
+        await executor.execute("lab", "touch /tmp/should-not-run")
+
+
+@pytest.fixture
+def empty_known_hosts(tmp_path: Path) -> Path:
+    path = tmp_path / "known_hosts"
+    path.write_text("")
+    return path
+
+
+async def test_a_host_missing_from_known_hosts_is_refused(server: Server, empty_known_hosts: Path) -> None:
+    empty = empty_known_hosts
+    executor = SSHExecutor({"lab": server.host(known_hosts=str(empty))})
+    with pytest.raises(SSHToolError, match="refusing to connect"):
+        await executor.execute("lab", "echo never")
+
+
+async def test_host_checks_can_be_skipped_only_explicitly(server: Server) -> None:
+    skipping = SSHExecutor(
+        {"lab": server.host(known_hosts=str(server.wrong_known_hosts), verify_host_key=False)}
+    )
+    assert (await skipping.execute("lab", "echo trusted"))["stdout"] == "trusted\n"
+    default = SSHHost(hostname="127.0.0.1").connect_options()
+    assert "known_hosts" not in default  # asyncssh's default: check ~/.ssh/known_hosts
+    assert server.host(verify_host_key=False).connect_options()["known_hosts"] is None
+
+
+async def test_refused_connection_and_failed_authentication(server: Server) -> None:
+    closed = SSHExecutor({"gone": server.host(port=_free_port())})
+    with pytest.raises(SSHToolError, match=r"cannot connect to gone \(.*127.0.0.1:\d+\)"):
+        await closed.execute("gone", "uptime")
+    stranger = SSHExecutor({"lab": server.host(client_keys=[str(server.stranger_key)], password=PASSWORD)})
+    with pytest.raises(SSHToolError, match="authentication to lab .* failed") as info:
+        await stranger.execute("lab", "uptime")
+    assert PASSWORD not in str(info.value)
+
+
+async def test_pooled_connections_are_reused(server: Server) -> None:
+    executor = SSHExecutor({"lab": server.host()}, reuse_connections=True)
+    try:
+        first = await executor.execute("lab", "echo $SSH_CONNECTION")
+        second = await executor.execute("lab", "echo $SSH_CONNECTION")
+        assert first["stdout"] == second["stdout"] != ""  # same client port: the same connection
+    finally:
+        await executor.aclose()
+
+
+async def test_password_never_appears_in_events_results_or_state(server: Server) -> None:
+    hosts = {
+        "lab": server.host(password=PASSWORD),
+        "locked": server.host(client_keys=[str(server.stranger_key)], password=PASSWORD),
+    }
+    tool = ssh_tool(hosts)
+    assert PASSWORD not in repr(hosts["lab"]) and PASSWORD not in hosts["lab"].model_dump_json()
+    assert PASSWORD not in json.dumps(tool.parameters) + tool.description
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "ssh_execute", "args": {"host": "lab", "command": "echo up"}}]},
+            {"tool_calls": [{"name": "ssh_execute", "args": {"host": "locked", "command": "echo up"}}]},
+            {"tool_calls": [{"name": "ssh_execute", "args": {"host": "lab", "command": "rm -rf /"}}]},
+            "lab is up",
+        ]
+    )
+    events: list[Event] = []
+    agent = Agent(model, tools=[tool], safety=SafetyController("balanced"))
+    result = await agent.run("is lab up?", on_event=events.append)
+    everything = "\n".join(e.model_dump_json() for e in events) + result.state.to_json()
+    assert PASSWORD not in everything
+    observations = [m.content for m in result.state.messages if m.role == "tool"]
+    assert json.loads(observations[0])["stdout"] == "up\n"
+    assert "authentication to locked" in observations[1]
+    assert observations[2].startswith("Blocked by the safety policy")
+    risks = [(e.risk, e.decision) for e in events if e.type == "tool_call"]
+    assert risks == [(RiskLevel.LOW, "auto"), (RiskLevel.LOW, "auto"), (RiskLevel.CRITICAL, "blocked")]
