@@ -247,6 +247,15 @@ async def test_finish_reasons_are_mapped(server: OpenAICompatibleServer, model: 
     assert reasons == ["length", "content_filter", "unknown"]
 
 
+async def test_a_refusal_is_the_reply_text(server: OpenAICompatibleServer, model: OpenAIModel) -> None:
+    message = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+    choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+    body = {"id": "x", "object": "chat.completion", "created": 0, "model": "gpt-4o-mini", "choices": [choice]}
+    server.add(Fault(200, body=body))  # a raw body, sent as is
+    response = await model.request(ask())
+    assert (response.text, response.usage.requests) == ("I can't help with that.", 0)
+
+
 async def test_missing_usage_is_left_for_the_loop_to_estimate(
     server: OpenAICompatibleServer, model: OpenAIModel
 ) -> None:
@@ -467,6 +476,41 @@ async def test_stream_errors_name_the_streaming_scope(
         async for chunk in model.stream(ask()):
             seen.append(chunk)
     assert seen == [TextDelta(text="part"), TextDelta(text="ial ")]  # the drop came mid-stream
+
+
+@pytest.mark.parametrize(
+    ("error_type", "retryable"), [("server_error", True), ("invalid_request_error", False)]
+)
+async def test_an_error_event_inside_a_stream(
+    server: OpenAICompatibleServer, model: OpenAIModel, error_type: str, retryable: bool
+) -> None:
+    server.add(Completion(text="partial answer", error_after_events=2, error_type=error_type))
+    with pytest.raises(ModelError) as info:
+        await collect(model, ask())
+    assert isinstance(info.value, ModelRetryableError) is retryable
+    assert str(info.value) == (
+        "openai: streaming chat completion failed: the server reported an error: scripted stream error"
+    )
+
+
+async def test_http_200_with_an_error_body_is_an_error(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    server.add(
+        Fault(200, body={"error": {"message": "upstream provider overloaded", "code": 502}}),
+        Fault(200, body={"error": {"message": "model not allowed", "code": 403}}),
+        Fault(200, body={"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []}),
+    )
+    with pytest.raises(
+        ModelRetryableError, match="HTTP 200 with an error: upstream provider overloaded"
+    ) as info:
+        await model.request(ask())
+    assert info.value.status_code == 502
+    with pytest.raises(ModelError, match="model not allowed") as denied:
+        await model.request(ask())
+    assert not isinstance(denied.value, ModelRetryableError)
+    with pytest.raises(ModelError, match="answered without any choice"):
+        await model.request(ask())
 
 
 async def test_cancellation_passes_through_untouched(

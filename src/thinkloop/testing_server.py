@@ -76,6 +76,8 @@ class Completion:
         byte_chunk_size: when set, the SSE body is written in HTTP chunks of this many bytes, so
             multi-byte characters and SSE events straddle chunk boundaries.
         drop_after_events: when streaming, close the connection after this many SSE events.
+        error_after_events: when streaming, send an `{"error": ...}` event (of `error_type`) after this
+            many SSE events, then end the stream, as OpenAI does when a stream fails on its side.
     """
 
     text: str = ""
@@ -88,6 +90,8 @@ class Completion:
     arguments_chunk_size: int = 4
     byte_chunk_size: int | None = None
     drop_after_events: int | None = None
+    error_after_events: int | None = None
+    error_type: str = "server_error"
 
 
 @dataclass
@@ -318,6 +322,9 @@ class OpenAICompatibleServer:
             await asyncio.sleep(item.delay)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         events = [json.dumps(e, ensure_ascii=False) for e in self._stream_events(item, body, include_usage)]
+        if item.error_after_events is not None:
+            error = {"error": {"message": "scripted stream error", "type": item.error_type, "code": None}}
+            events[item.error_after_events :] = [json.dumps(error)]
         events.append("[DONE]")
         head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         writer.write(head.encode())

@@ -62,6 +62,7 @@ _FINISH: dict[str, FinishReason] = {
     "length": "length",
     "content_filter": "content_filter",
 }
+_TRANSIENT_TYPES = ("server_error", "rate_limit_error", "rate_limit_exceeded", "overloaded_error", "timeout")
 _HINTS = {
     401: "check the API key (api_key= or $OPENAI_API_KEY)",
     403: "the API key may not have access to this model",
@@ -175,6 +176,8 @@ class OpenAIModel(Model):
             completion = await (await self._get_client()).chat.completions.create(**params)
         except OpenAIError as exc:
             raise self._wrap_error(exc, "chat completion") from exc
+        if not completion.choices:
+            raise self._no_choices_error(completion, "chat completion")
         return _parse_completion(completion, self.name)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
@@ -240,7 +243,26 @@ class OpenAIModel(Model):
             return ModelRetryableError(message, provider=self.provider, scope=scope)
         if isinstance(exc, openai.APIStatusError):
             return self._status_error(exc, scope)
+        if isinstance(exc, openai.APIError):  # an error event inside a stream
+            message = f"the server reported an error: {_server_message(exc)}"
+            transient = exc.type in _TRANSIENT_TYPES or exc.code in _TRANSIENT_TYPES
+            kind = ModelRetryableError if transient else ModelError
+            return kind(message, provider=self.provider, scope=scope)
         return ModelError(f"{type(exc).__name__}: {exc}", provider=self.provider, scope=scope)
+
+    def _no_choices_error(self, completion: ChatCompletion, scope: str) -> ModelError:
+        """A completion without choices: some proxies answer HTTP 200 with an error body."""
+        error = getattr(completion, "error", None)
+        if not isinstance(error, dict):
+            message = "the server answered without any choice; check that base_url is a chat-completions API"
+            return ModelError(message, provider=self.provider, scope=scope)
+        code = error.get("code")
+        message = f"the server answered HTTP 200 with an error: {error.get('message') or error}"
+        transient = (isinstance(code, int) and (code == 429 or code >= 500)) or code in _TRANSIENT_TYPES
+        kind = ModelRetryableError if transient else ModelError
+        return kind(
+            message, provider=self.provider, scope=scope, status_code=code if isinstance(code, int) else None
+        )
 
     def _status_error(self, exc: Any, scope: str) -> ModelError:
         status: int = exc.status_code
@@ -382,8 +404,6 @@ def _finish_reason(reason: str | None, has_calls: bool) -> FinishReason:
 
 
 def _parse_completion(completion: ChatCompletion, name: str) -> ModelResponse:
-    if not completion.choices:
-        return ModelResponse(usage=_parse_usage(completion.usage), model_name=completion.model or name)
     choice = completion.choices[0]
     calls = []
     for index, call in enumerate(choice.message.tool_calls or []):
@@ -392,7 +412,7 @@ def _parse_completion(completion: ChatCompletion, name: str) -> ModelResponse:
             continue
         calls.append(_parse_arguments(call.id or f"call_{index}", function.name, function.arguments))
     return ModelResponse(
-        text=choice.message.content or "",
+        text=choice.message.content or getattr(choice.message, "refusal", None) or "",
         tool_calls=calls,
         usage=_parse_usage(completion.usage),
         model_name=completion.model or name,
