@@ -1,0 +1,2816 @@
+"""Shell-command risk classifier for the built-in `shell` and `ssh_execute` tools (SPEC §6).
+
+`classify_command` reads a command line the way a POSIX shell would: a small pre-scanner extracts
+`$(...)`, backticks, process substitutions and here-documents, decodes `$'...'` strings and `${IFS}`
+tricks and protects quoted operators; `shlex` (punctuation-aware) then tokenises the result. The
+line is split into simple commands (pipes, `;`, `&&`, `||`, `&`, subshells), launcher prefixes are
+unwrapped (`sudo`, `env`, `nohup`, `timeout`, `xargs`, `busybox` ...), nested code is classified
+recursively (`bash -c`, `eval`, `su -c`, substitutions, piped scripts, `ssh host cmd`) and every
+simple command is rated with table-driven rules. The overall level is the maximum over everything.
+
+The classifier is conservative by design: unknown binaries are MEDIUM, input that cannot be parsed
+is at least HIGH (`parsed=False`), and obfuscation that hides what will run is HIGH or CRITICAL.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import posixpath
+import re
+import shlex
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from .._risk import RiskLevel
+
+__all__ = ["CommandRisk", "classify_command"]
+
+LOW = RiskLevel.LOW
+MEDIUM = RiskLevel.MEDIUM
+HIGH = RiskLevel.HIGH
+CRITICAL = RiskLevel.CRITICAL
+
+Finding = tuple[RiskLevel, str]
+
+_MAX_DEPTH = 8
+_MAX_LENGTH = 100_000
+
+
+@dataclass(frozen=True)
+class CommandRisk:
+    """How risky one shell command line is.
+
+    `reasons` are human-readable findings, most severe first. `parsed` is False when the command
+    could not be parsed as shell syntax; the level is then at least HIGH.
+    """
+
+    level: RiskLevel
+    reasons: tuple[str, ...]
+    parsed: bool
+
+
+class _ParseError(ValueError):
+    """The command is not valid shell syntax (as far as this classifier can tell)."""
+
+
+# ============================================================================ pre-scanner
+
+_PUNCT = ";&|()<>"
+_HIDE = str.maketrans({c: chr(0xE000 + i) for i, c in enumerate(_PUNCT)})
+_UNHIDE = str.maketrans({chr(0xE000 + i): c for i, c in enumerate(_PUNCT)})
+_SUB_OPEN = "\ue020"
+_SUB_CLOSE = "\ue021"
+_SUB_RE = re.compile(_SUB_OPEN + r"(\d+)" + _SUB_CLOSE)
+_IFS_RE = re.compile(r"\$\{IFS[^}]*\}|\$IFS(?![A-Za-z0-9_])")
+_FD_RE = re.compile(r"\d+(?=[<>])")
+_HEREDOC_DELIM_RE = re.compile(r"[ \t]*((?:'[^']*'|\"[^\"]*\"|\\.|[^\s;&|()<>])+)")
+_ANSI_ESC_RE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}|c.|.)", re.S)
+_ANSI_HIDING_RE = re.compile(r"\\(x|u|U|[0-7])")
+_ANSI_SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f"}
+_COMMANDISH_RE = re.compile(r"[A-Za-z_][\w.-]*\s+[-/\w'\"]")
+_WORD_BREAK = " \t\n;&|()<>"
+
+
+def _ansi_unescape(match: re.Match[str]) -> str:
+    esc = match.group(1)
+    head = esc[0]
+    if head in "xuU":
+        return chr(min(int(esc[1:], 16), 0x10FFFF))
+    if head.isdigit():
+        return chr(int(esc, 8))
+    if head == "c" and len(esc) == 2:
+        return chr(ord(esc[1]) & 0x1F)
+    return _ANSI_SIMPLE.get(esc, esc)
+
+
+@dataclass
+class _Sub:
+    """Text lifted out of the command: a `$(...)`/backtick/`<(...)` body or a here-document."""
+
+    text: str
+    kind: str  # "command", "process" or "heredoc"
+
+
+class _Scanner:
+    """Rewrites a command line into something `shlex` can tokenise faithfully.
+
+    Substitutions become placeholder words, quoted/escaped operator characters are hidden (so `";"`
+    stays a word), `$'...'` strings are decoded, `${IFS}` becomes a space, comments are dropped and
+    newlines become `;` where they separate commands.
+    """
+
+    _DISPATCH: ClassVar[dict[str, Callable[[_Scanner], bool]]] = {}
+
+    def __init__(self, src: str, subs: list[_Sub], findings: list[Finding]) -> None:
+        self.src = src
+        self.pos = 0
+        self.out: list[str] = []
+        self.subs = subs
+        self.findings = findings
+        self.heredocs: list[tuple[str, bool, int]] = []
+
+    def scan(self) -> str:
+        while self.pos < len(self.src):
+            self._step()
+        return "".join(self.out)
+
+    def _step(self) -> None:
+        char = self.src[self.pos]
+        handler = self._DISPATCH.get(char)
+        if handler is not None and handler(self):
+            return
+        if char.isdigit() and self._at_word_start():
+            fd = _FD_RE.match(self.src, self.pos)
+            if fd:  # `2>file`: the descriptor number does not matter for the risk
+                self.pos = fd.end()
+                return
+        self.out.append(char)
+        self.pos += 1
+
+    def _at_word_start(self) -> bool:
+        return self.pos == 0 or self.src[self.pos - 1] in _WORD_BREAK
+
+    def _placeholder(self, text: str, kind: str) -> str:
+        self.subs.append(_Sub(text, kind))
+        return f"{_SUB_OPEN}{len(self.subs) - 1}{_SUB_CLOSE}"
+
+    def _escape(self) -> bool:
+        nxt = self.src[self.pos + 1 : self.pos + 2]
+        if not nxt:
+            raise _ParseError("dangling backslash at the end of the command")
+        if nxt == "\n":
+            pass
+        elif nxt in _PUNCT:
+            self.out.append(nxt.translate(_HIDE))
+        else:
+            self.out.append("\\" + nxt)
+        self.pos += 2
+        return True
+
+    def _single(self) -> bool:
+        end = self.src.find("'", self.pos + 1)
+        if end < 0:
+            raise _ParseError("unbalanced single quote")
+        self.out.append("'" + self.src[self.pos + 1 : end].translate(_HIDE) + "'")
+        self.pos = end + 1
+        return True
+
+    def _double(self) -> bool:
+        self.out.append('"')
+        self.pos += 1
+        while self.pos < len(self.src):
+            char = self.src[self.pos]
+            if char == '"':
+                self.out.append('"')
+                self.pos += 1
+                return True
+            self._double_char(char)
+        raise _ParseError("unbalanced double quote")
+
+    def _double_char(self, char: str) -> None:
+        if char == "\\":
+            nxt = self.src[self.pos + 1 : self.pos + 2]
+            if nxt in ("$", "`", "\n"):
+                self.out.append(nxt.strip("\n"))
+                self.pos += 2
+            elif nxt in ('"', "\\"):
+                self.out.append("\\" + nxt)
+                self.pos += 2
+            else:
+                self.out.append("\\")
+                self.pos += 1
+            return
+        if char == "$" and self._dollar(in_double=True):
+            return
+        if char == "`":
+            self._backtick()
+            return
+        self.out.append(char.translate(_HIDE))
+        self.pos += 1
+
+    def _dollar_top(self) -> bool:
+        return self._dollar(in_double=False)
+
+    def _dollar(self, in_double: bool) -> bool:
+        src, pos = self.src, self.pos
+        if src.startswith("$((", pos):
+            end = self._match_paren(pos + 1)
+            inner = src[pos + 3 : end - 1]
+            self.out.append(self._placeholder(inner, "command") if _COMMANDISH_RE.search(inner) else "0")
+            self.pos = end + 1
+            return True
+        if src.startswith("$(", pos):
+            end = self._match_paren(pos + 1)
+            self.out.append(self._placeholder(src[pos + 2 : end], "command"))
+            self.pos = end + 1
+            return True
+        if src.startswith("$'", pos) and not in_double:
+            self._ansi_c()
+            return True
+        ifs = _IFS_RE.match(src, pos)
+        if ifs:
+            self.findings.append((HIGH, f"uses {ifs.group(0)} to disguise word separators (obfuscation)"))
+            self.out.append(" ")
+            self.pos = ifs.end()
+            return True
+        return False
+
+    def _skip_quoted(self, pos: int) -> int:
+        quote = self.src[pos]
+        pos += 1
+        while pos < len(self.src):
+            char = self.src[pos]
+            if char == quote:
+                return pos + 1
+            pos += 2 if (char == "\\" and quote == '"') else 1
+        raise _ParseError(f"unbalanced {quote} quote inside a substitution")
+
+    def _match_paren(self, start: int) -> int:
+        depth = 0
+        pos = start
+        while pos < len(self.src):
+            char = self.src[pos]
+            if char == "\\":
+                pos += 2
+                continue
+            if char in "'\"":
+                pos = self._skip_quoted(pos)
+                continue
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0:
+                return pos
+            pos += 1
+        raise _ParseError("unbalanced parenthesis in a substitution")
+
+    def _ansi_c(self) -> None:
+        src = self.src
+        start = end = self.pos + 2
+        while end < len(src) and src[end] != "'":
+            end += 2 if src[end] == "\\" else 1
+        if end >= len(src):
+            raise _ParseError("unbalanced $'...' quote")
+        body = src[start:end]
+        decoded = _ANSI_ESC_RE.sub(_ansi_unescape, body)
+        if _ANSI_HIDING_RE.search(body):
+            self.findings.append(
+                (HIGH, f"ANSI-C quoted string $'{body}' hides its content (decodes to {decoded!r})")
+            )
+        self.out.append("'" + decoded.translate(_HIDE).replace("'", "'\\''") + "'")
+        self.pos = end + 1
+
+    def _backtick(self) -> bool:
+        src = self.src
+        end = self.pos + 1
+        while end < len(src) and src[end] != "`":
+            end += 2 if src[end] == "\\" else 1
+        if end >= len(src):
+            raise _ParseError("unbalanced backtick")
+        inner = src[self.pos + 1 : end].replace("\\`", "`")
+        self.out.append(self._placeholder(inner, "command"))
+        self.pos = end + 1
+        return True
+
+    def _lt(self) -> bool:
+        src, pos = self.src, self.pos
+        if src.startswith("<(", pos):
+            return self._procsub()
+        if src.startswith("<<<", pos):
+            self.out.append("<<<")
+            self.pos += 3
+            return True
+        if src.startswith("<<", pos):
+            self._heredoc()
+            return True
+        return False
+
+    def _gt(self) -> bool:
+        return self.src.startswith(">(", self.pos) and self._procsub()
+
+    def _procsub(self) -> bool:
+        end = self._match_paren(self.pos + 1)
+        self.out.append(self._placeholder(self.src[self.pos + 2 : end], "process"))
+        self.pos = end + 1
+        return True
+
+    def _heredoc(self) -> None:
+        pos = self.pos + 2
+        strip_tabs = self.src.startswith("-", pos)
+        pos += strip_tabs
+        match = _HEREDOC_DELIM_RE.match(self.src, pos)
+        if not match:
+            raise _ParseError("here-document without a delimiter")
+        delimiter = re.sub(r"['\"\\]", "", match.group(1))
+        placeholder = self._placeholder("", "heredoc")
+        self.heredocs.append((delimiter, strip_tabs, len(self.subs) - 1))
+        self.out.append("<< " + placeholder)
+        self.pos = match.end()
+
+    def _read_heredoc_bodies(self) -> None:
+        while self.heredocs:
+            delimiter, strip_tabs, index = self.heredocs.pop(0)
+            lines: list[str] = []
+            while self.pos < len(self.src):
+                newline = self.src.find("\n", self.pos)
+                end = len(self.src) if newline < 0 else newline
+                line = self.src[self.pos : end]
+                self.pos = min(end + 1, len(self.src))
+                if (line.lstrip("\t") if strip_tabs else line) == delimiter:
+                    break
+                lines.append(line)
+            self.subs[index] = _Sub("\n".join(lines), "heredoc")
+
+    def _hash(self) -> bool:
+        if not self._at_word_start():
+            return False
+        newline = self.src.find("\n", self.pos)
+        self.pos = len(self.src) if newline < 0 else newline
+        return True
+
+    def _newline(self) -> bool:
+        self.pos += 1
+        self._read_heredoc_bodies()
+        last = "".join(self.out[-8:]).rstrip(" \t")[-1:]
+        self.out.append(" " if last in ("", ";", "|", "&", "(") else ";")
+        return True
+
+
+_Scanner._DISPATCH.update(
+    {
+        "\\": _Scanner._escape,
+        "'": _Scanner._single,
+        '"': _Scanner._double,
+        "$": _Scanner._dollar_top,
+        "`": _Scanner._backtick,
+        "<": _Scanner._lt,
+        ">": _Scanner._gt,
+        "#": _Scanner._hash,
+        "\n": _Scanner._newline,
+    }
+)
+
+
+# ============================================================================ tokens and simple commands
+
+_OPERATORS = (
+    "&>>", "<<<", ";;&", "&&", "||", "|&", ";;", ">>", ">|", ">&", "<&", "<<", "<>", "&>",
+    ";", "&", "|", "(", ")", "<", ">",
+)  # fmt: skip
+_REDIRECT_OPS = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&", "<", "<&", "<<", "<<<"})
+_PIPE_OPS = frozenset({"|", "|&"})
+
+
+@dataclass(frozen=True)
+class _Token:
+    text: str
+    op: bool
+
+
+def _split_operators(token: str) -> list[str]:
+    ops: list[str] = []
+    pos = 0
+    while pos < len(token):
+        op = next(o for o in _OPERATORS if token.startswith(o, pos))
+        ops.append(op)
+        pos += len(op)
+    return ops
+
+
+def _tokenize(text: str) -> list[_Token]:
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        raw = list(lexer)
+    except ValueError as exc:
+        raise _ParseError(str(exc)) from exc
+    tokens: list[_Token] = []
+    for tok in raw:
+        if tok and all(c in _PUNCT for c in tok):
+            tokens.extend(_Token(op, True) for op in _split_operators(tok))
+        else:
+            tokens.append(_Token(tok.translate(_UNHIDE), False))
+    return tokens
+
+
+@dataclass
+class _Simple:
+    """One simple command: its words and redirections, and where it sits in its pipeline."""
+
+    words: list[str] = field(default_factory=list)
+    redirs: list[tuple[str, str]] = field(default_factory=list)
+    pipeline: int = 0
+    stage: int = 0
+
+
+class _Builder:
+    """Groups tokens into simple commands; parentheses only delimit, pipes chain stages."""
+
+    def __init__(self) -> None:
+        self.out: list[_Simple] = []
+        self.cur = _Simple()
+        self.redirect: str | None = None
+        self.pipeline = 0
+        self.stage = 0
+
+    def build(self, tokens: list[_Token]) -> list[_Simple]:
+        index = 0
+        while index < len(tokens):
+            tok = tokens[index]
+            if not tok.op:
+                self._word(tok.text)
+            elif self.redirect is not None:
+                raise _ParseError(f"missing target after {self.redirect!r}")
+            elif tok.text in _REDIRECT_OPS:
+                self.redirect = tok.text
+            elif tok.text == "(" and self._function_definition(tokens, index):
+                index += 1
+            else:
+                self._separator(tok.text)
+            index += 1
+        if self.redirect is not None:
+            raise _ParseError(f"missing target after {self.redirect!r}")
+        self._flush()
+        return self.out
+
+    def _word(self, text: str) -> None:
+        if self.redirect is not None:
+            self.cur.redirs.append((self.redirect, text))
+            self.redirect = None
+        else:
+            self.cur.words.append(text)
+
+    def _function_definition(self, tokens: list[_Token], index: int) -> bool:
+        nxt = tokens[index + 1] if index + 1 < len(tokens) else None
+        if len(self.cur.words) == 1 and nxt is not None and nxt.op and nxt.text == ")":
+            self.cur = _Simple()  # `name() { body; }`: the body follows as ordinary commands
+            return True
+        return False
+
+    def _separator(self, op: str) -> None:
+        self._flush()
+        if op in _PIPE_OPS:
+            self.stage += 1
+        elif op not in ("(", ")"):
+            self.pipeline += 1
+            self.stage = 0
+
+    def _flush(self) -> None:
+        if self.cur.words or self.cur.redirs:
+            self.cur.pipeline, self.cur.stage = self.pipeline, self.stage
+            self.out.append(self.cur)
+        self.cur = _Simple()
+
+
+# ============================================================================ helpers: words, options, paths
+
+
+def _is_dynamic(word: str) -> bool:
+    return "$" in word or _SUB_OPEN in word or "`" in word
+
+
+def _show(text: str, limit: int = 80) -> str:
+    shown = _SUB_RE.sub("$(…)", text).replace("\n", " ")
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+_VERSIONED_RE = re.compile(r"^(python|pypy|pip|perl|ruby|php|node|lua|bash|zsh)[\d.]*$")
+_NAME_ALIASES = {
+    "nodejs": "node", "pypy": "python", "podman": "docker", "nerdctl": "docker", "oc": "kubectl",
+    "tofu": "terraform", "terragrunt": "terraform", "gawk": "awk", "mawk": "awk", "nawk": "awk",
+    "ncat": "nc", "netcat": "nc", "ip6tables": "iptables", "iptables-legacy": "iptables",
+    "iptables-nft": "iptables", "ip6tables-legacy": "iptables", "ip6tables-nft": "iptables",
+    "ebtables": "iptables", "arptables": "iptables", "killall": "pkill", "aptitude": "apt-get",
+    "apt": "apt-get", "yum": "dnf", "microdnf": "dnf", "zypper": "dnf", "pip3": "pip", "pipx": "pip",
+    "yarn": "npm", "pnpm": "npm", "bun": "npm", "gem": "npm", "cargo": "npm", "brew": "npm",
+    "conda": "npm", "mamba": "npm", "composer": "npm", "poetry": "npm", "uv": "npm",
+    "telinit": "init", "deluser": "userdel", "delgroup": "userdel", "groupdel": "userdel",
+    "gdisk": "fdisk", "cfdisk": "fdisk", "sfdisk": "fdisk", "sgdisk": "fdisk", "parted": "fdisk",
+    "runuser": "su", "sudoedit": "sudo", "ksh": "sh", "mksh": "sh", "dash": "sh", "ash": "sh",
+    "csh": "sh", "tcsh": "sh", "fish": "sh", "bash": "sh", "zsh": "sh", "rbash": "sh",
+}  # fmt: skip
+
+
+def _normalize_name(word: str) -> str:
+    name = word.rsplit("/", 1)[-1]
+    name = _VERSIONED_RE.sub(r"\1", name)
+    return _NAME_ALIASES.get(name, name)
+
+
+@dataclass
+class _Opts:
+    """Parsed options: `flags` maps each option (short ones exploded) to its value or None."""
+
+    flags: list[tuple[str, str | None]]
+    operands: list[str]
+
+    def has(self, *names: str) -> bool:
+        return any(flag in names for flag, _ in self.flags)
+
+    def value(self, *names: str) -> str | None:
+        values = self.values(*names)
+        return values[-1] if values else None
+
+    def values(self, *names: str) -> list[str]:
+        return [v for flag, v in self.flags if flag in names and v is not None]
+
+    def letters(self) -> set[str]:
+        return {flag[1:] for flag, _ in self.flags if len(flag) == 2}
+
+
+def _parse_opts(args: list[str], with_arg: Iterable[str] = (), stop_at_operand: bool = False) -> _Opts:
+    takes = frozenset(with_arg)
+    opts = _Opts([], [])
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        if arg == "--":
+            opts.operands.extend(args[index:])
+            break
+        if not arg.startswith("-") or arg == "-":
+            opts.operands.append(arg)
+            if stop_at_operand:
+                opts.operands.extend(args[index:])
+                break
+            continue
+        index = _parse_one_option(arg, args, index, takes, opts)
+    return opts
+
+
+def _parse_one_option(arg: str, args: list[str], index: int, takes: frozenset[str], opts: _Opts) -> int:
+    if arg.startswith("--"):
+        name, eq, value = arg.partition("=")
+        if eq:
+            opts.flags.append((name, value))
+        elif name in takes and index < len(args):
+            opts.flags.append((name, args[index]))
+            return index + 1
+        else:
+            opts.flags.append((name, None))
+        return index
+    for pos, letter in enumerate(arg[1:], start=1):
+        flag = "-" + letter
+        if flag in takes:
+            rest = arg[pos + 1 :]
+            if rest:
+                opts.flags.append((flag, rest))
+            elif index < len(args):
+                opts.flags.append((flag, args[index]))
+                return index + 1
+            else:
+                opts.flags.append((flag, None))
+            return index
+        opts.flags.append((flag, None))
+    return index
+
+
+@dataclass
+class _Ctx:
+    subs: list[_Sub]
+    depth: int = 0
+    cwd: str | None = None
+
+    def child(self) -> _Ctx:
+        return _Ctx(self.subs, self.depth + 1, self.cwd)
+
+
+_HOME_PREFIX_RE = re.compile(r"^(?:\$HOME|\$\{HOME\}|~[A-Za-z0-9_.-]*)(?=/|$)")
+_GLOB_ONLY_RE = re.compile(r"[.*?\[\]!{},^]*[*?][.*?\[\]!{},^]*")
+_BLOCK_DEVICE_RE = re.compile(
+    r"^/dev/(sd[a-z]|hd[a-z]|vd[a-z]|xvd[a-z]|nvme\d|mmcblk\d|md\d|dm-\d|loop\d|disk|mapper/|rdisk|"
+    r"nbd\d|zram\d|sr\d|mem$|kmem$|port$|root$)"
+)
+_PATH_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("/dev/null", "null"), ("/dev/zero", "null"), ("/dev/stdout", "null"), ("/dev/stderr", "null"),
+    ("/dev/stdin", "null"), ("/dev/tty", "null"), ("/dev/fd", "null"), ("/dev/pts", "null"),
+    ("/dev/tcp", "net"), ("/dev/udp", "net"), ("/dev/shm", "tmp"), ("/dev", "dev"),
+    ("/proc/sysrq-trigger", "core"), ("/proc", "kernel"), ("/sys", "kernel"),
+    ("/etc", "etc"), ("/boot", "core"), ("/efi", "core"), ("/bin", "core"), ("/sbin", "core"),
+    ("/lib", "core"), ("/lib32", "core"), ("/lib64", "core"), ("/libx32", "core"),
+    ("/usr/local", "local"), ("/usr/bin", "core"), ("/usr/sbin", "core"), ("/usr/lib", "core"),
+    ("/usr/lib32", "core"), ("/usr/lib64", "core"), ("/usr/libexec", "core"), ("/usr", "usr"),
+    ("/tmp", "tmp"), ("/var/tmp", "tmp"), ("/var/spool/cron", "etc"), ("/var/lib/dpkg", "core"),
+    ("/var/lib/rpm", "core"), ("/var", "var"), ("/run", "var"), ("/root", "homes"), ("/home", "homes"),
+    ("/opt", "data"), ("/srv", "data"), ("/mnt", "data"), ("/media", "data"), ("/snap", "data"),
+)  # fmt: skip
+_SYSDIR_PARENTS = frozenset({"/", "/home", "/var", "/usr", "/usr/local", "/opt", "/srv", "/var/lib"})
+_SYSTEM_KINDS = frozenset({"etc", "core", "usr", "var", "local", "homes", "data", "kernel"})
+_SENSITIVE_FILES = frozenset(
+    {
+        "/etc/passwd", "/etc/shadow", "/etc/group", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d",
+        "/etc/pam.d", "/etc/ssh/sshd_config", "/etc/fstab", "/root/.ssh", "/root/.ssh/authorized_keys",
+        "/bin/su", "/usr/bin/sudo", "/usr/bin/su", "/bin/sudo", "/bin/bash", "/bin/sh", "/usr/bin/passwd",
+    }
+)  # fmt: skip
+_SECRET_RE = re.compile(
+    r"^(/etc/(shadow|gshadow|sudoers)(-|\.d.*)?|/etc/ssl/private/.*|.*/\.ssh/id_[a-z0-9_]+|.*\.(pem|key)"
+    r"|.*/\.aws/credentials|.*/\.kube/config|.*/\.netrc|.*/\.docker/config\.json)$"
+)
+
+
+def _normalize_path(raw: str, cwd: str | None) -> str:
+    path = _HOME_PREFIX_RE.sub("~", raw, count=1)
+    if path.startswith("~"):
+        rest = path[1:].lstrip("/")
+        norm = posixpath.normpath(rest) if rest else "."
+        if norm == ".":
+            return "~"
+        return "/home" if norm.startswith("..") else "~/" + norm
+    if path.startswith("/"):
+        return posixpath.normpath(re.sub(r"^/+", "/", path))
+    if cwd is not None:
+        return _normalize_path(posixpath.join(cwd, path), None)
+    return posixpath.normpath(path) if path else "."
+
+
+def _strip_glob(path: str) -> str:
+    while True:
+        head, tail = posixpath.split(path)
+        if not _GLOB_ONLY_RE.fullmatch(tail):
+            return path
+        if not head:
+            return "."
+        path = head
+
+
+def _home_dotfile(path: str) -> bool:
+    parts = path.split("/")
+    if path.startswith("/root/"):
+        return parts[2].startswith(".")
+    return len(parts) > 3 and parts[3].startswith(".")
+
+
+def _path_kind(raw: str, ctx: _Ctx) -> tuple[str, str]:
+    """Classify a path: ("root", "/"), ("etc", "/etc/x"), ("relative", "build") ..."""
+    path = _strip_glob(_normalize_path(raw, ctx.cwd))
+    if _is_dynamic(path):
+        return "dynamic", path
+    if path == "/":
+        return "root", path
+    if path == "~":
+        return "home", path
+    if path.startswith("~/"):
+        return ("home_dot" if path[2:3] == "." else "homefile"), path
+    if not path.startswith("/"):
+        wide = path in (".", "..") or path.startswith("../")
+        return ("cwd" if wide else "relative"), path
+    if _BLOCK_DEVICE_RE.match(path):
+        return "block", path
+    for prefix, kind in _PATH_PREFIXES:
+        if path == prefix or path.startswith(prefix + "/"):
+            if kind == "homes" and _home_dotfile(path):
+                return "home_dot", path
+            return kind, path
+    return "data", path
+
+
+def _is_sysdir(path: str) -> bool:
+    return posixpath.dirname(path) in _SYSDIR_PARENTS
+
+
+_DELETE_RULES: dict[str, tuple[RiskLevel, RiskLevel, str]] = {
+    "root": (CRITICAL, HIGH, "the root filesystem"),
+    "home": (CRITICAL, HIGH, "the home directory"),
+    "etc": (CRITICAL, HIGH, "system configuration"),
+    "core": (CRITICAL, CRITICAL, "core system binaries, libraries or boot files"),
+    "usr": (CRITICAL, HIGH, "system files under /usr"),
+    "kernel": (HIGH, HIGH, "kernel interface files"),
+    "block": (HIGH, HIGH, "a disk device node"),
+    "dev": (HIGH, HIGH, "a device node"),
+    "null": (HIGH, HIGH, "a standard device node"),
+    "net": (HIGH, HIGH, "a device node"),
+    "var": (HIGH, HIGH, "system data under /var"),
+    "local": (HIGH, HIGH, "locally installed software"),
+    "homes": (HIGH, MEDIUM, "user files"),
+    "data": (HIGH, MEDIUM, "files outside the working directory"),
+    "home_dot": (HIGH, HIGH, "shell/SSH configuration files"),
+    "dynamic": (HIGH, MEDIUM, "a path computed at runtime (it may expand to '/')"),
+    "cwd": (HIGH, MEDIUM, "everything in the current or parent directory"),
+    "tmp": (MEDIUM, MEDIUM, "temporary files"),
+    "relative": (MEDIUM, MEDIUM, "files in the working directory"),
+    "homefile": (MEDIUM, MEDIUM, "files in the home directory"),
+}
+
+_WRITE_RULES: dict[str, tuple[RiskLevel, str]] = {
+    "null": (LOW, "output is discarded or goes to the terminal"),
+    "net": (HIGH, "sends data over a raw network socket"),
+    "block": (CRITICAL, "overwrites a raw disk or memory device"),
+    "dev": (HIGH, "writes to a device file"),
+    "etc": (CRITICAL, "overwrites system configuration"),
+    "core": (CRITICAL, "overwrites core system binaries, libraries, boot files or kernel triggers"),
+    "usr": (CRITICAL, "overwrites system files under /usr"),
+    "kernel": (HIGH, "changes kernel settings"),
+    "root": (HIGH, "writes into the root directory"),
+    "home": (HIGH, "writes over the home directory"),
+    "var": (HIGH, "writes to system data under /var"),
+    "local": (HIGH, "installs files under /usr/local"),
+    "homes": (MEDIUM, "writes a file in a home directory"),
+    "data": (MEDIUM, "writes a file outside the working directory"),
+    "home_dot": (HIGH, "modifies a shell/SSH startup file (persistence)"),
+    "dynamic": (MEDIUM, "writes to a path computed at runtime"),
+    "tmp": (MEDIUM, "writes a temporary file"),
+    "relative": (MEDIUM, "writes a file"),
+    "cwd": (MEDIUM, "writes a file"),
+    "homefile": (MEDIUM, "writes a file in the home directory"),
+}
+
+
+def _delete_risk(raw: str, ctx: _Ctx, recursive: bool) -> tuple[RiskLevel, str]:
+    kind, path = _path_kind(raw, ctx)
+    rec, flat, noun = _DELETE_RULES[kind]
+    if kind in _SYSTEM_KINDS and recursive and _is_sysdir(path):
+        rec, noun = CRITICAL, f"the system directory {path}"
+    if path in _SENSITIVE_FILES:
+        flat = CRITICAL
+    verb = "recursive delete of" if recursive else "deletes"
+    return (rec if recursive else flat), f"{verb} {noun}"
+
+
+def _write_risk(raw: str, ctx: _Ctx) -> tuple[RiskLevel, str]:
+    kind, _ = _path_kind(raw, ctx)
+    return _WRITE_RULES[kind]
+
+
+def _write_finding(label: str, target: str, ctx: _Ctx) -> Finding:
+    level, what = _write_risk(target, ctx)
+    return level, f"{label} '{_show(target)}': {what}"
+
+
+# ============================================================================ commands
+
+
+@dataclass
+class _Cmd:
+    """A simple command after prefixes were stripped: normalized name, raw name, arguments."""
+
+    name: str
+    raw: str
+    args: list[str]
+    redirs: list[tuple[str, str]]
+    upstream: list[list[str]]  # argv of the earlier stages of its pipeline
+    earlier: list[list[str]] = field(default_factory=list)  # argv of every earlier command on the line
+
+    def label(self, limit: int = 60) -> str:
+        return _show(" ".join([self.raw, *self.args]), limit)
+
+    def with_argv(self, argv: list[str]) -> _Cmd:
+        return _Cmd(_normalize_name(argv[0]), argv[0], argv[1:], self.redirs, self.upstream)
+
+
+_Handler = Callable[[_Cmd, _Ctx], list[Finding]]
+
+
+def _nested(text: str, ctx: _Ctx, label: str) -> list[Finding]:
+    """Classify code embedded in the command (`bash -c`, `eval`, substitutions ...)."""
+    try:
+        return _classify_text(text, ctx.child())
+    except _ParseError as exc:
+        return [(HIGH, f"could not parse the {label} {_show(text)!r} ({exc})")]
+
+
+_FETCH_RE = re.compile(r"\b(curl|wget|fetch|aria2c|lwp-request|lwp-download|nc|ncat|socat|tftp|httpie)\b")
+_DECODE_RE = re.compile(
+    r"\bbase(64|32)\b[^|;&]*\s-(d|D|-decode)\b|\bxxd\b[^|;&]*\s-r|\bopenssl\b[^|;&]*\s-d\b|\buudecode\b"
+    r"|\brev\b|\bgunzip\b|\bzcat\b|\bprintf\b[^|;&]*\\(x|[0-7]{3})"
+)
+
+
+def _payload_kind(text: str) -> str | None:
+    if _FETCH_RE.search(text):
+        return "downloaded content"
+    if _DECODE_RE.search(text):
+        return "a decoded payload"
+    return None
+
+
+def _fetch_findings(text: str, ctx: _Ctx, label: str) -> list[Finding]:
+    """CRITICAL when code to execute comes from a download or a decoder in a substitution."""
+    findings: list[Finding] = []
+    for match in _SUB_RE.finditer(text):
+        inner = ctx.subs[int(match.group(1))].text
+        kind = _payload_kind(inner)
+        if kind is not None:
+            what = "remote code execution" if kind.startswith("downloaded") else "obfuscated code execution"
+            findings.append((CRITICAL, f"{label} executes {kind} ($({_show(inner, 60)})): {what}"))
+    return findings
+
+
+def _exec_text(text: str, ctx: _Ctx, label: str) -> list[Finding]:
+    return _nested(text, ctx, label) + _fetch_findings(text, ctx, label)
+
+
+# ---------------------------------------------------------------------------- static table
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def _group(level: RiskLevel, desc: str, names: str) -> dict[str, tuple[RiskLevel, str]]:
+    return dict.fromkeys(names.split(), (level, desc))
+
+
+_STATIC: dict[str, tuple[RiskLevel, str]] = {
+    **_group(LOW, "read-only inspection", """
+        ls ll la dir vdir cat tac nl less more most head tail grep egrep fgrep rg ag ack zgrep zcat
+        bzcat xzcat zless ps pgrep pstree pidof df du uname whoami id groups uptime free w who last
+        lastb lastlog users lsblk blkid lscpu lsmem lspci lsusb lsof lsmod lshw lsns lsipc vmstat
+        iostat mpstat sar pidstat nproc arch printenv echo printf date cal stat file wc sort uniq cut
+        tr jq yq column fold paste join comm diff cmp sdiff md5sum sha1sum sha224sum sha256sum
+        sha384sum sha512sum b2sum cksum sum base64 base32 xxd od hexdump strings readlink realpath
+        basename dirname pwd which whereis type hash true false test [ [[ sleep seq tree locate
+        mlocate ss netstat traceroute traceroute6 tracepath mtr dig nslookup host whois getent htop
+        btop atop iotop iftop nethogs glances man info apropos whatis help tldr ldd nm objdump
+        readelf getfacl lsattr namei pv expr bc dc factor numfmt tput tty locale lsb_release
+        dmidecode systemd-detect-virt systemd-analyze systemd-cgls systemd-cgtop top findmnt getconf
+        shuf tsort expand unexpand fmt pr rev iconv lvs vgs pvs lvdisplay vgdisplay pvdisplay lvscan
+        vgscan pvscan iptables-save arp ethtool iwconfig nstat ifstat dstat virt-what last
+        kubectx kubens ctop sestatus getenforce aa-status ulimit watchman-status
+        """),
+    **_group(LOW, "shell builtin without side effects", """
+        cd pushd popd dirs read wait jobs exit return : let declare typeset local shift shopt
+        unalias clear reset true logout fg bg disown umask caller enable
+        """),
+    **_group(MEDIUM, "creates or modifies files", """
+        zip gzip gunzip bzip2 bunzip2 xz unxz 7z 7za zstd unzstd split csplit dos2unix unix2dos
+        patch convert ffmpeg sqlite3 rename mktemp mkfifo mknod
+        """),
+    **_group(MEDIUM, "builds or runs project code", """
+        make cmake ninja gcc g++ cc clang go rustc javac java mvn gradle npx pytest tox nox deno
+        dotnet ansible ansible-playbook packer vagrant
+        """),
+    **_group(MEDIUM, "interactive program that can change anything", """
+        vim vi nvim nano emacs ed pico joe mc screen tmux mysql psql redis-cli mongo mongosh sqlcmd
+        cqlsh ftp sftp telnet lftp gdb
+        """),
+    **_group(MEDIUM, "changes session or system state", """
+        ssh-keygen ssh-copy-id ssh-add ssh-agent htpasswd logrotate at batch atrm wall logger mail
+        sendmail mutt ldconfig update-alternatives update-ca-certificates tcpdump tshark nmap
+        systemd-tmpfiles newgrp scp dpkg-reconfigure aws gcloud az gsutil s3cmd
+        """),
+    **_group(HIGH, "changes kernel modules or security settings", """
+        insmod rmmod modprobe depmod setenforce auditctl setcap chattr aa-disable aa-complain
+        """),
+    **_group(HIGH, "changes disks, mounts or filesystems", """
+        swapoff losetup fsck e2fsck resize2fs tune2fs xfs_repair xfs_growfs debugfs lvcreate lvextend
+        lvresize lvreduce vgcreate vgextend vgreduce pvcreate pvmove pvresize quotaoff kpartx umount
+        """),
+    **_group(HIGH, "manages users, groups or privileges", """
+        useradd adduser groupadd groupmod gpasswd chage visudo vipw vigr newusers chsh chfn
+        """),
+    **_group(HIGH, "changes the boot loader or kernel", """
+        update-grub grub-install grub-mkconfig grub2-mkconfig grub2-install kexec update-initramfs
+        dracut efibootmgr
+        """),
+    **_group(HIGH, "changes networking or traffic", "tc ifup brctl ovs-vsctl masscan hping3 arping"),
+    **_group(HIGH, "restores firewall rules wholesale", "iptables-restore ip6tables-restore"),
+    **_group(CRITICAL, "formats or erases a disk/volume", """
+        mke2fs mkswap mkdosfs mkntfs newfs blkdiscard lvremove vgremove pvremove srm wipe
+        """),
+    **_group(CRITICAL, "powers off the machine", "halt poweroff"),
+    **_group(CRITICAL, "deletes user accounts or groups", "userdel"),
+    **_group(CRITICAL, "sets account passwords", "chpasswd"),
+    **_group(CRITICAL, "kills every process on the system", "killall5"),
+    **_group(CRITICAL, "takes the network interface down", "ifdown"),
+}  # fmt: skip
+
+
+def _static_finding(cmd: _Cmd) -> Finding:
+    rule = _STATIC.get(cmd.name)
+    if rule is not None:
+        return rule[0], f"{cmd.name}: {rule[1]}"
+    if cmd.name.startswith("mkfs"):
+        return CRITICAL, f"{cmd.label()}: creates a filesystem (erases the device)"
+    if cmd.name.startswith("fsck."):
+        return HIGH, f"{cmd.name}: checks/repairs a filesystem"
+    return MEDIUM, f"unknown command '{_show(cmd.raw)}': its effect cannot be assessed"
+
+
+# ---------------------------------------------------------------------------- file handlers
+
+
+def _h_rm(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args)
+    recursive = opts.has("-r", "-R", "--recursive")
+    findings: list[Finding] = []
+    if opts.has("--no-preserve-root"):
+        findings.append((CRITICAL, "rm --no-preserve-root: disables the safeguard against deleting '/'"))
+    flags = " ".join(a for a in cmd.args if a.startswith("-") and a != "--")
+    label = f"rm {flags}".strip()
+    for target in opts.operands or ([] if findings else [""]):
+        if not target:
+            findings.append((LOW, "rm without operands does nothing"))
+            continue
+        level, what = _delete_risk(target, ctx, recursive)
+        findings.append((level, f"{label} on '{_show(target)}': {what}"))
+    return findings
+
+
+def _h_rmdir(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    findings: list[Finding] = [(LOW, "rmdir without operands")]
+    for target in _parse_opts(cmd.args).operands:
+        level, what = _delete_risk(target, ctx, recursive=False)
+        findings.append((min(level, HIGH, key=lambda lv: lv.rank), f"rmdir '{_show(target)}': {what}"))
+    return findings
+
+
+def _h_shred(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    findings: list[Finding] = [(LOW, "shred without operands")]
+    for target in _parse_opts(cmd.args, ("-n", "-s", "--iterations", "--size")).operands:
+        kind, _ = _path_kind(target, ctx)
+        if kind in ("block", "dev", "etc", "core", "usr", "root", "home", "var", "kernel"):
+            findings.append(
+                (CRITICAL, f"shred '{_show(target)}': irrecoverably destroys a device or system data")
+            )
+        else:
+            findings.append((HIGH, f"shred '{_show(target)}': irrecoverably destroys the file"))
+    return findings
+
+
+def _h_truncate(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    findings: list[Finding] = []
+    for target in _parse_opts(cmd.args, ("-s", "--size", "-r", "--reference")).operands:
+        kind, _ = _path_kind(target, ctx)
+        if kind in ("etc", "core", "usr", "block", "root", "home", "kernel", "homes"):
+            level = CRITICAL if kind != "homes" else MEDIUM
+        else:
+            level = _write_risk(target, ctx)[0]
+        findings.append((level, f"truncate '{_show(target)}': truncates the file"))
+    return findings or [(LOW, "truncate without operands")]
+
+
+def _h_tee(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    targets = _parse_opts(cmd.args, ("--output-error",)).operands
+    return [_write_finding("tee", t, ctx) for t in targets] or [(LOW, "tee to standard output only")]
+
+
+def _h_touch(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    targets = _parse_opts(cmd.args, ("-d", "-r", "-t", "--date", "--reference")).operands
+    return [_write_finding(cmd.name, t, ctx) for t in targets] or [(LOW, f"{cmd.name} without operands")]
+
+
+def _h_mkdir(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    findings: list[Finding] = [(LOW, "mkdir without operands")]
+    for target in _parse_opts(cmd.args, ("-m", "--mode", "-Z", "--context")).operands:
+        level, what = _write_risk(target, ctx)
+        findings.append((max(min(level, HIGH, key=lambda lv: lv.rank), MEDIUM, key=lambda lv: lv.rank),
+                         f"mkdir '{_show(target)}': creates a directory ({what})"))  # fmt: skip
+    return findings
+
+
+_COPY_WITH_ARG = (
+    "-t",
+    "--target-directory",
+    "-S",
+    "--suffix",
+    "-m",
+    "--mode",
+    "-o",
+    "--owner",
+    "-g",
+    "--group",
+)
+
+
+def _copy_dest(opts: _Opts) -> str | None:
+    target = opts.value("-t", "--target-directory")
+    if target is not None:
+        return target
+    return opts.operands[-1] if len(opts.operands) >= 2 else None
+
+
+def _h_copy(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """cp, install, ln: the risk is where they write."""
+    opts = _parse_opts(cmd.args, _COPY_WITH_ARG)
+    dest = _copy_dest(opts)
+    if dest is None:
+        return [(MEDIUM, f"{cmd.label()}: creates or copies files")]
+    level, what = _write_risk(dest, ctx)
+    return [(max(level, MEDIUM, key=lambda lv: lv.rank), f"{cmd.name} into '{_show(dest)}': {what}")]
+
+
+def _h_mv(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, _COPY_WITH_ARG)
+    dest = _copy_dest(opts)
+    if dest is None:
+        return [(MEDIUM, f"{cmd.label()}: moves files")]
+    sources = opts.operands if opts.has("-t", "--target-directory") else opts.operands[:-1]
+    findings = [_h_copy(cmd, ctx)[0]]
+    for source in sources:
+        kind, path = _path_kind(source, ctx)
+        if kind in ("root", "home", "etc", "core", "usr") or (kind in _SYSTEM_KINDS and _is_sysdir(path)):
+            findings.append((CRITICAL, f"mv '{_show(source)}': moves away {path} (breaks the system)"))
+        elif kind in _SYSTEM_KINDS or kind in ("block", "dev", "null"):
+            findings.append((HIGH, f"mv '{_show(source)}': moves a system file"))
+    if _path_kind(dest, ctx)[0] == "null":
+        findings.append((HIGH, f"mv into '{dest}': replaces a device node / discards the data"))
+    return findings
+
+
+def _h_dd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    params = dict(arg.split("=", 1) for arg in cmd.args if "=" in arg)
+    findings: list[Finding] = [(LOW, "dd writing to standard output")]
+    source = params.get("if")
+    if source is not None and _path_kind(source, ctx)[0] == "block":
+        findings.append((MEDIUM, f"dd if={source}: reads a raw disk device"))
+    if "of" in params:
+        findings.append(_write_finding("dd of=", params["of"], ctx))
+    return findings
+
+
+def _h_wipefs(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    if _parse_opts(cmd.args).has("-n", "--no-act"):
+        return [(MEDIUM, "wipefs --no-act: dry run")]
+    return [(CRITICAL, f"{cmd.label()}: erases filesystem signatures (data becomes inaccessible)")]
+
+
+_SETUID_RE = re.compile(r"^([0-7]?[4-7][0-7]{3}|.*\+[rwxX]*s.*)$")
+_WORLD_WRITABLE_RE = re.compile(r"^([0-7]*[2367]|.*[oa]\+[rwxX]*w.*|\+?[rwxX]*w[rwxX]*)$")
+
+
+def _perm_risk(raw: str, ctx: _Ctx, recursive: bool) -> tuple[RiskLevel, str]:
+    kind, path = _path_kind(raw, ctx)
+    if kind in ("root", "home"):
+        return CRITICAL, f"changes ownership/permissions of {_DELETE_RULES[kind][2]}"
+    if path in _SENSITIVE_FILES:
+        return CRITICAL, "changes a security-sensitive file"
+    if recursive and (kind in ("etc", "core", "usr") or (kind in _SYSTEM_KINDS and _is_sysdir(path))):
+        return CRITICAL, "recursive change of a system directory"
+    if kind in _SYSTEM_KINDS or kind in ("block", "dev", "null", "net"):
+        return HIGH, "changes a system path"
+    if recursive and kind == "dynamic":
+        return HIGH, "recursive change of a path computed at runtime"
+    return MEDIUM, "changes file permissions/ownership"
+
+
+def _h_perms(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """chmod, chown, chgrp: recursive or system-wide changes are dangerous."""
+    args = [a for a in cmd.args if not (cmd.name == "chmod" and re.fullmatch(r"-[rwxXst]+", a))]
+    modes = [a for a in cmd.args if a not in args]
+    opts = _parse_opts(args, ("--reference",))
+    recursive = opts.has("-R", "--recursive")
+    operands = opts.operands if opts.has("--reference") else opts.operands[1:]
+    mode = (modes or opts.operands[:1] or [""])[0]
+    findings: list[Finding] = [(LOW, f"{cmd.name} without operands")]
+    for target in operands:
+        level, what = _perm_risk(target, ctx, recursive)
+        findings.append(
+            (level, f"{cmd.name}{' -R' if recursive else ''} {mode} on '{_show(target)}': {what}")
+        )
+        system = level >= HIGH
+        if cmd.name == "chmod" and _SETUID_RE.match(mode):
+            findings.append(((CRITICAL if system else HIGH), f"chmod {mode}: sets the setuid/setgid bit"))
+        if cmd.name == "chmod" and system and _WORLD_WRITABLE_RE.match(mode):
+            findings.append(
+                (CRITICAL, f"chmod {mode} on '{_show(target)}': makes system files world-writable")
+            )
+    return findings
+
+
+def _h_setfacl(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-m", "-M", "-x", "-X", "--modify", "--remove", "--set", "--set-file"))
+    recursive = opts.has("-R", "--recursive")
+    return [(MEDIUM, "setfacl")] + [
+        (lv, f"setfacl on '{_show(t)}': {w}")
+        for t in opts.operands
+        for lv, w in [_perm_risk(t, ctx, recursive)]
+    ]
+
+
+_FIND_FILTERS = frozenset(
+    {"-name", "-iname", "-path", "-ipath", "-regex", "-iregex", "-mtime", "-mmin", "-atime", "-amin",
+     "-ctime", "-cmin", "-size", "-user", "-group", "-newer", "-wholename", "-iwholename", "-empty",
+     "-perm", "-uid", "-gid", "-inum", "-samefile", "-links", "-lname", "-ilname"}
+)  # fmt: skip
+_FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
+_FIND_WRITE = frozenset({"-fprint", "-fprint0", "-fprintf", "-fls"})
+
+
+def _find_parts(args: list[str]) -> tuple[list[str], list[str]]:
+    index = 0
+    while index < len(args) and args[index] in ("-H", "-L", "-P"):
+        index += 1
+    starts: list[str] = []
+    while index < len(args) and not args[index].startswith(("-", "(", "!", ")")):
+        starts.append(args[index])
+        index += 1
+    return (starts or ["."]), args[index:]
+
+
+def _find_exec_commands(expr: list[str]) -> list[list[str]]:
+    commands: list[list[str]] = []
+    current: list[str] | None = None
+    for word in expr:
+        if current is None:
+            if word in _FIND_EXEC:
+                current = []
+        elif word in (";", "+"):
+            commands.append(current)
+            current = None
+        else:
+            current.append(word)
+    if current:
+        commands.append(current)
+    return [c for c in commands if c]
+
+
+def _h_find(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    starts, expr = _find_parts(cmd.args)
+    filtered = any(word in _FIND_FILTERS for word in expr)
+    findings: list[Finding] = [(LOW, "find: read-only search")]
+    for start in starts:
+        kind, _ = _path_kind(start, ctx)
+        broad = kind in _SYSTEM_KINDS or kind in ("root", "home", "block", "dev")
+        if "-delete" in expr:
+            level, what = _delete_risk(start, ctx, recursive=True)
+            if filtered:
+                level = min(level, HIGH if broad else MEDIUM, key=lambda lv: lv.rank)
+                what = f"deletes matching files under {start}"
+            findings.append((level, f"find {_show(start)} -delete: {what}"))
+        for argv in _find_exec_commands(expr):
+            replaced = [w.replace("{}", "./FILE" if filtered else start) for w in argv]
+            inner = _classify_argv(replaced, cmd, ctx)
+            findings += inner
+            if filtered and broad and max((lv for lv, _ in inner), default=LOW) >= MEDIUM:
+                findings.append(
+                    (HIGH, f"find {start} -exec {_show(argv[0])}: applies it to files across {start}")
+                )
+    for flag, value in zip(expr, expr[1:], strict=False):
+        if flag in _FIND_WRITE:
+            findings.append(_write_finding(f"find {flag}", value, ctx))
+    return findings
+
+
+def _h_sed(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-e", "--expression", "-f", "--file", "-l", "--line-length"))
+    if not any(flag == "-i" or flag.startswith("--in-place") for flag, _ in opts.flags):
+        return [(LOW, "sed: prints edited text (no in-place edit)")]
+    has_script = opts.has("-e", "--expression", "-f", "--file")
+    files = opts.operands if has_script else opts.operands[1:]
+    return [_write_finding("sed -i on", f, ctx) for f in files] or [(MEDIUM, "sed -i: edits files in place")]
+
+
+_AWK_DANGER_RE = re.compile(r"\bsystem\s*\(|\|\s*getline|\|\s*\"|print[^;]*>\s*\"/")
+
+
+def _h_awk(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-f", "-v", "-F", "-i", "--include", "-e", "--source"))
+    program = opts.value("-e", "--source") or (opts.operands[0] if opts.operands else "")
+    findings: list[Finding] = [(LOW, "awk: text processing")]
+    if _AWK_DANGER_RE.search(program):
+        findings.append((HIGH, f"awk program runs commands or writes files: {_show(program)!r}"))
+        findings += _shell_calls(program, ctx, "awk")
+    if "inplace" in opts.values("-i", "--include"):
+        files = opts.operands[1:]
+        findings += [_write_finding("awk -i inplace on", f, ctx) for f in files]
+    if opts.has("-f"):
+        findings.append((MEDIUM, "awk -f: runs an awk script file"))
+    return findings
+
+
+def _h_tar(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    args = list(cmd.args)
+    if args and re.fullmatch(r"[A-Za-z]+", args[0]):
+        args[0] = "-" + args[0]  # old-style `tar xzf`
+    opts = _parse_opts(args, ("-f", "--file", "-C", "--directory", "-T", "-X", "--exclude-from"))
+    letters = opts.letters()
+    findings: list[Finding] = []
+    if any(
+        flag.startswith(("--checkpoint-action", "--to-command", "--use-compress-program"))
+        for flag, _ in opts.flags
+    ):
+        findings.append((HIGH, f"{cmd.label()}: runs arbitrary commands through tar options"))
+    if "x" in letters or opts.has("--extract", "--get"):
+        target = opts.value("-C", "--directory") or "."
+        level, what = _write_risk(target, ctx)
+        findings.append((max(level, MEDIUM, key=lambda lv: lv.rank), f"tar extract into '{target}': {what}"))
+    elif "c" in letters or "r" in letters or "u" in letters or opts.has("--create", "--append"):
+        archive = opts.value("-f", "--file")
+        findings.append(_write_finding("tar archive", archive, ctx) if archive else (LOW, "tar to stdout"))
+    return findings or [(LOW, "tar: lists an archive")]
+
+
+def _h_rsync(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-e", "--rsh", "--exclude", "--include", "--filter", "-f", "--rsync-path"))
+    if len(opts.operands) < 2:
+        return [(LOW, "rsync: lists files")]
+    dest = opts.operands[-1]
+    remote = re.match(r"^[\w.@-]+:", dest) is not None
+    findings: list[Finding] = [(MEDIUM, f"rsync into '{_show(dest)}': copies files")]
+    if not remote:
+        findings.append(_write_finding("rsync into", dest, ctx))
+    if any(flag.startswith("--delete") for flag, _ in opts.flags) or opts.has("--remove-source-files"):
+        kind, path = ("relative", dest) if remote else _path_kind(dest, ctx)
+        critical = kind in ("root", "home", "etc", "core", "usr") or (
+            kind in _SYSTEM_KINDS and _is_sysdir(path)
+        )
+        findings.append(
+            (
+                (CRITICAL if critical else HIGH),
+                f"rsync --delete into '{dest}': deletes files at the destination",
+            )
+        )
+    return findings
+
+
+# ---------------------------------------------------------------------------- processes and services
+
+_CRITICAL_PROCESSES = frozenset(
+    {"sshd", "systemd", "init", "dbus-daemon", "dbus", "systemd-journald", "systemd-logind", "networkmanager",
+     "systemd-networkd", "kubelet", "containerd", "dockerd", "sshd:", "agetty", "login"}
+)  # fmt: skip
+_KILL_SIGNALS = frozenset({"9", "KILL", "SIGKILL"})
+
+
+def _parse_kill(args: list[str]) -> tuple[str, list[str], bool]:
+    signal = "TERM"
+    pids: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        if arg in ("-l", "-L", "--list", "--table"):
+            return signal, [], True
+        if arg in ("-s", "-n", "--signal") and index < len(args):
+            signal, index = args[index], index + 1
+        elif arg == "--":
+            pids.extend(args[index:])
+            break
+        elif arg.startswith("-") and not pids and signal == "TERM" and len(arg) > 1:
+            signal = arg[1:]
+        else:
+            pids.append(arg)
+    return signal.upper().removeprefix("SIG"), pids, False
+
+
+def _h_kill(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    signal, pids, listing = _parse_kill(cmd.args)
+    if listing or signal == "0":
+        return [(LOW, "kill: lists signals / checks a process exists")]
+    strong = signal in _KILL_SIGNALS
+    findings: list[Finding] = [(LOW, "kill without a PID")]
+    for pid in pids:
+        if pid == "-1":
+            findings.append((CRITICAL, f"kill -{signal} -1: signals every process (all processes when root)"))
+        elif pid == "1":
+            findings.append((CRITICAL, f"kill -{signal} 1: signals init/systemd (PID 1)"))
+        elif pid == "0" or pid.startswith("-"):
+            findings.append((HIGH, f"kill -{signal} {pid}: signals a whole process group"))
+        else:
+            what = "force-kills" if strong else "signals"
+            findings.append(((HIGH if strong else MEDIUM), f"kill -{signal} {_show(pid)}: {what} a process"))
+    return findings
+
+
+def _h_pkill(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-u", "-U", "-g", "-G", "-P", "-t", "-F", "-s", "--signal", "-o", "-y"))
+    if opts.has("-l", "--list"):
+        return [(LOW, f"{cmd.name} -l: lists signals")]
+    findings: list[Finding] = [(HIGH, f"{cmd.label()}: kills every process matching a name/pattern")]
+    if "root" in opts.values("-u", "-U") or any(p in (".", ".*", "") for p in opts.operands):
+        findings.append((CRITICAL, f"{cmd.label()}: kills all root processes / every process"))
+    for name in opts.operands:
+        if name.lower() in _CRITICAL_PROCESSES:
+            findings.append((CRITICAL, f"{cmd.name} {name}: kills a critical system process"))
+    return findings
+
+
+_SYSTEMCTL_WITH_ARG = (
+    "-H", "--host", "-M", "--machine", "-t", "--type", "--state", "-p", "--property", "-n", "--lines",
+    "-o", "--output", "-s", "--signal", "--kill-who", "--root", "--what", "--job-mode",
+)  # fmt: skip
+_SYSTEMCTL: dict[str, RiskLevel] = {
+    **dict.fromkeys(
+        _words("status show cat list-units list-unit-files list-sockets list-timers list-jobs list-dependencies "
+        "list-machines list-automounts list-paths is-active is-enabled is-failed is-system-running "
+        "get-default help show-environment --version --help"), LOW),
+    **dict.fromkeys(
+        _words("start enable reload daemon-reload reset-failed edit set-property unmask preset preset-all revert "
+        "add-wants add-requires link try-reload-or-restart reenable"), MEDIUM),
+    **dict.fromkeys(
+        _words("restart stop try-restart reload-or-restart condrestart kill disable mask set-default isolate "
+        "daemon-reexec set-environment unset-environment import-environment freeze thaw clean reboot "
+        "kexec soft-reboot switch-root"), HIGH),
+    **dict.fromkeys(_words("poweroff halt emergency rescue suspend hibernate hybrid-sleep suspend-then-hibernate"), CRITICAL),
+}  # fmt: skip
+_CRITICAL_UNITS = frozenset(
+    {"ssh", "sshd", "networking", "network", "networkmanager", "systemd-networkd", "dbus", "systemd-journald",
+     "systemd-logind", "systemd-resolved", "wpa_supplicant", "getty@tty1", "serial-getty@ttys0",
+     "rescue.target", "emergency.target", "poweroff.target", "halt.target", "rescue", "emergency",
+     "poweroff", "halt", "runlevel0.target", "runlevel1.target"}
+)  # fmt: skip
+_STOPPING = frozenset({"stop", "disable", "mask", "kill", "isolate"})
+
+
+def _unit_name(unit: str) -> str:
+    lowered = unit.lower()
+    return (
+        lowered.removesuffix(".service")
+        if not lowered.endswith(".target") or lowered in _CRITICAL_UNITS
+        else lowered
+    )
+
+
+def _service_action(tool: str, action: str, units: list[str], level: RiskLevel) -> list[Finding]:
+    findings: list[Finding] = [
+        (level, f"{tool} {action} {' '.join(units)}".strip() + f": {_ACTION_NOTES[level]}")
+    ]
+    if action in _STOPPING:
+        for unit in units:
+            if _unit_name(unit) in _CRITICAL_UNITS:
+                findings.append(
+                    (CRITICAL, f"{tool} {action} {unit}: can cut remote access or take the system down")
+                )
+    return findings
+
+
+_ACTION_NOTES = {
+    LOW: "read-only status query",
+    MEDIUM: "changes service state",
+    HIGH: "stops/restarts services or changes how the system runs (outage risk)",
+    CRITICAL: "powers off or drops the system to single-user mode",
+}
+
+
+def _h_systemctl(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, _SYSTEMCTL_WITH_ARG)
+    if not opts.operands:
+        return [(LOW, "systemctl: lists units")]
+    action, units = opts.operands[0], opts.operands[1:]
+    return _service_action("systemctl", action, units, _SYSTEMCTL.get(action, MEDIUM))
+
+
+_SERVICE_ACTIONS = {"status": LOW, "start": MEDIUM, "reload": MEDIUM, "force-reload": MEDIUM}
+
+
+def _h_service(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args)
+    if opts.has("--status-all") or len(opts.operands) < 2:
+        return [(LOW, "service: lists services")]
+    unit, action = opts.operands[0], opts.operands[1]
+    return _service_action("service", action, [unit], _SERVICE_ACTIONS.get(action, HIGH))
+
+
+def _flag_rule(flags: Mapping[str, Finding], default: Finding) -> _Handler:
+    """A handler rating a command by the most severe of its matching flags."""
+
+    def handler(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+        matched = [flags[a.partition("=")[0]] for a in cmd.args if a.partition("=")[0] in flags]
+        return matched or [default]
+
+    return handler
+
+
+_h_journalctl = _flag_rule(
+    {f: (MEDIUM, f"journalctl {f}: deletes or rotates logs") for f in (
+        "--vacuum-size", "--vacuum-time", "--vacuum-files", "--rotate", "--flush", "--relinquish-var",
+        "--setup-keys", "--sync")},
+    (LOW, "journalctl: reads logs"),
+)  # fmt: skip
+_h_dmesg = _flag_rule(
+    {f: (MEDIUM, f"dmesg {f}: clears or reconfigures the kernel log") for f in (
+        "-c", "-C", "--clear", "--read-clear", "-D", "-E", "--console-off", "--console-on", "-n", "--console-level")},
+    (LOW, "dmesg: reads the kernel log"),
+)  # fmt: skip
+_h_ping = _flag_rule({"-f": (HIGH, "ping -f: flood ping")}, (LOW, "ping: network check"))
+_h_history = _flag_rule(
+    {f: (MEDIUM, f"history {f}: rewrites/clears the shell history") for f in ("-c", "-d", "-w", "-a", "-r", "-n", "-cw")},
+    (LOW, "history: shows the shell history"),
+)  # fmt: skip
+_h_passwd = _flag_rule(
+    {f: (LOW, "passwd: shows account status") for f in ("-S", "--status")},
+    (CRITICAL, "passwd: changes/locks account passwords"),
+)
+_h_crontab = _flag_rule(
+    {"-l": (LOW, "crontab -l: lists cron jobs"), "-e": (MEDIUM, "crontab -e: edits cron jobs"),
+     "-r": (CRITICAL, "crontab -r: deletes all cron jobs"), "-ir": (CRITICAL, "crontab -ir: deletes all cron jobs"),
+     "-ri": (CRITICAL, "crontab -ri: deletes all cron jobs")},
+    (HIGH, "crontab: replaces the whole crontab"),
+)  # fmt: skip
+_h_badblocks = _flag_rule(
+    {"-w": (CRITICAL, "badblocks -w: destructive write test (erases the disk)"),
+     "-n": (HIGH, "badblocks -n: non-destructive read-write test")},
+    (MEDIUM, "badblocks: read-only disk scan"),
+)  # fmt: skip
+_h_hdparm = _flag_rule(
+    {f: (CRITICAL, f"hdparm {f}: erases or corrupts disk data") for f in (
+        "--security-erase", "--security-erase-enhanced", "--trim-sector-ranges", "--write-sector",
+        "--make-bad-sector", "--fwdownload", "--dco-restore")}
+    | {f: (LOW, "hdparm: reads disk information") for f in ("-I", "-i", "-t", "-T", "-g")},
+    (HIGH, "hdparm: changes disk settings"),
+)  # fmt: skip
+_h_swapon = _flag_rule(
+    {"--show": (LOW, "swapon --show"), "-s": (LOW, "swapon -s")}, (MEDIUM, "swapon: enables swap")
+)
+_h_reboot = _flag_rule(
+    {f: (CRITICAL, f"reboot {f}: forced reboot or power off") for f in ("-f", "--force", "-p", "--poweroff", "--halt", "-ff")},
+    (HIGH, "reboot: reboots the machine (outage)"),
+)  # fmt: skip
+_h_shutdown = _flag_rule(
+    {"-r": (HIGH, "shutdown -r: reboots the machine (outage)"), "--reboot": (HIGH, "shutdown --reboot: reboots"),
+     "-c": (MEDIUM, "shutdown -c: cancels a pending shutdown"), "-k": (LOW, "shutdown -k: only warns users")},
+    (CRITICAL, "shutdown: powers off the machine"),
+)  # fmt: skip
+_h_sysctl = _flag_rule(
+    {
+        f: (HIGH, f"sysctl {f}: changes kernel parameters")
+        for f in ("-w", "--write", "-p", "--load", "--system")
+    },
+    (LOW, "sysctl: reads kernel parameters"),
+)
+
+
+def _h_sysctl_full(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    if any("=" in a and not a.startswith("-") for a in cmd.args):
+        return [(HIGH, f"{cmd.label()}: changes kernel parameters")]
+    return _h_sysctl(cmd, ctx)
+
+
+def _h_init(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    level = {"0": CRITICAL, "1": CRITICAL, "s": CRITICAL, "S": CRITICAL, "6": HIGH, "q": MEDIUM, "Q": MEDIUM}
+    runlevel = cmd.args[0] if cmd.args else ""
+    return [
+        (
+            level.get(runlevel, HIGH),
+            f"{cmd.name} {runlevel}: changes the runlevel (0 halts, 1 is single-user, 6 reboots)",
+        )
+    ]
+
+
+def _h_hostname(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-F", "--file"))
+    if opts.operands or opts.has("-F", "--file", "-b", "--boot"):
+        return [(HIGH, f"{cmd.label()}: changes the hostname")]
+    return [(LOW, "hostname: shows the hostname")]
+
+
+def _h_date(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-d", "--date", "-f", "--file", "-r", "--reference", "-I"))
+    if opts.has("-s", "--set") or any(re.fullmatch(r"\d{4,12}(\.\d\d)?", o) for o in opts.operands):
+        return [(HIGH, f"{cmd.label()}: changes the system clock")]
+    return [(LOW, "date: shows the date")]
+
+
+def _h_hwclock(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    read_only = not cmd.args or any(a in ("-r", "--show", "--get", "-V", "--version") for a in cmd.args)
+    return (
+        [(LOW, "hwclock: reads the clock")]
+        if read_only
+        else [(HIGH, f"{cmd.label()}: sets the hardware clock")]
+    )
+
+
+# ---------------------------------------------------------------------------- subcommand tables
+
+
+def _levels(**groups: str) -> dict[str, RiskLevel]:
+    table: dict[str, RiskLevel] = {}
+    for level_name, names in groups.items():
+        table.update(dict.fromkeys(names.split(), RiskLevel(level_name)))
+    return table
+
+
+def _subcommand_finding(tool: str, sub: str, table: Mapping[str, RiskLevel], default: RiskLevel) -> Finding:
+    level = table.get(sub, default)
+    shown = sub.replace("-", " ", 1) if sub.split("-", 1)[0] in _GROUP_WORDS else sub
+    return level, f"{tool} {shown}: {_SUB_NOTES[level]}"
+
+
+_GROUP_WORDS = frozenset({"container", "image", "network", "volume", "system", "compose", "builder", "buildx", "node",
+                          "service", "stack", "swarm", "plugin", "context", "secret", "config", "trust", "manifest",
+                          "rollout", "certificate", "repo", "dependency", "state", "workspace"})  # fmt: skip
+
+
+_SUB_NOTES = {
+    LOW: "read-only",
+    MEDIUM: "changes state",
+    HIGH: "disruptive or destructive change",
+    CRITICAL: "destroys data or infrastructure",
+}
+
+_GIT_WITH_ARG = ("-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env")
+_GIT = _levels(
+    low="status log diff show blame describe rev-parse ls-files ls-remote ls-tree shortlog grep fetch "
+    "cat-file rev-list whatchanged version help count-objects fsck check-ignore name-rev for-each-ref "
+    "show-ref show-branch reflog var --version --help cherry range-diff merge-base verify-commit verify-tag",
+    medium="add commit pull merge rebase checkout switch restore cherry-pick revert init clone mv rm apply am "
+    "submodule notes bisect push stash tag branch config remote worktree gc sparse-checkout lfs archive "
+    "format-patch commit-tree mktag mktree",
+    high="filter-branch filter-repo prune update-ref replace",
+)
+_GIT_LIST_FORMS = frozenset({"branch", "tag", "remote", "config", "stash", "worktree", "notes", "submodule"})
+_GIT_LIST_WORDS = frozenset(
+    {"-a", "-r", "-v", "-vv", "-l", "--list", "list", "show", "--get", "--get-all", "--show-current", "-n",
+     "get-url", "--global", "--local", "--system", "--all", "--remotes", "--merged", "--no-merged", "--contains",
+     "--sort", "status", "--get-regexp", "--show-origin"}
+)  # fmt: skip
+_GIT_CONFIG_READ = frozenset({"--get", "--get-all", "--get-regexp", "--list", "-l", "--get-urlmatch"})
+_GIT_DANGER: dict[str, tuple[frozenset[str], str]] = {
+    "push": (frozenset({"-f", "--force", "--force-with-lease", "--force-if-includes", "--mirror", "--delete",
+                        "-d", "--prune"}), "force/destructive push rewrites or deletes remote history"),
+    "reset": (frozenset({"--hard", "--merge", "--keep"}), "discards uncommitted work"),
+    "clean": (frozenset({"-f", "--force"}), "permanently deletes untracked files"),
+    "branch": (frozenset({"-D", "--delete", "-M", "-f", "--force"}), "force-deletes or overwrites branches"),
+    "checkout": (frozenset({"-f", "--force", ".", "-B"}), "discards local changes"),
+    "restore": (frozenset({".", "--worktree", "-W"}), "discards local changes"),
+    "stash": (frozenset({"drop", "clear"}), "deletes stashed work"),
+    "reflog": (frozenset({"expire", "delete"}), "deletes reflog history (makes lost commits unrecoverable)"),
+    "tag": (frozenset({"-d", "--delete", "-f", "--force"}), "deletes or moves tags"),
+    "gc": (frozenset({"--prune=now", "--prune=all"}), "permanently prunes unreachable objects"),
+    "submodule": (frozenset({"deinit"}), "removes submodule working trees"),
+}  # fmt: skip
+
+
+def _h_git(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, _GIT_WITH_ARG, stop_at_operand=True)
+    if not opts.operands:
+        return [(LOW, "git: shows help/version")]
+    sub, rest = opts.operands[0], opts.operands[1:]
+    words: set[str] = set()
+    for word in rest:
+        if re.fullmatch(r"-[a-zA-Z]{2,}", word):
+            words.update("-" + letter for letter in word[1:])
+        words.add(word)
+    danger = _GIT_DANGER.get(sub)
+    if danger is not None and (
+        words & danger[0] or (sub == "push" and any(w.startswith(("+", ":")) for w in rest))
+    ):
+        return [(HIGH, f"git {sub} {' '.join(sorted(words & danger[0]))}".rstrip() + f": {danger[1]}")]
+    listing = all(w in _GIT_LIST_WORDS or w.startswith("--format") for w in rest)
+    if sub in _GIT_LIST_FORMS and (listing or (sub == "config" and words & _GIT_CONFIG_READ)):
+        return [(LOW, f"git {sub}: lists/reads")]
+    if sub == "clean" and words & {"-n", "--dry-run"}:
+        return [(LOW, "git clean -n: dry run")]
+    return [_subcommand_finding("git", sub, _GIT, MEDIUM)]
+
+
+_DOCKER_GLOBAL_WITH_ARG = ("-H", "--host", "--context", "-c", "--config", "-l", "--log-level", "-f", "--file", "-p",
+                           "--project-name", "--project-directory", "--env-file", "--profile")  # fmt: skip
+_DOCKER = _levels(
+    low="ps images logs inspect stats top version info port diff history events search container-ls "
+    "image-ls network-ls network-inspect volume-ls volume-inspect system-df system-info context-ls "
+    "compose-ps compose-logs compose-config compose-top compose-images compose-version compose-ls "
+    "buildx-ls node-ls service-ls service-ps service-logs stack-ls stack-ps manifest-inspect login --version",
+    medium="restart start pull build run exec cp tag push create commit pause unpause update attach rename "
+    "compose-up compose-restart compose-pull compose-build compose-start compose-run compose-exec "
+    "compose-create image-prune network-create volume-create buildx-build builder-prune network-connect "
+    "network-disconnect save load import export logout context-use",
+    high="stop kill rm rmi compose-down compose-rm compose-stop compose-kill system-prune container-prune "
+    "volume-prune volume-rm network-rm network-prune swarm-leave node-rm service-rm stack-rm plugin-rm "
+    "secret-rm config-rm swarm-init",
+)
+_DOCKER_GROUPS = frozenset({"container", "image", "network", "volume", "system", "compose", "builder", "buildx",
+                            "node", "service", "stack", "swarm", "plugin", "context", "secret", "config",
+                            "trust", "manifest"})  # fmt: skip
+_DOCKER_ALIASES = {"container-ls": "ps", "container-list": "ps", "image-list": "image-ls", "image-rm": "rmi",
+                   "container-rm": "rm", "container-stop": "stop", "container-kill": "kill",
+                   "container-restart": "restart", "container-start": "start", "container-run": "run",
+                   "container-exec": "exec", "container-logs": "logs", "container-inspect": "inspect",
+                   "image-pull": "pull", "image-build": "build", "image-inspect": "inspect", "image-push": "push",
+                   "container-create": "create", "network-list": "network-ls", "volume-list": "volume-ls"}  # fmt: skip
+_DOCKER_RUN_WITH_ARG = (
+    "-v", "--volume", "-e", "--env", "-p", "--publish", "--name", "-w", "--workdir", "-u", "--user",
+    "--entrypoint", "--network", "--net", "-m", "--memory", "--cpus", "-l", "--label", "--mount", "--env-file",
+    "--restart", "--hostname", "-h", "--add-host", "--log-driver", "--log-opt", "--device", "--cap-add",
+    "--cap-drop", "--security-opt", "--ulimit", "--tmpfs", "--pid", "--ipc", "--platform", "--gpus",
+    "--shm-size", "--dns", "--link", "--volumes-from", "--health-cmd", "--stop-signal", "-a", "--attach",
+    "--cidfile", "--cgroupns", "--runtime", "--userns", "--uts", "--detach-keys", "--memory-swap", "--cpuset-cpus",
+    "--label-file", "--expose", "--stop-timeout", "--pull", "--init-path", "--sysctl", "--group-add",
+)  # fmt: skip
+_HOST_MOUNT_RE = re.compile(
+    r"^(type=bind,)?(source=|src=)?(/|/etc|/boot|/root|/usr|/bin|/sbin|/lib|/var|/proc|/sys|/dev|/var/run/docker\.sock|/run/docker\.sock)(:|,|$)"
+)
+_ISOLATION_BREAKS = re.compile(r"^(--privileged|--(pid|net|network|ipc|userns|uts)=host|--cap-add=(all|sys_admin|sys_ptrace|sys_module|net_admin|dac_read_search)|--security-opt=(apparmor|seccomp|label)[=:](unconfined|disable)|--device=.*)$", re.I)  # fmt: skip
+
+
+def _docker_run(cmd: _Cmd, ctx: _Ctx, rest: list[str]) -> list[Finding]:
+    opts = _parse_opts(rest, _DOCKER_RUN_WITH_ARG, stop_at_operand=True)
+    findings: list[Finding] = [(MEDIUM, "docker run: starts a container")]
+    for flag, value in opts.flags:
+        if value is not None and flag in ("-v", "--volume", "--mount") and _HOST_MOUNT_RE.match(value):
+            root = value.split(":")[0].removeprefix("type=bind,").split("=")[-1] in ("/",)
+            findings.append(
+                ((CRITICAL if root else HIGH), f"docker run {flag} {value}: mounts a sensitive host path")
+            )
+        joined = f"{flag}={value}" if value is not None else flag
+        if _ISOLATION_BREAKS.match(joined):
+            findings.append((HIGH, f"docker run {joined}: weakens container isolation (host access)"))
+    if len(opts.operands) > 1:
+        findings += _classify_argv(opts.operands[1:], cmd, ctx)
+    return findings
+
+
+def _docker_exec(cmd: _Cmd, ctx: _Ctx, rest: list[str]) -> list[Finding]:
+    opts = _parse_opts(rest, ("-e", "--env", "--env-file", "-u", "--user", "-w", "--workdir", "--detach-keys"),
+                       stop_at_operand=True)  # fmt: skip
+    findings: list[Finding] = [(MEDIUM, "docker exec: runs a command in a container")]
+    if opts.has("--privileged"):
+        findings.append((HIGH, "docker exec --privileged: runs with host-level privileges"))
+    if len(opts.operands) > 1:
+        findings += _classify_argv(opts.operands[1:], cmd, ctx)
+    return findings
+
+
+def _docker_key(operands: list[str], compose: bool) -> tuple[str, list[str]]:
+    if compose:
+        return ("compose-" + operands[0] if operands else "compose-ps"), operands[1:]
+    first = operands[0]
+    if first in _DOCKER_GROUPS and len(operands) > 1:
+        key = f"{first}-{operands[1]}"
+        return _DOCKER_ALIASES.get(key, key), operands[2:]
+    return first, operands[1:]
+
+
+def _h_docker(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, _DOCKER_GLOBAL_WITH_ARG, stop_at_operand=True)
+    compose = cmd.name == "docker-compose"
+    if not opts.operands and not compose:
+        return [(LOW, "docker: shows help/version")]
+    key, rest = _docker_key(opts.operands, compose)
+    if key in ("run", "create", "container-create"):
+        return _docker_run(cmd, ctx, rest)
+    if key in ("exec", "compose-exec", "compose-run"):
+        return _docker_exec(cmd, ctx, rest)
+    finding = _subcommand_finding(cmd.name, key, _DOCKER, MEDIUM)
+    if key == "system-prune" and any(a in ("--volumes", "-a", "--all") for a in rest):
+        return [
+            finding,
+            (HIGH, "docker system prune --volumes/--all: deletes images and volumes (data loss)"),
+        ]
+    return [finding]
+
+
+_KUBECTL_WITH_ARG = ("-n", "--namespace", "--context", "--cluster", "--user", "--kubeconfig", "-s", "--server",
+                     "--token", "-l", "--selector", "-o", "--output", "-f", "--filename", "-c", "--container",
+                     "--field-selector", "--as", "--as-group", "--request-timeout", "-L", "--label-columns",
+                     "--sort-by", "--since", "--tail", "--timeout", "-k", "--kustomize", "--type", "--image",
+                     "--replicas", "--port", "--grace-period", "--template")  # fmt: skip
+_KUBECTL = _levels(
+    low="get describe logs top explain version cluster-info api-resources api-versions diff auth events wait "
+    "completion kustomize config-view config-get-contexts config-current-context config-get-clusters "
+    "config-get-users rollout-status rollout-history plugin-list",
+    medium="apply create patch label annotate scale autoscale expose set edit cp port-forward run rollout "
+    "rollout-restart rollout-pause rollout-resume rollout-undo cordon uncordon attach proxy debug exec "
+    "config-use-context config-set-context config-set-cluster config-set-credentials replace",
+    high="delete drain taint certificate certificate-approve certificate-deny config-delete-context",
+)
+_KUBECTL_TWO_WORD = frozenset({"config", "rollout", "certificate", "plugin"})
+_KUBE_CRITICAL_KINDS = re.compile(
+    r"^(ns|namespaces?|nodes?|no|pv|persistentvolumes?|pvc|persistentvolumeclaims?|crds?|"
+    r"customresourcedefinitions?|clusterroles?|clusterrolebindings?|all|storageclass(es)?|sc)(/.*)?$"
+)  # fmt: skip
+
+
+def _h_kubectl(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, _KUBECTL_WITH_ARG)
+    if not opts.operands:
+        return [(LOW, "kubectl: shows help")]
+    sub, rest = opts.operands[0], opts.operands[1:]
+    key = f"{sub}-{rest[0]}" if sub in _KUBECTL_TWO_WORD and rest else sub
+    findings = [_subcommand_finding("kubectl", key, _KUBECTL, MEDIUM)]
+    if sub == "delete" and (
+        opts.has("--all", "-A", "--all-namespaces") or any(_KUBE_CRITICAL_KINDS.match(r) for r in rest[:1])
+    ):
+        findings.append((CRITICAL, f"{cmd.label()}: deletes namespaces, nodes, volumes or everything"))
+    if sub == "replace" and opts.has("--force"):
+        findings.append((HIGH, "kubectl replace --force: deletes and recreates resources"))
+    if sub == "exec" and "--" in cmd.args:
+        findings += _classify_argv(cmd.args[cmd.args.index("--") + 1 :], cmd, ctx)
+    return findings
+
+
+_HELM = _levels(
+    low="list ls status get history template show search lint version env repo-list dependency-list verify",
+    medium="install upgrade rollback repo-add repo-update repo-remove pull package push dependency "
+    "dependency-update dependency-build plugin",
+    high="uninstall delete del un",
+)
+_TERRAFORM = _levels(
+    low="plan show validate fmt output version providers graph state-list state-show console workspace-list "
+    "workspace-show -version --version -help",
+    medium="init import refresh workspace-select workspace-new get login logout test",
+    high="apply taint untaint state-rm state-mv state-push state-replace-provider force-unlock workspace-delete",
+    critical="destroy",
+)
+
+
+def _two_level(
+    tool: str, table: Mapping[str, RiskLevel], default: RiskLevel, groups: Iterable[str]
+) -> _Handler:
+    group_set = frozenset(groups)
+
+    def handler(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+        opts = _parse_opts(
+            cmd.args, ("-n", "--namespace", "--kube-context", "-chdir", "--var", "-var-file", "-f")
+        )
+        if not opts.operands:
+            return [(LOW, f"{tool}: shows help")]
+        sub, rest = opts.operands[0], opts.operands[1:]
+        key = f"{sub}-{rest[0]}" if sub in group_set and rest else sub
+        findings = [_subcommand_finding(tool, key, table, default)]
+        if tool == "terraform" and any(a in ("-destroy", "--destroy") for a in cmd.args):
+            findings.append((CRITICAL, "terraform -destroy: destroys all managed infrastructure"))
+        return findings
+
+    return handler
+
+
+_h_helm = _two_level("helm", _HELM, MEDIUM, ("repo", "dependency"))
+_h_terraform = _two_level("terraform", _TERRAFORM, MEDIUM, ("state", "workspace"))
+
+_PKG_READ = frozenset(
+    _words(
+        "list search show info policy depends rdepends changelog madison check-update repolist provides whatprovides "
+        "freeze check ls outdated view audit help version --version -v -V showpkg stats why explain doctor history "
+        "deplist repoquery files contents home docs bugs prefix root bin whoami ping inspect fund dump showsrc "
+        "list-installed pkgnames config query"
+    )
+)
+_PKG_INSTALL = frozenset(
+    _words(
+        "install add reinstall download ci i in localinstall makecache refresh build run test exec link init create "
+        "sync lock publish pack rebuild dedupe prune clean autoclean cache hold unhold mark source build-dep fix "
+        "-S -Sy update"
+    )
+)
+_PKG_UPGRADE = frozenset(
+    _words("upgrade dist-upgrade full-upgrade distro-sync dup up upgrade-minimal -Syu -Su")
+)
+_PKG_REMOVE = frozenset(_words("remove purge autoremove erase del uninstall rm un r -R -Rs -Rns -Rdd"))
+_CRITICAL_PACKAGE_RE = re.compile(
+    r"^(libc6|glibc|libc-bin|systemd|systemd-sysv|openssh-server|openssh|sudo|coreutils|bash|dash|apt|dpkg|rpm|"
+    r"yum|dnf|linux-image.*|kernel.*|grub.*|util-linux|login|passwd|base-files|init|libpam.*|python3|perl-base|"
+    r"libssl.*|openssl|ca-certificates|network-manager|netplan\.io|ifupdown|iproute2|\*)$"
+)
+_PKG_WITH_ARG = ("-o", "-c", "-t", "--target-release", "--option", "--config", "-r", "--requirement", "-i",
+                 "--index-url", "--extra-index-url", "-e", "--editable", "--root", "--installroot", "--prefix")  # fmt: skip
+
+
+def _h_package(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    system = cmd.name in ("apt-get", "dnf", "apk", "snap", "flatpak", "pacman", "emerge", "port", "pkg")
+    args = cmd.args
+    if cmd.name == "pacman" and args and re.fullmatch(r"-[A-Za-z]+", args[0]):
+        sub = "-" + "".join(c for c in args[0][1:] if c.isupper() or c in "uy")
+        return [_pkg_finding(cmd, sub, args[1:], system)]
+    opts = _parse_opts(args, _PKG_WITH_ARG)
+    if not opts.operands:
+        return [(LOW, f"{cmd.name}: shows help/version")]
+    return [_pkg_finding(cmd, opts.operands[0], opts.operands[1:], system)]
+
+
+def _pkg_finding(cmd: _Cmd, sub: str, packages: list[str], system: bool) -> Finding:
+    if sub in _PKG_READ:
+        return LOW, f"{cmd.name} {sub}: read-only package query"
+    if sub in _PKG_REMOVE:
+        if system and any(_CRITICAL_PACKAGE_RE.match(p) for p in packages):
+            return CRITICAL, f"{cmd.name} {sub} {' '.join(packages)}: removes packages the system depends on"
+        return (HIGH if system else MEDIUM), f"{cmd.name} {sub}: removes packages"
+    upgrade = sub in _PKG_UPGRADE or (sub == "update" and cmd.name == "dnf")
+    if upgrade:
+        return (HIGH if system else MEDIUM), f"{cmd.name} {sub}: upgrades installed packages"
+    if sub in _PKG_INSTALL:
+        return MEDIUM, f"{cmd.name} {sub}: installs packages or refreshes metadata"
+    return MEDIUM, f"{cmd.name} {sub}: package operation"
+
+
+def _h_dpkg(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args)
+    if opts.has("-r", "-P", "--remove", "--purge"):
+        critical = any(_CRITICAL_PACKAGE_RE.match(p) for p in opts.operands)
+        return [((CRITICAL if critical else HIGH), f"{cmd.label()}: removes packages")]
+    if opts.has("-i", "--install", "--configure", "--unpack", "-a", "--set-selections", "--clear-selections"):
+        return [(MEDIUM, f"{cmd.label()}: installs/configures packages")]
+    return [(LOW, f"{cmd.name}: read-only package query")]
+
+
+def _h_rpm(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args)
+    if opts.has("-e", "--erase"):
+        critical = any(_CRITICAL_PACKAGE_RE.match(p) for p in opts.operands) or opts.has("--nodeps")
+        return [((CRITICAL if critical else HIGH), f"{cmd.label()}: removes packages")]
+    if opts.has("-i", "-U", "-F", "--install", "--upgrade", "--freshen", "--rebuilddb", "--import"):
+        return [(MEDIUM, f"{cmd.label()}: installs packages")]
+    return [(LOW, "rpm: read-only package query")]
+
+
+# ---------------------------------------------------------------------------- firewall and network
+
+
+def _h_iptables(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    long_map = {"--flush": "F", "--delete-chain": "X", "--policy": "P", "--append": "A", "--insert": "I",
+                "--delete": "D", "--replace": "R", "--new-chain": "N", "--rename-chain": "E", "--zero": "Z"}  # fmt: skip
+    commands: set[str] = set()
+    for arg in cmd.args:
+        if arg.startswith("--"):
+            commands.add(long_map.get(arg, ""))
+        elif arg.startswith("-"):
+            commands.update(c for c in arg[1:] if c.isupper())
+    if commands & {"F", "X"}:
+        return [(CRITICAL, f"{cmd.label()}: flushes/deletes firewall rules")]
+    if "P" in commands:
+        deny = any(a.upper() in ("DROP", "REJECT") for a in cmd.args)
+        what = "default-deny policy can lock out remote access" if deny else "changes a default policy"
+        return [((CRITICAL if deny else HIGH), f"{cmd.label()}: {what}")]
+    if commands & set("AIDRNEZ"):
+        return [(HIGH, f"{cmd.label()}: changes firewall rules")]
+    return [(LOW, "iptables: lists rules")]
+
+
+def _h_nft_full(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    words = [a for a in cmd.args if not a.startswith("-")]
+    verb = words[0] if words else ""
+    if verb == "flush":
+        return [(CRITICAL, f"{cmd.label()}: flushes firewall rules")]
+    if verb in ("list", "monitor", "describe") or (not words and not cmd.args):
+        return [(LOW, "nft: lists rules")]
+    return [(HIGH, f"{cmd.label()}: changes firewall rules")]
+
+
+_UFW = _levels(low="status show app version", critical="disable reset")
+
+
+def _h_ufw(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    words = [a for a in cmd.args if not a.startswith("-")]
+    if not words:
+        return [(LOW, "ufw: shows help")]
+    level = _UFW.get(words[0], HIGH)
+    notes = {LOW: "read-only", HIGH: "changes firewall rules (can lock out remote access)",
+             CRITICAL: "turns the firewall off or wipes its rules"}  # fmt: skip
+    return [(level, f"ufw {words[0]}: {notes.get(level, '')}")]
+
+
+def _h_firewall_cmd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    findings: list[Finding] = [(LOW, "firewall-cmd: read-only query")]
+    for arg in cmd.args:
+        name = arg.partition("=")[0]
+        if name == "--panic-on":
+            findings.append((CRITICAL, "firewall-cmd --panic-on: drops all network traffic"))
+        elif name.startswith(
+            ("--add", "--remove", "--set", "--change", "--new", "--delete", "--direct", "--load")
+        ):
+            findings.append((HIGH, f"firewall-cmd {name}: changes firewall rules"))
+        elif name in ("--reload", "--complete-reload", "--runtime-to-permanent"):
+            findings.append((MEDIUM, f"firewall-cmd {name}: reloads firewall rules"))
+    return findings
+
+
+_IP_CHANGE = frozenset({"add", "append", "change", "chg", "replace", "set", "del", "delete", "flush", "prepend",
+                        "restore", "exec", "attach", "detach", "save"})  # fmt: skip
+
+
+def _h_ip(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-n", "-netns", "-f", "-family", "-b", "-batch", "-rc", "-l", "-loops"))
+    words = opts.operands
+    action = words[1] if len(words) > 1 else "show"
+    cuts = (
+        "down" in words
+        or action == "flush"
+        or (action in ("del", "delete") and ("default" in words or words[0].startswith("a")))
+    )
+    if cuts:
+        return [(CRITICAL, f"{cmd.label()}: can cut network connectivity (including this session)")]
+    if action in _IP_CHANGE:
+        return [(HIGH, f"{cmd.label()}: changes network configuration")]
+    return [(LOW, "ip: shows network configuration")]
+
+
+def _h_ifconfig(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    words = [a for a in cmd.args if a not in ("-a", "-s", "-v")]
+    if "down" in words:
+        return [(CRITICAL, f"{cmd.label()}: takes a network interface down")]
+    if len(words) > 1:
+        return [(HIGH, f"{cmd.label()}: changes network configuration")]
+    return [(LOW, f"{cmd.name}: shows network configuration")]
+
+
+def _h_route(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    words = [a for a in cmd.args if not a.startswith("-")]
+    if words and words[0] in ("del", "delete") and "default" in words:
+        return [(CRITICAL, f"{cmd.label()}: deletes the default route")]
+    if words and words[0] in ("add", "del", "delete", "flush"):
+        return [(HIGH, f"{cmd.label()}: changes routing")]
+    return [(LOW, "route: shows routes")]
+
+
+def _h_nmcli(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    words = set(cmd.args)
+    if words & {"down", "delete", "off", "disconnect"}:
+        return [(CRITICAL, f"{cmd.label()}: can cut network connectivity")]
+    if words & {"modify", "add", "up", "connect", "reload", "on", "import", "edit", "set"}:
+        return [(HIGH, f"{cmd.label()}: changes network configuration")]
+    return [(LOW, "nmcli: shows network state")]
+
+
+def _h_mount(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-t", "--types", "-o", "--options", "-O", "-L", "-U"))
+    if not opts.operands and not opts.has("-a", "--all", "-o", "--options"):
+        return [(LOW, "mount: lists mounts")]
+    return [(HIGH, f"{cmd.label()}: mounts or remounts a filesystem")]
+
+
+_CURL_WITH_ARG = (
+    "-o", "--output", "-d", "--data", "--data-raw", "--data-binary", "--data-urlencode", "--data-ascii", "-F",
+    "--form", "-T", "--upload-file", "-X", "--request", "-H", "--header", "-u", "--user", "-A", "--user-agent",
+    "-e", "--referer", "-b", "--cookie", "-c", "--cookie-jar", "-K", "--config", "-m", "--max-time",
+    "--connect-timeout", "-w", "--write-out", "-x", "--proxy", "--retry", "-r", "--range", "--cacert", "--cert",
+    "--key", "-E", "-D", "--dump-header", "--resolve", "--url", "-Y", "-y", "-z", "-C", "--limit-rate",
+    "--output-dir", "--unix-socket", "--json", "--retry-delay", "--retry-max-time", "--interface",
+)  # fmt: skip
+_CURL_DATA = ("-d", "--data", "--data-raw", "--data-binary", "--data-urlencode", "--data-ascii", "-F", "--form",
+              "-T", "--upload-file", "--json")  # fmt: skip
+
+
+def _h_curl(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, _CURL_WITH_ARG)
+    findings: list[Finding] = [(LOW, "curl: fetches a URL to standard output")]
+    for target in opts.values("-o", "--output", "-c", "--cookie-jar", "-D", "--dump-header"):
+        if target != "-":
+            findings.append(_write_finding("curl writes", target, ctx))
+    if opts.has("-O", "--remote-name", "--remote-name-all", "-J"):
+        findings.append(_write_finding("curl -O saves into", opts.value("--output-dir") or ".", ctx))
+    method = (opts.value("-X", "--request") or "").upper()
+    if method in ("POST", "PUT", "PATCH", "DELETE") or opts.has(*_CURL_DATA):
+        findings.append((MEDIUM, f"curl {method or 'with data'}: sends a state-changing request"))
+    for value in opts.values(*_CURL_DATA):
+        path = value.split("@", 1)[1] if "@" in value else (value if opts.has("-T", "--upload-file") else "")
+        if path and _SECRET_RE.match(_normalize_path(path, ctx.cwd)):
+            findings.append((HIGH, f"curl uploads the sensitive file '{path}' (exfiltration)"))
+    if opts.has("-K", "--config"):
+        findings.append((MEDIUM, "curl -K: reads options from a config file"))
+    return findings
+
+
+def _h_wget(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-O", "--output-document", "-o", "--output-file", "-P", "--directory-prefix",
+                                  "-a", "--append-output", "-i", "--input-file", "--post-data", "--post-file",
+                                  "--method", "-U", "--user-agent", "--header", "-t", "--tries", "-T", "--timeout",
+                                  "--user", "--password", "-e", "--execute"))  # fmt: skip
+    if opts.has("--spider"):
+        return [(LOW, "wget --spider: checks a URL")]
+    findings: list[Finding] = []
+    document = opts.value("-O", "--output-document")
+    if document == "-":
+        findings.append((LOW, "wget -O-: fetches a URL to standard output"))
+    else:
+        findings.append(
+            _write_finding("wget saves into", document or opts.value("-P", "--directory-prefix") or ".", ctx)
+        )
+    for log in opts.values("-o", "--output-file", "-a", "--append-output"):
+        findings.append(_write_finding("wget log", log, ctx))
+    if opts.has("--post-data", "--post-file", "--method"):
+        findings.append((MEDIUM, "wget: sends a state-changing request"))
+    return findings
+
+
+def _h_nc(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(
+        cmd.args, ("-e", "-c", "--exec", "--sh-exec", "--lua-exec", "-p", "-s", "-w", "-i", "-q", "-x")
+    )
+    if opts.has("-e", "-c", "--exec", "--sh-exec", "--lua-exec"):
+        return [(CRITICAL, f"{cmd.label()}: binds a shell to a network socket (reverse/bind shell)")]
+    if opts.has("-l", "--listen"):
+        return [(MEDIUM, f"{cmd.label()}: opens a listening socket")]
+    if opts.has("-z"):
+        return [(LOW, "nc -z: port check")]
+    return [(MEDIUM, f"{cmd.label()}: opens a raw network connection")]
+
+
+def _h_socat(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    if any(re.search(r"\b(exec|system):", a, re.I) for a in cmd.args):
+        return [(CRITICAL, f"{cmd.label()}: connects a program/shell to a socket (reverse/bind shell)")]
+    return [(MEDIUM, f"{cmd.label()}: relays network traffic")]
+
+
+_SSH_WITH_ARG = ("-b", "-c", "-D", "-E", "-e", "-F", "-I", "-i", "-J", "-L", "-l", "-m", "-O", "-o", "-p", "-Q",
+                 "-R", "-S", "-W", "-w", "-B", "-P")  # fmt: skip
+
+
+def _h_ssh(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, _SSH_WITH_ARG, stop_at_operand=True)
+    findings: list[Finding] = []
+    for option in opts.values("-o"):
+        key, _, value = option.partition("=")
+        if key.strip().lower() in ("proxycommand", "localcommand", "permitlocalcommand") and value:
+            findings += _nested(value, ctx, f"ssh -o {key}")
+    if not opts.operands:
+        return findings + [(LOW, "ssh: shows usage")]
+    host, remote = opts.operands[0], opts.operands[1:]
+    if not remote:
+        return findings + [(MEDIUM, f"ssh {host}: opens an interactive remote session")]
+    return (
+        findings
+        + [(LOW, f"ssh {host}: runs a remote command")]
+        + _exec_text(" ".join(remote), ctx, f"remote command on {host}")
+    )
+
+
+def _h_openssl(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    sub = cmd.args[0] if cmd.args else ""
+    read = {"x509", "s_client", "version", "verify", "asn1parse", "ciphers", "list", "dgst", "speed", "crl",
+            "rand", "errstr", "s_time", "sess_id", "help", "ocsp", "base64", "enc", "prime", "sha256", "md5"}  # fmt: skip
+    findings: list[Finding] = [
+        (
+            LOW if sub in read else MEDIUM,
+            f"openssl {sub}: {'read-only' if sub in read else 'creates keys/certificates'}",
+        )
+    ]
+    if "-out" in cmd.args[:-1]:
+        findings.append(_write_finding("openssl -out", cmd.args[cmd.args.index("-out") + 1], ctx))
+    return findings
+
+
+# ---------------------------------------------------------------------------- disks, users, misc
+
+
+def _h_fdisk(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    listing = {"-l", "--list", "-L", "print", "-p", "--print", "-s", "--show-size", "-v", "--version", "--help", "-d",
+               "--dump", "-V", "--verify"}  # fmt: skip
+    if any(a in listing for a in cmd.args) and not any(
+        a in ("rm", "mklabel", "mkpart", "--zap-all", "-Z", "-o", "resizepart") for a in cmd.args
+    ):
+        return [(LOW, f"{cmd.name}: lists partitions")]
+    return [(CRITICAL, f"{cmd.label()}: repartitions a disk (data loss)")]
+
+
+_SUBCOMMAND_RULES: dict[str, tuple[dict[str, RiskLevel], RiskLevel, str]] = {
+    "zfs": (
+        _levels(low="list get status iostat holds diff version", critical="destroy", high="rollback"),
+        HIGH,
+        "zfs",
+    ),
+    "zpool": (
+        _levels(
+            low="status list iostat history get version",
+            critical="destroy labelclear",
+            high="export offline detach remove split create add attach replace clear",
+        ),
+        HIGH,
+        "zpool",
+    ),  # fmt: skip
+    "cryptsetup": (
+        _levels(
+            low="status luksDump isLuks luksUUID tcryptDump benchmark",
+            critical="luksFormat erase luksErase luksKillSlot reencrypt",
+        ),
+        HIGH,
+        "cryptsetup",
+    ),  # fmt: skip
+    "dmsetup": (
+        _levels(low="ls info status table deps version targets", critical="remove_all wipe_table remove"),
+        HIGH,
+        "dmsetup",
+    ),
+    "timedatectl": (
+        _levels(low="status show list-timezones timesync-status show-timesync"),
+        HIGH,
+        "timedatectl",
+    ),
+    "hostnamectl": (_levels(low="status"), HIGH, "hostnamectl"),
+    "loginctl": (
+        _levels(
+            low="list-sessions list-users list-seats show-session show-user session-status user-status",
+            high="terminate-session terminate-user kill-session kill-user",
+        ),
+        MEDIUM,
+        "loginctl",
+    ),  # fmt: skip
+    "virsh": (
+        _levels(
+            low="list dominfo domstate nodeinfo version net-list pool-list vol-list dumpxml",
+            critical="undefine destroy vol-delete pool-delete pool-destroy",
+        ),
+        HIGH,
+        "virsh",
+    ),  # fmt: skip
+}
+
+
+def _h_subcommand(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    table, default, tool = _SUBCOMMAND_RULES[cmd.name]
+    words = [a for a in cmd.args if not a.startswith("-")]
+    if not words:
+        return [(LOW, f"{tool}: shows status/help")]
+    return [_subcommand_finding(tool, words[0], table, default)]
+
+
+def _h_mdadm(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args)
+    if opts.has("--zero-superblock", "--create", "-C", "--grow", "-G"):
+        return [(CRITICAL, f"{cmd.label()}: rewrites RAID metadata (data loss)")]
+    if opts.has("--detail", "-D", "--examine", "-E", "--query", "-Q", "--detail-platform"):
+        return [(LOW, "mdadm: shows RAID status")]
+    return [(HIGH, f"{cmd.label()}: changes a RAID array")]
+
+
+_PRIVILEGED_GROUPS = frozenset(
+    {"sudo", "wheel", "root", "admin", "adm", "docker", "lxd", "disk", "shadow", "0"}
+)
+
+
+def _h_usermod(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, ("-G", "--groups", "-g", "--gid", "-u", "--uid", "-s", "--shell", "-d", "--home",
+                                  "-e", "--expiredate", "-l", "--login", "-p", "--password", "-c", "--comment"))  # fmt: skip
+    groups = {g for value in opts.values("-G", "--groups", "-g", "--gid") for g in value.split(",")}
+    findings: list[Finding] = [(HIGH, f"{cmd.label()}: changes a user account")]
+    if groups & _PRIVILEGED_GROUPS or "0" in opts.values("-u", "--uid"):
+        findings.append((CRITICAL, f"{cmd.label()}: grants administrative privileges"))
+    if "root" in opts.operands and (
+        opts.has("-L", "--lock", "-p", "--password", "-e", "--expiredate", "-s", "--shell")
+    ):
+        findings.append((CRITICAL, f"{cmd.label()}: locks or changes the root account"))
+    return findings
+
+
+def _h_useradd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    return [
+        (max(level, HIGH, key=lambda lv: lv.rank), text.replace("changes", "creates"))
+        for level, text in _h_usermod(cmd, ctx)
+    ]
+
+
+def _h_export(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    findings: list[Finding] = [(LOW, f"{cmd.name}: sets shell variables")]
+    for arg in cmd.args:
+        findings += _assignment_findings(arg)
+    return findings
+
+
+def _h_unset(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    if any(a in ("HISTFILE", "HISTSIZE", "HISTFILESIZE") for a in cmd.args):
+        return [(MEDIUM, f"{cmd.label()}: disables shell history")]
+    return [(LOW, "unset: removes shell variables")]
+
+
+def _h_set(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    if "history" in cmd.args and "+o" in cmd.args:
+        return [(MEDIUM, "set +o history: disables shell history")]
+    return [(LOW, "set: sets shell options")]
+
+
+def _h_alias(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    defs = [a for a in cmd.args if "=" in a]
+    if defs:
+        return [(MEDIUM, f"alias {_show(defs[0])}: redefines a command")] + _nested(
+            defs[0].split("=", 1)[1], ctx, "alias body"
+        )
+    return [(LOW, "alias: lists aliases")]
+
+
+def _h_cd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    operands = _parse_opts(cmd.args).operands
+    target = operands[0] if operands else "~"
+    if target == "-" or _is_dynamic(target):
+        ctx.cwd = None
+    else:
+        ctx.cwd = _normalize_path(target, ctx.cwd)
+    return [(LOW, "cd: changes the working directory")]
+
+
+_SU_WITH_ARG = ("-c", "--command", "-s", "--shell", "-g", "--group", "-G", "--supp-group", "-u", "-w",
+                "--whitelist-environment", "--session-command")  # fmt: skip
+
+
+def _h_su(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    opts = _parse_opts(cmd.args, _SU_WITH_ARG)
+    code = opts.value("-c", "--command", "--session-command")
+    if code is not None:
+        return _exec_text(code, ctx, f"{cmd.name} -c")
+    operands = [o for o in opts.operands if o != "-"]
+    if cmd.name == "runuser" and opts.has("-u") and operands:
+        return _classify_argv(operands, cmd, ctx)
+    user = opts.value("-u") or (operands[0] if operands else "root")
+    return [(HIGH, f"{cmd.name} {user}: opens a shell as {user}")]
+
+
+# ---------------------------------------------------------------------------- code execution
+
+_SHELL_CODE_FLAGS: dict[str, tuple[str, ...]] = {
+    "python": ("-c",), "perl": ("-e", "-E"), "ruby": ("-e",), "node": ("-e", "--eval", "-p", "--print"),
+    "php": ("-r",), "lua": ("-e",), "Rscript": ("-e",), "pwsh": ("-c", "-command", "-Command"),
+    "powershell": ("-c", "-command", "-Command"), "osascript": ("-e",), "tclsh": (),
+}  # fmt: skip
+_VERSION_FLAGS = frozenset({"--version", "-V", "-v", "--help", "-h", "-version"})
+_CODE_RULES: tuple[tuple[re.Pattern[str], RiskLevel, str], ...] = (
+    (re.compile(r"fork\s*(\(\s*\))?\s*while\s*(\(\s*)?fork|while\s*[(\s]*(1|true|True)[)\s]*[:{]?[^}\n]*\bfork\b|"
+                r"for\s*\(\s*;\s*;\s*\)\s*\{?[^}]*\bfork\b"), CRITICAL, "fork bomb (spawns processes forever)"),
+    (re.compile(r"(b64decode|base64|unhexlify|fromhex|decode\(\s*['\"](hex|base64)).*\b(exec|eval|system)\b|"
+                r"\b(exec|eval|system)\s*\(.*(b64decode|unhexlify|fromhex|base64)"), CRITICAL, "executes an encoded payload"),
+    (re.compile(r"open\(\s*['\"](/etc/|/boot/|/dev/sd|/dev/nvme|/proc/sysrq)[^'\"]*['\"]\s*,\s*['\"][wa]"), CRITICAL,
+     "overwrites a system file"),
+    (re.compile(r"\b(os\.system|os\.popen|subprocess|commands\.getoutput|pty\.spawn|os\.exec\w*|os\.spawn\w*|"
+                r"child_process|execSync|spawnSync|shell_exec|passthru|proc_open|Runtime\.getRuntime)\b"), HIGH,
+     "spawns shell commands"),
+    (re.compile(r"\b(system|exec|popen|spawn|qx)\s*[({]|`[^`]+`"), HIGH, "runs shell commands"),
+    (re.compile(r"\b(shutil\.rmtree|os\.remove|os\.unlink|os\.rmdir|os\.removedirs|unlink|rmtree|rm_rf|rm_r|"
+                r"FileUtils\.rm\w*|fs\.rm\w*|fs\.unlink\w*|File\.delete)\b"), HIGH, "deletes files"),
+    (re.compile(r"\bsocket\b|\bIO::Socket|\bTCPSocket\b|\bnet\.connect\b"), HIGH, "opens network sockets"),
+    (re.compile(r"\b(eval|exec|compile)\s*\(|__import__\s*\("), HIGH, "evaluates dynamically built code"),
+    (re.compile(r"\b(os\.kill|os\.killpg|signal\.SIGKILL|process\.kill)\b|\bkill\s+-?9"), HIGH, "kills processes"),
+    (re.compile(r"\b(os\.chmod|os\.chown|os\.setuid|chmod|chown|setuid)\b"), HIGH, "changes permissions or privileges"),
+    (re.compile(r"open\([^)]*,\s*['\"][wax]|write_text|write_bytes|File\.write|fs\.writeFile"), MEDIUM, "writes files"),
+)  # fmt: skip
+_CODE_SHELL_CALL_RE = re.compile(
+    r"\b(?:system|popen|getoutput|getstatusoutput|check_output|check_call|call|run|Popen|exec|execSync|spawnSync|"
+    r"shell_exec|passthru|qx)\s*[({]\s*[rbuf]?(['\"])(?P<cmd>.+?)(?<!\\)\1"
+)
+_CODE_SHELL_LIST_RE = re.compile(r"\[\s*((?:[rbu]?['\"][^'\"]*['\"]\s*,\s*)+[rbu]?['\"][^'\"]*['\"])\s*\]")
+_CODE_BACKTICK_RE = re.compile(r"`(?P<cmd>[^`]+)`")
+_CODE_DELETE_RE: tuple[tuple[re.Pattern[str], bool], ...] = (
+    (re.compile(r"(?:rmtree|rm_rf|rm_r|removedirs|rmSync|rmdirSync)\s*\(\s*[rbuf]?(['\"])(?P<path>[^'\"]+)\1"), True),
+    (re.compile(r"(?:os\.remove|os\.unlink|\bunlink|unlinkSync)\s*\(\s*[rbuf]?(['\"])(?P<path>[^'\"]+)\1"), False),
+)  # fmt: skip
+
+
+def _shell_calls(code: str, ctx: _Ctx, label: str) -> list[Finding]:
+    findings: list[Finding] = []
+    commands = [m.group("cmd") for m in _CODE_SHELL_CALL_RE.finditer(code)]
+    commands += [m.group("cmd") for m in _CODE_BACKTICK_RE.finditer(code)]
+    for match in _CODE_SHELL_LIST_RE.finditer(code):
+        commands.append(" ".join(shlex.quote(w) for w in re.findall(r"['\"]([^'\"]*)['\"]", match.group(1))))
+    for command in commands:
+        findings += _nested(command.replace("\\'", "'").replace('\\"', '"'), ctx, f"{label} shell call")
+    return findings
+
+
+def _code_findings(code: str, ctx: _Ctx, label: str) -> list[Finding]:
+    findings: list[Finding] = [(MEDIUM, f"{label} runs inline code that cannot be fully analysed")]
+    findings += _fetch_findings(code, ctx, label)
+    for pattern, level, what in _CODE_RULES:
+        if pattern.search(code):
+            findings.append((level, f"{label}: {what}"))
+    findings += _shell_calls(code, ctx, label)
+    for pattern, recursive in _CODE_DELETE_RE:
+        for match in pattern.finditer(code):
+            level, what = _delete_risk(match.group("path"), ctx, recursive)
+            findings.append((level, f"{label} deletes '{match.group('path')}': {what}"))
+    return findings
+
+
+def _heredoc_body(cmd: _Cmd, ctx: _Ctx) -> str | None:
+    for op, target in cmd.redirs:
+        if op in ("<<", "<<<"):
+            match = _SUB_RE.fullmatch(target)
+            if op == "<<" and match:
+                return ctx.subs[int(match.group(1))].text
+            return target
+    return None
+
+
+_DOWNLOADERS = frozenset({"curl", "wget", "fetch", "aria2c", "lwp-request", "lwp-download", "http", "https", "nc",
+                          "socat", "tftp", "ftp", "httpie", "xh", "invoke-webrequest", "iwr", "scp", "aws", "gsutil"})  # fmt: skip
+
+
+def _stage_kind(argv: list[str]) -> str | None:
+    if not argv:
+        return None
+    if _normalize_name(argv[0]) in _DOWNLOADERS:
+        return "downloaded content"
+    text = " ".join(argv)
+    return "a decoded payload" if _DECODE_RE.search(text) else None
+
+
+def _echo_text(argv: list[str]) -> str:
+    words = [w for w in argv[1:] if not re.fullmatch(r"-[neE]+", w)]
+    text = " ".join(words)
+    return _ANSI_ESC_RE.sub(_ansi_unescape, text) if argv[0] == "printf" or "-e" in argv else text
+
+
+def _decode_base64(text: str) -> str | None:
+    try:
+        raw = base64.b64decode(re.sub(r"\s", "", text) + "==", validate=False)
+    except (binascii.Error, ValueError):
+        return None
+    decoded = raw.decode("utf-8", "replace")
+    return decoded if decoded.isprintable() or "\n" in decoded else None
+
+
+def _literal_payload(stages: list[list[str]]) -> str | None:
+    """Simulate `echo ... | base64 -d | rev` so the real payload can be classified."""
+    text: str | None = None
+    for argv in stages:
+        name = _normalize_name(argv[0]) if argv else ""
+        if name in ("echo", "printf"):
+            text = _echo_text([name, *argv[1:]])
+        elif text is not None and name in ("base64", "openssl") and _DECODE_RE.search(" ".join(argv)):
+            text = _decode_base64(text)
+        elif text is not None and name == "rev":
+            text = "\n".join(line[::-1] for line in text.split("\n"))
+        else:
+            text = None
+    return text
+
+
+def _piped_program(cmd: _Cmd, ctx: _Ctx, shell: bool) -> list[Finding]:
+    upstream = " | ".join(_show(" ".join(argv), 40) for argv in cmd.earlier + cmd.upstream if argv)
+    findings: list[Finding] = []
+    for argv in cmd.upstream + cmd.earlier:
+        kind = _stage_kind(argv)
+        if kind is not None:
+            what = "remote code execution" if kind.startswith("downloaded") else "obfuscated code execution"
+            findings.append((CRITICAL, f"pipes {kind} ('{upstream}') into {_show(cmd.raw)}: {what}"))
+            break
+    else:
+        findings.append(
+            (HIGH, f"pipes generated data ('{upstream}') into {_show(cmd.raw)}: executes it as code")
+        )
+    payload = _literal_payload(cmd.upstream)
+    if payload:
+        findings += _nested(payload, ctx, "piped script") if shell else _code_findings(payload, ctx, cmd.name)
+    return findings
+
+
+def _stdin_program(cmd: _Cmd, ctx: _Ctx, shell: bool) -> list[Finding]:
+    body = _heredoc_body(cmd, ctx)
+    if body is not None:
+        label = f"{cmd.name} here-document"
+        return _exec_text(body, ctx, label) if shell else _code_findings(body, ctx, label)
+    for op, target in cmd.redirs:
+        if op == "<":
+            return _run_script(cmd, target, ctx, shell)
+    if cmd.upstream:
+        return _piped_program(cmd, ctx, shell)
+    if any(op in (">&", "&>", ">", "<>") and _path_kind(t, ctx)[0] == "net" for op, t in cmd.redirs):
+        return [(CRITICAL, f"{cmd.name} with its I/O on a network socket: reverse shell")]
+    return [(MEDIUM, f"starts an interactive {cmd.name}")]
+
+
+def _run_script(cmd: _Cmd, script: str, ctx: _Ctx, shell: bool) -> list[Finding]:
+    if script in ("-", "/dev/stdin"):
+        return _stdin_program(
+            _Cmd(cmd.name, cmd.raw, [], [r for r in cmd.redirs if r[0] != "<"], cmd.upstream), ctx, shell
+        )
+    findings = _fetch_findings(script, ctx, f"{cmd.name} script")
+    return findings + [(MEDIUM, f"{cmd.name} runs the script '{_show(script)}' (contents not analysed)")]
+
+
+def _parse_shell_args(args: list[str]) -> tuple[str | None, list[str], bool]:
+    code_mode = reads_stdin = False
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--" or not arg.startswith(("-", "+")) or arg in ("-", "+"):
+            index += arg == "--"
+            break
+        index += 1
+        if arg in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
+            index += 1
+        elif not arg.startswith("--"):
+            code_mode = code_mode or "c" in arg
+            reads_stdin = reads_stdin or "s" in arg
+    operands = args[index:]
+    if code_mode:
+        return (operands[0] if operands else ""), operands[1:], reads_stdin
+    return None, operands, reads_stdin
+
+
+def _h_shell(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    code, operands, reads_stdin = _parse_shell_args(cmd.args)
+    if code is not None:
+        return _exec_text(code, ctx, f"{cmd.name} -c") or [(LOW, f"{cmd.name} -c with empty code")]
+    if operands and not reads_stdin:
+        return _run_script(cmd, operands[0], ctx, shell=True)
+    return _stdin_program(cmd, ctx, shell=True)
+
+
+def _h_source(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    if not cmd.args:
+        return [(LOW, f"{cmd.name} without a file")]
+    return _run_script(cmd, cmd.args[0], ctx, shell=True)
+
+
+def _h_eval(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    text = " ".join(cmd.args)
+    findings = _exec_text(text, ctx, "eval")
+    if _is_dynamic(text):
+        findings.append((HIGH, f"eval of dynamically generated code: {_show(text)!r}"))
+    return findings or [(LOW, "eval of nothing")]
+
+
+def _interp_code(cmd: _Cmd) -> tuple[str | None, int]:
+    flags = _SHELL_CODE_FLAGS.get(cmd.name, ())
+    for index, arg in enumerate(cmd.args):
+        cluster_code = cmd.name in ("perl", "ruby") and re.fullmatch(r"-[a-zA-Z0-9.]*[eE]", arg)
+        if (arg in flags or cluster_code) and index + 1 < len(cmd.args):
+            return cmd.args[index + 1], index + 2
+        if not arg.startswith("-"):
+            return None, index
+    return None, len(cmd.args)
+
+
+def _h_interp(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    if cmd.args and all(a in _VERSION_FLAGS for a in cmd.args):
+        return [(LOW, f"{cmd.name}: shows its version")]
+    if cmd.name == "python" and "-m" in cmd.args[:-1]:
+        return _python_module(cmd, ctx)
+    code, after = _interp_code(cmd)
+    if code is not None:
+        findings = _code_findings(code, ctx, cmd.name)
+        if any(re.fullmatch(r"-[a-zA-Z]*i[^ ]*", a) for a in cmd.args[:after]):
+            findings += [_write_finding(f"{cmd.name} -i edits", f, ctx) for f in cmd.args[after:]]
+        return findings
+    if after < len(cmd.args) and cmd.args[after] != "-":
+        return _run_script(cmd, cmd.args[after], ctx, shell=False)
+    return _stdin_program(cmd, ctx, shell=False)
+
+
+_PYTHON_MODULES = {"json.tool": LOW, "pip": MEDIUM, "http.server": MEDIUM, "venv": MEDIUM, "pytest": MEDIUM,
+                   "site": LOW, "platform": LOW, "sysconfig": LOW, "timeit": LOW, "this": LOW, "calendar": LOW}  # fmt: skip
+
+
+def _python_module(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    index = cmd.args.index("-m")
+    module = cmd.args[index + 1]
+    if module == "pip":
+        return _h_package(_Cmd("pip", "pip", cmd.args[index + 2 :], cmd.redirs, cmd.upstream), ctx)
+    level = _PYTHON_MODULES.get(module, MEDIUM)
+    return [(level, f"python -m {module}: {'read-only helper' if level == LOW else 'runs a Python module'}")]
+
+
+# ---------------------------------------------------------------------------- launchers
+
+
+@dataclass(frozen=True)
+class _Wrapper:
+    """A launcher that runs another command (`sudo cmd`, `timeout 5 cmd` ...)."""
+
+    with_arg: frozenset[str] = frozenset()
+    positional: int = 0
+    level: RiskLevel = LOW
+    note: str = ""
+    alone: RiskLevel = LOW
+
+
+_SUDO_WITH_ARG = frozenset({"-u", "--user", "-g", "--group", "-h", "--host", "-p", "--prompt", "-C", "--close-from",
+                            "-D", "--chdir", "-r", "--role", "-t", "--type", "-U", "--other-user", "-T",
+                            "--command-timeout"})  # fmt: skip
+_WRAPPERS: dict[str, _Wrapper] = {
+    "sudo": _Wrapper(_SUDO_WITH_ARG),
+    "doas": _Wrapper(frozenset({"-u", "-C"})),
+    "pkexec": _Wrapper(frozenset({"--user"})),
+    "run0": _Wrapper(frozenset({"--user", "-u", "--unit", "--property"})),
+    "nohup": _Wrapper(), "setsid": _Wrapper(), "unbuffer": _Wrapper(), "chronic": _Wrapper(),
+    "torsocks": _Wrapper(), "catchsegv": _Wrapper(), "fakeroot": _Wrapper(), "caffeinate": _Wrapper(),
+    "proxychains": _Wrapper(frozenset({"-f"})), "proxychains4": _Wrapper(frozenset({"-f"})),
+    "timeout": _Wrapper(frozenset({"-s", "--signal", "-k", "--kill-after"}), positional=1),
+    "nice": _Wrapper(frozenset({"-n", "--adjustment"})),
+    "ionice": _Wrapper(frozenset({"-c", "--class", "-n", "--classdata", "-t"})),
+    "stdbuf": _Wrapper(frozenset({"-i", "-o", "-e", "--input", "--output", "--error"})),
+    "time": _Wrapper(frozenset({"-f", "--format", "-o", "--output"})),
+    "command": _Wrapper(), "builtin": _Wrapper(), "exec": _Wrapper(frozenset({"-a"})), "noglob": _Wrapper(),
+    "taskset": _Wrapper(positional=1), "chrt": _Wrapper(positional=1),
+    "flock": _Wrapper(frozenset({"-w", "--timeout", "-E", "--conflict-exit-code"}), positional=1),
+    "busybox": _Wrapper(), "toybox": _Wrapper(),
+    "chroot": _Wrapper(frozenset({"--userspec", "--groups"}), positional=1, level=HIGH, note="inside a chroot", alone=HIGH),
+    "nsenter": _Wrapper(frozenset({"-t", "--target", "-S", "-G", "--setuid", "--setgid"}), level=HIGH,
+                        note="inside another process's namespaces", alone=HIGH),  # fmt: skip
+    "strace": _Wrapper(frozenset({"-o", "-e", "-p", "-s", "-u", "-E", "-P"}), level=MEDIUM, note="under a tracer"),
+    "ltrace": _Wrapper(frozenset({"-o", "-e", "-p", "-s", "-u"}), level=MEDIUM, note="under a tracer"),
+    "systemd-run": _Wrapper(frozenset({"-u", "--unit", "-p", "--property", "--on-calendar", "--on-active", "-M",
+                                       "--description", "--slice"}), level=MEDIUM, note="as a transient unit"),  # fmt: skip
+    "firejail": _Wrapper(), "sg": _Wrapper(positional=1), "script": _Wrapper(frozenset({"-c"})),
+}  # fmt: skip
+_ROOT_SHELL_FLAGS = frozenset({"-i", "-s", "--login", "--shell"})
+
+
+def _split_wrapper(args: list[str], wrapper: _Wrapper) -> tuple[list[str], list[str]]:
+    """Return (wrapper options, wrapped argv)."""
+    index = 0
+    flags: list[str] = []
+    while index < len(args) and args[index].startswith("-") and args[index] != "-":
+        arg = args[index]
+        index += 1
+        if arg == "--":
+            break
+        flags.append(arg)
+        if arg in wrapper.with_arg:
+            index += 1
+    index += wrapper.positional
+    return flags, args[index:]
+
+
+def _unwrap(cmd: _Cmd, wrapper: _Wrapper, ctx: _Ctx) -> list[Finding]:
+    flags, inner = _split_wrapper(cmd.args, wrapper)
+    if cmd.name == "command" and any(f in ("-v", "-V") for f in flags):
+        return [(LOW, "command -v: looks up a command")]
+    if not inner:
+        if cmd.name in ("sudo", "doas", "run0") and _ROOT_SHELL_FLAGS & set(flags):
+            return [(HIGH, f"{cmd.label()}: opens an interactive root shell")]
+        return [(wrapper.alone, f"{cmd.name} without a command")]
+    findings = _classify_argv(inner, cmd, ctx)
+    if wrapper.level > LOW:
+        findings.append((wrapper.level, f"{cmd.name}: runs '{_show(inner[0])}' {wrapper.note}"))
+    return findings
+
+
+def _h_env(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    args = cmd.args
+    findings: list[Finding] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg in ("-u", "--unset", "-C", "--chdir"):
+            index += 2
+        elif arg in ("-S", "--split-string") and index + 1 < len(args):
+            return findings + _exec_text(" ".join(args[index + 1 :]), ctx, "env -S")
+        elif arg.startswith("-") and arg != "-":
+            index += 1
+        elif _ASSIGNMENT_RE.match(arg):
+            findings += _assignment_findings(arg)
+            index += 1
+        else:
+            break
+    inner = args[index:]
+    if not inner:
+        return findings + [(LOW, "env: prints the environment")]
+    return findings + _classify_argv(inner, cmd, ctx)
+
+
+def _h_watch(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    _, inner = _split_wrapper(cmd.args, _Wrapper(frozenset({"-n", "--interval", "-q", "--equexit", "-d"})))
+    if not inner:
+        return [(LOW, "watch without a command")]
+    return _exec_text(" ".join(inner), ctx, "watch command")
+
+
+_XARGS_WITH_ARG = frozenset({"-a", "--arg-file", "-d", "--delimiter", "-E", "--eof", "-I", "--replace", "-L",
+                             "--max-lines", "-n", "--max-args", "-P", "--max-procs", "-s", "--max-chars",
+                             "--process-slot-var"})  # fmt: skip
+
+
+def _xargs_input(upstream: list[list[str]]) -> list[str] | None:
+    if not upstream or not upstream[-1]:
+        return None
+    argv = upstream[-1]
+    name = _normalize_name(argv[0])
+    if name == "find":
+        return _find_parts(argv[1:])[0]
+    if name in ("echo", "printf", "ls"):
+        return [a for a in argv[1:] if not a.startswith("-")] or None
+    return None
+
+
+def _h_xargs(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    flags, inner = _split_wrapper(cmd.args, _Wrapper(_XARGS_WITH_ARG))
+    inner = inner or ["echo"]
+    items = _xargs_input(cmd.upstream) or ["$XARGS_INPUT"]
+    replace = next((cmd.args[i + 1] for i, a in enumerate(cmd.args[:-1]) if a in ("-I", "--replace")), None)
+    if replace is None and any(f.startswith("-I") and len(f) > 2 for f in flags):
+        replace = next(f[2:] for f in flags if f.startswith("-I") and len(f) > 2)
+    argv = [w.replace(replace, items[0]) for w in inner] if replace else [*inner, *items]
+    return _classify_argv(argv, _Cmd(cmd.name, cmd.raw, [], cmd.redirs, []), ctx)
+
+
+# ---------------------------------------------------------------------------- dispatch
+
+_HANDLERS: dict[str, _Handler] = {
+    "rm": _h_rm, "unlink": _h_rm, "rmdir": _h_rmdir, "shred": _h_shred, "truncate": _h_truncate, "tee": _h_tee,
+    "touch": _h_touch, "mkdir": _h_mkdir, "cp": _h_copy, "install": _h_copy, "ln": _h_copy, "mv": _h_mv,
+    "dd": _h_dd, "wipefs": _h_wipefs, "chmod": _h_perms, "chown": _h_perms, "chgrp": _h_perms,
+    "setfacl": _h_setfacl, "find": _h_find, "sed": _h_sed, "awk": _h_awk, "tar": _h_tar, "rsync": _h_rsync,
+    "kill": _h_kill, "pkill": _h_pkill, "systemctl": _h_systemctl, "service": _h_service,
+    "journalctl": _h_journalctl, "dmesg": _h_dmesg, "ping": _h_ping, "ping6": _h_ping, "history": _h_history,
+    "passwd": _h_passwd, "crontab": _h_crontab, "badblocks": _h_badblocks, "hdparm": _h_hdparm,
+    "swapon": _h_swapon, "reboot": _h_reboot, "shutdown": _h_shutdown, "sysctl": _h_sysctl_full, "init": _h_init,
+    "hostname": _h_hostname, "date": _h_date, "hwclock": _h_hwclock, "git": _h_git, "docker": _h_docker,
+    "docker-compose": _h_docker, "kubectl": _h_kubectl, "helm": _h_helm, "terraform": _h_terraform,
+    "apt-get": _h_package, "apt-cache": lambda c, x: [(LOW, "apt-cache: read-only package query")],
+    "dnf": _h_package, "apk": _h_package, "snap": _h_package, "flatpak": _h_package, "pacman": _h_package,
+    "pip": _h_package, "npm": _h_package, "dpkg": _h_dpkg, "rpm": _h_rpm, "iptables": _h_iptables,
+    "nft": _h_nft_full, "ufw": _h_ufw, "firewall-cmd": _h_firewall_cmd, "ip": _h_ip, "ifconfig": _h_ifconfig,
+    "route": _h_route, "nmcli": _h_nmcli, "mount": _h_mount, "curl": _h_curl, "wget": _h_wget, "nc": _h_nc,
+    "socat": _h_socat, "ssh": _h_ssh, "openssl": _h_openssl, "fdisk": _h_fdisk, "mdadm": _h_mdadm,
+    "usermod": _h_usermod, "useradd": _h_useradd, "adduser": _h_useradd, "export": _h_export,
+    "declare": _h_export, "typeset": _h_export, "readonly": _h_export, "local": _h_export, "unset": _h_unset,
+    "set": _h_set, "alias": _h_alias, "cd": _h_cd, "su": _h_su, "sh": _h_shell, "source": _h_source,
+    ".": _h_source, "eval": _h_eval, "env": _h_env, "watch": _h_watch, "xargs": _h_xargs,
+    **dict.fromkeys(_SHELL_CODE_FLAGS, _h_interp),
+    **dict.fromkeys(_SUBCOMMAND_RULES, _h_subcommand),
+}  # fmt: skip
+
+_ASSIGNMENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=")
+_RISKY_VARIABLES: dict[str, Finding] = {
+    "LD_PRELOAD": (HIGH, "sets LD_PRELOAD: injects a library into every program"),
+    "LD_LIBRARY_PATH": (MEDIUM, "sets LD_LIBRARY_PATH: changes which libraries programs load"),
+    "LD_AUDIT": (HIGH, "sets LD_AUDIT: injects a library into every program"),
+    "PROMPT_COMMAND": (HIGH, "sets PROMPT_COMMAND: runs code at every prompt"),
+    "BASH_ENV": (HIGH, "sets BASH_ENV: runs code in every non-interactive shell"),
+    "IFS": (HIGH, "redefines IFS: changes how the shell splits words (obfuscation)"),
+    "PATH": (MEDIUM, "changes PATH: changes which binaries run"),
+    "HISTFILE": (MEDIUM, "changes HISTFILE: hides or redirects shell history"),
+    "HISTSIZE": (MEDIUM, "changes HISTSIZE: can disable shell history"),
+    "HISTFILESIZE": (MEDIUM, "changes HISTFILESIZE: can disable shell history"),
+}
+_KEYWORDS = frozenset(
+    {"if", "then", "else", "elif", "do", "while", "until", "!", "{", "}", "fi", "done", "esac", "coproc"}
+)
+
+
+def _assignment_findings(word: str) -> list[Finding]:
+    name = re.split(r"[+=\[]", word, maxsplit=1)[0]
+    rule = _RISKY_VARIABLES.get(name)
+    return [rule] if rule is not None else []
+
+
+def _strip_prefix_words(words: list[str]) -> tuple[list[str], list[Finding]]:
+    findings: list[Finding] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word in _KEYWORDS:
+            index += 1
+        elif word == "function":
+            index += 2
+        elif word in ("for", "select", "case", "in"):
+            return [], findings
+        elif _ASSIGNMENT_RE.match(word):
+            findings += _assignment_findings(word)
+            index += 1
+        else:
+            break
+    return words[index:], findings
+
+
+def _core_argv(words: list[str]) -> list[str]:
+    """The argv that actually runs, after keywords, assignments and launchers (for pipeline analysis)."""
+    argv, _ = _strip_prefix_words(words)
+    for _ in range(8):
+        if not argv:
+            return argv
+        wrapper = _WRAPPERS.get(_normalize_name(argv[0]))
+        if wrapper is None:
+            return argv
+        argv = _split_wrapper(argv[1:], wrapper)[1]
+    return argv
+
+
+def _resolve_dynamic_name(raw: str, ctx: _Ctx) -> str | None:
+    match = _SUB_RE.fullmatch(raw)
+    if match is None:
+        return None
+    inner = re.fullmatch(r"\s*(?:echo|printf)\s+(['\"]?)([\w./-]+)\1\s*", ctx.subs[int(match.group(1))].text)
+    return inner.group(2) if inner else None
+
+
+def _dynamic_command(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    findings: list[Finding] = [
+        (HIGH, f"command name is computed at runtime ('{_show(cmd.raw)}'): the binary cannot be determined")
+    ]
+    findings += _fetch_findings(cmd.raw, ctx, "the command")
+    resolved = _resolve_dynamic_name(cmd.raw, ctx)
+    if resolved:
+        findings += _classify_cmd(
+            _Cmd(_normalize_name(resolved), resolved, cmd.args, cmd.redirs, cmd.upstream), ctx
+        )
+    return findings
+
+
+def _secret_access(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    for arg in cmd.args:
+        if "/" in arg and _SECRET_RE.match(_normalize_path(arg, ctx.cwd)):
+            return [(MEDIUM, f"{cmd.name} accesses the sensitive file '{arg}' (credentials)")]
+    return []
+
+
+def _classify_cmd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    if _is_dynamic(cmd.raw):
+        return _dynamic_command(cmd, ctx)
+    if cmd.raw not in ("[", "[[") and any(c in cmd.raw for c in "*?["):
+        return [(HIGH, f"command name '{cmd.raw}' is a glob pattern: the binary cannot be determined")]
+    wrapper = _WRAPPERS.get(cmd.name)
+    if wrapper is not None:
+        return _unwrap(cmd, wrapper, ctx)
+    handler = _HANDLERS.get(cmd.name)
+    findings = handler(cmd, ctx) if handler is not None else [_static_finding(cmd)]
+    return findings + _secret_access(cmd, ctx)
+
+
+def _classify_argv(argv: list[str], parent: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """Classify a command given as a word list (after a launcher, in `find -exec`, `docker run` ...)."""
+    words, findings = _strip_prefix_words(argv)
+    if not words:
+        return findings
+    if ctx.depth > _MAX_DEPTH * 4:
+        return findings + [(HIGH, "command nesting is too deep to analyse")]
+    ctx.depth += 1
+    try:
+        return findings + _classify_cmd(parent.with_argv(words), ctx)
+    finally:
+        ctx.depth -= 1
+
+
+def _redirect_findings(redirs: list[tuple[str, str]], ctx: _Ctx) -> list[Finding]:
+    findings: list[Finding] = []
+    for op, target in redirs:
+        if op in ("<", "<&", "<<", "<<<"):
+            continue
+        if op in (">&", "<&") and re.fullmatch(r"\d+-?|-", target):
+            continue
+        findings.append(_write_finding(f"redirection '{op}' to", target, ctx))
+    return findings
+
+
+def _classify_simple(simple: _Simple, before: list[_Simple], ctx: _Ctx) -> list[Finding]:
+    findings = _redirect_findings(simple.redirs, ctx)
+    words, prefix_findings = _strip_prefix_words(simple.words)
+    findings += prefix_findings
+    if not words:
+        return findings
+    upstream = [
+        _core_argv(s.words) for s in before if s.pipeline == simple.pipeline and s.stage < simple.stage
+    ]
+    cmd = _Cmd(_normalize_name(words[0]), words[0], words[1:], simple.redirs, upstream)
+    if any(not argv for argv in upstream):  # `{ curl ...; } | sh`: a group feeds the pipe
+        cmd.earlier = [_core_argv(s.words) for s in before]
+    return findings + _classify_cmd(cmd, ctx)
+
+
+_FUNCTION_RE = re.compile(
+    r"(?:function\s+)?(?P<name>[^\s(){};|&<>'\"$`]+)\s*\(\s*\)\s*\{(?P<body>.*?)\}"
+    r"|function\s+(?P<name2>[^\s(){};|&<>'\"$`]+)\s*\{(?P<body2>.*?)\}",
+    re.S,
+)
+
+
+def _fork_bomb(text: str) -> str | None:
+    for match in _FUNCTION_RE.finditer(text):
+        name = match.group("name") or match.group("name2") or ""
+        body = match.group("body") or match.group("body2") or ""
+        call = rf"(?<![\w.:-]){re.escape(name)}(?![\w.:-])"
+        if re.search(rf"{call}\s*\|&?\s*{call}|{call}\s*&(?!&)", body):
+            return name
+    return None
+
+
+def _classify_text(text: str, ctx: _Ctx) -> list[Finding]:
+    if ctx.depth > _MAX_DEPTH:
+        return [(HIGH, "command nesting is too deep to analyse")]
+    findings: list[Finding] = []
+    first_sub = len(ctx.subs)
+    scanned = _Scanner(text, ctx.subs, findings).scan()
+    new_subs = list(ctx.subs[first_sub:])
+    bomb = _fork_bomb(text)
+    if bomb is not None:
+        findings.append(
+            (CRITICAL, f"fork bomb: function '{bomb}' spawns copies of itself until the system hangs")
+        )
+    simples = _Builder().build(_tokenize(scanned))
+    for sub in new_subs:
+        if sub.kind != "heredoc":
+            findings += _nested(sub.text, ctx, "substitution")
+    for index, simple in enumerate(simples):
+        findings += _classify_simple(simple, simples[:index], ctx)
+    return findings
+
+
+# ============================================================================ entry point
+
+
+_PRIVATE_RE = re.compile("[\ue000-\ue0ff]")
+
+
+def _salvage(command: str) -> list[Finding]:
+    """Best effort for unparseable input: classify it with quoting characters removed."""
+    try:
+        return _classify_text(re.sub(r"[\"'`\\]", " ", command), _Ctx([]))
+    except (_ParseError, RecursionError):
+        return []
+
+
+def _summarise(findings: list[Finding], parsed: bool) -> CommandRisk:
+    if not findings:
+        return CommandRisk(LOW, ("empty command",), parsed)
+    level = max((lv for lv, _ in findings), key=lambda lv: lv.rank)
+    ordered = sorted(findings, key=lambda f: -f[0].rank)
+    shown = [text for lv, text in ordered if lv == level or lv >= MEDIUM]
+    return CommandRisk(level, tuple(dict.fromkeys(shown)), parsed)
+
+
+def _classify_top(command: str) -> CommandRisk:
+    findings: list[Finding] = []
+    if _PRIVATE_RE.search(command):
+        findings.append((HIGH, "contains Unicode private-use characters (possible obfuscation)"))
+        command = _PRIVATE_RE.sub("?", command)
+    try:
+        return _summarise(findings + _classify_text(command, _Ctx([])), parsed=True)
+    except _ParseError as exc:
+        findings.append((HIGH, f"could not parse the command ({exc}): treated as high risk"))
+        return _summarise(findings + _salvage(command), parsed=False)
+
+
+def classify_command(command: str) -> CommandRisk:
+    """Rate the risk of running `command` in a POSIX shell.
+
+    Never raises: anything that cannot be parsed or analysed is rated at least HIGH.
+    """
+    if len(command) > _MAX_LENGTH:
+        return CommandRisk(HIGH, ("command is too long to analyse",), False)
+    try:
+        return _classify_top(command)
+    except RecursionError:
+        return CommandRisk(HIGH, ("command is nested too deeply to analyse",), False)
+    except Exception as exc:  # fail closed: a classifier bug must never make a command look safe
+        return CommandRisk(
+            HIGH, (f"internal classifier error ({type(exc).__name__}): treated as high risk",), False
+        )
