@@ -3,9 +3,10 @@
 The run state keeps the full history (for persistence, replay and the user); `ContextManager.view()`
 returns what the model sees at each step:
 
-- **Step groups.** The history is cut into groups: the head (everything before the first assistant
-  message: the task, memory), then one group per assistant message with its tool results and the
-  hints or corrections that follow it. Groups are kept or dropped whole, so an assistant tool call is
+- **Step groups.** The history is cut into groups: the head (the messages before the first assistant
+  message), one group per assistant message with its tool results and the hints or corrections that
+  follow it, and the task message (kind "task"), which starts a group of its own when a session's
+  memory comes before it. Groups are kept or dropped whole, so an assistant tool call is
   never separated from its results (SPEC §7.3) — by construction. Each group is also repaired when
   needed (orphan tool results dropped, missing results answered by a placeholder), and
   `validate_history()` checks the result in tests.
@@ -97,6 +98,7 @@ class _Group:
     tokens: int = 0
     is_step: bool = False
     pinned: bool = False
+    has_task: bool = False
     _clean: tuple[int, list[Message], int] | None = None  # (len when built, messages, tokens)
     _compact: tuple[int, list[Message], int] | None = None
     _lines: tuple[int, list[str]] | None = None
@@ -106,7 +108,7 @@ class _Group:
         self.counts.append(tokens)
         self.tokens += tokens
         if msg.kind == "task":
-            self.pinned = True
+            self.pinned = self.has_task = True
 
 
 def _repaired(group: _Group) -> list[Message] | None:
@@ -270,6 +272,8 @@ class ContextManager:
         for msg in source[seen:]:
             if msg.role == "assistant":
                 self._groups.append(_Group(is_step=True))
+            elif msg.kind == "task" and self._groups[-1].messages:
+                self._groups.append(_Group())  # the task starts its own (pinned) group
             self._groups[-1].add(msg, count([msg]))
         self._seen = len(source)
         self._last = source[-1]
@@ -423,7 +427,8 @@ class ContextManager:
         else:
             body = self._deterministic_summary(state, dropped)
         goal = state.goal or next((m.content for m in self._groups[0].messages if m.role == "user"), "")
-        reminder = f"\nThe task is still: {_clip(goal, 400)}" if goal else ""
+        task_before = any(g.has_task for g in self._groups[: self._dropped])
+        reminder = f"\nThe task is still: {_clip(goal, 400)}" if goal and task_before else ""
         return f"{head}\n{body}{reminder}".strip()
 
     def _deterministic_summary(self, state: RunState, dropped: list[_Group]) -> str:
@@ -451,6 +456,8 @@ class ContextManager:
 def _summarise_group(state: RunState, messages: list[Message]) -> list[str]:
     head = messages[0]
     step = f"step {head.step}" if head.step is not None else "a step"
+    if head.kind == "memory":
+        step = "an earlier turn"
     if not head.tool_calls:
         return [f"- {step}: said: {_clip(head.content, 160)}"] if head.content.strip() else []
     results = {m.tool_call_id: m for m in messages if m.role == "tool"}
