@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from thinkloop.safety import (
     console_approval,
 )
 from thinkloop.testing import ScriptedModel
-from thinkloop.tools import command_risk
+from thinkloop.tools import command_risk, shell_tool
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -407,6 +408,19 @@ async def test_blacklisted_call_is_never_asked_and_never_runs_even_with_assume_y
     observation = [m for m in result.state.messages if m.role == "tool"][0].content
     assert observation.startswith("Blocked by the safety policy")
     assert result.state.approvals[0].decision == "blocked"
+
+
+async def test_a_renamed_shell_tool_still_blocks_critical_commands(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    bash = shell_tool(cwd=tmp_path, name="bash")
+    result, events, _ = await run_agent(
+        [{"tool_calls": [call("bash", command=f"touch {marker}; rm -rf /")]}, "refused"],
+        [bash],
+        SafetyController("permissive", approval=lambda request: True),
+    )
+    assert not marker.exists()
+    assert of_type(events, ToolCallEvent)[0].decision == "blocked"
+    assert "rm -rf" in result.state.approvals[0].reason  # the classifier's finding is in the reason
 
 
 async def test_the_same_gate_applies_to_plain_function_tools() -> None:

@@ -19,7 +19,9 @@ from ._controller import console_approval as console_approval
 from ._policy import Evaluation as Evaluation
 from ._policy import SafetyMode as SafetyMode
 from ._policy import SafetyPolicy as SafetyPolicy
+from ._policy import ShellCommandRisk as ShellCommandRisk
 from ._policy import ToolRule as ToolRule
+from ._policy import command_risk as command_risk
 
 __all__ = [
     "ApprovalDecision",
@@ -32,8 +34,10 @@ __all__ = [
     "SafetyController",
     "SafetyMode",
     "SafetyPolicy",
+    "ShellCommandRisk",
     "ToolRule",
     "approval_key",
     "classify_command",
+    "command_risk",
     "console_approval",
 ]

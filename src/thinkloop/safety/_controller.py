@@ -27,7 +27,7 @@ from .._messages import ToolCall
 from .._risk import RiskLevel
 from .._state import ApprovalRecord
 from .._tools import Tool
-from ._policy import Evaluation, SafetyMode, SafetyPolicy
+from ._policy import Evaluation, SafetyMode, SafetyPolicy, ShellCommandRisk
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -131,7 +131,8 @@ class SafetyController:
 
     async def check(self, call: ToolCall, tool: Tool, risk: RiskLevel, run: RunContext) -> GateDecision:
         """Decide one call: blocked → refused; allowed by the policy → runs; otherwise ask."""
-        evaluation = self.policy.evaluate(tool.name, call.arguments, risk)
+        argument = tool.risk.argument if isinstance(tool.risk, ShellCommandRisk) else None
+        evaluation = self.policy.evaluate(tool.name, call.arguments, risk, command_argument=argument)
         if evaluation.verdict == "block":
             message = _blocked_message(tool.name, evaluation)
             return _record(run, call, evaluation, "blocked", message=message)

@@ -125,15 +125,29 @@ class SafetyPolicy(BaseModel):
 
     # ------------------------------------------------------------------------------------ decisions
 
-    def command_of(self, tool_name: str, arguments: dict[str, Any]) -> str | None:
-        """The shell command of a call of a command tool, or None."""
-        key = self.command_tools.get(tool_name)
+    def command_of(
+        self, tool_name: str, arguments: dict[str, Any], command_argument: str | None = None
+    ) -> str | None:
+        """The shell command of a call of a command tool, or None.
+
+        A tool is a command tool when `command_tools` names it, or when its risk function is a
+        `ShellCommandRisk` (the built-in `shell` and `ssh_execute`, whatever they are named), which the
+        controller passes as `command_argument`.
+        """
+        key = self.command_tools.get(tool_name) or command_argument
         value = arguments.get(key) if key is not None else None
         return value if isinstance(value, str) else None
 
-    def evaluate(self, tool_name: str, arguments: dict[str, Any], risk: RiskLevel) -> Evaluation:
+    def evaluate(
+        self,
+        tool_name: str,
+        arguments: dict[str, Any],
+        risk: RiskLevel,
+        *,
+        command_argument: str | None = None,
+    ) -> Evaluation:
         """Decide a call without a person: blocked, runs on its own, or needs approval — and why."""
-        command = self.command_of(tool_name, arguments)
+        command = self.command_of(tool_name, arguments, command_argument)
         rated = classify_command(command) if command is not None else None
         risk = self._effective_risk(tool_name, risk, rated)
         reasons = list(rated.reasons) if rated is not None else []
@@ -189,6 +203,28 @@ class SafetyPolicy(BaseModel):
             return f"{risk.value} risk is below the {self.mode.value} threshold ({self.mode.threshold.value})"
         return None
 
+
+class ShellCommandRisk:
+    """The risk function of a tool running shell commands: the classifier's rating of one argument.
+
+    It also marks the tool as a command tool for the safety policy, so critical commands are blocked
+    whatever the tool is called. A missing or non-string command is rated HIGH.
+    """
+
+    def __init__(self, argument: str = "command") -> None:
+        self.argument = argument
+
+    def __call__(self, arguments: dict[str, Any]) -> RiskLevel:
+        command = arguments.get(self.argument)
+        if not isinstance(command, str):
+            return RiskLevel.HIGH
+        return classify_command(command).level
+
+    def __repr__(self) -> str:
+        return f"ShellCommandRisk({self.argument!r})"
+
+
+command_risk = ShellCommandRisk("command")
 
 _DEFAULT_RULE = ToolRule()
 _COMPOUND = re.compile(r"[;&|`\n\r<>]|\$\(")

@@ -13,6 +13,7 @@ from typing import Any
 
 from .._errors import ConfigurationError
 from .._tools import Tool
+from ..safety._policy import command_risk as command_risk
 from ._analyze import analyze_output as analyze_output
 from ._analyze import analyze_output_tool as analyze_output_tool
 from ._analyze import analyze_text as analyze_text
@@ -20,7 +21,6 @@ from ._files import Workspace as Workspace
 from ._files import WorkspaceError as WorkspaceError
 from ._files import file_tools as file_tools
 from ._shell import DEFAULT_ENV_ALLOWLIST as DEFAULT_ENV_ALLOWLIST
-from ._shell import command_risk as command_risk
 from ._shell import shell_tool as shell_tool
 from ._ssh import SSHExecutor as SSHExecutor
 from ._ssh import SSHHost as SSHHost

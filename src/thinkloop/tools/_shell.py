@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigurationError
-from .._risk import RiskLevel
 from .._tools import Tool, truncate_output
+from ..safety._policy import command_risk
 
 DEFAULT_ENV_ALLOWLIST = (
     "PATH",
@@ -41,16 +41,6 @@ _PARAMETERS = {
     "required": ["command"],
     "additionalProperties": False,
 }
-
-
-def command_risk(arguments: dict[str, Any]) -> RiskLevel:
-    """The risk of a command tool's call: the classifier's rating of its `command` (HIGH if absent)."""
-    from ..safety import classify_command
-
-    command = arguments.get("command")
-    if not isinstance(command, str):
-        return RiskLevel.HIGH
-    return classify_command(command).level
 
 
 def shell_tool(

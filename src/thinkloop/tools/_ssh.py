@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from .._errors import ConfigurationError
 from .._tools import Tool, truncate_output
-from ._shell import DEFAULT_OUTPUT_LIMIT, command_risk
+from ..safety._policy import command_risk
+from ._shell import DEFAULT_OUTPUT_LIMIT
 
 
 class SSHHost(BaseModel):
