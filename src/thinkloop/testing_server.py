@@ -154,6 +154,7 @@ class OpenAICompatibleServer:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
@@ -195,6 +196,8 @@ class OpenAICompatibleServer:
         self._server.close()
         for writer in list(self._writers):
             writer.transport.abort()
+        if self._handlers:  # let each connection's handler see its connection closed, and end
+            await asyncio.wait(self._handlers, timeout=5)
         await self._server.wait_closed()
         self._server = None
 
@@ -238,6 +241,9 @@ class OpenAICompatibleServer:
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.add(handler)
         try:
             while (request := await _read_request(reader)) is not None:
                 self.requests.append(request)
@@ -246,6 +252,8 @@ class OpenAICompatibleServer:
             writer.transport.abort()
         finally:
             self._writers.discard(writer)
+            if handler is not None:
+                self._handlers.discard(handler)
             with contextlib.suppress(Exception):
                 writer.close()
 
