@@ -19,6 +19,7 @@ from thinkloop.tools import (
     analyze_text,
     builtin_tools,
     file_tools,
+    load_hosts,
     shell_tool,
 )
 
@@ -321,3 +322,34 @@ async def test_builtin_shell_runs_in_the_root(real_tmp: Path) -> None:
     (tool,) = builtin_tools(["shell"], root=real_tmp)
     assert str(real_tmp) in tool.description
     assert (await shell(tool, "pwd"))["stdout"] == f"{real_tmp}\n"
+
+
+# --------------------------------------------------------------------------------------- SSH hosts
+
+
+def test_load_hosts_from_json_and_toml(tmp_path: Path) -> None:
+    (tmp_path / "hosts.json").write_text(
+        json.dumps({"web1": {"hostname": "10.0.0.11", "username": "deploy", "password": "pw-123"}})
+    )
+    (tmp_path / "hosts.toml").write_text('[db1]\nhostname = "db1.internal"\nport = 2222\n')
+    hosts = load_hosts(tmp_path / "hosts.json")
+    assert hosts["web1"].address == "deploy@10.0.0.11:22"
+    assert "pw-123" not in repr(hosts) and "pw-123" not in hosts["web1"].model_dump_json()
+    assert load_hosts(tmp_path / "hosts.toml")["db1"].port == 2222
+    assert builtin_tools(["ssh_execute"], hosts=hosts)[0].parameters["properties"]["host"]["enum"] == ["web1"]
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{not json", "is not valid"),
+        ('["web1"]', "must map host names to settings"),
+        ('{"web1": {"hostname": "x", "prot": 22}}', "has an invalid host"),
+    ],
+)
+def test_load_hosts_errors(tmp_path: Path, content: str, problem: str) -> None:
+    (tmp_path / "hosts.json").write_text(content)
+    with pytest.raises(ConfigurationError, match=problem):
+        load_hosts(tmp_path / "hosts.json")
+    with pytest.raises(ConfigurationError, match="cannot read the hosts file"):
+        load_hosts(tmp_path / "missing.json")

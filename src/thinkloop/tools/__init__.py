@@ -25,6 +25,7 @@ from ._shell import shell_tool as shell_tool
 from ._ssh import SSHExecutor as SSHExecutor
 from ._ssh import SSHHost as SSHHost
 from ._ssh import SSHToolError as SSHToolError
+from ._ssh import load_hosts as load_hosts
 from ._ssh import ssh_tool as ssh_tool
 from .calculator import calculator as calculator
 
@@ -112,6 +113,7 @@ __all__ = [
     "calculator",
     "command_risk",
     "file_tools",
+    "load_hosts",
     "shell_tool",
     "ssh_tool",
 ]

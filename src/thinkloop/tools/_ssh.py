@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import shlex
 import time
 from collections.abc import Mapping
@@ -212,6 +214,47 @@ def ssh_tool(
     For connections kept open between calls, use `SSHExecutor(hosts, reuse_connections=True).as_tool()`.
     """
     return SSHExecutor(hosts, timeout=timeout, output_limit=output_limit).as_tool(name)
+
+
+def load_hosts(path: str | os.PathLike[str]) -> dict[str, SSHHost]:
+    """Read `ssh_execute` hosts from a JSON, TOML or YAML file: `{name: {hostname, port, username, …}}`.
+
+    YAML needs PyYAML installed. Errors name the file and the problem.
+    """
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the hosts file {str(file)!r}: {exc.strerror or exc}") from exc
+    try:
+        data = _parse_hosts_file(file.suffix.lower(), text)
+    except ConfigurationError:
+        raise
+    except Exception as exc:
+        raise ConfigurationError(f"the hosts file {str(file)!r} is not valid: {exc}") from exc
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigurationError(
+            f"the hosts file {str(file)!r} must map host names to settings, e.g. "
+            '{"web1": {"hostname": "10.0.0.11", "username": "deploy"}}'
+        )
+    try:
+        return {str(name): SSHHost.model_validate(fields) for name, fields in data.items()}
+    except ValueError as exc:
+        raise ConfigurationError(f"the hosts file {str(file)!r} has an invalid host: {exc}") from exc
+
+
+def _parse_hosts_file(suffix: str, text: str) -> Any:
+    if suffix == ".toml":
+        import tomllib
+
+        return tomllib.loads(text)
+    if suffix in (".yaml", ".yml"):
+        try:
+            import yaml  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise ConfigurationError("reading a YAML hosts file needs PyYAML: pip install pyyaml") from exc
+        return yaml.safe_load(text)
+    return json.loads(text)
 
 
 async def _connect(name: str, config: SSHHost) -> Any:
