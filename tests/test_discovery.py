@@ -10,7 +10,7 @@ from thinkloop import Agent, ConfigurationError, RunState, Tool, tool
 from thinkloop._discovery import DISCOVER_TOOLS, ToolDiscovery, ToolIndex, tokenize
 from thinkloop._loop import build_request
 from thinkloop._messages import ModelRequest, ToolDefinition
-from thinkloop.testing import ScriptedModel
+from thinkloop.testing import FunctionModel, ScriptedModel
 
 VERBS = {
     "get": "Get one {obj} by its id from the {system} system.",
@@ -290,3 +290,25 @@ def test_the_index_is_cached_until_the_tools_change() -> None:
         Agent(ScriptedModel([]), tools=[*catalogue(), _generated("get", "x", "y")]).tools
     )
     assert len(discovery.index(bigger)) == 301
+
+
+async def test_mcp_server_tools_are_part_of_the_catalogue() -> None:
+    from thinkloop.mcp import MCPServerStdio
+
+    def reply(request: ModelRequest) -> Any:
+        results = [m.content for m in request.messages if m.role == "tool"]
+        if not results:
+            return {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "current time in a timezone"}}]}
+        if len(results) == 1:
+            return {"tool_calls": [{"name": "time_get_current_time", "args": {"timezone": "Europe/Paris"}}]}
+        return f"It is {results[-1]}"
+
+    model = FunctionModel(reply)
+    server = MCPServerStdio.from_command_line("python -m mcp_server_time", name="time", prefix="time_")
+    discovery = ToolDiscovery(always=["calculator"], max_results=2)
+    async with Agent(model, tools=catalogue(), mcp_servers=[server], discovery=discovery) as agent:
+        result = await agent.run("What time is it in Paris?")
+    assert names(model.requests[0]) == ["calculator", DISCOVER_TOOLS]
+    assert result.state.discovered_tools[0] == "time_get_current_time"
+    assert "time_get_current_time" in names(model.requests[1])
+    assert result.ok and "Europe/Paris" in result.output

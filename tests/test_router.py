@@ -583,3 +583,17 @@ async def test_loopback_agent_stream_shows_attempts_and_answers() -> None:
     assert done.type == "done" and done.result.output == "The answer is 42."
     assert "".join(e.text for e in events if e.type == "answer_delta") == "The answer is 42."
     assert sleeps == [1.0]
+
+
+async def test_the_current_run_is_unset_after_the_run() -> None:
+    from thinkloop._loop import current_run
+
+    seen: list[object] = []
+
+    def reply(request: ModelRequest) -> Reply:
+        seen.append(current_run.get())
+        return "done"
+
+    result = await Agent(FunctionModel(reply)).run("q")
+    assert seen[0] is not None and seen[0].state is result.state  # type: ignore[attr-defined]
+    assert current_run.get() is None
