@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from ._budget import Budget, PriceTable
 from ._context import DEFAULT_MAX_CONTEXT_TOKENS, ContextManager, Summarizer
+from ._discovery import ToolDiscovery
 from ._errors import ConfigurationError, UserError
 from ._events import Done, Event, RunResult, RunStarted
 from ._execute import AllowAll, ToolGate
@@ -19,9 +20,9 @@ from ._messages import Message, ModelSettings
 from ._prompt import DEFAULT_RULES
 from ._resume import load_resumable, memory_messages, resume_pending
 from ._state import Mode, RunState
-from ._discovery import ToolDiscovery
 from ._tokens import TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
+from .mcp import MCPServer, registry_with_mcp
 from .models import Model, resolve_model
 from .stores._base import Store, check_id
 from .stores._memory import MemoryStore
@@ -58,6 +59,8 @@ class Agent:
         on_event: a callback receiving every event of every run.
         discovery: runtime tool discovery (`ToolDiscovery`): the model is shown only a few tools plus
             `discover_tools`, which finds the others in the catalogue when needed.
+        mcp_servers: MCP servers whose tools are added to every run. `async with agent:` opens and
+            closes them; otherwise the first run connects them and `await agent.aclose()` closes them.
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class Agent:
         price_table: PriceTable | None = None,
         on_event: EventSink | None = None,
         discovery: ToolDiscovery | None = None,
+        mcp_servers: Sequence[MCPServer] = (),
     ) -> None:
         if mode not in ("auto", "native", "react"):
             raise ConfigurationError(f"mode must be 'auto', 'native' or 'react', not {mode!r}")
@@ -115,6 +119,7 @@ class Agent:
         self.discovery = discovery
         if discovery is not None:
             discovery.check(self.tools.names)
+        self.mcp_servers = list(mcp_servers)
 
     # ------------------------------------------------------------------------------------- model
 
@@ -129,6 +134,25 @@ class Agent:
         if self.mode == "auto":
             return "native" if self.model.capabilities.tools else "react"
         return self.mode
+
+    # ----------------------------------------------------------------------------- MCP lifetime
+
+    async def __aenter__(self) -> Agent:
+        """Connect the agent's MCP servers (all or none)."""
+        results = await asyncio.gather(*(s.connect() for s in self.mcp_servers), return_exceptions=True)
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            await self.aclose()
+            raise failure
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the agent's MCP server connections (stdio servers are stopped). Safe to call twice."""
+        for server in self.mcp_servers:
+            await server.aclose()
 
     # ---------------------------------------------------------------------------------- entry points
 
@@ -296,6 +320,8 @@ class Agent:
 
     async def _drive(self, run: RunContext, *, resumed: bool = False) -> RunResult:
         state = run.state
+        if self.mcp_servers:  # connects servers not yet connected; a server that cannot start raises
+            run.tools = await registry_with_mcp(run.tools, self.mcp_servers)
         if state.session is not None and not resumed:
             memory = await self._store_for("use a session").get_memory(state.session)
             state.messages[:0] = memory_messages([(m.role, m.content) for m in memory])

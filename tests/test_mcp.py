@@ -1,0 +1,528 @@
+"""MCP tools (SPEC §3.6) against real servers: `mcp-server-time` and `mcp-server-git` from PyPI over
+stdio, a small SDK server of our own over stdio (crash, list_changed), and one over Streamable HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp.server.mcpserver import Context
+
+from thinkloop import Agent, ConfigurationError, RiskLevel, ToolCall
+from thinkloop._events import ToolResultEvent
+from thinkloop._execute import GateDecision
+from thinkloop.mcp import (
+    MCPConnectionError,
+    MCPServer,
+    MCPServerHTTP,
+    MCPServerStdio,
+    MCPToolError,
+    registry_with_mcp,
+)
+from thinkloop.testing import FunctionModel, ScriptedModel
+
+TEST_SERVER = textwrap.dedent(
+    '''
+    import os
+    from mcp.server.mcpserver import Context, MCPServer
+
+    server = MCPServer("thinkloop-test")
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Echo the text back."""
+        return f"echo: {text}"
+
+    @server.tool()
+    def crash() -> str:
+        """Exit the server process at once."""
+        os._exit(3)
+
+    @server.tool()
+    async def add_tool(ctx: Context) -> str:
+        """Add a tool named 'extra' and announce the change."""
+        def extra() -> str:
+            """An extra tool."""
+            return "extra!"
+        server.add_tool(extra, name="extra")
+        await ctx.session.send_tool_list_changed()
+        return "added"
+
+    if __name__ == "__main__":
+        server.run()
+    '''
+)
+
+
+@pytest.fixture
+async def time_server() -> AsyncIterator[MCPServerStdio]:
+    server = MCPServerStdio.from_command_line("python -m mcp_server_time", name="time", prefix="time_")
+    async with server:
+        yield server
+
+
+@pytest.fixture
+def git_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+    git("init", "-q", "-b", "main")
+    git("config", "user.email", "test@example.com")
+    git("config", "user.name", "Test")
+    (repo / "README.md").write_text("hello\n")
+    git("add", "README.md")
+    git("commit", "-q", "-m", "Initial commit of the throw-away repo")
+    (repo / "notes.txt").write_text("untracked\n")
+    return repo
+
+
+@pytest.fixture
+async def git_server(git_repo: Path) -> AsyncIterator[MCPServerStdio]:
+    server = MCPServerStdio(
+        sys.executable, ["-m", "mcp_server_git", "--repository", str(git_repo)], name="git"
+    )
+    async with server:
+        yield server
+
+
+@pytest.fixture
+def test_server_script(tmp_path: Path) -> Path:
+    path = tmp_path / "server.py"
+    path.write_text(TEST_SERVER)
+    return path
+
+
+def _staged(repo: Path) -> list[str]:
+    out = subprocess.run(
+        ["git", "diff", "--cached", "--name-only"], cwd=repo, capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+def _results(events: list[Any]) -> list[ToolResultEvent]:
+    return [e for e in events if isinstance(e, ToolResultEvent)]
+
+
+# ------------------------------------------------------------------------------------ time server
+
+
+async def test_lists_the_time_servers_tools_as_thinkloop_tools(time_server: MCPServerStdio) -> None:
+    tools = {t.name: t for t in await time_server.list_tools()}
+
+    assert set(tools) == {"time_get_current_time", "time_convert_time"}
+    current = tools["time_get_current_time"]
+    assert current.parameters["required"] == ["timezone"]
+    assert current.parameters["properties"]["timezone"]["type"] == "string"
+    assert "title" not in current.parameters
+    assert current.risk is RiskLevel.MEDIUM
+    assert current.description.endswith("(MCP server time)")
+
+
+async def test_tool_list_is_cached(time_server: MCPServerStdio) -> None:
+    first = await time_server.list_tools()
+    second = await time_server.list_tools()
+    assert [t.name for t in first] == [t.name for t in second]
+    assert first[0] is second[0]  # the same Tool objects: no second tools/list round trip
+
+
+async def test_calls_get_current_time_with_a_timezone(time_server: MCPServerStdio) -> None:
+    tool = next(t for t in await time_server.list_tools() if t.name == "time_get_current_time")
+    text = await tool.invoke(tool.validate({"timezone": "Asia/Tokyo"}))
+
+    data = json.loads(text)
+    assert data["timezone"] == "Asia/Tokyo"
+    assert data["datetime"].endswith("+09:00")
+
+
+async def test_an_error_result_raises_naming_the_server(time_server: MCPServerStdio) -> None:
+    with pytest.raises(MCPToolError, match=r"MCP server 'time' reported an error: .*Invalid timezone"):
+        await time_server.call_tool("get_current_time", {"timezone": "Nowhere/Atlantis"})
+
+
+async def test_agent_calls_an_mcp_tool_and_answers_with_its_result() -> None:
+    def reply(request: Any) -> Any:
+        tool_messages = [m for m in request.messages if m.role == "tool"]
+        if not tool_messages:
+            return {"tool_calls": [{"name": "time_get_current_time", "args": {"timezone": "Europe/Paris"}}]}
+        data = json.loads(tool_messages[-1].content)
+        return f"In Paris it is {data['datetime']}."
+
+    server = MCPServerStdio.from_command_line("python -m mcp_server_time", name="time", prefix="time_")
+    events: list[Any] = []
+    async with Agent(FunctionModel(reply), mcp_servers=[server], on_event=events.append) as agent:
+        assert server.connected
+        result = await agent.run("What time is it in Paris?")
+    assert not server.connected  # `async with agent` closed it
+
+    (tool_result,) = _results(events)
+    assert tool_result.success and tool_result.name == "time_get_current_time"
+    assert result.ok
+    assert result.output == f"In Paris it is {json.loads(tool_result.output)['datetime']}."
+
+
+async def test_an_mcp_error_becomes_a_failed_observation_and_the_run_goes_on() -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "time_get_current_time", "args": {"timezone": "Nowhere/Atlantis"}}]},
+            "That timezone does not exist.",
+        ]
+    )
+    server = MCPServerStdio.from_command_line("python -m mcp_server_time", name="time", prefix="time_")
+    events: list[Any] = []
+    agent = Agent(model, mcp_servers=[server], on_event=events.append)
+    try:
+        result = await agent.run("Time in Atlantis?")  # connects lazily
+        assert server.connected  # …and stays open for the next run
+    finally:
+        await agent.aclose()
+    assert not server.connected
+
+    (tool_result,) = _results(events)
+    assert not tool_result.success
+    assert tool_result.error_kind == "exception"
+    assert "MCP server 'time' reported an error" in tool_result.output
+    assert "Invalid timezone" in tool_result.output
+    assert result.ok and result.output == "That timezone does not exist."
+
+
+class _DenyAtOrAbove:
+    """A test safety gate: refuses calls at or above a risk level, recording what it saw."""
+
+    def __init__(self, level: RiskLevel) -> None:
+        self.level = level
+        self.seen: list[tuple[str, RiskLevel]] = []
+
+    async def check(self, call: ToolCall, tool: Any, risk: RiskLevel, run: Any) -> GateDecision:
+        self.seen.append((call.name, risk))
+        if risk >= self.level:
+            return GateDecision(False, "denied", reason="test policy")
+        return GateDecision(True, "auto")
+
+
+# ------------------------------------------------------------------------------------- git server
+
+
+async def test_git_status_and_log_on_a_throw_away_repository(
+    git_server: MCPServerStdio, git_repo: Path
+) -> None:
+    tools = {t.name: t for t in await git_server.list_tools()}
+    assert {"git_status", "git_log", "git_add", "git_commit"} <= set(tools)
+
+    status = await tools["git_status"].invoke({"repo_path": str(git_repo)})
+    assert "notes.txt" in status
+    log = await tools["git_log"].invoke({"repo_path": str(git_repo)})
+    assert "Initial commit of the throw-away repo" in log
+
+
+async def test_risk_levels_per_tool_and_from_trusted_annotations(git_repo: Path) -> None:
+    server = MCPServerStdio(
+        sys.executable,
+        ["-m", "mcp_server_git", "--repository", str(git_repo)],
+        name="git",
+        trust_annotations=True,
+        tool_risk={"git_commit": RiskLevel.CRITICAL},
+    )
+    async with server:
+        risks = {t.name: t.risk for t in await server.list_tools()}
+        idempotent = {t.name: t.idempotent for t in server.tools}
+    assert risks["git_status"] is RiskLevel.LOW  # readOnlyHint
+    assert risks["git_reset"] is RiskLevel.HIGH  # destructiveHint
+    assert risks["git_add"] is RiskLevel.MEDIUM  # neither: the server's default
+    assert risks["git_commit"] is RiskLevel.CRITICAL  # the explicit mapping wins
+    assert idempotent["git_add"] and not idempotent["git_commit"]
+
+
+async def test_the_safety_gate_applies_to_mcp_tools(git_repo: Path) -> None:
+    server = MCPServerStdio(
+        sys.executable,
+        ["-m", "mcp_server_git", "--repository", str(git_repo)],
+        name="git",
+        tool_risk={"git_add": RiskLevel.HIGH},
+    )
+    gate = _DenyAtOrAbove(RiskLevel.HIGH)
+    model = ScriptedModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "git_add", "args": {"repo_path": str(git_repo), "files": ["notes.txt"]}}
+                ]
+            },
+            "I was not allowed to stage the file.",
+        ]
+    )
+    events: list[Any] = []
+    async with Agent(model, mcp_servers=[server], safety=gate, on_event=events.append) as agent:
+        result = await agent.run("Stage notes.txt")
+
+    assert gate.seen == [("git_add", RiskLevel.HIGH)]
+    (tool_result,) = _results(events)
+    assert tool_result.error_kind == "denied" and not tool_result.success
+    staged = _staged(git_repo)
+    assert staged == []  # the MCP tool was never called
+    assert result.output == "I was not allowed to stage the file."
+
+
+async def test_an_allowed_mcp_call_has_its_real_effect(git_server: MCPServerStdio, git_repo: Path) -> None:
+    agent = Agent(
+        ScriptedModel(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "git_add", "args": {"repo_path": str(git_repo), "files": ["notes.txt"]}}
+                    ]
+                },
+                "Staged.",
+            ]
+        ),
+        mcp_servers=[git_server],
+        safety=_DenyAtOrAbove(RiskLevel.HIGH),
+    )
+    result = await agent.run("Stage notes.txt")
+    staged = _staged(git_repo)
+    assert staged == ["notes.txt"]
+    assert result.output == "Staged."
+
+
+# -------------------------------------------------------------------- our own server: crash, change
+
+
+async def test_a_server_that_dies_mid_run_fails_the_call_and_the_run_goes_on(
+    test_server_script: Path,
+) -> None:
+    server = MCPServerStdio(sys.executable, [str(test_server_script)], name="flaky")
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "echo", "args": {"text": "before"}}]},
+            {"tool_calls": [{"name": "crash", "args": {}}]},
+            {"tool_calls": [{"name": "echo", "args": {"text": "after"}}]},
+            "The server went away.",
+        ]
+    )
+    events: list[Any] = []
+    agent = Agent(model, mcp_servers=[server], on_event=events.append)
+    try:
+        result = await agent.run("Use the flaky server")
+        outcomes = [(r.name, r.success, r.output) for r in _results(events)]
+        assert outcomes[0] == ("echo", True, "echo: before")
+        assert outcomes[1][:2] == ("crash", False)
+        assert "MCP server 'flaky'" in outcomes[1][2] and "Connection closed" in outcomes[1][2]
+        assert outcomes[2][:2] == ("echo", False)
+        assert "MCP server 'flaky' is not connected" in outcomes[2][2]
+        assert result.ok and result.output == "The server went away."
+        assert not server.connected
+
+        # the next run connects a fresh server process
+        second = Agent(
+            ScriptedModel([{"tool_calls": [{"name": "echo", "args": {"text": "again"}}]}, "ok"]),
+            mcp_servers=[server],
+            on_event=events.append,
+        )
+        await second.run("again")
+        assert _results(events)[-1].output == "echo: again"
+    finally:
+        await agent.aclose()
+
+
+async def test_tool_list_refreshed_after_list_changed(test_server_script: Path) -> None:
+    async with MCPServerStdio(sys.executable, [str(test_server_script)], name="changing") as server:
+        assert [t.name for t in await server.list_tools()] == ["echo", "crash", "add_tool"]
+        assert await server.call_tool("add_tool", {}) == "added"
+        for _ in range(200):  # the notification may land just after the tool's result
+            if "extra" in [t.name for t in await server.list_tools()]:
+                break
+            await asyncio.sleep(0.01)
+        tools = {t.name: t for t in await server.list_tools()}
+        assert "extra" in tools
+        assert await tools["extra"].invoke({}) == "extra!"
+
+
+async def test_allowed_tools_filter(test_server_script: Path) -> None:
+    async with MCPServerStdio(
+        sys.executable, [str(test_server_script)], name="s", allowed_tools={"echo"}
+    ) as server:
+        assert [t.name for t in await server.list_tools()] == ["echo"]
+
+
+async def test_duplicate_tool_names_are_a_clear_error(test_server_script: Path) -> None:
+    first = MCPServerStdio(sys.executable, [str(test_server_script)], name="one")
+    second = MCPServerStdio(sys.executable, [str(test_server_script)], name="Two Server")
+    try:
+        with pytest.raises(
+            ConfigurationError,
+            match=r"'echo' of MCP server 'Two Server' is already taken by MCP server 'one'.*prefix='two_server_'",
+        ):
+            await registry_with_mcp([], [first, second])
+        registry = await registry_with_mcp(
+            [], [first, MCPServerStdio(sys.executable, [str(test_server_script)], name="t", prefix="t_")]
+        )
+        assert "t_echo" in registry and "echo" in registry
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_an_mcp_tool_clashing_with_an_agent_tool_is_rejected(test_server_script: Path) -> None:
+    def echo(text: str) -> str:
+        """A local echo."""
+        return text
+
+    server = MCPServerStdio(sys.executable, [str(test_server_script)], name="srv")
+    agent = Agent(ScriptedModel(["unused"]), tools=[echo], mcp_servers=[server])
+    try:
+        with pytest.raises(ConfigurationError, match="already taken by the agent's tools"):
+            await agent.run("hi")
+    finally:
+        await agent.aclose()
+
+
+# ------------------------------------------------------------------------------- connection errors
+
+
+async def test_a_server_that_exits_at_start_is_a_connection_error_quoting_its_stderr() -> None:
+    server = MCPServerStdio(
+        sys.executable, ["-c", "import sys; sys.stderr.write('no such database'); sys.exit(3)"], name="broken"
+    )
+    with pytest.raises(MCPConnectionError, match=r"cannot connect to MCP server 'broken'.*no such database"):
+        await server.connect()
+    assert not server.connected
+
+
+async def test_a_missing_command_is_a_connection_error() -> None:
+    server = MCPServerStdio("/nonexistent/mcp-server", name="ghost")
+    with pytest.raises(MCPConnectionError, match=r"MCP server 'ghost' \(/nonexistent/mcp-server\)"):
+        await server.connect()
+
+
+async def test_a_silent_server_times_out_the_handshake() -> None:
+    server = MCPServerStdio(
+        sys.executable, ["-c", "import time; time.sleep(60)"], name="mute", connect_timeout=0.5
+    )
+    with pytest.raises(MCPConnectionError, match="did not complete the handshake within 0.5 s"):
+        await server.connect()
+    assert not server.connected
+
+
+async def test_a_failing_server_fails_the_agent_before_the_run() -> None:
+    server = MCPServerStdio(sys.executable, ["-c", "raise SystemExit(1)"], name="dead")
+    model = ScriptedModel(["unused"])
+    with pytest.raises(MCPConnectionError):
+        async with Agent(model, mcp_servers=[server]):
+            pass
+    assert model.requests == []
+
+
+def test_from_command_line_splits_like_a_shell() -> None:
+    server = MCPServerStdio.from_command_line("python -m mcp_server_git --repository '/tmp/a repo'")
+    assert server.command == sys.executable
+    assert server.args == ["-m", "mcp_server_git", "--repository", "/tmp/a repo"]
+    assert server.name == "python -m mcp_server_git --repository '/tmp/a repo'"
+    with pytest.raises(ConfigurationError):
+        MCPServerStdio.from_command_line("   ")
+
+
+def test_bad_settings_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError):
+        MCPServerHTTP("localhost:8000/mcp")
+    with pytest.raises(ConfigurationError):
+        MCPServerStdio("x", connect_timeout=0)
+
+
+def test_run_sync_twice_reconnects_in_each_event_loop() -> None:
+    server = MCPServerStdio.from_command_line("python -m mcp_server_time", name="time")
+    script = [{"tool_calls": [{"name": "get_current_time", "args": {"timezone": "Etc/UTC"}}]}, "done"]
+    for _ in range(2):
+        events: list[Any] = []
+        agent = Agent(ScriptedModel(script), mcp_servers=[server], on_event=events.append)
+        assert agent.run_sync("time?").output == "done"
+        assert _results(events)[0].success
+
+
+# -------------------------------------------------------------------------------- Streamable HTTP
+
+
+@pytest.fixture
+async def http_url() -> AsyncIterator[str]:
+    uvicorn = pytest.importorskip("uvicorn")
+    from mcp.server.mcpserver import MCPServer as SDKServer
+
+    app_server = SDKServer("http-test")
+
+    @app_server.tool()
+    def shout(text: str) -> str:
+        """Upper-case the text."""
+        return text.upper()
+
+    @app_server.tool()
+    def header(name: str, ctx: Context) -> str:
+        """Return a request header."""
+        return (ctx.headers or {}).get(name, "(absent)")
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    http = uvicorn.Server(uvicorn.Config(app_server.streamable_http_app(), log_level="error"))
+    task = asyncio.create_task(http.serve(sockets=[sock]))
+    for _ in range(1000):
+        if http.started:
+            break
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        http.should_exit = True
+        await task
+        sock.close()
+
+
+async def test_streamable_http_server(http_url: str) -> None:
+    server = MCPServerHTTP(
+        http_url, headers={"X-Tenant": "acme"}, name="web", prefix="web_", risk=RiskLevel.LOW
+    )
+    model = ScriptedModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "web_shout", "args": {"text": "hello"}},
+                    {"name": "web_header", "args": {"name": "x-tenant"}},
+                ]
+            },
+            "HELLO acme",
+        ]
+    )
+    events: list[Any] = []
+    async with Agent(model, mcp_servers=[server], on_event=events.append) as agent:
+        result = await agent.run("shout")
+        assert {t.name: t.risk for t in server.tools} == {
+            "web_shout": RiskLevel.LOW,
+            "web_header": RiskLevel.LOW,
+        }
+    assert [(r.name, r.output) for r in _results(events)] == [("web_shout", "HELLO"), ("web_header", "acme")]
+    assert result.output == "HELLO acme"
+
+
+async def test_an_unreachable_http_server_is_a_connection_error() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    server = MCPServerHTTP(f"http://127.0.0.1:{port}/mcp", name="nobody", connect_timeout=5)
+    with pytest.raises(MCPConnectionError, match="MCP server 'nobody'"):
+        await server.connect()
+
+
+def test_public_surface() -> None:
+    assert issubclass(MCPServerStdio, MCPServer) and issubclass(MCPServerHTTP, MCPServer)
