@@ -121,7 +121,7 @@ def _repaired(group: _Group) -> list[Message] | None:
     in_order = len(body) >= len(ids) and all(
         m.role == "tool" and m.tool_call_id == i for m, i in zip(body, ids, strict=False)
     )
-    if in_order and not any(m.role == "tool" for m in body[len(ids) :]):
+    if in_order and len(set(ids)) == len(ids) and not any(m.role == "tool" for m in body[len(ids) :]):
         return None
     results = {m.tool_call_id: m for m in body if m.role == "tool" and m.tool_call_id in ids}
     head = msgs[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -224,7 +225,7 @@ async def think(run: RunContext) -> Reply:
     await run.context.prepare(state)  # a model-written summary of dropped steps, when configured
     request = build_request(run)
     response = await call_model(run, request)
-    reply = interpret(run, response, request)
+    reply = _valid_unicode_reply(interpret(run, response, request))
     _record_reply(run, reply)
     return reply
 
@@ -335,7 +336,7 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         if step.call is not None:
             return Reply(text=step.thought, calls=[step.call])
         return Reply(text=step.final or "")
-    calls = list(response.tool_calls)
+    calls = _unique_ids(response.tool_calls, run.state.step)
     if not calls and response.text and run.tools.names:
         text_call = _react._bare_json_call(response.text, run.tools.names, f"text_{run.state.step}")
         if text_call is not None:  # a native model that wrote its tool call as text
@@ -344,6 +345,24 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     if any(c.malformed for c in calls):
         _note_malformed_native(run)
     return Reply(text=response.text, calls=calls)
+
+
+def _unique_ids(calls: list[ToolCall], step: int) -> list[ToolCall]:
+    """The calls with unique, non-empty ids: results are matched to calls by id, and models repeat them."""
+    ids = {c.id for c in calls}
+    if len(ids) == len(calls) and "" not in ids:
+        return list(calls)
+    seen: set[str] = set()
+    out = []
+    for index, call in enumerate(calls):
+        if not call.id or call.id in seen:
+            new_id = f"call_{step}_{index}"
+            while new_id in ids or new_id in seen:
+                new_id += "_"
+            call = call.model_copy(update={"id": new_id})
+        seen.add(call.id)
+        out.append(call)
+    return out
 
 
 def _note_malformed_native(run: RunContext) -> None:
@@ -358,6 +377,30 @@ def switch_mode(run: RunContext, mode: Mode, reason: str) -> None:
         {"step": run.state.step, "to": mode, "reason": reason}
     )
     run.emit(ModeSwitched(step=run.state.step, from_mode=previous, to_mode=mode, reason=reason))
+
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _valid_unicode(value: Any) -> Any:
+    """`value` with lone surrogates (from truncated JSON escapes) replaced: the state must stay UTF-8."""
+    if isinstance(value, str):
+        return _SURROGATES.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_unicode(v) for v in value]
+    return value
+
+
+def _valid_unicode_reply(reply: Reply) -> Reply:
+    reply.text = _valid_unicode(reply.text)
+    for i, call in enumerate(reply.calls):
+        fields = {"name": call.name, "arguments": call.arguments, "raw_arguments": call.raw_arguments}
+        clean = _valid_unicode(fields)
+        if clean != fields:
+            reply.calls[i] = call.model_copy(update=clean)
+    return reply
 
 
 def _record_reply(run: RunContext, reply: Reply) -> None:
