@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import subprocess
 import sys
@@ -752,4 +751,5 @@ async def test_the_openai_client_cannot_reach_the_internet_in_tests() -> None:
     with pytest.raises(ModelRetryableError, match="network access is blocked") as info:
         await model.request(ask())
     await model.aclose()
-    assert json.dumps(str(info.value))  # a plain, printable message
+    assert "could not reach https://api.openai.com/v1" in str(info.value)
+    assert info.value.provider == "openai"
