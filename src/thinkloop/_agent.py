@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -20,14 +19,11 @@ from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, current_run,
 from ._messages import Message, ModelSettings
 from ._prompt import DEFAULT_RULES
 from ._resume import load_resumable, memory_messages, resume_pending
-from ._resume import load_resumable, memory_messages, resume_pending
 from ._state import Mode, RunState
 from ._tokens import TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
 from .mcp import MCPServer, registry_with_mcp
 from .models import Model, resolve_model
-from .stores._base import Store, check_id
-from .stores._memory import MemoryStore
 from .stores._base import Store, check_id
 from .stores._memory import MemoryStore
 
@@ -246,7 +242,6 @@ class Agent:
             goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[queue.put_nowait], stream=True
         )
         run.state.session = self._session(session)
-        run.state.session = self._session(session)
         task = asyncio.create_task(self._drive(run))
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
@@ -292,8 +287,6 @@ class Agent:
     ) -> RunContext:
         if budget is None and state.budget:  # a resumed run keeps the limits it started with
             budget = Budget(**state.budget)
-        if budget is None and state.budget:  # a resumed run keeps the limits it started with
-            budget = Budget(**state.budget)
         config = LoopConfig(
             budget=budget or self.budget,
             settings=self.settings,
@@ -304,7 +297,6 @@ class Agent:
             stream=stream,
             price_table=self.price_table,
         )
-        state.budget = dataclasses.asdict(config.budget)
         state.budget = dataclasses.asdict(config.budget)
         all_sinks = [s for s in (self.on_event, *sinks) if s is not None]
         return RunContext(
@@ -330,9 +322,6 @@ class Agent:
         state = run.state
         if self.mcp_servers:  # connects servers not yet connected; a server that cannot start raises
             run.tools = await registry_with_mcp(run.tools, self.mcp_servers)
-        if state.session is not None and not resumed:
-            memory = await self._store_for("use a session").get_memory(state.session)
-            state.messages[:0] = memory_messages([(m.role, m.content) for m in memory])
         if state.session is not None and not resumed:
             memory = await self._store_for("use a session").get_memory(state.session)
             state.messages[:0] = memory_messages([(m.role, m.content) for m in memory])

@@ -458,18 +458,6 @@ def plan_calls(run: RunContext, calls: list[ToolCall], blocked: dict[str, str]) 
         run.state.ledger[call.id] = entry
 
 
-def plan_calls(run: RunContext, calls: list[ToolCall], blocked: dict[str, str]) -> None:
-    """Record a reply's calls in the ledger before anything runs: planned, or done if the guards blocked it."""
-    for call in calls:
-        entry = LedgerEntry(
-            call_id=call.id, name=call.name, arguments=call.arguments, step=run.state.step, status="planned"
-        )
-        if call.id in blocked:
-            entry.status, entry.output, entry.success = "done", blocked[call.id], False
-            entry.error_kind = "repeated_call"
-        run.state.ledger[call.id] = entry
-
-
 async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
     """Record each result as a tool message, update the guards, add a hint when due, checkpoint."""
     state = run.state

@@ -98,7 +98,6 @@ class LedgerEntry(_Model):
     output: str | None = None
     success: bool | None = None
     error_kind: str | None = None
-    error_kind: str | None = None
 
 
 class ApprovalRecord(_Model):
