@@ -111,6 +111,20 @@ class _Group:
             self.pinned = self.has_task = True
 
 
+@dataclass(slots=True)
+class _Prefix:
+    """The settled start of the view (see `ContextManager._settled`)."""
+
+    key: tuple[int, int, int]
+    messages: list[Message] = field(default_factory=list)
+    tokens: int = 0
+    upto: int = 1  # groups before this index are in the prefix (or dropped)
+
+    def add(self, messages: list[Message], tokens: int) -> None:
+        self.messages.extend(messages)
+        self.tokens += tokens
+
+
 def _repaired(group: _Group) -> list[Message] | None:
     """The group's messages made valid (results right after their call), or None when already valid."""
     msgs = group.messages
@@ -184,7 +198,7 @@ class ContextManager:
         self._reserve_key: tuple[str, tuple[str, ...]] | None = None
         self._reserve = 0
         self._last_reserve = 0
-        self._summary_cache: tuple[tuple[int, str], Message, int] | None = None
+        self._summary_cache: tuple[tuple[int, int], Message, int] | None = None
         self._model_summary: tuple[int, str] | None = None  # (groups covered, text)
         self._summarizer_failed_at = -1
 
@@ -197,7 +211,7 @@ class ContextManager:
     @property
     def dropped_steps(self) -> int:
         """How many step groups the view currently replaces by the summary."""
-        return sum(1 for g in self._groups[1 : self._dropped] if not g.pinned)
+        return self._dropped_count
 
     def view(
         self,
@@ -215,7 +229,7 @@ class ContextManager:
         """
         source = state.messages if messages is None else messages
         self._last_reserve = self._reserve_for(system, tools) + reserve
-        self._plan(source, self._last_reserve)
+        self._plan(state, source, self._last_reserve)
         out, tokens = self._assemble(state)
         total = tokens + self._last_reserve
         if total * self.scale > self.budget:
@@ -227,7 +241,7 @@ class ContextManager:
         """Before a step: plan the trim and, with a `summarizer`, have newly dropped steps summarised."""
         if self.summarizer is None:
             return
-        self._plan(state.messages, self._last_reserve)
+        self._plan(state, state.messages, self._last_reserve)
         covered = self._model_summary[0] if self._model_summary else 1
         if self._dropped <= covered or self._dropped == self._summarizer_failed_at:
             return
@@ -256,7 +270,10 @@ class ContextManager:
         self._seen = 0
         self._last: Message | None = None
         self._groups: list[_Group] = [_Group(pinned=True)]
+        self._pinned: list[int] = []  # indexes of pinned groups after the head
         self._dropped = 1  # groups[1:_dropped] that are not pinned are dropped
+        self._dropped_count = 0
+        self._prefix: _Prefix | None = None
         self._model_summary = None
         self._summary_cache = None
 
@@ -274,7 +291,11 @@ class ContextManager:
                 self._groups.append(_Group(is_step=True))
             elif msg.kind == "task" and self._groups[-1].messages:
                 self._groups.append(_Group())  # the task starts its own (pinned) group
-            self._groups[-1].add(msg, count([msg]))
+            group = self._groups[-1]
+            group.add(msg, count([msg]))
+            index = len(self._groups) - 1
+            if index and group.pinned and (not self._pinned or self._pinned[-1] != index):
+                self._pinned.append(index)
         self._seen = len(source)
         self._last = source[-1]
 
@@ -325,15 +346,14 @@ class ContextManager:
 
     # -------------------------------------------------------------------------------- planning
 
-    def _plan(self, source: Sequence[Message], reserve: int) -> None:
+    def _plan(self, state: RunState, source: Sequence[Message], reserve: int) -> None:
         """Decide which old steps the view drops (monotonic: a dropped step stays dropped)."""
         self._sync(source)
+        if (self._assemble(state, tokens_only=True)[1] + reserve) * self.scale <= self.budget:
+            return
         groups = self._groups
         old_before = len(groups) - self.keep_steps
         kept = sum(self._form(i, old_before)[1] for i in self._kept_indexes())
-        summary = self._summary_tokens() if self.dropped_steps else 0
-        if (kept + summary + reserve) * self.scale <= self.budget:
-            return
         protected = self._protected_from()
         target = self.max_context_tokens * self.trim_to
         summary = self._summary_reserve()
@@ -342,11 +362,13 @@ class ContextManager:
             if not groups[index].pinned:
                 kept -= self._form(index, old_before)[1]
             index += 1
-        self._dropped = max(self._dropped, index)
+        if index > self._dropped:
+            self._dropped = index
+            self._dropped_count = index - 1 - sum(1 for p in self._pinned if p < index)
 
     def _kept_indexes(self) -> list[int]:
         dropped = self._dropped
-        return [i for i, g in enumerate(self._groups) if i == 0 or i >= dropped or g.pinned]
+        return [0, *(p for p in self._pinned if p < dropped), *range(dropped, len(self._groups))]
 
     def _protected_from(self) -> int:
         """Index of the first group of the newest groups that hold at least `min_messages` messages."""
@@ -359,26 +381,43 @@ class ContextManager:
 
     # -------------------------------------------------------------------------------- assembling
 
-    def _assemble(self, state: RunState) -> tuple[list[Message], int]:
+    def _assemble(self, state: RunState, *, tokens_only: bool = False) -> tuple[list[Message], int]:
+        """The view and its tokens: the settled prefix (cached), then the newest `keep_steps` groups."""
         groups = self._groups
         old_before = len(groups) - self.keep_steps
-        out: list[Message] = []
-        tokens = 0
-        summary_at = self._dropped if self.dropped_steps else -1
-        for index in self._kept_indexes():
-            if index >= summary_at >= 0:
-                message, count = self._summary_message(state)
-                out.append(message)
-                tokens += count
-                summary_at = -1
+        prefix = self._settled(state, old_before)
+        out: list[Message] = [] if tokens_only else list(prefix.messages)
+        tokens = prefix.tokens
+        for index in range(prefix.upto, len(groups)):
             msgs, count = self._form(index, old_before)
-            out.extend(msgs)
-            tokens += count
-        if summary_at >= 0:  # everything after the dropped steps is pinned or gone
-            message, count = self._summary_message(state)
-            out.append(message)
+            if not tokens_only:
+                out.extend(msgs)
             tokens += count
         return out, tokens
+
+    def _settled(self, state: RunState, old_before: int) -> _Prefix:
+        """The start of the view that no longer changes: head, pinned groups, summary, old steps.
+
+        Steps older than the newest `keep_steps` are closed and already in their compact form, so the
+        prefix is only extended as steps age, and rebuilt only when the trim or the summary changes.
+        """
+        covered = self._model_summary[0] if self._model_summary else 0
+        key = (self._dropped, covered, len(self._groups[0].messages))
+        prefix = self._prefix
+        if prefix is None or prefix.key != key:
+            prefix = self._prefix = _Prefix(key)
+            for index in (0, *(p for p in self._pinned if p < self._dropped)):
+                msgs, count = self._form(index, old_before)
+                prefix.add(msgs, count)
+            if self._dropped_count:
+                message, count = self._summary_message(state)
+                prefix.add([message], count)
+            prefix.upto = self._dropped
+        while prefix.upto < old_before:
+            msgs, count = self._form(prefix.upto, old_before)
+            prefix.add(msgs, count)
+            prefix.upto += 1
+        return prefix
 
     def _squeeze(self, view: list[Message], total: int) -> tuple[list[Message], int]:
         """Last resort when even the newest messages do not fit: shorten their longest observations."""
@@ -412,10 +451,9 @@ class ContextManager:
         return self._summary_cache[2] if self._summary_cache else self._summary_reserve()
 
     def _summary_message(self, state: RunState) -> tuple[Message, int]:
-        text = self._summary_text(state)
-        key = (self._dropped, text)
+        key = (self._dropped, self._model_summary[0] if self._model_summary else 0)
         if self._summary_cache is None or self._summary_cache[0] != key:
-            message = Message.user(text, kind="summary")
+            message = Message.user(self._summary_text(state), kind="summary")
             self._summary_cache = (key, message, self.counter.count([message]))
         return self._summary_cache[1], self._summary_cache[2]
 
