@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -234,6 +235,10 @@ async def test_capability_overrides(server: OpenAICompatibleServer) -> None:
 
     with pytest.raises(ConfigurationError, match=r"unknown capabilities \['tool'\]"):
         OpenAIModel("llama", base_url=server.url, capabilities={"tool": False})
+    given = ModelCapabilities(streaming=False, context_window=8192)
+    assert OpenAIModel("llama", base_url=server.url, capabilities=given).capabilities is given
+    with pytest.raises(ConfigurationError, match="needs a model name"):
+        OpenAIModel("", base_url=server.url)
 
 
 async def test_finish_reasons_are_mapped(server: OpenAICompatibleServer, model: OpenAIModel) -> None:
@@ -340,6 +345,47 @@ async def test_streamed_malformed_arguments_are_kept_raw(
     assert final.tool_calls == [ToolCall(id="c", name="add", raw_arguments='{"a": 1, "b":')]
 
 
+def sse(*events: dict[str, Any] | str) -> Fault:
+    """A hand-written SSE reply."""
+    data = "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
+    return Fault(200, body=data.encode(), headers={"content-type": "text/event-stream"})
+
+
+def delta(payload: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": payload, "finish_reason": finish}
+    return {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [choice]}
+
+
+async def test_stream_from_a_server_that_omits_indexes_and_repeats_names(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    server.add(
+        sse(
+            delta({"tool_calls": [{"id": "a", "function": {"name": "add", "arguments": '{"a": '}}]}),
+            delta({"tool_calls": [{"function": {"name": "add", "arguments": "1}"}}]}),
+            delta({"tool_calls": [{"id": "b", "function": {"name": "add", "arguments": "{}"}}]}),
+            delta({}, "tool_calls"),
+            "[DONE]",
+        )
+    )
+    final = (await collect(model, ask(tools=[ADD])))[-1]
+    assert final.tool_calls == [
+        ToolCall(id="a", name="add", arguments={"a": 1}),
+        ToolCall(id="b", name="add"),
+    ]
+    assert final.usage == Usage()  # no usage chunk: the loop estimates
+
+
+async def test_a_malformed_stream_chunk_is_a_model_error(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    server.add(sse(delta({"content": "hi"}), "{not json"))
+    with pytest.raises(
+        ModelError, match="streaming chat completion failed: the server sent a malformed stream chunk"
+    ):
+        await collect(model, ask())
+
+
 async def test_stream_without_usage_leaves_requests_zero(
     server: OpenAICompatibleServer, model: OpenAIModel
 ) -> None:
@@ -431,6 +477,7 @@ async def test_client_errors_are_not_retryable(
         f"openai: chat completion failed: HTTP {status} from model 'gpt-4o-mini'"
     )
     assert hint in str(info.value)
+    assert "test-key" not in str(info.value)  # the key never shows up in errors
 
 
 async def test_connection_refused_is_retryable_and_names_the_provider() -> None:

@@ -98,7 +98,8 @@ class Completion:
 class Fault:
     """A scripted failure: an HTTP error status (with headers such as Retry-After), or a dropped connection.
 
-    `body` defaults to an OpenAI-style `{"error": {"message": ..., "type": ...}}`.
+    `body` defaults to an OpenAI-style `{"error": {"message": ..., "type": ...}}`; bytes are sent as they
+    are (with `headers={"content-type": "text/event-stream"}`, a hand-written SSE stream).
     """
 
     status: int = 500
@@ -426,8 +427,9 @@ async def _send_json(
     writer: asyncio.StreamWriter, status: int, payload: Any, headers: dict[str, str] | None = None
 ) -> None:
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", "content-type: application/json"]
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    headers = {"content-type": "application/json"} | {k.lower(): v for k, v in (headers or {}).items()}
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
     lines.append(f"content-length: {len(data)}")
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
     await writer.drain()
