@@ -13,6 +13,7 @@ holds the whole catalogue): small models that guess a right name are not punishe
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -51,16 +52,15 @@ def tokenize(text: str) -> list[str]:
     """
     terms: list[str] = []
     for word in _WORD_RE.findall(_CAMEL_RE.sub(" ", text)):
-        word = word.lower()
-        if _CJK_RE.search(word):
-            terms.extend(_cjk_terms(word))
-        elif word not in _STOPWORDS:
-            terms.append(_stem(word))
+        terms.extend(_terms_of(word.lower()))
     return terms
 
 
-def _cjk_terms(word: str) -> list[str]:
-    return [*word, *(word[i : i + 2] for i in range(len(word) - 1))]
+@functools.lru_cache(maxsize=16384)
+def _terms_of(word: str) -> tuple[str, ...]:
+    if not word.isascii() and _CJK_RE.search(word):
+        return (*word, *(word[i : i + 2] for i in range(len(word) - 1)))
+    return () if word in _STOPWORDS else (_stem(word),)
 
 
 def _stem(word: str) -> str:
@@ -194,8 +194,8 @@ class ToolDiscovery:
         self.max_discovered = max_discovered
         self.tool = Tool(
             DISCOVER_TOOLS,
-            "Find more tools. Describe what you need to do; the best matching tools are added to the tools "
-            "you can call from your next step on.",
+            "Find more tools: many more exist than the ones you see. Describe what you need to do; the best "
+            "matching tools are added to the tools you can call from your next step on.",
             _QUERY_SCHEMA,
             self._discover,
             risk=RiskLevel.LOW,
