@@ -48,6 +48,7 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS thinkloop_memory_session ON thinkloop_memory (session, id)",
 ]
 
+_VERSION_SQL = "SELECT coalesce(max(seq), 0) FROM thinkloop_events WHERE run_id = %s"
 _EVENT_SQL = "INSERT INTO thinkloop_events (run_id, seq, type, data) VALUES (%s, %s, %s, %s)"
 _RUN_SQL = (
     "INSERT INTO thinkloop_runs (run_id, state, summary, status, session, updated_at) "
@@ -125,9 +126,7 @@ class PostgresStore(Store):
             conn = await self._connection()
             try:
                 async with conn.transaction(), conn.cursor() as cur:
-                    await cur.execute(
-                        "SELECT coalesce(max(seq), 0) FROM thinkloop_events WHERE run_id = %s", (run_id,)
-                    )
+                    await cur.execute(_VERSION_SQL, (run_id,))
                     actual = (await cur.fetchone())[0]
                     if actual != expected:
                         raise ConcurrencyError(run_id, expected, actual)
@@ -137,14 +136,9 @@ class PostgresStore(Store):
                         await cur.execute(_RUN_SQL, run_row)
                     if memory:
                         await cur.executemany(_MEMORY_SQL, memory)
-            except psycopg.errors.UniqueViolation:
-                raise ConcurrencyError(run_id, expected, await self._version(run_id)) from None
-
-    async def _version(self, run_id: str) -> int:
-        row = await self._fetchone(
-            "SELECT coalesce(max(seq), 0) FROM thinkloop_events WHERE run_id = %s", (run_id,)
-        )
-        return int(row[0]) if row else 0
+            except psycopg.errors.UniqueViolation:  # another writer committed the same seq first
+                cur = await conn.execute(_VERSION_SQL, (run_id,))
+                raise ConcurrencyError(run_id, expected, (await cur.fetchone())[0]) from None
 
     async def load_state(self, run_id: str) -> RunState | None:
         row = await self._fetchone("SELECT state FROM thinkloop_runs WHERE run_id = %s", (check_id(run_id),))
