@@ -14,10 +14,11 @@ from .._risk import RiskLevel
 from .._tools import Tool
 
 _ERROR_RE = re.compile(
-    r"\b(error|errors|fatal|failed|failure|exception|panic|critical|denied|refused|segmentation fault|"
-    r"cannot|can't|could not|unable to|no such file|not found|traceback|killed|oom|\w+(?:Error|Exception))\b",
+    r"\b(?:error|errors|fatal|failed|failure|exception|panic|critical|denied|refused|segmentation fault|"
+    r"cannot|can't|could not|unable to|no such file|not found|traceback|killed|oom)\b",
     re.IGNORECASE,
 )
+_EXCEPTION_NAME_RE = re.compile(r"[a-z0-9](?:Error|Exception)\b")  # ValueError, IOException …
 _WARNING_RE = re.compile(r"\b(warn|warning|warnings|deprecated|deprecation)\b", re.IGNORECASE)
 _NOT_AN_ERROR_RE = re.compile(r"\b(0|no) (errors?|failures?|failed)\b", re.IGNORECASE)
 _EXIT_RE = re.compile(
@@ -72,7 +73,7 @@ def _scan(lines: list[str]) -> _Findings:
             in_trace = False
         if _EXIT_RE.search(line):
             found.exits.append((number, line))
-        if _ERROR_RE.search(line) and not _NOT_AN_ERROR_RE.search(line):
+        if (_ERROR_RE.search(line) or _EXCEPTION_NAME_RE.search(line)) and not _NOT_AN_ERROR_RE.search(line):
             found.errors.append((number, line))
         elif _WARNING_RE.search(line):
             found.warnings.append((number, line))
