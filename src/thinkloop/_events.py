@@ -126,6 +126,38 @@ class Status(_Event):
     text: str
 
 
+class PlanCreated(_Event):
+    """A plan about to run (SPEC §10): its tasks and their levels; `attempt` counts repairs from 1."""
+
+    type: Literal["plan_created"] = "plan_created"
+    tasks: list[dict[str, Any]]
+    levels: list[list[str]]
+    attempt: int = 1
+
+
+class TaskStarted(_Event):
+    """A task of a plan started (its arguments with earlier results filled in)."""
+
+    type: Literal["task_started"] = "task_started"
+    task_id: str
+    tool: str
+    arguments: dict[str, Any]
+    level: int
+
+
+class TaskFinished(_Event):
+    """A task of a plan ended: done, failed, or cancelled because a sibling failed."""
+
+    type: Literal["task_finished"] = "task_finished"
+    task_id: str
+    tool: str
+    success: bool
+    output: str
+    duration: float = 0.0
+    error_kind: ErrorKind | None = None
+    cancelled: bool = False
+
+
 class ErrorEvent(_Event):
     type: Literal["error"] = "error"
     message: str
@@ -150,6 +182,9 @@ Event = Annotated[
     | ModeSwitched
     | ModelAttempt
     | Status
+    | PlanCreated
+    | TaskStarted
+    | TaskFinished
     | ErrorEvent
     | Done,
     Field(discriminator="type"),

@@ -18,7 +18,7 @@ from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
 from ._risk import RiskLevel
 from ._state import LedgerEntry
-from ._tools import Tool, ToolArgumentsError, render_output, truncate_output
+from ._tools import Tool, ToolArgumentsError, ToolRegistry, render_output, truncate_output
 
 if TYPE_CHECKING:
     from ._loop import RunContext
@@ -76,15 +76,18 @@ class _Prepared:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-async def execute_calls(run: RunContext, calls: list[ToolCall]) -> list[ToolOutcome]:
+async def execute_calls(
+    run: RunContext, calls: list[ToolCall], *, tools: ToolRegistry | None = None
+) -> list[ToolOutcome]:
     """Execute one reply's tool calls: checks and approvals in order, then the allowed calls concurrently.
 
-    Outcomes come back in the order of `calls`, so each call is answered by its own id.
+    Outcomes come back in the order of `calls`, so each call is answered by its own id. `tools` is
+    where calls are looked up (default: the run's tools; a plan passes its own).
     """
     outcomes: dict[str, ToolOutcome] = {}
     ready: list[_Prepared] = []
     for call in calls:
-        prepared = await _prepare(run, call)
+        prepared = await _prepare(run, call, tools)
         if isinstance(prepared, ToolOutcome):
             outcomes[call.id] = prepared
         else:
@@ -97,11 +100,14 @@ async def execute_calls(run: RunContext, calls: list[ToolCall]) -> list[ToolOutc
     return [outcomes[c.id] for c in calls]
 
 
-async def _prepare(run: RunContext, call: ToolCall) -> _Prepared | ToolOutcome:
+async def _prepare(
+    run: RunContext, call: ToolCall, tools: ToolRegistry | None = None
+) -> _Prepared | ToolOutcome:
     """Everything before running: lookup, argument checks, risk, the safety gate."""
-    tool = run.tools.get(call.name)
+    tool = (run.tools if tools is None else tools).get(call.name)
     if tool is None:
-        return _failed(call, "unknown_tool", _unknown_tool_message(call.name, run.visible_names()))
+        names = run.visible_names() if tools is None else tools.names
+        return _failed(call, "unknown_tool", _unknown_tool_message(call.name, names))
     if call.malformed:
         return _failed(call, "invalid_arguments", _bad_json_message(call, tool))
     try:

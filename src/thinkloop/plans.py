@@ -1,0 +1,800 @@
+"""Plans (SPEC §10): a DAG of tool calls, run level by level, written (and repaired) by a model.
+
+    plan = Plan([
+        Task("paris", "get_weather", {"city": "Paris"}),
+        Task("rome", "get_weather", {"city": "Rome"}),
+        Task("report", "write_report", {"text": "Paris: ${paris.temp}, Rome: ${rome.temp}"},
+             depends_on=["paris", "rome"]),
+    ])
+    result = await execute_plan(plan, tools)   # paris and rome run together, then report
+
+Levels. `plan.levels()` groups tasks by topological level (Kahn's algorithm): a task's level comes
+after the levels of all its dependencies. Duplicate ids, unknown dependencies and cycles raise a
+`PlanError` naming the ids at fault (for a cycle, the ids around it).
+
+Execution. Each level's tasks run concurrently; the first task to fail cancels the rest of its level
+and stops the plan: the `PlanResult` holds the results so far, the failed task id and the error. Inside
+an agent run, every task goes through the agent's tool-execution choke point — argument validation,
+risk rating, the safety gate, the ledger, the timeout and output truncation — exactly as a call made
+by the model would; outside a run, tasks are validated, timed out and truncated the same way.
+
+References. A task's arguments can use the results of tasks it depends on (directly or not):
+
+- `"${a}"` — the whole value is replaced by task `a`'s result: its JSON value when the output is
+  JSON, else its text;
+- `"${a.field.0.name}"` — a field of a JSON result (numbers index lists);
+- `"total: ${a.sum} (${b})"` — references inside a longer string are replaced by their text;
+- `"$${a}"` — a literal `${a}`.
+
+References are checked before anything runs: each must name a task the referring task depends on.
+
+Plan-and-execute. A model can write the plan as JSON: `plan_tool(tools)` is a `run_plan` tool taking
+the plan as its argument (so any loop mode can use it; a failed plan comes back as an observation and
+the model can call `run_plan` again with a repaired plan, up to `max_attempts` per run), and
+`run_plan_and_execute(model, goal, tools)` asks a model for a plan, runs it, shows the model any
+failure for a repaired plan (at most `max_repairs` times), and asks it for the final answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._errors import RunError
+from ._events import ErrorKind, Event, PlanCreated, TaskFinished, TaskStarted
+from ._execute import execute_calls
+from ._messages import Message, ModelRequest, ModelSettings, ToolCall, Usage
+from ._risk import RiskLevel
+from ._tools import (
+    Tool,
+    ToolArgumentsError,
+    ToolRegistry,
+    _check_against_schema,
+    render_output,
+    truncate_output,
+)
+
+if TYPE_CHECKING:
+    from ._loop import RunContext
+    from .models import Model
+
+__all__ = [
+    "Plan",
+    "PlanError",
+    "PlanOutcome",
+    "PlanResult",
+    "Task",
+    "TaskResult",
+    "execute_plan",
+    "parse_plan",
+    "plan_tool",
+    "run_plan_and_execute",
+]
+
+EmitFn = Callable[[Event], None]
+_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_REF_RE = re.compile(r"\$(\$?)\{([A-Za-z0-9_-]+)((?:\.[A-Za-z0-9_-]+)*)\}")
+DEFAULT_TIMEOUT = 120.0
+DEFAULT_OUTPUT_MAX_LENGTH = 10_000
+_MAX_REMEMBERED_RUNS = 256
+
+
+class PlanError(RunError):
+    """A plan that cannot run as written (bad ids, dependencies, references, tools or arguments).
+
+    A plan is run input (often written by a model), so this is a run error; its message names the
+    offending task ids and is written to be shown to the model that wrote the plan.
+    """
+
+
+# ============================================================================================ types
+
+
+class Task(BaseModel):
+    """One step of a plan: call `tool` with `args` once the tasks in `depends_on` are done."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    depends_on: list[str] = Field(default_factory=list)
+
+    def __init__(
+        self,
+        id: str | None = None,
+        tool: str | None = None,
+        args: Mapping[str, Any] | None = None,
+        depends_on: Sequence[str] | None = None,
+        **extra: Any,
+    ) -> None:
+        given = {"id": id, "tool": tool, "args": args, "depends_on": depends_on}
+        super().__init__(
+            **{k: v for k, v in given.items() if v is not None}, **extra
+        )  # missing → ValidationError
+
+
+class Plan(BaseModel):
+    """A DAG of tasks. `levels()` orders them; `check()` validates everything before a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[Task]
+
+    def __init__(self, tasks: Iterable[Task | Mapping[str, Any]] = (), **extra: Any) -> None:
+        if not isinstance(tasks, list | str | bytes | Mapping):
+            tasks = list(tasks)
+        super().__init__(tasks=tasks, **extra)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def task(self, task_id: str) -> Task:
+        for task in self.tasks:
+            if task.id == task_id:
+                return task
+        raise KeyError(task_id)
+
+    def levels(self) -> list[list[Task]]:
+        """Tasks grouped by topological level (Kahn), in plan order within a level.
+
+        Raises:
+            PlanError: duplicate or invalid ids, unknown dependencies, or a cycle (named in order).
+        """
+        by_id = self._index()
+        waiting = {t.id: len(set(t.depends_on)) for t in self.tasks}
+        dependents: dict[str, list[str]] = {t.id: [] for t in self.tasks}
+        for task in self.tasks:
+            for dep in dict.fromkeys(task.depends_on):
+                dependents[dep].append(task.id)
+        order = {t.id: i for i, t in enumerate(self.tasks)}
+        level = [t.id for t in self.tasks if waiting[t.id] == 0]
+        levels: list[list[Task]] = []
+        while level:
+            levels.append([by_id[i] for i in level])
+            ready = []
+            for task_id in level:
+                for dependent in dependents[task_id]:
+                    waiting[dependent] -= 1
+                    if waiting[dependent] == 0:
+                        ready.append(dependent)
+            level = sorted(ready, key=order.__getitem__)
+        if sum(len(lv) for lv in levels) < len(self.tasks):
+            raise PlanError(
+                f"the plan has a cycle: {' → '.join(self._cycle(waiting))} (each task depends on the next); "
+                "remove one of these dependencies"
+            )
+        return levels
+
+    def _index(self) -> dict[str, Task]:
+        by_id: dict[str, Task] = {}
+        duplicates: list[str] = []
+        for task in self.tasks:
+            if not _ID_RE.match(task.id):
+                raise PlanError(f"task id {task.id!r} is invalid: use 1-64 letters, digits, '_' or '-'")
+            if task.id in by_id and task.id not in duplicates:
+                duplicates.append(task.id)
+            by_id[task.id] = task
+        if duplicates:
+            raise PlanError(
+                f"duplicate task id(s): {', '.join(map(repr, duplicates))}; every task needs its own id"
+            )
+        unknown = [(t.id, d) for t in self.tasks for d in t.depends_on if d not in by_id]
+        if unknown:
+            listing = "; ".join(f"task {t!r} depends on unknown task {d!r}" for t, d in unknown)
+            raise PlanError(f"{listing} (known tasks: {', '.join(by_id)})")
+        return by_id
+
+    def _cycle(self, waiting: Mapping[str, int]) -> list[str]:
+        """A cycle among the tasks Kahn could not place: follow unplaced dependencies until one repeats."""
+        stuck = {task_id for task_id, count in waiting.items() if count > 0}
+        deps = {t.id: [d for d in t.depends_on if d in stuck] for t in self.tasks if t.id in stuck}
+        node = next(t.id for t in self.tasks if t.id in stuck)
+        path: list[str] = []
+        seen: dict[str, int] = {}
+        while node not in seen:
+            seen[node] = len(path)
+            path.append(node)
+            node = deps[node][0]
+        return [*path[seen[node] :], node]
+
+    def check(self, tools: ToolRegistry | None = None) -> list[list[Task]]:
+        """Everything that can be checked before running; the levels.
+
+        The graph (`levels()`), the references (each must name a task the referring task depends on,
+        directly or not) and, given `tools`, that every tool exists and the arguments fit its schema
+        (arguments holding references are checked once filled in, when the task runs).
+
+        Raises:
+            PlanError: listing every problem found, by task id.
+        """
+        levels = self.levels()
+        problems = self._reference_problems()
+        if tools is not None:
+            problems += [p for t in self.tasks if (p := _tool_problem(t, tools))]
+        if problems:
+            raise PlanError("the plan is invalid:\n" + "\n".join(f"- {p}" for p in problems))
+        return levels
+
+    def ancestors(self) -> dict[str, set[str]]:
+        """Each task's direct and indirect dependencies (the plan must be acyclic)."""
+        result: dict[str, set[str]] = {}
+        for level in self.levels():
+            for task in level:
+                result[task.id] = set(task.depends_on).union(*(result[d] for d in task.depends_on))
+        return result
+
+    def _reference_problems(self) -> list[str]:
+        ancestors = self.ancestors()
+        problems = []
+        for task in self.tasks:
+            for ref in sorted(_references(task.args)):
+                if ref not in ancestors:
+                    problems.append(f"task {task.id!r} refers to ${{{ref}}}, but there is no task {ref!r}")
+                elif ref not in ancestors[task.id]:
+                    problems.append(
+                        f"task {task.id!r} refers to ${{{ref}}} but does not depend on {ref!r}: "
+                        f"add {ref!r} to its depends_on"
+                    )
+        return problems
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [t.model_dump() for t in self.tasks]
+
+
+def parse_plan(text: str | Mapping[str, Any] | Sequence[Any]) -> Plan:
+    """A plan from JSON text (a fenced code block is accepted), a dict `{"tasks": [...]}`, or a list of tasks.
+
+    Raises:
+        PlanError: not JSON, or not shaped like a plan (the message says what to fix).
+    """
+    data: Any = text
+    if isinstance(text, str):
+        body = _strip_fence(text)
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise PlanError(f"the plan is not valid JSON ({exc}); write it as {_PLAN_SHAPE}") from None
+    if isinstance(data, list):
+        data = {"tasks": data}
+    if not isinstance(data, Mapping) or not isinstance(data.get("tasks"), list):
+        raise PlanError(f"a plan is a JSON object with a 'tasks' list: {_PLAN_SHAPE}")
+    try:
+        return Plan.model_validate(dict(data))
+    except ValidationError as exc:
+        raise PlanError(f"the plan is not shaped right: {_explain(exc)}; write it as {_PLAN_SHAPE}") from None
+
+
+_PLAN_SHAPE = '{"tasks": [{"id": "a", "tool": "TOOL", "args": {...}, "depends_on": []}, ...]}'
+
+
+def _strip_fence(text: str) -> str:
+    match = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
+    return (match.group(1) if match else text).strip()
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts[:8])
+
+
+def _tool_problem(task: Task, tools: ToolRegistry) -> str | None:
+    tool = tools.get(task.tool)
+    if tool is None:
+        return f"task {task.id!r} uses unknown tool {task.tool!r} (available: {', '.join(tools.names)})"
+    fixed = {k: v for k, v in task.args.items() if not _references(v)}
+    pending = set(task.args) - set(fixed)
+    problem = _static_argument_problem(tool, fixed, pending)
+    return f"task {task.id!r}: invalid arguments for {tool.name}: {problem}" if problem else None
+
+
+def _static_argument_problem(tool: Tool, fixed: dict[str, Any], pending: set[str]) -> str | None:
+    """Validate the arguments without references; those with references are filled in later."""
+    if tool.validator is not None:
+        try:
+            tool.validator.model_validate(fixed)
+        except ValidationError as exc:
+            errors = [e for e in exc.errors(include_url=False) if not (e["loc"] and e["loc"][0] in pending)]
+            return (
+                "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in errors)
+                or None
+            )
+        return None
+    schema = dict(tool.parameters)
+    schema["required"] = [r for r in schema.get("required", []) if r not in pending]
+    try:
+        _check_against_schema(fixed, schema)
+    except ToolArgumentsError as exc:
+        return str(exc)
+    return None
+
+
+# ======================================================================================= references
+
+
+def _references(value: Any) -> set[str]:
+    """The task ids referred to anywhere in an argument value."""
+    if isinstance(value, str):
+        return {m.group(2) for m in _REF_RE.finditer(value) if not m.group(1)}
+    if isinstance(value, Mapping):
+        return set().union(*(_references(v) for v in value.values()))
+    if isinstance(value, list | tuple):
+        return set().union(*(_references(v) for v in value))
+    return set()
+
+
+def resolve(value: Any, results: Mapping[str, TaskResult]) -> Any:
+    """`value` with every reference replaced by the referred result (see the module docs).
+
+    Raises:
+        PlanError: a reference to a missing result or field.
+    """
+    if isinstance(value, str):
+        return _resolve_string(value, results)
+    if isinstance(value, Mapping):
+        return {k: resolve(v, results) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [resolve(v, results) for v in value]
+    return value
+
+
+def _resolve_string(text: str, results: Mapping[str, TaskResult]) -> Any:
+    whole = _REF_RE.fullmatch(text)
+    if whole and not whole.group(1):
+        return _lookup(whole, results)
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(1):
+            return match.group(0)[1:]  # "$${a}" → "${a}"
+        found = _lookup(match, results)
+        return found if isinstance(found, str) else json.dumps(found, ensure_ascii=False)
+
+    return _REF_RE.sub(replace, text)
+
+
+def _lookup(match: re.Match[str], results: Mapping[str, TaskResult]) -> Any:
+    task_id, path = match.group(2), [p for p in match.group(3).split(".") if p]
+    result = results.get(task_id)
+    if result is None or not result.success:
+        raise PlanError(f"{match.group(0)}: task {task_id!r} has no result")
+    value = result.value
+    for index, key in enumerate(path):
+        value = _step_into(value, key, match.group(0), path[:index])
+    return value
+
+
+def _step_into(value: Any, key: str, ref: str, done: list[str]) -> Any:
+    where = ".".join(done) or "the result"
+    if isinstance(value, Mapping) and key in value:
+        return value[key]
+    if isinstance(value, list) and key.isdigit() and int(key) < len(value):
+        return value[int(key)]
+    if isinstance(value, Mapping):
+        raise PlanError(
+            f"{ref}: {where} has no field {key!r} (fields: {', '.join(map(str, value)) or 'none'})"
+        )
+    raise PlanError(f"{ref}: {where} is {type(value).__name__} {_short(value)}, not a JSON object or list")
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+def _json_value(text: str) -> Any:
+    """A result's value for references: its JSON when it parses as JSON, else the text."""
+    stripped = text.strip()
+    if stripped[:1] in ("{", "[", '"') or stripped in ("true", "false", "null") or _looks_numeric(stripped):
+        try:
+            return json.loads(stripped)
+        except ValueError:
+            return text
+    return text
+
+
+def _looks_numeric(text: str) -> bool:
+    return bool(re.fullmatch(r"-?\d+(\.\d+)?([eE][-+]?\d+)?", text))
+
+
+# ======================================================================================== execution
+
+
+@dataclass(slots=True)
+class TaskResult:
+    """What one task produced. `value` is the output's JSON value (or its text) for references."""
+
+    task_id: str
+    tool: str
+    output: str
+    success: bool
+    duration: float = 0.0
+    error_kind: ErrorKind | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def value(self) -> Any:
+        return _json_value(self.output)
+
+
+@dataclass(slots=True)
+class PlanResult:
+    """The results so far; on failure, the failed task, why, and which tasks were cancelled or never run."""
+
+    results: dict[str, TaskResult]
+    failed: str | None = None
+    error: str | None = None
+    cancelled: list[str] = field(default_factory=list)
+    not_run: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None
+
+    def summary(self) -> str:
+        """The results as text for a model: each task's output, then the failure if any."""
+        lines = [
+            f"[{r.task_id}] {r.tool} → {'ok' if r.success else 'FAILED'}: {r.output}"
+            for r in self.results.values()
+        ]
+        if self.failed is not None:
+            lines.append(f"Task {self.failed!r} failed: {self.error}")
+            if self.cancelled:
+                lines.append(f"Cancelled (same level): {', '.join(self.cancelled)}")
+            if self.not_run:
+                lines.append(f"Not run: {', '.join(self.not_run)}")
+        return "\n".join(lines)
+
+
+async def execute_plan(
+    plan: Plan,
+    tools: ToolRegistry | Iterable[Tool],
+    *,
+    emit: EmitFn | None = None,
+    attempt: int = 1,
+    reuse: Mapping[str, TaskResult] | None = None,
+    tool_timeout: float | None = None,
+    output_max_length: int | None = None,
+) -> PlanResult:
+    """Run `plan` level by level, each level's tasks concurrently; stop at the first failure.
+
+    Args:
+        plan: the plan; it is checked (`plan.check(tools)`) before anything runs.
+        tools: the tools tasks may use.
+        emit: receives `plan_created`, `task_started` and `task_finished` events (default: the
+            current agent run's event stream, when called inside one).
+        attempt: the attempt number reported in `plan_created` (repairs count up from 1).
+        reuse: results of an earlier attempt: a task with the same id, tool and arguments that
+            succeeded then is not run again.
+        tool_timeout, output_max_length: outside an agent run, the defaults for tools that set none
+            (inside one, the agent's settings apply).
+
+    Raises:
+        PlanError: the plan is invalid (nothing ran).
+    """
+    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+    levels = plan.check(registry)
+    runner = _Runner(registry, emit, reuse or {}, tool_timeout, output_max_length)
+    runner.emit(
+        PlanCreated(tasks=plan.describe(), levels=[[t.id for t in lv] for lv in levels], attempt=attempt)
+    )
+    result = PlanResult(results={})
+    for index, level in enumerate(levels):
+        await runner.run_level(index, level, result)
+        if not result.ok:
+            result.not_run = [t.id for lv in levels[index + 1 :] for t in lv]
+            break
+    return result
+
+
+class _Runner:
+    """Runs tasks: through the current agent run's choke point when there is one, else directly."""
+
+    def __init__(
+        self,
+        tools: ToolRegistry,
+        emit: EmitFn | None,
+        reuse: Mapping[str, TaskResult],
+        timeout: float | None,
+        output_max_length: int | None,
+    ) -> None:
+        from ._loop import current_run
+
+        self.tools = tools
+        self.run = current_run.get()
+        self._emit = emit
+        self.reuse = reuse
+        self.timeout = timeout
+        self.output_max_length = output_max_length
+        self.prefix = f"plan_{uuid.uuid4().hex[:8]}"
+
+    def emit(self, event: Event) -> None:
+        if self._emit is not None:
+            self._emit(event)
+        elif self.run is not None:
+            self.run.emit(event)
+
+    async def run_level(self, index: int, level: list[Task], result: PlanResult) -> None:
+        """Run one level's tasks together; the first failure cancels the others."""
+        pending = {asyncio.create_task(self.run_task(index, task, result.results)): task for task in level}
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for finished in done:
+                    task = pending.pop(finished)
+                    outcome = finished.result()
+                    result.results[task.id] = outcome
+                    if not outcome.success and result.failed is None:
+                        result.failed, result.error = task.id, outcome.output
+                if result.failed is not None and pending:
+                    result.cancelled = [pending[t].id for t in pending]
+                    await self._cancel(pending)
+                    pending = {}
+        finally:
+            if pending:  # we were cancelled ourselves: take the level down with us
+                await self._cancel(pending)
+
+    async def _cancel(self, pending: Mapping[asyncio.Task[TaskResult], Task]) -> None:
+        for running in pending:
+            running.cancel()
+        await asyncio.wait(pending)
+        for task in pending.values():
+            self.emit(
+                TaskFinished(
+                    task_id=task.id, tool=task.tool, success=False, output="cancelled", cancelled=True
+                )
+            )
+
+    async def run_task(self, level: int, task: Task, results: Mapping[str, TaskResult]) -> TaskResult:
+        try:
+            arguments = resolve(task.args, results)
+        except PlanError as exc:
+            outcome = TaskResult(task.id, task.tool, f"Error: {exc}", False, error_kind="invalid_arguments")
+            return self._finished(outcome)
+        earlier = self.reuse.get(task.id)
+        if (
+            earlier is not None
+            and earlier.success
+            and earlier.tool == task.tool
+            and earlier.arguments == arguments
+        ):
+            return self._finished(earlier)
+        self.emit(TaskStarted(task_id=task.id, tool=task.tool, arguments=arguments, level=level))
+        if self.run is not None:
+            outcome = await self._through_run(self.run, task, arguments)
+        else:
+            outcome = await self._direct(task, arguments)
+        return self._finished(outcome)
+
+    def _finished(self, outcome: TaskResult) -> TaskResult:
+        self.emit(
+            TaskFinished(
+                task_id=outcome.task_id,
+                tool=outcome.tool,
+                success=outcome.success,
+                output=outcome.output,
+                duration=outcome.duration,
+                error_kind=outcome.error_kind,
+            )
+        )
+        return outcome
+
+    async def _through_run(self, run: RunContext, task: Task, arguments: dict[str, Any]) -> TaskResult:
+        """The agent's choke point: validation, risk, safety gate, ledger, timeout, truncation."""
+        call = ToolCall(id=f"{self.prefix}_{task.id}", name=task.tool, arguments=arguments)
+        (outcome,) = await execute_calls(run, [call], tools=self.tools)
+        return TaskResult(
+            task.id,
+            task.tool,
+            outcome.output,
+            outcome.success,
+            outcome.duration,
+            outcome.error_kind,
+            arguments,
+        )
+
+    async def _direct(self, task: Task, arguments: dict[str, Any]) -> TaskResult:
+        """Outside a run: the same validation, timeout, rendering and truncation, without a gate."""
+        tool = self.tools.get(task.tool)
+        assert tool is not None, "checked before running"
+        started = time.perf_counter()
+        timeout = tool.timeout or self.timeout or DEFAULT_TIMEOUT
+        kind: ErrorKind | None = None
+        try:
+            valid = tool.validate(arguments)
+            async with asyncio.timeout(timeout):
+                text, success = render_output(await tool.invoke(valid)), True
+        except ToolArgumentsError as exc:
+            text, success, kind = (
+                f"Error: invalid arguments for {tool.name}: {exc}",
+                False,
+                "invalid_arguments",
+            )
+        except TimeoutError:
+            text, success, kind = (
+                f"Error: {tool.name} timed out after {timeout:g} s and was abandoned.",
+                False,
+                "timeout",
+            )
+        except Exception as exc:
+            text, success, kind = f"Error: {tool.name} raised {type(exc).__name__}: {exc}", False, "exception"
+        limit = tool.output_max_length or self.output_max_length or DEFAULT_OUTPUT_MAX_LENGTH
+        text, _ = truncate_output(text, limit)
+        return TaskResult(task.id, task.tool, text, success, time.perf_counter() - started, kind, arguments)
+
+
+# ================================================================================ plan-and-execute
+
+
+def plan_instructions(tools: ToolRegistry) -> str:
+    """How to write a plan, with the tools it may use: for a system prompt or a tool description."""
+    listing = "\n".join(
+        f"- {t.name}: {t.description} Arguments: {json.dumps(t.parameters.get('properties', {}), ensure_ascii=False)}"
+        for t in tools
+    )
+    return (
+        "A plan is JSON: " + _PLAN_SHAPE + "\n"
+        'Tasks whose depends_on are done run at the same time. In args, "${a}" is task a\'s result '
+        '(its JSON value when it is JSON), "${a.field}" a field of it, and "text ${a}" puts it in text; '
+        "a task may only refer to tasks it depends on.\n"
+        f"Tools:\n{listing}"
+    )
+
+
+def plan_tool(
+    tools: ToolRegistry | Iterable[Tool],
+    *,
+    name: str = "run_plan",
+    max_attempts: int = 3,
+    risk: RiskLevel = RiskLevel.LOW,
+) -> Tool:
+    """A tool running a plan the model writes as its argument: `{"tasks": [...]}`.
+
+    Independent tasks run in parallel; each task is a tool call checked by the agent's safety gate
+    (so the plan tool itself is LOW risk). A failed or invalid plan is a failed observation showing
+    what went wrong; the model can call the tool again with a repaired plan — at most `max_attempts`
+    calls per run. Completed tasks of the previous attempt with unchanged arguments are not re-run.
+    """
+    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+    memory: dict[str, tuple[int, dict[str, TaskResult]]] = {}
+
+    async def run_plan(**arguments: Any) -> str:
+        from ._loop import current_run
+
+        run = current_run.get()
+        key = run.state.run_id if run is not None else uuid.uuid4().hex  # outside a run: no memory
+        attempts, previous = memory.pop(key, (0, {}))
+        if attempts >= max_attempts:
+            raise PlanError(
+                f"{name} was already called {attempts} times in this run (the limit): answer with what you have"
+            )
+        if run is not None:
+            memory[key] = (attempts + 1, previous)  # an invalid plan counts as an attempt too
+            while len(memory) > _MAX_REMEMBERED_RUNS:
+                del memory[next(iter(memory))]
+        plan = parse_plan(arguments)
+        result = await execute_plan(plan, registry, attempt=attempts + 1, reuse=previous)
+        previous.update((k, r) for k, r in result.results.items() if r.success)
+        if not result.ok:
+            raise PlanError(
+                f"the plan failed.\n{result.summary()}\nFix the plan and call {name} again "
+                f"(finished tasks with unchanged arguments are not re-run), or answer with what you have."
+            )
+        return result.summary()
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "tasks": {
+                "type": "array",
+                "description": "the tasks: {id, tool, args, depends_on}",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "tool": {"type": "string", "enum": registry.names},
+                        "args": {"type": "object"},
+                        "depends_on": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "required": ["id", "tool", "args"],
+                },
+            }
+        },
+        "required": ["tasks"],
+    }
+    description = "Run several tool calls as a plan (independent ones in parallel). " + plan_instructions(
+        registry
+    )
+    return Tool(name, description, schema, run_plan, risk=risk)
+
+
+@dataclass(slots=True)
+class PlanOutcome:
+    """What `run_plan_and_execute` produced: the answer, the last plan and its result, attempts, usage."""
+
+    answer: str
+    plan: Plan | None
+    result: PlanResult | None
+    attempts: int
+    usage: Usage
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+_PLANNER_PROMPT = "You plan before you act. Reply with only a JSON plan (no prose) that reaches the goal with the tools below.\n"
+
+
+async def run_plan_and_execute(
+    model: Model | Any,
+    goal: str,
+    tools: ToolRegistry | Iterable[Tool] | None = None,
+    *,
+    max_repairs: int = 2,
+    emit: EmitFn | None = None,
+    settings: ModelSettings | None = None,
+) -> PlanOutcome:
+    """Ask `model` for a plan, run it, repair it on failure (at most `max_repairs` times), then answer.
+
+    `model` is a `Model` or an `Agent` (its model and tools are used; `tools` may then be omitted).
+    An invalid plan (bad JSON, unknown tool, invalid arguments, bad references) counts as a failed
+    attempt too: the model is shown the problem. Nothing raises for a plan that keeps failing: the
+    outcome's `error` says why.
+    """
+    model, registry = _model_and_tools(model, tools)
+    usage = Usage()
+    messages = [Message.system(_PLANNER_PROMPT + plan_instructions(registry)), Message.user(goal)]
+    previous: dict[str, TaskResult] = {}
+    plan: Plan | None = None
+    result: PlanResult | None = None
+    for attempt in range(1, max_repairs + 2):
+        text = await _ask(model, messages, settings, usage)
+        messages.append(Message.assistant(text))
+        try:
+            plan = parse_plan(text)
+            result = await execute_plan(plan, registry, emit=emit, attempt=attempt, reuse=previous)
+        except PlanError as exc:
+            feedback, result = f"That plan cannot run: {exc}\nReply with a corrected JSON plan.", None
+        else:
+            if result.ok:
+                break
+            previous.update({k: r for k, r in result.results.items() if r.success})
+            feedback = f"The plan failed:\n{result.summary()}\nReply with a repaired JSON plan."
+        messages.append(Message.user(feedback))
+    else:
+        error = f"no plan succeeded in {max_repairs + 1} attempts"
+        return PlanOutcome("", plan, result, max_repairs + 1, usage, error=error)
+    messages.append(Message.user(f"The plan ran:\n{result.summary()}\nNow answer the goal: {goal}"))
+    answer = await _ask(model, messages, settings, usage)
+    return PlanOutcome(answer.strip(), plan, result, attempt, usage)
+
+
+def _model_and_tools(source: Any, tools: ToolRegistry | Iterable[Tool] | None) -> tuple[Model, ToolRegistry]:
+    from .models import Model
+
+    model = source if isinstance(source, Model) else getattr(source, "model", None)
+    if not isinstance(model, Model):
+        raise TypeError(f"run_plan_and_execute needs a Model or an Agent, not {source!r}")
+    if tools is None:
+        tools = getattr(source, "tools", None) or ()
+    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+    return model, registry
+
+
+async def _ask(model: Model, messages: list[Message], settings: ModelSettings | None, usage: Usage) -> str:
+    request = ModelRequest(messages=list(messages), settings=settings or ModelSettings(), turn=usage.requests)
+    response = await model.request(request)
+    usage.add(response.usage)
+    return response.text

@@ -1,0 +1,592 @@
+"""Plans (SPEC §10): levels (Kahn), errors, parallel execution, references, plan-and-execute, repairs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thinkloop import Agent, RiskLevel, Tool, ToolCall, tool
+from thinkloop._events import PlanCreated, TaskFinished, TaskStarted, ToolResultEvent
+from thinkloop._execute import GateDecision
+from thinkloop.plans import (
+    Plan,
+    PlanError,
+    PlanResult,
+    Task,
+    execute_plan,
+    parse_plan,
+    plan_tool,
+    run_plan_and_execute,
+)
+from thinkloop.testing import ScriptedModel
+
+# ------------------------------------------------------------------------------------------ levels
+
+
+def _ids(levels: list[list[Task]]) -> list[list[str]]:
+    return [[t.id for t in level] for level in levels]
+
+
+def test_levels_group_tasks_by_topological_level_in_plan_order() -> None:
+    plan = Plan(
+        [
+            Task("report", "t", depends_on=["b", "a"]),
+            Task("b", "t"),
+            Task("a", "t"),
+            Task("c", "t", depends_on=["a"]),
+            Task("final", "t", depends_on=["report", "c"]),
+        ]
+    )
+    assert _ids(plan.levels()) == [["b", "a"], ["report", "c"], ["final"]]
+
+
+def test_an_empty_plan_has_no_levels() -> None:
+    assert Plan([]).levels() == []
+
+
+def test_duplicate_ids_are_named() -> None:
+    plan = Plan([Task("a", "t"), Task("b", "t"), Task("a", "t"), Task("b", "t"), Task("c", "t")])
+    with pytest.raises(PlanError, match=r"duplicate task id\(s\): 'a', 'b'"):
+        plan.levels()
+
+
+def test_unknown_dependencies_are_named() -> None:
+    plan = Plan([Task("a", "t"), Task("b", "t", depends_on=["a", "ghost"])])
+    with pytest.raises(PlanError, match=r"task 'b' depends on unknown task 'ghost' \(known tasks: a, b\)"):
+        plan.levels()
+
+
+def test_a_cycle_is_named_in_order() -> None:
+    plan = Plan(
+        [
+            Task("start", "t"),
+            Task("a", "t", depends_on=["start", "b"]),
+            Task("b", "t", depends_on=["c"]),
+            Task("c", "t", depends_on=["a"]),
+            Task("after", "t", depends_on=["c"]),
+        ]
+    )
+    with pytest.raises(
+        PlanError, match=r"the plan has a cycle: a → b → c → a \(each task depends on the next\)"
+    ):
+        plan.levels()
+
+
+def test_a_task_depending_on_itself_is_a_cycle() -> None:
+    with pytest.raises(PlanError, match="cycle: a → a"):
+        Plan([Task("a", "t", depends_on=["a"])]).levels()
+
+
+def test_invalid_ids_are_rejected() -> None:
+    with pytest.raises(PlanError, match=r"task id 'a b' is invalid"):
+        Plan([Task("a b", "t")]).levels()
+
+
+def test_repeated_dependencies_count_once() -> None:
+    plan = Plan([Task("a", "t"), Task("b", "t", depends_on=["a", "a"])])
+    assert _ids(plan.levels()) == [["a"], ["b"]]
+
+
+@st.composite
+def dags(draw: st.DrawFn) -> Plan:
+    """A random DAG: task i may depend only on tasks j < i; the tasks are then shuffled."""
+    n = draw(st.integers(min_value=1, max_value=25))
+    tasks = []
+    for i in range(n):
+        deps = draw(st.lists(st.integers(min_value=0, max_value=i - 1), max_size=4)) if i else []
+        tasks.append(Task(f"t{i}", "tool", depends_on=[f"t{j}" for j in deps]))
+    return Plan(draw(st.permutations(tasks)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(dags())
+def test_levels_of_random_dags(plan: Plan) -> None:
+    levels = plan.levels()
+    position = {t.id: i for i, level in enumerate(levels) for t in level}
+    placed = [t.id for level in levels for t in level]
+    assert sorted(placed) == sorted(t.id for t in plan.tasks)  # every task exactly once
+    assert len(placed) == len(set(placed))
+    for task in plan.tasks:
+        for dep in task.depends_on:
+            assert position[dep] < position[task.id]  # after all its dependencies
+        # Kahn's levels are the earliest possible: one more than the deepest dependency
+        expected = 1 + max((position[d] for d in task.depends_on), default=-1)
+        assert position[task.id] == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(dags(), st.data())
+def test_a_back_edge_always_makes_a_detected_cycle(plan: Plan, data: st.DataObject) -> None:
+    ancestors = plan.ancestors()
+    paths = [
+        (t.id, a) for t in plan.tasks for a in sorted(ancestors[t.id])
+    ]  # t depends on a, maybe indirectly
+    if paths:
+        descendant, ancestor = data.draw(st.sampled_from(paths))
+    else:  # no dependency at all: close a cycle with a self-loop
+        descendant = ancestor = data.draw(st.sampled_from(plan.tasks)).id
+    # the back edge: the ancestor now depends on its descendant
+    tasks = [
+        Task(t.id, t.tool, depends_on=[*t.depends_on, descendant]) if t.id == ancestor else t
+        for t in plan.tasks
+    ]
+    cyclic = Plan(tasks)
+    with pytest.raises(PlanError, match="cycle") as info:
+        cyclic.levels()
+    cycle = str(info.value).split("cycle: ", 1)[1].split(" (", 1)[0].split(" → ")
+    assert cycle[0] == cycle[-1] and len(cycle) >= 2
+    deps = {t.id: set(t.depends_on) for t in cyclic.tasks}
+    for node, nxt in zip(cycle, cycle[1:], strict=False):
+        assert nxt in deps[node]  # every step of the reported cycle is a real dependency
+
+
+# --------------------------------------------------------------------------------------- execution
+
+
+@tool
+async def weather(city: str) -> dict[str, Any]:
+    """The weather of a city."""
+    return {"city": city, "temp": len(city) * 3, "tags": ["mild", city.lower()]}
+
+
+@tool
+def report(text: str, total: int = 0) -> str:
+    """Write a report."""
+    return f"{text} | total={total}"
+
+
+@tool
+def shout(text: str) -> str:
+    """Upper-case text (not JSON)."""
+    return text.upper()
+
+
+TOOLS = [weather, report, shout]
+
+
+async def test_runs_a_plan_level_by_level_with_events() -> None:
+    events: list[Any] = []
+    plan = Plan(
+        [
+            Task("paris", "weather", {"city": "Paris"}),
+            Task("rome", "weather", {"city": "Rome"}),
+            Task(
+                "rep", "report", {"text": "Paris ${paris.temp}", "total": "${rome.temp}"}, ["paris", "rome"]
+            ),
+        ]
+    )
+    result = await execute_plan(plan, TOOLS, emit=events.append)
+
+    assert result.ok and result.failed is None
+    assert result.results["rep"].output == "Paris 15 | total=12"
+    assert [e.type for e in events] == [
+        "plan_created",
+        "task_started",
+        "task_finished",
+        "task_started",
+        "task_finished",
+        "task_started",
+        "task_finished",
+    ]
+    created = events[0]
+    assert isinstance(created, PlanCreated)
+    assert created.levels == [["paris", "rome"], ["rep"]] and created.attempt == 1
+    started = [e for e in events if isinstance(e, TaskStarted)]
+    assert started[-1].arguments == {"text": "Paris 15", "total": 12} and started[-1].level == 1
+    assert all(e.success for e in events if isinstance(e, TaskFinished))
+
+
+async def test_a_levels_tasks_run_concurrently() -> None:
+    arrived: list[str] = []
+    both = asyncio.Event()
+
+    async def meet(name: str) -> str:
+        """Wait until both tasks have started."""
+        arrived.append(name)
+        if len(arrived) == 2:
+            both.set()
+        await asyncio.wait_for(both.wait(), 5)
+        return name
+
+    plan = Plan([Task("x", "meet", {"name": "x"}), Task("y", "meet", {"name": "y"})])
+    result = await execute_plan(plan, [Tool("meet", "meet", {"type": "object", "properties": {}}, meet)])
+    assert result.ok  # sequential execution would have timed out waiting for the other
+    assert sorted(arrived) == ["x", "y"]
+
+
+async def test_the_first_failure_cancels_its_level_and_stops_the_plan() -> None:
+    slow_started = asyncio.Event()
+    slow_state: dict[str, bool] = {"completed": False, "cancelled": False}
+    later_ran: list[str] = []
+
+    async def slow() -> str:
+        slow_started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            slow_state["cancelled"] = True
+            raise
+        slow_state["completed"] = True
+        return "slow done"
+
+    async def boom() -> str:
+        await slow_started.wait()
+        raise RuntimeError("disk full")
+
+    def later() -> str:
+        later_ran.append("later")
+        return "later"
+
+    schema = {"type": "object", "properties": {}}
+    tools = [Tool(n, n, schema, f) for n, f in (("slow", slow), ("boom", boom), ("later", later))]
+    plan = Plan(
+        [
+            Task("first", "later"),
+            Task("s", "slow", depends_on=["first"]),
+            Task("b", "boom", depends_on=["first"]),
+            Task("end", "later", depends_on=["s", "b"]),
+        ]
+    )
+    events: list[Any] = []
+    result = await execute_plan(plan, tools, emit=events.append)
+
+    assert isinstance(result, PlanResult) and not result.ok
+    assert result.failed == "b"
+    assert result.error == "Error: boom raised RuntimeError: disk full"
+    assert result.cancelled == ["s"] and result.not_run == ["end"]
+    assert slow_state == {"completed": False, "cancelled": True}  # the slow sibling never completed
+    assert list(result.results) == ["first", "b"]  # the results so far
+    assert later_ran == ["later"]  # "end" never ran
+    cancelled = [e for e in events if isinstance(e, TaskFinished) and e.cancelled]
+    assert [e.task_id for e in cancelled] == ["s"]
+    assert "Task 'b' failed: Error: boom raised RuntimeError: disk full" in result.summary()
+
+
+async def test_invalid_arguments_and_timeouts_fail_the_task_outside_a_run() -> None:
+    async def stuck() -> str:
+        await asyncio.sleep(3600)
+        return "never"
+
+    stuck_tool = Tool("stuck", "stuck", {"type": "object", "properties": {}}, stuck, timeout=0.05)
+    result = await execute_plan(Plan([Task("s", "stuck")]), [stuck_tool])
+    assert result.failed == "s" and result.results["s"].error_kind == "timeout"
+    assert "timed out after 0.05 s" in (result.error or "")
+
+    bad = Plan([Task("w", "weather", {"city": "Paris"}), Task("r", "report", {"text": "${w}"}, ["w"])])
+    result = await execute_plan(bad, TOOLS)  # the dict result is not a valid `text` string
+    assert result.failed == "r" and result.results["r"].error_kind == "invalid_arguments"
+
+
+async def test_output_is_truncated_like_any_tool_output() -> None:
+    def big() -> str:
+        return "x" * 5000
+
+    result = await execute_plan(
+        Plan([Task("b", "big")]), [Tool("big", "big", None, big)], output_max_length=300
+    )
+    assert len(result.results["b"].output) <= 300 and "characters truncated" in result.results["b"].output
+
+
+# -------------------------------------------------------------------------------------- references
+
+
+async def test_reference_forms() -> None:
+    plan = Plan(
+        [
+            Task("w", "weather", {"city": "Oslo"}),
+            Task("s", "shout", {"text": "hi"}),
+            Task(
+                "r",
+                "report",
+                {
+                    "text": "${w.city} is ${w.tags.0}, ${s}; all: ${w.tags}; literal $${w}",
+                    "total": "${w.temp}",
+                },
+                depends_on=["w", "s"],
+            ),
+        ]
+    )
+    result = await execute_plan(plan, TOOLS)
+    assert result.results["r"].output == 'Oslo is mild, HI; all: ["mild", "oslo"]; literal ${w} | total=12'
+
+
+async def test_a_whole_value_reference_keeps_the_json_type() -> None:
+    seen: dict[str, Any] = {}
+
+    def keep(data: Any) -> str:
+        seen["data"] = data
+        return "ok"
+
+    keep_tool = Tool("keep", "keep", {"type": "object", "properties": {"data": {}}}, keep)
+    plan = Plan(
+        [Task("w", "weather", {"city": "Rome"}), Task("k", "keep", {"data": ["${w}", "${w.temp}"]}, ["w"])]
+    )
+    result = await execute_plan(plan, [weather, keep_tool])
+    assert result.ok
+    assert seen["data"] == [{"city": "Rome", "temp": 12, "tags": ["mild", "rome"]}, 12]
+
+
+async def test_references_must_point_to_dependencies_transitively() -> None:
+    plan = Plan(
+        [
+            Task("a", "weather", {"city": "A"}),
+            Task("b", "shout", {"text": "${a.city}"}, ["a"]),
+            Task("c", "shout", {"text": "${a.city} ${b}"}, ["b"]),  # a through b: fine
+            Task("d", "shout", {"text": "${c} ${nowhere}"}),
+        ]
+    )
+    with pytest.raises(PlanError) as info:
+        await execute_plan(plan, TOOLS)
+    message = str(info.value)
+    assert "task 'd' refers to ${c} but does not depend on 'c': add 'c' to its depends_on" in message
+    assert "task 'd' refers to ${nowhere}, but there is no task 'nowhere'" in message
+    assert "task 'c'" not in message
+
+
+async def test_a_missing_field_fails_the_task_naming_the_reference() -> None:
+    plan = Plan([Task("w", "weather", {"city": "Rome"}), Task("s", "shout", {"text": "${w.wind}"}, ["w"])])
+    result = await execute_plan(plan, TOOLS)
+    assert result.failed == "s"
+    assert "${w.wind}: the result has no field 'wind' (fields: city, temp, tags)" in (result.error or "")
+
+    plan = Plan([Task("s", "shout", {"text": "x"}), Task("t", "shout", {"text": "${s.field}"}, ["s"])])
+    result = await execute_plan(plan, TOOLS)
+    assert "${s.field}: the result is str 'X', not a JSON object or list" in (result.error or "")
+
+
+async def test_tools_and_static_arguments_are_checked_before_running() -> None:
+    ran: list[str] = []
+
+    def mark() -> str:
+        ran.append("mark")
+        return "ok"
+
+    tools = [*TOOLS, Tool("mark", "mark", None, mark)]
+    plan = Plan(
+        [
+            Task("m", "mark"),
+            Task("x", "teleport", {"to": "Mars"}),
+            Task("r", "report", {"total": "many"}),
+            Task("w", "weather", {"city": "${m}"}, ["m"]),  # filled in later: not checked now
+        ]
+    )
+    with pytest.raises(PlanError) as info:
+        await execute_plan(plan, tools)
+    message = str(info.value)
+    assert "task 'x' uses unknown tool 'teleport'" in message
+    assert (
+        "task 'r': invalid arguments for report: text: Field required; total: Input should be a valid integer"
+        in message
+    )
+    assert "task 'w'" not in message
+    assert ran == []
+
+
+# ----------------------------------------------------------------------------------------- parsing
+
+
+def test_parse_plan_forms() -> None:
+    fenced = 'Here:\n```json\n{"tasks": [{"id": "a", "tool": "shout", "args": {"text": "x"}}]}\n```'
+    assert parse_plan(fenced).tasks == [Task("a", "shout", {"text": "x"})]
+    assert parse_plan([{"id": "a", "tool": "t"}]).tasks[0].depends_on == []
+    with pytest.raises(PlanError, match="not valid JSON"):
+        parse_plan("first get the weather")
+    with pytest.raises(PlanError, match="a plan is a JSON object with a 'tasks' list"):
+        parse_plan({"steps": []})
+    with pytest.raises(PlanError, match=r"tasks\.0\.tool: Field required"):
+        parse_plan({"tasks": [{"id": "a"}]})
+
+
+def test_plans_round_trip_as_json() -> None:
+    plan = Plan([Task("a", "shout", {"text": "x"}), Task("b", "shout", {"text": "${a}"}, ["a"])])
+    assert parse_plan(plan.model_dump_json()) == plan
+
+
+# --------------------------------------------------------------------------- inside an agent run
+
+
+class _DenyHigh:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, RiskLevel]] = []
+
+    async def check(self, call: ToolCall, tool: Any, risk: RiskLevel, run: Any) -> GateDecision:
+        self.seen.append((call.name, risk))
+        if risk >= RiskLevel.HIGH:
+            return GateDecision(False, "denied", reason="test policy")
+        return GateDecision(True, "auto")
+
+
+async def test_run_plan_tool_in_an_agent_run_goes_through_the_safety_gate() -> None:
+    deleted: list[str] = []
+
+    @tool(risk=RiskLevel.HIGH)
+    def delete(path: str) -> str:
+        """Delete a file."""
+        deleted.append(path)
+        return "deleted"
+
+    tools = [weather, shout, delete]
+    bad_plan = {
+        "tasks": [
+            {"id": "w", "tool": "weather", "args": {"city": "Paris"}},
+            {"id": "d", "tool": "delete", "args": {"path": "/etc/${w.city}"}, "depends_on": ["w"]},
+        ]
+    }
+    good_plan = {
+        "tasks": [
+            {"id": "w", "tool": "weather", "args": {"city": "Paris"}},
+            {"id": "s", "tool": "shout", "args": {"text": "${w.city} is ${w.temp}"}, "depends_on": ["w"]},
+        ]
+    }
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "run_plan", "args": bad_plan}]},
+            {"tool_calls": [{"name": "run_plan", "args": good_plan}]},
+            "PARIS IS 15",
+        ]
+    )
+    gate = _DenyHigh()
+    events: list[Any] = []
+    agent = Agent(model, tools=[plan_tool(tools)], safety=gate, on_event=events.append)
+    result = await agent.run("Weather in Paris, shouted")
+
+    assert deleted == []  # the denied task never ran
+    assert ("delete", RiskLevel.HIGH) in gate.seen and ("run_plan", RiskLevel.LOW) in gate.seen
+    observations = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert [o.success for o in observations] == [False, True]
+    assert "Task 'd' failed: Denied: the call of delete was not run (test policy)" in observations[0].output
+    assert "[s] shout → ok: PARIS IS 15" in observations[1].output
+    created = [e for e in events if isinstance(e, PlanCreated)]
+    assert [c.attempt for c in created] == [1, 2]
+    assert all(c.run_id == result.run_id for c in created)  # emitted into the run's event stream
+    finished = [(e.task_id, e.success) for e in events if isinstance(e, TaskFinished)]
+    assert finished == [("w", True), ("d", False), ("w", True), ("s", True)]
+    assert result.output == "PARIS IS 15"
+    model.assert_used_up()
+
+
+async def test_run_plan_attempts_are_bounded_per_run() -> None:
+    plan = {"tasks": [{"id": "a", "tool": "shout", "args": {}}]}  # always invalid: text missing
+    model = ScriptedModel([{"tool_calls": [{"name": "run_plan", "args": plan}]}] * 3 + ["gave up"])
+    events: list[Any] = []
+    agent = Agent(model, tools=[plan_tool([shout], max_attempts=2)], on_event=events.append)
+    result = await agent.run("shout")
+    outputs = [e.output for e in events if isinstance(e, ToolResultEvent)]
+    assert "invalid arguments for shout: text: Field required" in outputs[0]
+    assert "already called 2 times in this run (the limit)" in outputs[2]
+    assert result.output == "gave up"
+
+
+async def test_completed_tasks_are_not_rerun_on_repair() -> None:
+    calls: list[str] = []
+
+    def fetch(key: str) -> str:
+        calls.append(key)
+        return json.dumps({"key": key})
+
+    def flaky(value: str) -> str:
+        if value != "fixed":
+            raise ValueError(f"bad value {value!r}")
+        return "stored"
+
+    schema = {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
+    tools = [
+        Tool("fetch", "fetch", schema, fetch),
+        Tool("flaky", "flaky", {"type": "object", "properties": {"value": {"type": "string"}}}, flaky),
+    ]
+    first = {
+        "tasks": [
+            {"id": "f", "tool": "fetch", "args": {"key": "k"}},
+            {"id": "x", "tool": "flaky", "args": {"value": "${f.key}"}, "depends_on": ["f"]},
+        ]
+    }
+    second = {
+        "tasks": [
+            {"id": "f", "tool": "fetch", "args": {"key": "k"}},
+            {"id": "x", "tool": "flaky", "args": {"value": "fixed"}, "depends_on": ["f"]},
+        ]
+    }
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "run_plan", "args": first}]},
+            {"tool_calls": [{"name": "run_plan", "args": second}]},
+            "done",
+        ]
+    )
+    await Agent(model, tools=[plan_tool(tools)]).run("store it")
+    assert calls == ["k"]  # fetched once: the repaired plan reused the result
+
+
+# ---------------------------------------------------------------------------------- plan-and-execute
+
+
+async def test_plan_and_execute_repairs_then_answers() -> None:
+    attempts: list[str] = []
+
+    def convert(amount: int, currency: str) -> str:
+        attempts.append(currency)
+        if currency not in ("EUR", "USD"):
+            raise ValueError(f"unknown currency {currency!r}")
+        return json.dumps({"amount": amount * 2, "currency": currency})
+
+    schema = {
+        "type": "object",
+        "properties": {"amount": {"type": "integer"}, "currency": {"type": "string"}},
+        "required": ["amount", "currency"],
+    }
+    tools = [Tool("convert", "Convert money", schema, convert), shout]
+    broken = "I will convert the money."  # not JSON
+    failing = json.dumps(
+        {"tasks": [{"id": "c", "tool": "convert", "args": {"amount": 5, "currency": "EURO"}}]}
+    )
+    repaired = json.dumps(
+        {
+            "tasks": [
+                {"id": "c", "tool": "convert", "args": {"amount": 5, "currency": "EUR"}},
+                {
+                    "id": "s",
+                    "tool": "shout",
+                    "args": {"text": "${c.amount} ${c.currency}"},
+                    "depends_on": ["c"],
+                },
+            ]
+        }
+    )
+    model = ScriptedModel([broken, failing, f"```json\n{repaired}\n```", "You get 10 EUR."])
+    events: list[Any] = []
+    outcome = await run_plan_and_execute(model, "Convert 5 to euros", tools, emit=events.append)
+
+    assert outcome.ok and outcome.answer == "You get 10 EUR."
+    assert outcome.attempts == 3
+    assert outcome.result is not None and outcome.result.results["s"].output == "10 EUR"
+    assert attempts == ["EURO", "EUR"]
+    assert outcome.usage.requests == 4
+    # the model was shown each problem
+    feedback = [m.content for m in model.requests[3].messages if m.role == "user"]
+    assert "That plan cannot run: the plan is not valid JSON" in feedback[1]
+    assert "Task 'c' failed: Error: convert raised ValueError: unknown currency 'EURO'" in feedback[2]
+    assert "[s] shout → ok: 10 EUR" in feedback[3]
+    assert [e.attempt for e in events if isinstance(e, PlanCreated)] == [2, 3]
+    assert "convert" in model.requests[0].messages[0].content  # the tools were described
+
+
+async def test_plan_and_execute_gives_up_after_max_repairs() -> None:
+    bad = json.dumps({"tasks": [{"id": "a", "tool": "nope", "args": {}}]})
+    model = ScriptedModel([bad, bad])
+    outcome = await run_plan_and_execute(model, "goal", [shout], max_repairs=1)
+    assert not outcome.ok and outcome.error == "no plan succeeded in 2 attempts"
+    assert outcome.attempts == 2 and outcome.answer == ""
+    model.assert_used_up()
+
+
+async def test_plan_and_execute_takes_an_agent() -> None:
+    plan = json.dumps({"tasks": [{"id": "s", "tool": "shout", "args": {"text": "ok"}}]})
+    agent = Agent(ScriptedModel([plan, "OK it is"]), tools=[shout])
+    outcome = await run_plan_and_execute(agent, "shout ok")
+    assert outcome.answer == "OK it is" and outcome.result is not None
+    assert outcome.result.results["s"].output == "OK"
