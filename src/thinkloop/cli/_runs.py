@@ -16,7 +16,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from .._errors import ThinkloopError, UserError
-from .._events import Done
 from .._state import RunState
 from ..stores import RunSummary, Store, open_store
 
@@ -230,9 +229,9 @@ def resume_command(
     ] = None,
     safety: Annotated[str, typer.Option(help="Safety mode: strict, balanced or permissive.")] = "balanced",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Approve risky calls without asking.")] = False,
-    workspace: Annotated[Path, typer.Option(help="Root directory of the file tools and the shell.")] = Path(
-        "."
-    ),
+    workspace: Annotated[
+        Path | None, typer.Option(help="Root of the file tools and the shell (default: the run's).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines.")] = False,
 ) -> None:
     """Continue an interrupted run from its last checkpoint, with the live view."""
@@ -244,7 +243,7 @@ def resume_command(
         console.print("[yellow]cancelled[/]")
         code = 130
     except ThinkloopError as exc:
-        console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         code = 2 if isinstance(exc, UserError) else 1
     raise typer.Exit(code)
 
@@ -258,44 +257,35 @@ async def _resume(
     console: Console,
 ) -> int:
     from .._budget import Budget
-    from ._run import DEFAULT_TOOLS, build_agent, load_model
+    from ._run import DEFAULT_TOOLS, Printer, build_agent, load_model
     from ._view import LiveView, exit_code
 
     store = open_store(store_url)
     try:
         state = await _state(store, run_id)
-        raw = state.metadata.get("cli")
-        cli: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        model = await load_model(model_spec or state.model or None, console)
-        agent = build_agent(
-            model,
-            budget=Budget(**state.budget) if state.budget else Budget(),
-            instructions=str(cli.get("instructions", "")),
-            store_url=store.url,
-            console=console,
-            tools=options["tools"] or str(cli.get("tools", DEFAULT_TOOLS)),
-            safety=options["safety"],
-            yes=options["yes"],
-            workspace=options["workspace"],
-            mcp=[],
-            mode="auto",
-        )
     finally:
         await store.aclose()
+    raw = state.metadata.get("cli")
+    cli: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    model = await load_model(model_spec or state.model or None, console)
     view = LiveView(console)
-    done: list[Done] = []
-
-    def show(event: Any) -> None:
-        if isinstance(event, Done):
-            done.append(event)
-        if as_json:
-            sys.stdout.write(event.model_dump_json() + "\n")
-            sys.stdout.flush()
-        else:
-            view(event)
-
+    show = Printer(view, as_json)
+    agent = build_agent(
+        model,
+        budget=Budget(**state.budget) if state.budget else Budget(),
+        instructions=str(cli.get("instructions", "")),
+        store_url=store.url,
+        console=console,
+        tools=options["tools"] or str(cli.get("tools", DEFAULT_TOOLS)),
+        safety=options["safety"],
+        yes=options["yes"],
+        workspace=options["workspace"] or Path(str(cli.get("workspace", "."))),
+        mcp=[],
+        mode=state.mode,
+        on_event=show,
+    )
     try:
-        await agent.resume(run_id, on_event=show)
+        await agent.resume(run_id)
     finally:
         view.close()
         aclose = getattr(agent, "aclose", None)  # closes MCP servers, when the agent has them
@@ -303,4 +293,4 @@ async def _resume(
             await aclose()
         if isinstance(agent.store, Store):
             await agent.store.aclose()
-    return exit_code(done[-1] if done else None)
+    return exit_code(show.done)

@@ -1,0 +1,311 @@
+"""Resume (SPEC §9.2), the tool-call ledger, conversation memory (§9.3) and the `runs` commands (§13.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from thinkloop import Agent, Budget, ConcurrencyError, Event, RunState, StateError, UserError, tool
+from thinkloop._events import RunStarted, ToolResultEvent
+from thinkloop.stores import MemoryStore, SQLiteStore, Store
+from thinkloop.testing import ScriptedModel
+
+
+class Crash(BaseException):
+    """Stands in for a process dying: nothing in thinkloop catches it."""
+
+
+Predicate = Callable[[RunState, Sequence[Event]], bool]
+
+
+def crashing(base: type[Store], when: Predicate, *, after: bool = False) -> type[Store]:
+    """A store class that 'dies' before (or right after) writing the first checkpoint matching `when`."""
+
+    class CrashingStore(base):  # type: ignore[valid-type,misc]
+        armed = True
+
+        async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+            hit = self.armed and when(state, events)
+            if hit and not after:
+                self.armed = False
+                raise Crash
+            await super().checkpoint(state, events)
+            if hit:
+                self.armed = False
+                raise Crash
+
+    return CrashingStore
+
+
+def observed(step: int) -> Predicate:
+    """The checkpoint that saves a step's observations."""
+    return lambda state, events: state.step == step and any(e.type == "tool_result" for e in events)
+
+
+def ledger(call_id: str, status: str) -> Predicate:
+    return lambda state, _: call_id in state.ledger and state.ledger[call_id].status == status
+
+
+class Effects:
+    """Tools whose every execution is counted: `send` (not idempotent) and `fetch` (idempotent)."""
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+
+        @tool
+        def send(to: str) -> str:
+            """Send a message (not idempotent)."""
+            self.runs.append(f"send:{to}")
+            return f"sent to {to}"
+
+        @tool(idempotent=True)
+        def fetch(key: str) -> str:
+            """Fetch a value (idempotent)."""
+            self.runs.append(f"fetch:{key}")
+            return f"value of {key}"
+
+        self.tools = [send, fetch]
+
+
+SCRIPT: list[Any] = [
+    {"tool_calls": [{"name": "fetch", "args": {"key": "k1"}}]},
+    {"tool_calls": [{"name": "send", "args": {"to": "bob"}}]},
+    {"tool_calls": [{"name": "fetch", "args": {"key": "k2"}}]},
+    "all done",
+]
+
+
+def agent_for(store: Store, effects: Effects, **kwargs: Any) -> Agent:
+    return Agent(ScriptedModel(SCRIPT, by_turn=True), tools=effects.tools, store=store, **kwargs)
+
+
+async def crash_then_resume(when: Predicate, *, after: bool = False) -> tuple[Any, Effects, MemoryStore]:
+    store = crashing(MemoryStore, when, after=after)()
+    assert isinstance(store, MemoryStore)
+    effects = Effects()
+    with pytest.raises(Crash):
+        await agent_for(store, effects).run("do the things", run_id="r")
+    result = await agent_for(store, effects).resume("r")
+    return result, effects, store
+
+
+def observation(result: Any, call_id: str) -> str:
+    return str(next(m.content for m in result.state.messages if m.tool_call_id == call_id))
+
+
+# ============================================================================================== ledger
+
+
+async def test_a_completed_call_is_never_executed_again() -> None:
+    # dies just before the step's observation is saved: send() is done in the ledger, not yet observed
+    result, effects, store = await crash_then_resume(observed(2))
+    assert effects.runs == ["fetch:k1", "send:bob", "fetch:k2"]
+    assert observation(result, "call_1_0") == "sent to bob"
+    assert result.output == "all done" and result.steps == 4
+    events = await store.read_events("r")
+    replayed = [e for e in events if isinstance(e, ToolResultEvent) and e.call_id == "call_1_0"]
+    assert len(replayed) == 1 and replayed[0].success
+
+
+async def test_a_started_non_idempotent_call_is_not_run_again_and_the_model_is_told() -> None:
+    # send() ran, then the process died before its result was saved
+    result, effects, store = await crash_then_resume(ledger("call_1_0", "done"))
+    assert effects.runs == ["fetch:k1", "send:bob", "fetch:k2"]  # not a second send
+    assert observation(result, "call_1_0").startswith("Error: the outcome of send is unknown")
+    assert result.state.ledger["call_1_0"].error_kind == "unknown_outcome"
+    results = [e for e in await store.read_events("r") if isinstance(e, ToolResultEvent)]
+    assert [(e.call_id, e.error_kind) for e in results if e.call_id == "call_1_0"] == [
+        ("call_1_0", "unknown_outcome")
+    ]
+    assert result.output == "all done"
+
+
+async def test_a_started_idempotent_call_is_run_again() -> None:
+    result, effects, _ = await crash_then_resume(ledger("call_2_0", "done"))
+    assert effects.runs == ["fetch:k1", "send:bob", "fetch:k2", "fetch:k2"]
+    assert observation(result, "call_2_0") == "value of k2"
+
+
+async def test_a_planned_call_runs_normally_on_resume() -> None:
+    # the reply was saved (planned in the ledger) but no tool had started
+    result, effects, _ = await crash_then_resume(ledger("call_1_0", "planned"), after=True)
+    assert effects.runs == ["fetch:k1", "send:bob", "fetch:k2"]
+    assert observation(result, "call_1_0") == "sent to bob"
+    assert result.state.tool_calls == 3
+
+
+# ========================================================================================= continuity
+
+
+async def test_resume_continues_with_the_same_counters_budget_and_script() -> None:
+    at_step_two = crashing(MemoryStore, observed(2), after=True)
+    store = at_step_two()
+    effects = Effects()
+    with pytest.raises(Crash):
+        await agent_for(store, effects).run("go", run_id="r", budget=Budget(max_steps=3))
+    saved = await store.load_state("r")
+    assert saved is not None and saved.step == 2 and saved.budget["max_steps"] == 3
+
+    model = ScriptedModel(SCRIPT, by_turn=True)
+    result = await Agent(model, tools=effects.tools, store=store).resume("r")  # no budget given
+    assert [r.turn for r in model.requests][:1] == [2]  # the script continues at its third reply
+    assert result.steps == 3 and result.stop_reason.value == "max_steps"  # the run's own budget
+    assert result.state.guards.total_calls == 3  # guard counters carried on
+    assert result.state.usage.requests == len(model.requests) + 2
+    assert result.state.elapsed >= saved.elapsed
+
+    events = await store.read_events("r")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    starts = [e for e in events if isinstance(e, RunStarted)]
+    assert [s.resumed for s in starts] == [False, True]
+
+
+async def test_a_finished_or_unknown_run_is_not_resumed() -> None:
+    store = MemoryStore()
+    agent = Agent(ScriptedModel(["hello"]), store=store)
+    await agent.run("hi", run_id="over")
+    with pytest.raises(StateError, match=r"run 'over' already ended \(final_answer\) and cannot be resumed"):
+        await agent.resume("over")
+    with pytest.raises(StateError, match="no run 'missing' in the store 'memory:'"):
+        await agent.resume("missing")
+
+
+async def test_two_resumers_of_one_run_cannot_both_continue(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    store = crashing(SQLiteStore, ledger("call_0_0", "done"), after=True)(db)
+    effects = Effects()
+    with pytest.raises(Crash):
+        await agent_for(store, effects).run("go", run_id="r")
+    await store.aclose()
+    async with SQLiteStore(db) as one, SQLiteStore(db) as two:
+        outcomes = await asyncio.gather(
+            agent_for(one, effects).resume("r"), agent_for(two, effects).resume("r"), return_exceptions=True
+        )
+    finished = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, ConcurrencyError | StateError)]
+    assert len(finished) == 1 and len(refused) == 1, outcomes
+    assert effects.runs.count("send:bob") == 1
+
+
+def test_resume_sync_and_the_default_in_memory_store() -> None:
+    effects = Effects()
+    agent = Agent(ScriptedModel(SCRIPT, by_turn=True), tools=effects.tools)  # no store: a MemoryStore
+    assert isinstance(agent.store, MemoryStore)
+    agent.store = crashing(MemoryStore, ledger("call_1_0", "planned"), after=True)()
+    with pytest.raises(Crash):
+        agent.run_sync("go", run_id="r")
+    assert agent.resume_sync("r").output == "all done"
+
+    async def inside_a_loop() -> None:
+        with pytest.raises(UserError, match="await agent.resume"):
+            agent.resume_sync("r")
+
+    asyncio.run(inside_a_loop())
+
+
+# ============================================================================================= memory
+
+
+async def test_a_session_carries_the_conversation_across_runs() -> None:
+    store = MemoryStore()
+    model = ScriptedModel(["Nice to meet you, Ada.", "Your name is Ada."])
+    agent = Agent(model, store=store)
+    await agent.run("My name is Ada.", session="chat-1")
+    second = await agent.run("What is my name?", session="chat-1")
+
+    seen = [(m.role, m.content, m.kind) for m in model.requests[1].messages if m.role != "system"]
+    assert seen == [
+        ("user", "My name is Ada.", "memory"),
+        ("assistant", "Nice to meet you, Ada.", "memory"),
+        ("user", "What is my name?", "task"),
+    ]
+    assert second.state.session == "chat-1"
+    assert [m.content for m in await store.get_memory("chat-1")] == [
+        "My name is Ada.",
+        "Nice to meet you, Ada.",
+        "What is my name?",
+        "Your name is Ada.",
+    ]
+    other = await Agent(ScriptedModel(["?"]), store=store).run("Who am I?", session="chat-2")
+    assert [m.kind for m in other.state.messages] == ["task", "reply"]
+
+
+async def test_session_ids_are_checked_and_need_a_store() -> None:
+    agent = Agent(ScriptedModel(["x"]))
+    with pytest.raises(UserError, match="invalid session id '../../etc'"):
+        await agent.run("hi", session="../../etc")
+
+    class JustCheckpoints:
+        async def checkpoint(self, state: RunState, events: list[Event]) -> None:
+            pass
+
+    with pytest.raises(UserError, match="needs a `Store`"):
+        await Agent(ScriptedModel(["x"]), store=JustCheckpoints()).run("hi", session="s")
+
+
+# =========================================================================================== the CLI
+
+
+@pytest.fixture
+def interrupted(tmp_path: Path) -> tuple[str, Path]:
+    """An interrupted run in a SQLite file, made with a `script:FILE` model and the calculator."""
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps([{"tool_calls": [{"name": "calculator", "args": {"expression": "6*7"}}]}, "It is 42."])
+    )
+    db = tmp_path / "runs.db"
+    from thinkloop.testing import load_script
+    from thinkloop.tools import calculator
+
+    async def make() -> None:
+        store = crashing(SQLiteStore, ledger("call_0_0", "done"), after=True)(db)
+        agent = Agent(load_script(script), tools=[calculator], store=store)
+        with pytest.raises(Crash):
+            await agent.run("What is 6*7?", run_id="cli-run", metadata={"cli": {"tools": "calculator"}})
+        await store.aclose()
+
+    asyncio.run(make())
+    return f"sqlite://{db}", script
+
+
+def _cli(*args: str) -> Any:
+    from thinkloop.cli import app
+
+    return CliRunner().invoke(app, ["runs", *args])
+
+
+def test_runs_list_show_resume_replay_export(interrupted: tuple[str, Path]) -> None:
+    url, _ = interrupted
+    listed = _cli("list", "--store", url, "--json")
+    assert listed.exit_code == 0, listed.output
+    rows = [json.loads(line) for line in listed.output.splitlines()]
+    assert [(r["run_id"], r["status"]) for r in rows] == [("cli-run", "running")]
+
+    shown = _cli("show", "cli-run", "--store", url)
+    assert shown.exit_code == 0 and "unfinished (acting)" in shown.output
+    assert "thinkloop runs resume cli-run" in shown.output
+
+    resumed = _cli("resume", "cli-run", "--store", url)  # the model recorded in the state: script:FILE
+    assert resumed.exit_code == 0, resumed.output
+    assert "(resumed)" in resumed.output and "It is 42." in resumed.output
+
+    assert _cli("resume", "cli-run", "--store", url).exit_code == 1  # it ended: not resumed again
+    replay = _cli("replay", "cli-run", "--store", url)
+    assert replay.exit_code == 0
+    assert (
+        replay.output.count("run cli-run") >= 2
+        and "calculator" in replay.output
+        and "It is 42." in replay.output
+    )
+
+    exported = _cli("export", "cli-run", "--store", url)
+    body = json.loads(exported.output)
+    assert body["state"]["answer"] == "It is 42."
+    assert [e["seq"] for e in body["events"]] == list(range(1, len(body["events"]) + 1))
+    assert _cli("show", "nope", "--store", url).exit_code == 2
