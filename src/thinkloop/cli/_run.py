@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import json
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .._agent import Agent
 from .._budget import Budget
-from .._errors import ThinkloopError, UserError
+from .._errors import ConfigurationError, ThinkloopError, UserError
 from .._events import Done, Event
+from .._loop import EventSink
 from ..models import Model, resolve_model
 from ._view import LiveView, exit_code
 
 DEFAULT_TOOLS = "calculator"
+
+T = TypeVar("T")
 
 
 def run_command(
@@ -36,17 +44,26 @@ def run_command(
             help="Built-in tools, comma-separated: calculator,shell,ssh_execute,files,analyze_output."
         ),
     ] = DEFAULT_TOOLS,
-    safety: Annotated[str, typer.Option(help="Safety mode: strict, balanced or permissive.")] = "balanced",
+    safety: Annotated[
+        Literal["strict", "balanced", "permissive"],
+        typer.Option(help="Safety mode: strict, balanced or permissive."),
+    ] = "balanced",
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Approve risky calls without asking (never blacklisted ones).")
     ] = False,
     workspace: Annotated[
         Path, typer.Option(help="Root directory of the file tools and the shell's working dir.")
     ] = Path("."),
+    hosts: Annotated[
+        Path | None,
+        typer.Option(help='ssh_execute\'s hosts: a JSON file {"NAME": {"hostname": …, "username": …}, …}.'),
+    ] = None,
     mcp: Annotated[
         list[str] | None, typer.Option(help="An MCP server command to add tools from (repeatable).")
     ] = None,
-    mode: Annotated[str, typer.Option(help="auto, native or react.")] = "auto",
+    mode: Annotated[
+        Literal["auto", "native", "react"], typer.Option(help="Tool calling: auto, native or react.")
+    ] = "auto",
     instructions: Annotated[str, typer.Option(help="The agent's role / instructions.")] = "",
     store: Annotated[
         str | None,
@@ -58,17 +75,25 @@ def run_command(
 ) -> None:
     """Run an agent on GOAL and print its answer."""
     console = Console(stderr=as_json)
+    errors = Console(stderr=True)
     try:
         budget = Budget(max_steps=max_steps, max_tokens=max_tokens, max_cost=max_cost, timeout=timeout)
-        options = dict(tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=mcp or [], mode=mode)
+        options = dict(
+            tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts
+        )
         code = asyncio.run(_run(goal, model, budget, options, instructions, store, as_json, console))
     except KeyboardInterrupt:
-        console.print("[yellow]cancelled[/]")
+        errors.print("[yellow]cancelled[/]")
         code = 130
     except ThinkloopError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        print_error(errors, exc)
         code = 2 if isinstance(exc, UserError) else 1
     raise typer.Exit(code)
+
+
+def print_error(console: Console, exc: BaseException) -> None:
+    """One line on stderr: `error: <what happened and what to do>` (never a traceback)."""
+    console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
 
 
 async def _run(
@@ -82,28 +107,55 @@ async def _run(
     console: Console,
 ) -> int:
     model = await load_model(model_spec, console)
-    agent = build_agent(
-        model, budget=budget, instructions=instructions, store_url=store_url, console=console, **options
-    )
     view = LiveView(console)
-    done: Done | None = None
+    show = Printer(view, as_json)
+    agent = build_agent(
+        model,
+        budget=budget,
+        instructions=instructions,
+        store_url=store_url,
+        console=console,
+        on_event=show,
+        **options,
+    )
+    # What `thinkloop runs resume` needs to rebuild the agent.
+    cli = {"tools": options["tools"], "instructions": instructions, "workspace": str(options["workspace"])}
     try:
-        async for event in agent.stream(goal):
-            _show(event, view, as_json)
-            if isinstance(event, Done):
-                done = event
+        async for _ in agent.stream(goal, metadata={"cli": cli}):
+            pass  # `show` renders each event as it is emitted (see `Printer`)
     finally:
         view.close()
         await _close(agent)
-    return exit_code(done)
+    return exit_code(show.done)
 
 
-def _show(event: Event, view: LiveView, as_json: bool) -> None:
-    if as_json:
-        sys.stdout.write(event.model_dump_json() + "\n")
-        sys.stdout.flush()
-    else:
-        view(event)
+class Printer:
+    """The agent's event sink: JSON lines or the live view.
+
+    It is called as each event is emitted, inside the run, so an event is on screen before what follows
+    it happens — the approval prompt comes after its `approval_requested` line, with the spinner stopped,
+    and the `done` event of a run cancelled by Ctrl-C is still shown. It remembers the `done` event.
+    """
+
+    def __init__(self, view: LiveView, as_json: bool) -> None:
+        self.view = view
+        self.as_json = as_json
+        self.done: Done | None = None
+        self.broken = False
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, Done):
+            self.done = event
+        if self.broken:
+            return
+        try:
+            if self.as_json:
+                sys.stdout.write(event.model_dump_json() + "\n")
+                sys.stdout.flush()
+            else:
+                self.view(event)
+        except BrokenPipeError:  # `thinkloop run … | head`: stop printing, let the run finish
+            self.broken = True
 
 
 async def load_model(spec: str | None, console: Console) -> Model:
@@ -129,10 +181,13 @@ def build_agent(
     workspace: Path,
     mcp: list[str],
     mode: str,
+    hosts: Path | None = None,
+    on_event: EventSink | None = None,
 ) -> Agent:
     """The agent the CLI runs: built-in tools, a safety controller asking at the terminal, a store, MCP."""
     from ..tools import builtin_tools
 
+    _use_daemon_threads()
     names = [n.strip() for n in tools.split(",") if n.strip()]
     kwargs: dict[str, Any] = {}
     if mcp:
@@ -141,20 +196,89 @@ def build_agent(
         kwargs["mcp_servers"] = [MCPServerStdio.from_command_line(cmd) for cmd in mcp]
     return Agent(
         model,
-        tools=builtin_tools(names, root=workspace),
+        tools=builtin_tools(names, root=workspace, hosts=load_hosts(hosts)),
         instructions=instructions,
         budget=budget,
         mode=mode,  # type: ignore[arg-type]
         safety=_safety(safety, yes, console),
         store=_store(store_url),
+        on_event=on_event,
         **kwargs,
     )
 
 
-def _safety(mode: str, yes: bool, console: Console) -> Any:
-    from ..safety import SafetyController, SafetyPolicy, console_approval
+class _DaemonThreads(concurrent.futures.ThreadPoolExecutor):
+    """An executor running each job in its own daemon thread, and not waiting for them on shutdown.
 
-    return SafetyController(SafetyPolicy(mode=mode), approval=console_approval(console, assume_yes=yes))  # type: ignore[arg-type]
+    The approval prompt reads the terminal in a worker thread (`asyncio.to_thread`); after Ctrl-C at the
+    prompt that read never returns, and the default executor would keep the process alive until Enter.
+    """
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(target=work, name="thinkloop-cli-worker", daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        pass
+
+
+def _use_daemon_threads() -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # called outside the CLI's event loop: nothing to do
+        return
+    loop.set_default_executor(_DaemonThreads())
+
+
+def load_hosts(path: Path | None) -> dict[str, Any] | None:
+    """The `--hosts` file: a JSON object mapping host names to `SSHHost` fields."""
+    if path is None:
+        return None
+    from pydantic import ValidationError
+
+    from ..tools import SSHHost
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the hosts file {str(path)!r}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigurationError(f"hosts file {str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigurationError(
+            f'hosts file {str(path)!r} must hold a JSON object: {{"web1": {{"hostname": "10.0.0.5"}}}}'
+        )
+    hosts: dict[str, Any] = {}
+    for name, fields in data.items():
+        try:
+            hosts[str(name)] = SSHHost.model_validate(fields)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join([str(name), *(str(p) for p in err["loc"])])
+            raise ConfigurationError(f"hosts file {str(path)!r}: {where}: {err['msg']}") from None
+    return hosts
+
+
+def _safety(mode: str, yes: bool, console: Console) -> Any:
+    from ..safety import SafetyController, SafetyMode, SafetyPolicy, console_approval
+
+    try:
+        policy = SafetyPolicy(mode=SafetyMode(mode))
+    except ValueError:
+        raise ConfigurationError(
+            f"the safety mode must be strict, balanced or permissive, not {mode!r}"
+        ) from None
+    return SafetyController(policy, approval=console_approval(console, assume_yes=yes))
 
 
 def _store(url: str | None) -> Any:

@@ -92,7 +92,7 @@ def _done(console: Console, e: Any) -> None:
     )
     body = escape(r.output) if r.output else "[dim](empty answer)[/]"
     console.print(Panel(body, title=title, border_style="green" if ok else "yellow", expand=False))
-    if r.error and not ok:
+    if r.error and not ok and r.stop_reason is not StopReason.ERROR:  # an error was shown by its own event
         console.print(f"[yellow]{escape(r.error)}[/]")
     u = r.usage
     cost = f" · ${u.cost:.4f}" if u.cost else ""
@@ -118,12 +118,17 @@ _HANDLERS = {
 
 
 class LiveView:
-    """Renders a run's events as they arrive, with a spinner while the model thinks."""
+    """Renders a run's events as they arrive, with a spinner while the model thinks.
+
+    Streamed text (`answer_delta`) is shown live in the spinner line only: until the step ends it is not
+    known whether it is the answer (then the `done` panel shows it) or the thought of a step that calls
+    tools (then the `thought` line shows it), so it is never printed twice.
+    """
 
     def __init__(self, console: Console) -> None:
         self.console = console
         self.status: Status | None = None
-        self.streaming = False
+        self.streamed = ""
 
     def __call__(self, event: Event) -> None:
         if event.type == "answer_delta":
@@ -139,16 +144,13 @@ class LiveView:
         render_event(self.console, event)
 
     def _answer_delta(self, text: str) -> None:
-        self._stop_spinner()
-        if not self.streaming:
-            self.console.print("[green]▌[/] ", end="")
-            self.streaming = True
-        self.console.print(escape(text), end="", soft_wrap=True)
+        self.streamed += text
+        width = max(20, self.console.width - 10)
+        tail = " ".join(self.streamed.split())[-width:]
+        self._spin(f"[green]▌[/] {escape(tail)}")
 
     def _end_stream(self) -> None:
-        if self.streaming:
-            self.console.print()
-            self.streaming = False
+        self.streamed = ""
 
     def _spin(self, text: str) -> None:
         if not self.console.is_terminal:

@@ -1,0 +1,5 @@
+"""`python -m thinkloop.cli …`: the same as the `thinkloop` script."""
+
+from . import main
+
+main()

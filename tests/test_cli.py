@@ -1,0 +1,540 @@
+"""Black-box tests of the `thinkloop` command line: the real CLI in a subprocess, with a scripted model.
+
+Every test runs `python -m thinkloop.cli …` with `THINKLOOP_HOME` in a temporary directory (so the default
+SQLite store is there) and `--model script:FILE`. Approvals are tested with no terminal (stdin is
+/dev/null) and at a terminal (a pseudo-terminal the CLI owns as its controlling terminal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from thinkloop._events import event_from_json
+
+CLI = [sys.executable, "-m", "thinkloop.cli"]
+RUN_ID = re.compile(r"\b[0-9a-f]{32}\b")
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    def events(self) -> list[dict[str, Any]]:
+        """The `--json` output: every stdout line must be one JSON event."""
+        return [json.loads(line) for line in self.stdout.splitlines()]
+
+
+class Cli:
+    """Runs the CLI in `tmp_path` with its own THINKLOOP_HOME; writes script files."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.dir = tmp_path
+        self.home = tmp_path / "home"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("THINKLOOP_")}
+        self.env.update(THINKLOOP_HOME=str(self.home), COLUMNS="200", NO_COLOR="1", TERM="dumb")
+
+    def script(self, replies: list[dict[str, Any]], name: str = "script.json") -> str:
+        (self.dir / name).write_text(json.dumps(replies), encoding="utf-8")
+        return f"script:{name}"
+
+    def __call__(self, *args: str, timeout: float = 120) -> Result:
+        proc = subprocess.run(
+            [*CLI, *args],
+            cwd=self.dir,
+            env=self.env,
+            stdin=subprocess.DEVNULL,  # no terminal: approvals cannot be asked
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def popen(self, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen([*CLI, *args], cwd=self.dir, env=self.env, text=True, **kwargs)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+def call(name: str, **args: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "args": args}]}
+
+
+def text(reply: str) -> dict[str, Any]:
+    return {"text": reply}
+
+
+def done_result(result: Result) -> dict[str, Any]:
+    events = result.events()
+    assert events[-1]["type"] == "done", events[-1]
+    return dict(events[-1]["result"])
+
+
+def by_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == kind]
+
+
+# =============================================================================================== run
+
+
+def test_run_answers_with_the_calculator(cli: Cli) -> None:
+    model = cli.script([call("calculator", expression="17*23"), text("17*23 = 391.")])
+    r = cli("run", "What is 17*23?", "--model", model)
+    assert r.code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    first = RUN_ID.search(lines[0])
+    assert first is not None and lines[0].startswith("run "), lines[0]
+    assert "17*23 = 391." in r.stdout
+    assert "stop reason final_answer" in r.stdout
+    assert lines[-1].endswith(f"run {first.group()}")  # the same run id at the start and the end
+    assert r.stdout.count("17*23 = 391.") == 1  # the streamed answer is not printed again after the panel
+
+
+def test_json_prints_every_event_as_one_json_line(cli: Cli) -> None:
+    model = cli.script([call("calculator", expression="17*23"), text("17*23 = 391.")])
+    r = cli("run", "What is 17*23?", "--model", model, "--json")
+    assert r.code == 0, r.stderr
+    events = r.events()
+    types = [e["type"] for e in events]
+    assert types[0] == "run_started" and types[-1] == "done"
+    assert types.count("done") == 1
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert len({e["run_id"] for e in events}) == 1
+    assert {"tool_call", "tool_result", "progress"} <= set(types)
+    for line in r.stdout.splitlines():  # each line is a valid typed event
+        assert event_from_json(line).type in types
+    (result,) = by_type(events, "tool_result")
+    assert result["output"] == "391" and result["success"] is True
+    done = done_result(r)
+    assert done["output"] == "17*23 = 391."
+    assert done["stop_reason"] == "final_answer"
+    assert done["state"]["run_id"] == events[0]["run_id"]
+
+
+def test_live_view_renders_thoughts_calls_results_hints_and_the_answer(cli: Cli) -> None:
+    model = cli.script(
+        [
+            {"text": "Let me compute 17*23 first.", **call("calculator", expression="17*23")},
+            call("calculator", expression="391+1"),
+            text("The answer is 392."),
+        ]
+    )
+    r = cli("run", "compute", "--model", model, "--max-steps", "4")
+    assert r.code == 0, r.stderr
+    out = r.stdout
+    assert "💭 Let me compute 17*23 first." in out
+    assert out.count("Let me compute 17*23 first.") == 1  # the streamed thought is not shown twice
+    assert '→ calculator({"expression": "17*23"}) low' in out
+    assert "✓ 391" in out and "✓ 392" in out
+    assert "⚑ hint (summarise): Checkpoint: you are halfway through your step budget" in out
+    assert "╭" in out and " answer " in out and "│ The answer is 392. │" in out
+    assert "stop reason final_answer · 3 steps · 2 tool calls" in out
+
+
+# ======================================================================================== exit codes
+
+
+def test_budget_stop_exits_3_with_the_best_effort_answer(cli: Cli) -> None:
+    model = cli.script(
+        [
+            call("calculator", expression="1+1"),
+            call("calculator", expression="2+2"),
+            text("Best effort: 4."),  # the forced final answer after the step limit
+        ]
+    )
+    r = cli("run", "keep going", "--model", model, "--max-steps", "2")
+    assert r.code == 3, r.stdout + r.stderr
+    assert "stopped: max_steps (best-effort answer)" in r.stdout
+    assert "Best effort: 4." in r.stdout
+    assert "The run reached the step limit of 2." in r.stdout
+    assert "stop reason max_steps" in r.stdout
+
+
+def test_budget_stop_in_json(cli: Cli) -> None:
+    model = cli.script(
+        [call("calculator", expression="1+1"), call("calculator", expression="2+2"), text("4")]
+    )
+    r = cli("run", "keep going", "--model", model, "--max-steps", "2", "--json")
+    assert r.code == 3
+    done = done_result(r)
+    assert done["stop_reason"] == "max_steps" and done["forced_final"] is True and done["output"] == "4"
+
+
+def test_model_error_exits_1(cli: Cli) -> None:
+    model = cli.script([call("calculator", expression="1+1")])  # no reply left for step 2
+    r = cli("run", "x", "--model", model)
+    assert r.code == 1, r.stdout + r.stderr
+    assert (
+        "error: test: scripted reply failed: the script has 1 replies and reply 2 was asked for" in r.stdout
+    )
+    assert r.stdout.count("scripted reply failed") == 1  # shown once, not again under the panel
+    assert "stop reason error" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tools", "foo"], "error: unknown built-in tool(s) foo: choose from shell, ssh_execute"),
+        (["--model", "script:missing.json"], "error: script file 'missing.json' does not exist"),
+        (["--model", "script:broken.json"], "error: script file 'broken.json' is not valid JSON"),
+        (["--model", "script:object.json"], "must hold a JSON list of replies"),
+        (["--model", "nope:x"], "error: unknown model 'nope:x'"),
+        (["--store", "nope://x"], "error: unknown store URL 'nope://x'"),
+        (["--timeout", "0"], "error: Budget.timeout must be positive"),
+        (["--max-cost", "-1"], "error: Budget.max_cost must be positive"),
+        (["--tools", "ssh_execute"], "error: ssh_execute needs hosts"),
+        (["--tools", "ssh_execute", "--hosts", "missing-hosts.json"], "cannot read the hosts file"),
+        (
+            ["--tools", "ssh_execute", "--hosts", "bad-hosts.json"],
+            "bad-hosts.json': web1.bogus: Extra inputs",
+        ),
+        (["--tools", "shell", "--workspace", "no/such/dir"], "does not exist"),
+    ],
+)
+def test_bad_options_exit_2_with_one_clear_line(cli: Cli, args: list[str], message: str) -> None:
+    (cli.dir / "broken.json").write_text("[{", encoding="utf-8")
+    (cli.dir / "object.json").write_text('{"text": "hi"}', encoding="utf-8")
+    (cli.dir / "bad-hosts.json").write_text('{"web1": {"hostname": "h", "bogus": 1}}', encoding="utf-8")
+    model = cli.script([text("unused")])
+    r = cli("run", "x", "--model", model, *args)
+    assert r.code == 2, r.stdout + r.stderr
+    assert r.stdout == ""  # errors go to stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ") and message in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-steps", "0"], "Invalid value for '--max-steps'"),
+        (["--max-tokens", "0"], "Invalid value for '--max-tokens'"),
+        (["--safety", "reckless"], "Invalid value for '--safety'"),
+        (["--mode", "telepathy"], "Invalid value for '--mode'"),
+        (["--no-such-option"], "No such option: --no-such-option"),
+    ],
+)
+def test_invalid_option_values_are_usage_errors(cli: Cli, args: list[str], message: str) -> None:
+    r = cli("run", "x", "--model", cli.script([text("unused")]), *args)
+    assert r.code == 2
+    assert r.stdout == ""
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert any(message in line for line in r.stderr.splitlines())  # the message is on one line
+
+
+def test_empty_goal_is_a_usage_error(cli: Cli) -> None:
+    r = cli("run", "  ", "--model", cli.script([text("unused")]))
+    assert r.code == 2
+    assert r.stderr.strip() == "error: the goal must be a non-empty string, got '  '"
+
+
+def test_help_lists_the_commands_and_options(cli: Cli) -> None:
+    top = cli("--help")
+    assert top.code == 0 and " run " in top.stdout and " runs " in top.stdout
+    run = cli("run", "--help")
+    for option in ("--model", "--max-steps", "--tools", "--safety", "--yes", "--mcp", "--json", "--hosts"):
+        assert option in run.stdout
+
+
+# ========================================================================================= approvals
+
+
+def shell_script(cli: Cli, command: str) -> str:
+    return cli.script([call("shell", command=command), text("done")])
+
+
+def test_without_a_terminal_a_risky_call_is_denied_and_the_model_is_told(cli: Cli) -> None:
+    workspace = cli.dir / "ws"
+    workspace.mkdir()
+    model = shell_script(cli, "touch x")
+    r = cli(
+        "run", "x", "--model", model, "--tools", "shell", "--safety", "strict", "--workspace", "ws", "--json"
+    )
+    assert r.code == 0, r.stderr
+    assert not (workspace / "x").exists()
+    events = r.events()
+    (approval,) = by_type(events, "approval_requested")
+    assert approval["risk"] == "medium"
+    (tool_call,) = by_type(events, "tool_call")
+    assert tool_call["decision"] == "denied"
+    (result,) = by_type(events, "tool_result")
+    assert result["error_kind"] == "denied" and not result["success"]
+    assert "was not run" in result["output"] and "--yes" in result["output"]
+    messages = done_result(r)["state"]["messages"]
+    told = [m["content"] for m in messages if m["role"] == "tool"]
+    assert told == [result["output"]]  # the model saw the denial as the call's result
+
+
+def test_without_a_terminal_a_high_risk_call_is_denied_in_balanced_mode(cli: Cli) -> None:
+    target = cli.dir / "ws" / "somedir"
+    target.mkdir(parents=True)
+    (target / "keep.txt").write_text("keep", encoding="utf-8")
+    model = shell_script(cli, "rm -rf *")  # HIGH ("rm -r somedir" is MEDIUM: it runs in balanced mode)
+    r = cli("run", "x", "--model", model, "--tools", "shell", "--workspace", "ws", "--json")
+    assert r.code == 0, r.stderr
+    assert (target / "keep.txt").read_text(encoding="utf-8") == "keep"
+    (tool_call,) = by_type(r.events(), "tool_call")
+    assert tool_call["risk"] == "high" and tool_call["decision"] == "denied"
+
+
+def test_yes_approves_risky_calls(cli: Cli) -> None:
+    (cli.dir / "ws").mkdir()
+    model = shell_script(cli, "touch x")
+    r = cli(
+        "run",
+        "x",
+        "--model",
+        model,
+        "--tools",
+        "shell",
+        "--safety",
+        "strict",
+        "--workspace",
+        "ws",
+        "--yes",
+        "--json",
+    )
+    assert r.code == 0, r.stderr
+    assert (cli.dir / "ws" / "x").exists()
+    (tool_call,) = by_type(r.events(), "tool_call")
+    assert tool_call["decision"] == "approved"
+    (result,) = by_type(r.events(), "tool_result")
+    assert result["success"] and json.loads(result["output"])["exit_code"] == 0
+
+
+def test_yes_never_runs_a_blacklisted_command(cli: Cli) -> None:
+    (cli.dir / "ws").mkdir()
+    model = shell_script(cli, "rm -rf /")
+    r = cli("run", "x", "--model", model, "--tools", "shell", "--workspace", "ws", "--yes", "--json")
+    assert r.code == 0, r.stderr
+    events = r.events()
+    assert by_type(events, "approval_requested") == []  # nobody is even asked
+    (tool_call,) = by_type(events, "tool_call")
+    assert tool_call["risk"] == "critical" and tool_call["decision"] == "blocked"
+    (result,) = by_type(events, "tool_result")
+    assert result["error_kind"] == "denied" and result["output"].startswith("Blocked by the safety policy")
+    approvals = done_result(r)["state"]["approvals"]
+    assert [a["decision"] for a in approvals] == ["blocked"]
+
+
+# ------------------------------------------------------------------------------ at a real terminal
+
+
+class Terminal:
+    """The CLI in a pseudo-terminal that is its controlling terminal (so Ctrl-C sends SIGINT)."""
+
+    def __init__(self, cli: Cli, *args: str) -> None:
+        import pty
+
+        self.master, slave = pty.openpty()
+        env = {**cli.env, "TERM": "xterm", "COLUMNS": "200"}
+        env.pop("NO_COLOR")
+        self.proc = subprocess.Popen(
+            [*CLI, *args],
+            cwd=cli.dir,
+            env=env,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=_take_terminal,
+        )
+        os.close(slave)
+        self.output = b""
+
+    def read_until(self, marker: bytes, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while marker not in self.output:
+            ready, _, _ = select.select([self.master], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise AssertionError(f"{marker!r} did not appear; the terminal shows:\n{self.text}")
+            if not self._read():
+                raise AssertionError(f"the CLI ended before {marker!r}; the terminal shows:\n{self.text}")
+
+    def _read(self) -> bool:
+        try:
+            chunk = os.read(self.master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            return False
+        self.output += chunk
+        return bool(chunk)
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    def wait(self, timeout: float = 60) -> int:
+        code = self.proc.wait(timeout=timeout)
+        while select.select([self.master], [], [], 0)[0] and self._read():
+            pass
+        os.close(self.master)
+        return code
+
+    @property
+    def text(self) -> str:
+        plain = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", self.output)
+        return plain.decode("utf-8", "replace").replace("\r", "")
+
+
+def _take_terminal() -> None:
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@contextlib.contextmanager
+def terminal(cli: Cli, *args: str) -> Iterator[Terminal]:
+    term = Terminal(cli, *args)
+    try:
+        yield term
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+            term.proc.wait()
+
+
+@pytest.mark.parametrize(("answer", "runs"), [("y", True), ("n", False)])
+def test_terminal_approval_prompt(cli: Cli, answer: str, runs: bool) -> None:
+    (cli.dir / "ws").mkdir()
+    model = shell_script(cli, "touch x")
+    with terminal(
+        cli, "run", "x", "--model", model, "--tools", "shell", "--safety", "strict", "--workspace", "ws"
+    ) as t:
+        t.read_until(b"Run it?")
+        assert (cli.dir / "ws" / "x").exists() is False
+        t.type(f"{answer}\n")
+        t.read_until(b"stop reason")
+        assert t.wait() == 0
+    screen = t.text
+    assert "? approval requested for shell" in screen
+    assert "Approval needed — tool shell, risk medium" in screen and "command: touch x" in screen
+    assert screen.index("? approval requested") < screen.index("Run it?")  # the event line comes first
+    assert (cli.dir / "ws" / "x").exists() is runs
+    assert ("medium · approved" if runs else "medium · denied") in screen
+
+
+def test_ctrl_c_at_the_approval_prompt_cancels_at_once(cli: Cli) -> None:
+    (cli.dir / "ws").mkdir()
+    model = shell_script(cli, "touch x")
+    with terminal(
+        cli, "run", "x", "--model", model, "--tools", "shell", "--safety", "strict", "--workspace", "ws"
+    ) as t:
+        t.read_until(b"Run it?")
+        t.type("\x03")  # Ctrl-C: the terminal sends SIGINT; the prompt's read never returns
+        assert t.wait(timeout=30) == 130  # and yet the CLI exits
+    assert "stopped: cancelled" in t.text
+    assert not (cli.dir / "ws" / "x").exists()
+    runs = cli("runs", "list", "--json")
+    assert [json.loads(line)["stop_reason"] for line in runs.stdout.splitlines()] == ["cancelled"]
+
+
+# ============================================================================================ Ctrl-C
+
+
+def test_sigint_during_a_slow_tool_exits_130_and_records_the_run_as_cancelled(cli: Cli) -> None:
+    model = cli.script([call("shell", command="sleep 30"), text("finished")])
+    proc = cli.popen(
+        "run", "x", "--model", model, "--tools", "shell", "--yes", "--json",
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = []
+        while not lines or '"tool_call"' not in lines[-1]:
+            line = proc.stdout.readline()
+            assert line, "the CLI ended before calling the tool"
+            lines.append(line)
+        time.sleep(0.5)  # let the shell command start
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "cancelled" in err
+    events = [json.loads(line) for line in [*lines, *out.splitlines()]]
+    assert events[-1]["type"] == "done"  # the JSON stream still ends with `done`
+    assert events[-1]["result"]["stop_reason"] == "cancelled"
+    assert by_type(events, "tool_result") == []
+    runs = cli("runs", "list", "--json")
+    (saved,) = [json.loads(line) for line in runs.stdout.splitlines()]
+    assert saved["run_id"] == events[0]["run_id"] and saved["stop_reason"] == "cancelled"
+
+
+# =============================================================================================== MCP
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mcp_server_time") is None, reason="mcp-server-time is not installed"
+)
+def test_mcp_server_tools(cli: Cli) -> None:
+    model = cli.script([call("get_current_time", timezone="UTC"), text("It is now.")])
+    server = f"{sys.executable} -m mcp_server_time"
+    r = cli("run", "What time is it?", "--model", model, "--tools", "", "--mcp", server, "--json")
+    assert r.code == 0, r.stderr
+    (result,) = by_type(r.events(), "tool_result")
+    assert result["name"] == "get_current_time" and result["success"], result
+    assert json.loads(result["output"])["timezone"] == "UTC"
+    assert done_result(r)["output"] == "It is now."
+
+
+def test_mcp_server_that_cannot_start(cli: Cli) -> None:
+    r = cli("run", "x", "--model", cli.script([text("unused")]), "--mcp", "no-such-mcp-server-xyz")
+    assert r.code == 1
+    assert "cannot connect to MCP server" in r.stderr and "Traceback" not in r.stderr
+
+
+# ============================================================================================== runs
+
+
+def test_runs_list_show_and_export_after_a_run(cli: Cli) -> None:
+    model = cli.script([call("calculator", expression="17*23"), text("17*23 = 391.")])
+    run = cli("run", "What is 17*23?", "--model", model, "--json")
+    assert run.code == 0
+    run_id = run.events()[0]["run_id"]
+
+    listed = cli("runs", "list", "--json")
+    assert listed.code == 0
+    (summary,) = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert summary["run_id"] == run_id and summary["status"] == "done"
+    assert summary["stop_reason"] == "final_answer" and summary["tool_calls"] == 1
+
+    shown = cli("runs", "show", run_id)
+    assert shown.code == 0
+    assert (
+        "What is 17*23?" in shown.stdout and "17*23 = 391." in shown.stdout and "calculator" in shown.stdout
+    )
+
+    exported = cli("runs", "export", run_id)
+    assert exported.code == 0
+    data = json.loads(exported.stdout)
+    assert data["state"]["run_id"] == run_id and data["state"]["answer"] == "17*23 = 391."
+    assert data["state"]["metadata"]["cli"]["tools"] == "calculator"  # what `runs resume` rebuilds from
+    printed, saved = run.events(), data["events"]
+    for events in (printed, saved):  # the live state's clock moves on between `done` and its checkpoint
+        events[-1]["result"]["state"].pop("elapsed")
+    assert saved == printed  # the saved event log is what --json printed
+
+    missing = cli("runs", "show", "0" * 32)
+    assert missing.code == 2 and "no run" in missing.stdout + missing.stderr
