@@ -530,7 +530,14 @@ def test_runs_list_show_and_export_after_a_run(cli: Cli) -> None:
     assert exported.code == 0
     data = json.loads(exported.stdout)
     assert data["state"]["run_id"] == run_id and data["state"]["answer"] == "17*23 = 391."
-    assert data["state"]["metadata"]["cli"]["tools"] == "calculator"  # what `runs resume` rebuilds from
+    assert data["state"]["metadata"]["cli"] == {  # what `runs resume` rebuilds the agent from
+        "tools": "calculator",
+        "instructions": "",
+        "workspace": str(cli.dir.resolve()),
+        "safety": "balanced",
+        "mcp": [],
+        "hosts": None,
+    }
     printed, saved = run.events(), data["events"]
     for events in (printed, saved):  # the live state's clock moves on between `done` and its checkpoint
         events[-1]["result"]["state"].pop("elapsed")

@@ -118,15 +118,26 @@ async def _run(
         on_event=show,
         **options,
     )
-    # What `thinkloop runs resume` needs to rebuild the agent.
-    cli = {"tools": options["tools"], "instructions": instructions, "workspace": str(options["workspace"])}
     try:
-        async for _ in agent.stream(goal, metadata={"cli": cli}):
+        async for _ in agent.stream(goal, metadata={"cli": cli_metadata(options, instructions)}):
             pass  # `show` renders each event as it is emitted (see `Printer`)
     finally:
         view.close()
         await _close(agent)
     return exit_code(show.done)
+
+
+def cli_metadata(options: dict[str, Any], instructions: str) -> dict[str, Any]:
+    """What `thinkloop runs resume` rebuilds the agent from (`state.metadata["cli"]`); paths are absolute."""
+    hosts = options["hosts"]
+    return {
+        "tools": options["tools"],
+        "instructions": instructions,
+        "workspace": str(Path(options["workspace"]).resolve()),
+        "safety": options["safety"],
+        "mcp": list(options["mcp"]),
+        "hosts": str(Path(hosts).resolve()) if hosts is not None else None,
+    }
 
 
 class Printer:
