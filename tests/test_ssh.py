@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import secrets
 import socket
 import subprocess
 import time
@@ -139,17 +140,34 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             process.stderr.close()
 
 
-def _alive(pid: int) -> bool:
-    """True if `pid` still runs after a grace period (zombies waiting to be reaped count as dead)."""
+def _running(command_line: str) -> bool:
+    """True if a live process (not a zombie) has `command_line` in its command line, after a grace period."""
     for _ in range(300):
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
+        if not any(_is_live(proc) for proc in _processes_with(command_line)):
             return False
-        if state in ("Z", "X"):
-            return False
-        time.sleep(0.01)
+        time.sleep(0.01)  # SIGKILL delivery is asynchronous
     return True
+
+
+def _processes_with(command_line: str) -> list[Path]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (
+                proc.name.isdigit()
+                and command_line in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            ):
+                found.append(proc)
+        except OSError:
+            continue
+    return found
+
+
+def _is_live(proc: Path) -> bool:
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 async def run(executor_or_tool: Any, host: str, command: str) -> dict[str, Any]:
@@ -180,11 +198,12 @@ async def test_echo_exit_codes_and_stderr(server: Server) -> None:
 
 async def test_timeout_kills_the_remote_command(server: Server) -> None:
     tool = ssh_tool({"lab": server.host()}, timeout=0.5)
-    result = await run(tool, "lab", "echo $$; sleep 30")
+    duration = f"{30 + secrets.randbelow(10**6) / 10**7:.7f}"  # a unique command line to look for
+    result = await run(tool, "lab", f"echo started; sleep {duration}; echo never")
     assert result["timed_out"] is True and result["exit_code"] is None
-    remote_shell = int(result["stdout"])  # the server is this machine: its processes are visible here
-    assert not _alive(remote_shell)
-    assert "timed out after 0.5 s" in result["stderr"]
+    assert result["stdout"] in ("", "started\n")  # what came before the timeout is kept
+    assert "[killed: timed out after 0.5 s]" in result["stderr"]
+    assert not _running(f"sleep {duration}")  # the server is this machine: its processes are visible
 
 
 async def test_output_is_truncated(server: Server) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shlex
 import time
 from collections.abc import Mapping
@@ -119,35 +120,40 @@ class SSHExecutor:
             raise SSHToolError(
                 f"unknown host {host!r}: the configured hosts are {', '.join(sorted(self.hosts))}"
             )
+        asyncssh = _asyncssh()
         started = time.perf_counter()
-        if self.reuse_connections:
-            connection = await self._pooled(host, config)
-            return await self._run(connection, host, command, started)
-        connection = await _connect(host, config)
-        async with connection:
-            return await self._run(connection, host, command, started)
+        try:
+            if self.reuse_connections:
+                connection = await self._pooled(host, config)
+                return await self._run(connection, host, command, started)
+            connection = await _connect(host, config)
+            async with connection:
+                return await self._run(connection, host, command, started)
+        except (asyncssh.Error, OSError) as exc:  # the connection broke while the command ran
+            self._pool.pop(host, None)
+            raise SSHToolError(f"the SSH session with {host} ({config.address}) failed: {exc}") from None
 
     async def _run(self, connection: Any, host: str, command: str, started: float) -> dict[str, Any]:
-        import asyncssh
-
-        # The wrapper reports the remote shell's pid (the leader of the session's process group, as
-        # sshd starts each session with setsid) so a timed-out command can be killed with its children.
+        # The wrapper reports the remote shell's pid first on stderr: it leads the session's process
+        # group (sshd starts each session with setsid), so a timed-out command dies with its children.
         process = await connection.create_process(
             f"echo {_PID_MARK}$$ >&2; exec /bin/sh -c {shlex.quote(command)}"
         )
-        timed_out = False
+        first, timed_out, status = "", False, None
         try:
-            result = await process.wait(check=False, timeout=self.timeout)
+            async with asyncio.timeout(self.timeout):
+                first = await process.stderr.readline()
+                result = await process.wait(check=False)
             stdout, stderr, status = result.stdout, result.stderr, result.exit_status
-        except asyncssh.TimeoutError as exc:
-            timed_out, status = True, None
-            stdout, stderr = exc.stdout, exc.stderr
+        except TimeoutError:
+            timed_out = True
+            first = first or await _late_line(process.stderr)
+            stdout, stderr = process.collect_output()
         finally:
             process.close()
-        pid, stderr_text = _split_pid(_text(stderr, None))
+        pid, stderr_text = _extract_pid(first + _text(stderr, None))
         if timed_out:
-            await _kill_remote(connection, pid)
-            stderr_text += f"\n[killed: timed out after {self.timeout:g} s]"
+            stderr_text += await _kill_remote(connection, pid, self.timeout)
         return {
             "host": host,
             "exit_code": status,
@@ -257,12 +263,17 @@ def _parse_hosts_file(suffix: str, text: str) -> Any:
     return json.loads(text)
 
 
-async def _connect(name: str, config: SSHHost) -> Any:
-    """Open a connection, turning asyncssh's failures into explanations (never mentioning secrets)."""
+def _asyncssh() -> Any:
     try:
         import asyncssh
     except ImportError as exc:
         raise ConfigurationError("ssh_execute needs asyncssh: pip install 'thinkloop[ops]'") from exc
+    return asyncssh
+
+
+async def _connect(name: str, config: SSHHost) -> Any:
+    """Open a connection, turning asyncssh's failures into explanations (never mentioning secrets)."""
+    asyncssh = _asyncssh()
     where = f"{name} ({config.address})"
     try:
         return await asyncssh.connect(config.hostname, **config.connect_options())
@@ -292,18 +303,31 @@ def _text(value: object, limit: int | None) -> str:
 _PID_MARK = "thinkloop-pid:"
 
 
-def _split_pid(stderr: str) -> tuple[int | None, str]:
-    """The remote pid the wrapper printed first on stderr, and the rest of stderr."""
-    first, newline, rest = stderr.partition("\n")
-    if first.startswith(_PID_MARK) and first[len(_PID_MARK) :].isdigit():
-        return int(first[len(_PID_MARK) :]), rest
-    return None, stderr
+_PID_LINE_RE = re.compile(rf"^{_PID_MARK}(\d+)\r?\n?", re.MULTILINE)
 
 
-async def _kill_remote(connection: Any, pid: int | None) -> None:
-    """Kill a timed-out remote command's process group (best effort, over a second channel)."""
+def _extract_pid(stderr: str) -> tuple[int | None, str]:
+    """The pid from the wrapper's marker line (normally the first), and stderr without that line."""
+    match = _PID_LINE_RE.search(stderr)
+    if match is None:
+        return None, stderr
+    return int(match.group(1)), stderr[: match.start()] + stderr[match.end() :]
+
+
+async def _late_line(stream: Any, grace: float = 5.0) -> str:
+    """The marker line of a command that timed out before it was read (a slow session start)."""
+    try:
+        async with asyncio.timeout(grace):
+            return str(await stream.readline())
+    except Exception:
+        return ""
+
+
+async def _kill_remote(connection: Any, pid: int | None, seconds: float) -> str:
+    """Kill a timed-out remote command's process group over a second channel; say what happened."""
     if pid is None:
-        return
+        return f"\n[timed out after {seconds:g} s; the remote command could not be identified to kill it]"
     with contextlib.suppress(Exception):
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(10):
             await connection.run(f"kill -KILL -- -{pid} 2>/dev/null || kill -KILL {pid}", check=False)
+    return f"\n[killed: timed out after {seconds:g} s]"
