@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import os
 import secrets
 import socket
@@ -269,7 +270,10 @@ async def test_pooled_connections_are_reused(server: Server) -> None:
         await executor.aclose()
 
 
-async def test_password_never_appears_in_events_results_or_state(server: Server) -> None:
+async def test_password_never_appears_in_events_results_state_or_logs(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)  # asyncssh logs connections and authentication at debug level
     hosts = {
         "lab": server.host(password=PASSWORD),
         "locked": server.host(client_keys=[str(server.stranger_key)], password=PASSWORD),
@@ -290,6 +294,8 @@ async def test_password_never_appears_in_events_results_or_state(server: Server)
     result = await agent.run("is lab up?", on_event=events.append)
     everything = "\n".join(e.model_dump_json() for e in events) + result.state.to_json()
     assert PASSWORD not in everything
+    assert "asyncssh" in {r.name.split(".")[0] for r in caplog.records}  # the logs were captured
+    assert PASSWORD not in caplog.text
     observations = [m.content for m in result.state.messages if m.role == "tool"]
     assert json.loads(observations[0])["stdout"] == "up\n"
     assert "authentication to locked" in observations[1]
