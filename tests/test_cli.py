@@ -545,3 +545,60 @@ def test_runs_list_show_and_export_after_a_run(cli: Cli) -> None:
 
     missing = cli("runs", "show", "0" * 32)
     assert missing.code == 2 and "no run" in missing.stdout + missing.stderr
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_closed_stdout_stops_the_printing_not_the_run(cli: Cli, as_json: bool) -> None:
+    """`thinkloop run … | head -1`: no traceback, the run still finishes and is saved."""
+    model = cli.script([call("shell", command="sleep 1"), text("finished")])
+    args = ["run", "x", "--model", model, "--tools", "shell", "--yes", *(["--json"] if as_json else [])]
+    proc = cli.popen(*args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()  # like `head -1`: the reader goes away while the shell command sleeps
+        err = proc.stderr.read()
+        proc.stderr.close()
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert RUN_ID.search(first)
+    assert code == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
+    runs = cli("runs", "list", "--json")
+    (saved,) = [json.loads(line) for line in runs.stdout.splitlines()]
+    assert saved["stop_reason"] == "final_answer"
+
+
+# ============================================================================================== docs
+
+_DOC_BLOCK = re.compile(r"<!-- cli example: ([^>]+?) -->\n```(?:json|bash)\n(.*?)```", re.DOTALL)
+
+
+def test_the_examples_of_docs_cli_md_run(cli: Cli) -> None:
+    """Each ```json block marked `<!-- cli example: NAME.json -->` is written to NAME.json; each ```bash
+    block marked `<!-- cli example: exit N -->` runs (with `thinkloop` on the PATH) and exits with N."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    env = {**cli.env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cli.env.get('PATH', '')}"}
+    ran = 0
+    for label, body in _DOC_BLOCK.findall(doc):
+        if label.endswith(".json"):
+            json.loads(body)
+            (cli.dir / label).write_text(body, encoding="utf-8")
+            continue
+        expected = int(label.removeprefix("exit "))
+        proc = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", body],
+            cwd=cli.dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == expected, f"{body}\n{proc.stdout}\n{proc.stderr}"
+        ran += 1
+    assert ran >= 4
+    assert (cli.dir / "report.txt").exists()  # the shell example's `touch report.txt` ran (--yes)

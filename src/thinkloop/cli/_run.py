@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -165,8 +166,19 @@ class Printer:
                 sys.stdout.flush()
             else:
                 self.view(event)
-        except BrokenPipeError:  # `thinkloop run … | head`: stop printing, let the run finish
+        except (BrokenPipeError, SystemExit):  # rich raises SystemExit(1) when stdout's reader is gone
+            # `thinkloop run … | head`: stop printing and let the run finish (its exit code still counts)
             self.broken = True
+            _stdout_to_devnull()
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 async def load_model(spec: str | None, console: Console) -> Model:
