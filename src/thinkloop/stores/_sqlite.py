@@ -1,10 +1,11 @@
 """`SQLiteStore`: the embedded default store (SPEC §9.4).
 
 One file (by default `$THINKLOOP_HOME/thinkloop.db`, else the user data directory), in WAL mode with a
-busy timeout, so several processes on one machine can share it. The stdlib `sqlite3` connection lives
-in one worker thread per store; a checkpoint is one `BEGIN IMMEDIATE … COMMIT` transaction with cached
-statements and `synchronous=NORMAL` (durable against process crashes; a power cut may lose the last
-few commits, never corrupt the file).
+busy timeout, so several processes on one machine can share it. A checkpoint is one `BEGIN IMMEDIATE …
+COMMIT` transaction with cached statements and `synchronous=NORMAL` (durable against process crashes;
+a power cut may lose the last few commits, never corrupt the file). It runs inline when the write lock
+is free at once (~0.1 ms, no thread hop); when another process holds the lock, the store's worker
+thread waits for it (up to `busy_timeout`) so the event loop never blocks on another process.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -88,36 +90,57 @@ class SQLiteStore(Store):
         self.url = f"sqlite://{self.path}"
         self.busy_timeout = busy_timeout
         self._executor: ThreadPoolExecutor | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._conn: sqlite3.Connection | None = None  # the worker thread's: waits up to busy_timeout
+        self._fast: sqlite3.Connection | None = None  # the caller's: never waits for a lock
+        self._fast_lock = threading.Lock()
+        self._fast_ok = str(self.path) != ":memory:"
 
-    # ------------------------------------------------------------------------------ the worker thread
+    # ------------------------------------------------------------------------- connections, threads
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(conn, *args)`: inline when the database is free (no thread hop: a checkpoint costs
+        ~0.1 ms), else in the worker thread, which waits for other processes' locks."""
+        if self._fast_ok and self._fast_lock.acquire(blocking=False):
+            try:
+                if self._fast is None:
+                    self._fast = self._connect(timeout=0.0)
+                return fn(self._fast, *args)
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+            finally:
+                self._fast_lock.release()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="thinkloop-sqlite")
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn, args)
 
     def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         if self._conn is None:
-            self._conn = self._connect()
+            self._conn = self._connect(timeout=self.busy_timeout)
         return fn(self._conn, *args)
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, timeout: float) -> sqlite3.Connection:
         if str(self.path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-        )
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        _migrate(conn)
+        conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            _migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     async def aclose(self) -> None:
+        with self._fast_lock:
+            if self._fast is not None:
+                self._fast.close()
+                self._fast = None
         if self._executor is not None:
             if self._conn is not None:
-                await self._call(_close)
+                await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
                 self._conn = None
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -183,7 +206,7 @@ class SQLiteStore(Store):
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
-    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("BEGIN IMMEDIATE")  # may raise "database is locked": nothing to roll back then
     try:
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
@@ -240,8 +263,9 @@ def _execute(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Non
     conn.execute(sql, params)
 
 
-def _close(conn: sqlite3.Connection) -> None:
-    conn.close()
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
 
 
 def _filters(status: str | None, session: str | None) -> tuple[str, tuple[Any, ...]]:

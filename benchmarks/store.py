@@ -1,0 +1,172 @@
+"""Cost of durable runs: checkpoint + event append per step, and the overhead on a whole scripted run.
+
+    .venv/bin/python benchmarks/store.py [--checkpoints 2000] [--runs 40] [--steps 10]
+
+1. Micro: `store.checkpoint(state, events)` on a realistic mid-run state (10 steps of history, 3 events
+   per checkpoint) — what the loop pays at every step boundary: one transaction saving the state and
+   appending the events.
+2. Macro: the same scripted run (one tool call per step, then the answer) with no store at all, and
+   with each store, interleaved in the same process; overhead per step = (run time with the store −
+   run time without) / steps. A tool step makes 4 checkpoints (reply screened, tool started, tool done,
+   observations saved).
+
+PostgreSQL is measured when it answers at $THINKLOOP_BENCH_PG (default postgresql://postgres@127.0.0.1:5432/test),
+in a private schema dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from thinkloop import Agent, Budget, Message, RunState, ToolCall, tool
+from thinkloop._events import Progress, ToolCallEvent, ToolResultEvent
+from thinkloop.stores import MemoryStore, PostgresStore, SQLiteStore, Store
+from thinkloop.testing import ScriptedModel
+
+PG = os.environ.get("THINKLOOP_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+# ================================================================================================ micro
+
+
+def mid_run_state() -> RunState:
+    state = RunState(
+        run_id=uuid.uuid4().hex, goal="Check the disk usage of every host and report.", model="x"
+    )
+    state.messages.append(Message.user(state.goal))
+    for step in range(1, 11):
+        call = ToolCall(id=f"call_{step}", name="shell", arguments={"command": f"df -h /srv/{step}"})
+        state.messages.append(Message.assistant("Let me look at the next volume.", [call], step=step))
+        state.messages.append(Message.tool(call, "Filesystem Size Used Avail Use%\n" + "x" * 400, step=step))
+    state.step = 10
+    return state
+
+
+def step_events(state: RunState, step: int) -> list[Any]:
+    call = ToolCall(id=f"c{step}", name="shell", arguments={"command": "df -h"})
+    events = [
+        Progress(step=step, max_steps=16, usage=state.usage),
+        ToolCallEvent(step=step, call=call),
+        ToolResultEvent(
+            step=step, call_id=call.id, name="shell", output="ok " * 50, success=True, duration=0.01
+        ),
+    ]
+    for event in events:
+        state.event_version += 1
+        event.run_id, event.seq = state.run_id, state.event_version
+    return events
+
+
+async def micro(store: Store, n: int) -> list[float]:
+    state = mid_run_state()
+    times = []
+    for i in range(n):
+        events = step_events(state, i)
+        started = time.perf_counter()
+        await store.checkpoint(state, events)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+# ================================================================================================ macro
+
+
+@tool
+def probe(n: int) -> str:
+    """Probe item n."""
+    return f"item {n}: ok " + "." * 200
+
+
+def script(steps: int) -> list[Any]:
+    calls: list[Any] = [{"tool_calls": [{"name": "probe", "args": {"n": i}}]} for i in range(steps)]
+    return [*calls, "All items are ok."]
+
+
+async def one_run(store: Store | None, steps: int) -> float:
+    agent = Agent(ScriptedModel(script(steps)), tools=[probe], budget=Budget(max_steps=steps + 2))
+    agent.store = store  # type: ignore[assignment]  # None: no checkpoints at all (the baseline)
+    started = time.perf_counter()
+    result = await agent.run("Probe every item.")
+    elapsed = time.perf_counter() - started
+    assert result.output == "All items are ok.", result.output
+    return elapsed
+
+
+# ================================================================================================= main
+
+
+async def pg_store() -> tuple[PostgresStore, Callable[[], Awaitable[None]]] | None:
+    try:
+        import psycopg
+    except ImportError:
+        return None
+    schema = f"tl_bench_{uuid.uuid4().hex[:8]}"
+    try:
+        async with await psycopg.AsyncConnection.connect(PG, autocommit=True, connect_timeout=3) as conn:
+            await conn.execute(f"CREATE SCHEMA {schema}")
+    except psycopg.OperationalError:
+        return None
+
+    async def drop() -> None:
+        async with await psycopg.AsyncConnection.connect(PG, autocommit=True) as conn:
+            await conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+    return PostgresStore(f"{PG}?options=-csearch_path%3D{schema}"), drop
+
+
+def ms(values: list[float]) -> str:
+    values = sorted(values)
+    p95 = values[int(len(values) * 0.95) - 1]
+    return f"mean {statistics.mean(values) * 1e3:.3f} ms · p50 {statistics.median(values) * 1e3:.3f} ms · p95 {p95 * 1e3:.3f} ms"
+
+
+async def main(args: argparse.Namespace) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="tl-bench-"))
+    stores: dict[str, Store] = {"memory": MemoryStore(), "sqlite": SQLiteStore(tmp / "bench.db")}
+    pg = await pg_store()
+    if pg is not None:
+        stores["postgres"] = pg[0]
+    print(f"state: {len(mid_run_state().to_json()):,} bytes of JSON; 3 events per checkpoint")
+    print("\n1. checkpoint (state + events, one transaction)")
+    for name, store in stores.items():
+        await micro(store, 50)  # warm up: connection, schema, statement cache
+        print(f"  {name:9} {ms(await micro(store, args.checkpoints))}")
+
+    print(f"\n2. a scripted run of {args.steps} tool steps + the answer, {args.runs} runs each, interleaved")
+    timings: dict[str, list[float]] = {"none": [], **{k: [] for k in stores}}
+    for _ in range(3):  # warm up
+        for name in timings:
+            await one_run(stores.get(name), args.steps)
+    for _ in range(args.runs):
+        for name in timings:
+            timings[name].append(await one_run(stores.get(name), args.steps))
+    base = statistics.median(timings["none"])
+    steps = args.steps + 1
+    print(f"  {'none':9} {base * 1e3:8.2f} ms per run ({base / steps * 1e3:.3f} ms per step)")
+    for name in stores:
+        t = statistics.median(timings[name])
+        print(
+            f"  {name:9} {t * 1e3:8.2f} ms per run · x{t / base:.2f} · "
+            f"overhead {(t - base) / steps * 1e3:.3f} ms per step"
+        )
+    for store in stores.values():
+        await store.aclose()
+    if pg is not None:
+        await pg[1]()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--checkpoints", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=10)
+    asyncio.run(main(parser.parse_args()))
