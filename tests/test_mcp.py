@@ -350,6 +350,26 @@ async def test_tool_list_refreshed_after_list_changed(test_server_script: Path) 
         assert await tools["extra"].invoke({}) == "extra!"
 
 
+async def test_a_tool_added_during_a_run_can_be_called_in_that_run(test_server_script: Path) -> None:
+    server = MCPServerStdio(sys.executable, [str(test_server_script)], name="changing")
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "add_tool", "args": {}}]},
+            {"tool_calls": [{"name": "extra", "args": {}}]},
+            "done",
+        ]
+    )
+    events: list[Any] = []
+    async with Agent(model, mcp_servers=[server], on_event=events.append) as agent:
+        result = await agent.run("add a tool, then use it")
+    assert [(r.name, r.success, r.output) for r in _results(events)] == [
+        ("add_tool", True, "added"),
+        ("extra", True, "extra!"),
+    ]
+    assert "extra" in [t.name for t in model.requests[1].tools]  # shown to the model in the next step
+    assert result.output == "done"
+
+
 async def test_allowed_tools_filter(test_server_script: Path) -> None:
     async with MCPServerStdio(
         sys.executable, [str(test_server_script)], name="s", allowed_tools={"echo"}

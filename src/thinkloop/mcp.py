@@ -104,7 +104,11 @@ class MCPServer(ABC):
         self._closing: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tools: list[Tool] | None = None
+        self._tools: list[Tool] = []
+        self._stale = True
+        self._refresh: asyncio.Task[None] | None = None
+        self.tools_version = 0
+        """Counts the tool lists fetched: a run's registry rebuilds itself when it changes."""
         self._failure: str | None = None
 
     def __repr__(self) -> str:
@@ -200,7 +204,7 @@ class MCPServer(ABC):
                     )
                 )
                 await session.initialize()
-                self._session, self._tools = session, None
+                self._session, self._stale = session, True
                 ready.set_result(None)
                 await closing.wait()
         except asyncio.CancelledError:
@@ -221,6 +225,10 @@ class MCPServer(ABC):
         if self._closing is not None:
             self._closing.set()
         self._session = None
+        refresh, self._refresh = self._refresh, None
+        if refresh is not None and not refresh.done():
+            refresh.cancel()
+            await asyncio.wait([refresh])
         if owner is not None and not owner.done():
             await asyncio.wait([owner])
 
@@ -233,40 +241,62 @@ class MCPServer(ABC):
             await asyncio.wait([owner])
 
     async def _on_message(self, message: Any) -> None:
-        """Server notifications: a changed tool list empties the cache; a transport fault is noted."""
+        """Server notifications: a changed tool list is fetched again; a transport fault is noted."""
         if getattr(message, "method", None) == "notifications/tools/list_changed":
-            self._tools = None
+            self._stale = True
+            if self._refresh is None or self._refresh.done():
+                self._refresh = asyncio.create_task(self._refetch(), name=f"mcp-tools:{self.name}")
         elif isinstance(message, Exception):
             self._failure = _describe_exception(message)
+
+    async def _refetch(self) -> None:
+        """In the background (not in the SDK's notification handler, which must not wait on the session)."""
+        while self._stale and self.connected:
+            try:
+                await self.list_tools()
+            except MCPConnectionError:
+                return  # the next run's list_tools() tries again
+
+    async def _settle_refresh(self) -> None:
+        """Let a tool list change announced during a call land before its result is returned."""
+        refresh = self._refresh
+        if refresh is not None and not refresh.done():
+            await asyncio.wait([refresh], timeout=self.connect_timeout)
 
     # --------------------------------------------------------------------------------- tools
 
     async def list_tools(self, *, refresh: bool = False) -> list[Tool]:
         """The server's tools as thinkloop `Tool`s (cached until the server says they changed)."""
-        if self._tools is not None and not refresh and self.connected:
+        if not (self._stale or refresh) and self.connected:
             return list(self._tools)
         await self.connect()
-        session = self._session
-        listed: list[Any] = []
-        cursor: str | None = None
+        self._stale = False  # a change announced while listing sets it again
         try:
-            while True:
-                page = await session.list_tools(params=_page(cursor))
-                listed.extend(page.tools)
-                cursor = page.next_cursor
-                if not cursor:
-                    break
+            listed = await self._list_all(self._session)
         except Exception as exc:
+            self._stale = True
             raise MCPConnectionError(
                 f"MCP server {self._describe()} failed to list its tools: {_describe_exception(exc)}"
             ) from exc
         self._tools = [self._to_tool(t) for t in listed if self._offered(t.name)]
+        self.tools_version += 1
         return list(self._tools)
+
+    @staticmethod
+    async def _list_all(session: Any) -> list[Any]:
+        listed: list[Any] = []
+        cursor: str | None = None
+        while True:
+            page = await session.list_tools(params=_page(cursor))
+            listed.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return listed
 
     @property
     def tools(self) -> list[Tool]:
-        """The tools fetched by the last `list_tools()` (empty before it)."""
-        return list(self._tools or [])
+        """The tools of the last listing (empty before the first `list_tools()`)."""
+        return list(self._tools)
 
     def _offered(self, name: str) -> bool:
         return self.allowed_tools is None or name in self.allowed_tools
@@ -326,6 +356,7 @@ class MCPServer(ABC):
                 f"MCP server {self.name!r}: call of {name!r} failed: {_describe_exception(exc)}"
                 f"{self._diagnostics() if not self.connected else ''}"
             ) from None
+        await self._settle_refresh()
         text = render_result(result)
         if getattr(result, "is_error", False):
             raise MCPToolError(f"MCP server {self.name!r} reported an error: {text}")
@@ -456,19 +487,54 @@ class MCPServerHTTP(MCPServer):
 
 
 async def registry_with_mcp(base: Iterable[Tool], servers: Sequence[MCPServer]) -> ToolRegistry:
-    """A registry of `base` plus every server's tools (connecting as needed); names must be unique."""
-    registry = ToolRegistry(base)
-    owners = {t.name: "the agent's tools" for t in registry}
+    """A run's registry: `base` plus every server's tools (connecting as needed); names must be unique.
+
+    The registry follows the servers: when one announces a changed tool list during the run, its new
+    tools replace the old ones (a new tool whose name is taken is left out).
+
+    Raises:
+        ConfigurationError: two tools of one name, naming both owners.
+        MCPConnectionError: a server could not be reached.
+    """
     for server in servers:
-        for mcp_tool in await server.list_tools():
-            if mcp_tool.name in owners:
-                raise ConfigurationError(
-                    f"tool name {mcp_tool.name!r} of MCP server {server.name!r} is already taken by "
-                    f"{owners[mcp_tool.name]}; give the server a prefix, e.g. prefix='{_slug(server.name)}_'"
-                )
-            owners[mcp_tool.name] = f"MCP server {server.name!r}"
-            registry.add(mcp_tool)
-    return registry
+        await server.list_tools()
+    return _LiveRegistry(list(base), list(servers))
+
+
+class _LiveRegistry(ToolRegistry):
+    """Base tools plus the servers' current tools, rebuilt when a server's tool list changes."""
+
+    def __init__(self, base: list[Tool], servers: list[MCPServer]) -> None:
+        self._base, self._servers = base, servers
+        self._current: dict[str, Tool] = {}
+        self._versions = tuple(s.tools_version for s in servers)
+        super().__init__()
+        self._current = self._build(strict=True)
+
+    @property
+    def _tools(self) -> dict[str, Tool]:
+        versions = tuple(s.tools_version for s in self._servers)
+        if versions != self._versions:
+            self._versions, self._current = versions, self._build(strict=False)
+        return self._current
+
+    @_tools.setter
+    def _tools(self, value: dict[str, Tool]) -> None:
+        self._current = value
+
+    def _build(self, *, strict: bool) -> dict[str, Tool]:
+        tools = {t.name: t for t in ToolRegistry(self._base)}
+        owners = dict.fromkeys(tools, "the agent's tools")
+        for server in self._servers:
+            for mcp_tool in server.tools:
+                if mcp_tool.name not in owners:
+                    tools[mcp_tool.name], owners[mcp_tool.name] = mcp_tool, f"MCP server {server.name!r}"
+                elif strict:
+                    raise ConfigurationError(
+                        f"tool name {mcp_tool.name!r} of MCP server {server.name!r} is already taken by "
+                        f"{owners[mcp_tool.name]}; give the server a prefix, e.g. prefix='{_slug(server.name)}_'"
+                    )
+        return tools
 
 
 def render_result(result: Any) -> str:
