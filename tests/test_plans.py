@@ -590,3 +590,50 @@ async def test_plan_and_execute_takes_an_agent() -> None:
     outcome = await run_plan_and_execute(agent, "shout ok")
     assert outcome.answer == "OK it is" and outcome.result is not None
     assert outcome.result.results["s"].output == "OK"
+
+
+async def test_run_plan_works_in_react_mode() -> None:
+    plan = {"tasks": [{"id": "s", "tool": "shout", "args": {"text": "quiet"}}]}
+    model = ScriptedModel(
+        [
+            f"Thought: one step.\nAction: run_plan\nAction Input: {json.dumps(plan)}",
+            "Thought: done.\nFinal Answer: QUIET",
+        ],
+        tools=False,
+    )
+    events: list[Any] = []
+    result = await Agent(model, tools=[plan_tool([shout])], on_event=events.append).run("shout quiet")
+    assert result.state.mode == "react"
+    (observation,) = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert observation.success and observation.output == "[s] shout → ok: QUIET"
+    assert result.output == "QUIET"
+
+
+async def test_a_failure_inside_a_run_cancels_the_slow_sibling() -> None:
+    slow_started = asyncio.Event()
+    completed: list[str] = []
+
+    async def slow() -> str:
+        """Slow."""
+        slow_started.set()
+        await asyncio.sleep(3600)
+        completed.append("slow")
+        return "slow"
+
+    async def boom() -> str:
+        """Boom."""
+        await slow_started.wait()
+        raise RuntimeError("boom")
+
+    schema = {"type": "object", "properties": {}}
+    tools = [Tool("slow", "slow", schema, slow), Tool("boom", "boom", schema, boom)]
+    plan = {"tasks": [{"id": "s", "tool": "slow", "args": {}}, {"id": "b", "tool": "boom", "args": {}}]}
+    model = ScriptedModel([{"tool_calls": [{"name": "run_plan", "args": plan}]}, "it failed"])
+    events: list[Any] = []
+    result = await Agent(model, tools=[plan_tool(tools)], on_event=events.append).run("go")
+    (observation,) = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert not observation.success
+    assert "Task 'b' failed: Error: boom raised RuntimeError: boom" in observation.output
+    assert "Cancelled (same level): s" in observation.output
+    assert completed == []  # the slow sibling never completed
+    assert result.output == "it failed"

@@ -117,9 +117,8 @@ class Task(BaseModel):
         **extra: Any,
     ) -> None:
         given = {"id": id, "tool": tool, "args": args, "depends_on": depends_on}
-        super().__init__(
-            **{k: v for k, v in given.items() if v is not None}, **extra
-        )  # missing → ValidationError
+        fields = {k: v for k, v in given.items() if v is not None}  # a missing field: a ValidationError
+        super().__init__(**fields, **extra)
 
 
 class Plan(BaseModel):
@@ -247,6 +246,7 @@ class Plan(BaseModel):
         return problems
 
     def describe(self) -> list[dict[str, Any]]:
+        """The tasks as JSON-ready dicts."""
         return [t.model_dump() for t in self.tasks]
 
 
