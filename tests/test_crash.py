@@ -63,30 +63,39 @@ def _kill_points(counts: dict[str, int]) -> list[tuple[str, str]]:
     return points
 
 
-def _crash_and_resume(base: Path, index: int, var: str, value: str) -> str | None:
-    """One kill point; returns a description of what went wrong, or None."""
+def _crash_and_resume(base: Path, index: int, chain: list[tuple[str, str]]) -> tuple[str | None, int]:
+    """Start a run, kill it at the chain's first point; resume it in a new process killed at the next
+    point (counted in that process) …; then resume it to completion. Returns (problem or None, kills)."""
     tmp = base / f"p{index}"
     tmp.mkdir()
-    crashed = _child("start", tmp, {var: value})
-    if crashed.returncode != -signal.SIGKILL:
-        return f"{var}={value}: the child was not killed (rc {crashed.returncode}): {crashed.stderr[-500:]}"
-    resumed = _child("resume", tmp, {})
-    if resumed.returncode != 0:
-        return f"{var}={value}: resume failed: {resumed.stderr[-800:]}"
-    result = json.loads(resumed.stdout)
-    problems = asyncio.run(_check_run(tmp))
+    where, kills, finished = f"chain {chain}", 0, None
+    for n, (var, value) in enumerate(chain):
+        proc = _child("start" if n == 0 else "resume", tmp, {var: value})
+        if proc.returncode == -signal.SIGKILL:
+            kills += 1
+        elif proc.returncode == 0:
+            finished = proc  # the kill point lay beyond what was left of the run
+            break
+        else:
+            return f"{where}: process {n} failed (rc {proc.returncode}): {proc.stderr[-800:]}", kills
+    if finished is None:
+        finished = _child("resume", tmp, {})
+        if finished.returncode != 0:
+            return f"{where}: the final resume failed: {finished.stderr[-800:]}", kills
+    result = json.loads(finished.stdout)
+    problems = asyncio.run(_check_run(tmp, kills))
     if result["output"] != FINAL or result["stop_reason"] != "final_answer":
         problems.append(f"wrong result {result}")
-    return f"{var}={value}: " + "; ".join(problems) if problems else None
+    return (f"{where}: " + "; ".join(problems) if problems else None), kills
 
 
-async def _check_run(tmp: Path) -> list[str]:
+async def _check_run(tmp: Path, kills: int) -> list[str]:
     async with SQLiteStore(tmp / "runs.db") as store:
         events = await store.read_events(RUN_ID)
         state = await store.load_state(RUN_ID)
     assert state is not None
     observed = {m.tool_call_id: m.content for m in state.messages if m.role == "tool"}
-    return _check_effects(tmp, state.messages, observed) + _check_log(events, state)
+    return _check_effects(tmp, state.messages, observed) + _check_log(events, state, kills)
 
 
 def _check_effects(tmp: Path, messages: list[Message], observed: dict[str | None, str]) -> list[str]:
@@ -109,14 +118,14 @@ def _check_effects(tmp: Path, messages: list[Message], observed: dict[str | None
     return problems
 
 
-def _check_log(events: list[Event], state: RunState) -> list[str]:
+def _check_log(events: list[Event], state: RunState, kills: int) -> list[str]:
     problems = []
     seqs = [e.seq for e in events]
     if seqs != list(range(1, len(events) + 1)):
         problems.append(f"event log has gaps: {seqs}")
     starts = [e for e in events if isinstance(e, RunStarted)]
-    if len(starts) < 2 or starts[0].resumed or not starts[-1].resumed:
-        problems.append(f"expected a first and a resumed run_started, got {len(starts)}")
+    if len(starts) != kills + 1 or starts[0].resumed or not all(s.resumed for s in starts[1:]):
+        problems.append(f"expected one run_started and {kills} resumed ones, got {len(starts)}")
     if events[-1].type != "done" or sum(e.type == "done" for e in events) != 1:
         problems.append("the log does not end with exactly one done event")
     if state.event_version != len(events) or state.phase != "done":
@@ -126,11 +135,12 @@ def _check_log(events: list[Event], state: RunState) -> list[str]:
 
 def test_sigkill_at_every_step_boundary_and_inside_tool_calls(tmp_path: Path, counts: dict[str, int]) -> None:
     points = _kill_points(counts)
-    assert len(points) >= 20
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda ip: _crash_and_resume(tmp_path, ip[0], *ip[1]), enumerate(points)))
-    failures = [r for r in results if r is not None]
+    chains = [points[i : i + 2] for i in range(0, len(points), 2)]  # the resumed process is killed too
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda ic: _crash_and_resume(tmp_path, *ic), enumerate(chains)))
+    failures = [problem for problem, _ in results if problem is not None]
     assert not failures, "\n".join(failures)
+    assert sum(kills for _, kills in results) >= 20
 
 
 def test_a_run_killed_after_its_last_checkpoint_is_not_resumed(
