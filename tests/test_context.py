@@ -385,3 +385,19 @@ def test_every_trimmed_view_is_a_valid_chat_history(
         if view and state.messages[-1].role != "tool":
             assert view[-1].content == state.messages[-1].content or view[-1].role == "tool"
         state.messages = messages
+
+
+def test_model_summarizer_asks_a_model_for_the_summary() -> None:
+    from thinkloop._context import model_summarizer
+
+    summary_model = ScriptedModel(["Pages 1-20 read; nothing failed."])
+    state = history(30, size=600)
+    manager = ContextManager(4000, summarizer=model_summarizer(summary_model, max_chars=300))
+    manager.view(state)
+    asyncio.run(manager.prepare(state))
+    view = manager.view(state)
+    check(view)
+    assert "Pages 1-20 read; nothing failed." in next(m.content for m in view if m.kind == "summary")
+    request = summary_model.requests[0]
+    assert request.tools == [] and "at most 300 characters" in request.messages[0].content
+    assert "fetch(" in request.messages[1].content and request.settings.temperature == 0.0

@@ -4,6 +4,8 @@ from ._agent import Agent as Agent
 from ._budget import Budget as Budget
 from ._budget import Price as Price
 from ._budget import PriceTable as PriceTable
+from ._context import ContextManager as ContextManager
+from ._context import validate_history as validate_history
 from ._discovery import ToolDiscovery as ToolDiscovery
 from ._errors import ConcurrencyError as ConcurrencyError
 from ._errors import ConfigurationError as ConfigurationError
@@ -27,6 +29,7 @@ from ._messages import Usage as Usage
 from ._risk import RiskLevel as RiskLevel
 from ._state import RunState as RunState
 from ._state import StopReason as StopReason
+from ._tokens import TokenCounter as TokenCounter
 from ._tools import Tool as Tool
 from ._tools import ToolRegistry as ToolRegistry
 from ._tools import tool as tool

@@ -31,12 +31,16 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ._errors import ThinkloopError
-from ._messages import Message, ToolDefinition
+from ._messages import Message, ModelRequest, ModelSettings, ToolDefinition
 from ._state import RunState
 from ._tokens import EstimateCounter, TokenCounter, estimate_tools, is_exact
 from ._tools import truncate_output
+
+if TYPE_CHECKING:
+    from .models import Model
 
 logger = logging.getLogger("thinkloop.context")
 
@@ -50,6 +54,35 @@ NO_RESULT = "Error: no result was recorded for this call (the run was interrupte
 
 class InvalidHistoryError(ThinkloopError, ValueError):
     """A message list that a chat provider would reject (a tool result without its call, or the reverse)."""
+
+
+SUMMARY_PROMPT = (
+    "You compress the earlier steps of an AI agent's work so it can continue without them. Write at most "
+    "{limit} characters of plain notes: the facts found, the tool results that matter (with their key "
+    "values), what failed and why, and what is still open. Do not invent anything."
+)
+
+
+def model_summarizer(model: Model, *, max_chars: int = 1200) -> Summarizer:
+    """A `summarizer` that asks `model` to summarise dropped steps (one extra call per trim).
+
+    The call is not counted in the run's usage. Failures fall back to the deterministic summary.
+    """
+
+    async def summarize(messages: list[Message], previous: str) -> str:
+        lines = [f"Previous summary: {previous}"] if previous else []
+        for msg in messages:
+            calls = "; ".join(f"{c.name}({_json(c.arguments)})" for c in msg.tool_calls)
+            text = _clip(msg.content, 600)
+            lines.append(f"{msg.role}: {text} {('calls ' + calls) if calls else ''}".rstrip())
+        request = ModelRequest(
+            messages=[Message.system(SUMMARY_PROMPT.format(limit=max_chars)), Message.user("\n".join(lines))],
+            settings=ModelSettings(temperature=0.0, max_output_tokens=max(max_chars // 3, 64)),
+        )
+        response = await model.request(request)
+        return response.text.strip()[:max_chars]
+
+    return summarize
 
 
 # ============================================================================================ validation
@@ -505,9 +538,9 @@ def _summarise_group(state: RunState, messages: list[Message]) -> list[str]:
         result = results.get(call.id)
         entry = state.ledger.get(call.id)
         failed = entry is not None and entry.success is False
-        outcome = _clip(result.content, 200) if result is not None else "(no result)"
+        outcome = _clip(result.content, 120) if result is not None else "(no result)"
         verb = "failed" if failed else "→"
-        lines.append(f"- {step}: {call.name}({_clip(args, 120)}) {verb} {outcome}")
+        lines.append(f"- {step}: {call.name}({_clip(args, 100)}) {verb} {outcome}")
     return lines
 
 
