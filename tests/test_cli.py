@@ -179,6 +179,24 @@ def test_budget_stop_in_json(cli: Cli) -> None:
     assert done["stop_reason"] == "max_steps" and done["forced_final"] is True and done["output"] == "4"
 
 
+@pytest.mark.parametrize(
+    ("replies", "args", "reason"),
+    [
+        ([call("calculator", expression="17*23"), text("391")], ["--max-tokens", "100"], "max_tokens"),
+        (
+            [call("shell", command="sleep 2"), text("late")],
+            ["--tools", "shell", "--yes", "--timeout", "1"],
+            "timeout",
+        ),
+        ([call("calculator", expression="1+1")] * 10 + [text("gave up")], [], "dangerous_loop"),
+    ],
+)
+def test_other_limits_exit_3(cli: Cli, replies: list[dict[str, Any]], args: list[str], reason: str) -> None:
+    r = cli("run", "x", "--model", cli.script(replies), *args, "--json")
+    assert r.code == 3, r.stderr
+    assert done_result(r)["stop_reason"] == reason
+
+
 def test_model_error_exits_1(cli: Cli) -> None:
     model = cli.script([call("calculator", expression="1+1")])  # no reply left for step 2
     r = cli("run", "x", "--model", model)
