@@ -388,3 +388,27 @@ async def test_guard_counters_survive_serialisation_mid_run() -> None:
     assert result.stop_reason is StopReason.DANGEROUS_LOOP
     assert result.steps == 5 and result.tool_calls == 3  # steps 4 and 5 were blocked at once
     assert state.guards.blocked_calls == 2
+
+
+async def test_a_run_resumed_after_a_crash_keeps_its_guard_counters() -> None:
+    class Crash(BaseException):
+        pass
+
+    crashed: list[int] = []
+
+    def reply(request: ModelRequest) -> object:
+        if request.turn == 3 and not crashed:
+            crashed.append(request.turn)
+            raise Crash  # the process dies during step 4; the checkpoint of step 3 remains
+        if is_final(request):
+            return "391"
+        return call("calculator", expression="17*23")
+
+    agent = Agent(FunctionModel(reply), tools=[calculator])
+    with pytest.raises(Crash):
+        await agent.run("What is 17 * 23?", run_id="crashy")
+    result = await agent.resume("crashy")
+
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP and result.output == "391"
+    assert result.tool_calls == 3  # the 3 calls made before the crash; both calls after it were blocked
+    assert result.state.guards.signature_counts == {'calculator:{"expression":"17*23"}': 5}

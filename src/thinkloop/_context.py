@@ -262,8 +262,7 @@ class ContextManager:
         """
         source = state.messages if messages is None else messages
         self._last_reserve = self._reserve_for(system, tools) + reserve
-        self._plan(state, source, self._last_reserve)
-        out, tokens = self._assemble(state)
+        out, tokens = self._plan(state, source, self._last_reserve) or self._assemble(state)
         total = tokens + self._last_reserve
         if total * self.scale > self.budget:
             out, total = self._squeeze(out, total)
@@ -379,11 +378,17 @@ class ContextManager:
 
     # -------------------------------------------------------------------------------- planning
 
-    def _plan(self, state: RunState, source: Sequence[Message], reserve: int) -> None:
-        """Decide which old steps the view drops (monotonic: a dropped step stays dropped)."""
+    def _plan(
+        self, state: RunState, source: Sequence[Message], reserve: int
+    ) -> tuple[list[Message], int] | None:
+        """Decide which old steps the view drops (monotonic: a dropped step stays dropped).
+
+        Returns the view when it fits as it is, None when steps were dropped (assemble it again).
+        """
         self._sync(source)
-        if (self._assemble(state, tokens_only=True)[1] + reserve) * self.scale <= self.budget:
-            return
+        assembled = self._assemble(state)
+        if (assembled[1] + reserve) * self.scale <= self.budget:
+            return assembled
         groups = self._groups
         old_before = len(groups) - self.keep_steps
         kept = sum(self._form(i, old_before)[1] for i in self._kept_indexes())
@@ -398,6 +403,7 @@ class ContextManager:
         if index > self._dropped:
             self._dropped = index
             self._dropped_count = index - 1 - sum(1 for p in self._pinned if p < index)
+        return None
 
     def _kept_indexes(self) -> list[int]:
         dropped = self._dropped
@@ -414,17 +420,16 @@ class ContextManager:
 
     # -------------------------------------------------------------------------------- assembling
 
-    def _assemble(self, state: RunState, *, tokens_only: bool = False) -> tuple[list[Message], int]:
+    def _assemble(self, state: RunState) -> tuple[list[Message], int]:
         """The view and its tokens: the settled prefix (cached), then the newest `keep_steps` groups."""
         groups = self._groups
         old_before = len(groups) - self.keep_steps
         prefix = self._settled(state, old_before)
-        out: list[Message] = [] if tokens_only else list(prefix.messages)
+        out = list(prefix.messages)
         tokens = prefix.tokens
         for index in range(prefix.upto, len(groups)):
             msgs, count = self._form(index, old_before)
-            if not tokens_only:
-                out.extend(msgs)
+            out.extend(msgs)
             tokens += count
         return out, tokens
 

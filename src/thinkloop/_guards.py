@@ -150,11 +150,11 @@ class Guards:
     def screen(self, state: RunState, calls: list[ToolCall]) -> dict[str, str]:
         """Count the calls' signatures; return {call_id: message} for the calls that must not run."""
         g = state.guards
-        step_sig = "|".join(sorted(signature(c) for c in calls))
+        sigs = [signature(c) for c in calls]
+        step_sig = "|".join(sorted(sigs))
         alternating = _alternates(g.recent_signatures, step_sig)
         blocked: dict[str, str] = {}
-        for call in calls:
-            sig = signature(call)
+        for call, sig in zip(calls, sigs, strict=True):
             count = g.signature_counts.get(sig, 0) + 1
             g.signature_counts[sig] = count
             g.total_calls += 1
