@@ -247,7 +247,7 @@ def test_a_failing_summarizer_falls_back_to_the_deterministic_summary(caplog: An
 
 def test_estimate_counter_counts_text_calls_and_overhead() -> None:
     msg = Message.assistant("abcdef", [ToolCall(id="1", name="fn", arguments={"a": 1})])
-    assert estimate_message(msg) == (6 // 3 + 1) + 4 + (2 // 3 + 1) + (len("{'a': 1}") // 3 + 1)
+    assert estimate_message(msg) == (6 // 3 + 1) + 4 + (2 // 3 + 1) + (len("{'a': 1}") // 3 + 1) + 8
     assert EstimateCounter().count([msg, msg]) == 2 * estimate_message(msg)
 
 
@@ -401,3 +401,30 @@ def test_model_summarizer_asks_a_model_for_the_summary() -> None:
     request = summary_model.requests[0]
     assert request.tools == [] and "at most 300 characters" in request.messages[0].content
     assert "fetch(" in request.messages[1].content and request.settings.temperature == 0.0
+
+
+def test_react_runs_get_the_same_managed_view_as_a_transcript() -> None:
+    @tool
+    def read(n: int) -> str:
+        """Read chunk n."""
+        return f"chunk {n}: " + "words " * 300
+
+    steps = itertools.count(1)
+
+    def reply(request: ModelRequest) -> str:
+        n = next(steps)
+        if n > 20:
+            return "Thought: done\nFinal Answer: all read"
+        return f'Thought: next\nAction: read\nAction Input: {{"n": {n}}}'
+
+    model = FunctionModel(reply, tools=False)
+    result = asyncio.run(
+        Agent(model, tools=[read], max_context_tokens=3000, budget=Budget(max_steps=30)).run("Read it all.")
+    )
+    assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "all read"
+    last = model.requests[-1].messages
+    assert [m.role for m in last[:3]] == ["system", "user", "user"]
+    assert last[1].content == "Read it all." and last[2].kind == "summary"
+    assert not any(m.role == "tool" for m in last)
+    assert last[-1].content.startswith("Observation: chunk 20:")
+    assert tokens(last) <= 3000 * 0.9

@@ -170,6 +170,8 @@ def test_alternation_with_changing_results_is_polling_and_runs() -> None:
     assert result.stop_reason is StopReason.FINAL_ANSWER
     assert result.tool_calls == 6
     assert not [e for e in events if isinstance(e, ToolCallEvent) and e.decision == "blocked"]
+    notes = [m.name for m in result.state.messages if "already made this exact call" in m.content]
+    assert notes == ["wait", "wait"]  # the status polls got new results: no "repeat" note
 
 
 # ==================================================================================== repeated errors

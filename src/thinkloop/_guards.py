@@ -170,9 +170,15 @@ class Guards:
         g.consecutive_blocked = g.consecutive_blocked + 1 if all_blocked else 0
         return blocked
 
-    def is_repeat(self, state: RunState, call: ToolCall) -> bool:
-        """True when this exact call was made before in the run."""
-        return state.guards.signature_counts.get(signature(call), 0) > 1
+    def is_repeat(self, state: RunState, call: ToolCall, output: str | None = None) -> bool:
+        """True when this exact call was made before in the run (and, given `output`, gave it before).
+
+        The loop then adds the "you already made this exact call" note to the result; a repeated call
+        whose result changed (a poll) gets no note.
+        """
+        if state.guards.signature_counts.get(signature(call), 0) <= 1:
+            return False
+        return output is None or _digest(output) in state.guards.seen_results
 
     # ------------------------------------------------------------------------------------ observing
 
@@ -194,15 +200,15 @@ class Guards:
             _note_results(g.recent_signatures, outcomes, blocked=not executed)
 
     def _useful(self, outcome: ToolOutcome, g: GuardState) -> bool:
+        new = False
+        if outcome.success:
+            digest = _digest(outcome.output)
+            new = digest not in g.seen_results
+            if new:
+                g.seen_results = [*g.seen_results[-63:], digest]
         if self.config.is_useful is not None:
             return bool(self.config.is_useful(outcome, g))
-        if not outcome.success:
-            return False
-        digest = _digest(outcome.output)
-        if digest in g.seen_results:
-            return False
-        g.seen_results = [*g.seen_results[-63:], digest]
-        return True
+        return new
 
     def note_heal(self, state: RunState, malformed: bool) -> bool:
         """Count a reply that needed a correction (or reset on a good one); True when healing has failed."""

@@ -463,7 +463,7 @@ async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
     state = run.state
     for outcome in outcomes:
         text = outcome.output
-        if outcome.success and run.guards.is_repeat(state, outcome.call):
+        if outcome.success and run.guards.is_repeat(state, outcome.call, outcome.output):
             text = f"{text}\n\n{run.guards.config.hint('repeat_note')}"
         state.messages.append(Message.tool(outcome.call, text, step=state.step))
         run.emit(_result_event(state.step, outcome))

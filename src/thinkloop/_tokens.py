@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 MESSAGE_OVERHEAD = 4
 """Tokens a chat format adds around each message (role and separators) in the estimate."""
 
+CALL_OVERHEAD = 8
+"""Tokens a tool call adds beyond its name and arguments (its JSON frame, or `Action:`/`Action Input:`)."""
+
+RESULT_OVERHEAD = 4
+"""Tokens a tool result adds beyond its text (its call id, or `Observation:`)."""
+
 
 @runtime_checkable
 class TokenCounter(Protocol):
@@ -99,9 +105,11 @@ def is_exact(counter: TokenCounter) -> bool:
 def estimate_message(message: Message) -> int:
     """The estimate of one message: its text, its tool calls, and the per-message overhead."""
     total = estimate_tokens(message.content) + MESSAGE_OVERHEAD
+    if message.role == "tool":
+        total += RESULT_OVERHEAD
     for call in message.tool_calls:
         args = call.raw_arguments if call.raw_arguments is not None else str(call.arguments)
-        total += estimate_tokens(call.name) + estimate_tokens(args)
+        total += estimate_tokens(call.name) + estimate_tokens(args) + CALL_OVERHEAD
     return total
 
 
