@@ -60,6 +60,10 @@ def test_signature_ignores_key_order_and_whitespace() -> None:
     assert signature(a) == signature(b) == 'f:{"a":1,"b":[1,2]}'
     assert signature(raw) == signature(raw2)
     assert signature(a) != signature(ToolCall(id="5", name="g", arguments={"a": 1, "b": [1, 2]}))
+    long_a = ToolCall(id="6", name="write", arguments={"text": "x" * 5000, "path": "a"})
+    long_b = ToolCall(id="7", name="write", arguments={"path": "a", "text": "x" * 5000})
+    assert signature(long_a) == signature(long_b) and len(signature(long_a)) < 40
+    assert signature(long_a) != signature(ToolCall(id="8", name="write", arguments={"text": "y" * 5000}))
 
 
 # ============================================================================================ repeats

@@ -114,8 +114,13 @@ class _Defaults(dict[str, Any]):
 
 
 def signature(call: ToolCall) -> str:
-    """Tool name + canonical JSON of the arguments: key order and whitespace do not matter."""
+    """Tool name + canonical JSON of the arguments: key order and whitespace do not matter.
+
+    Arguments longer than 200 characters are kept as a digest, so the run state stays small.
+    """
     args = call.raw_arguments.strip() if call.raw_arguments is not None else _canonical(call.arguments)
+    if len(args) > 200:
+        args = f"#{hashlib.blake2b(args.encode(errors='replace'), digest_size=12).hexdigest()}"
     return f"{call.name}:{args}"
 
 
