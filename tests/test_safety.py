@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from thinkloop import Agent, RiskLevel, RunState, Tool
+from thinkloop import Agent, ConfigurationError, RiskLevel, RunState, Tool
 from thinkloop._events import ApprovalRequested, Event, ToolCallEvent, ToolResultEvent
 from thinkloop.safety import (
     ApprovalDecision,
@@ -185,6 +185,13 @@ def test_policy_round_trips_through_json_and_rejects_bad_patterns() -> None:
         SafetyPolicy(deny_commands=["(unclosed"])
     with pytest.raises(ValueError):
         SafetyPolicy.from_dict({"mode": "yolo"})
+
+
+def test_controller_accepts_a_mode_name_and_rejects_unknown_ones() -> None:
+    assert SafetyController("permissive").policy.mode is SafetyMode.PERMISSIVE
+    assert SafetyController().policy == SafetyPolicy()
+    with pytest.raises(ConfigurationError, match="'strict', 'balanced' or 'permissive', not 'yolo'"):
+        SafetyController("yolo")
 
 
 def test_approval_keys() -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._errors import ConfigurationError
 from .._events import ApprovalRequested, Decision
 from .._execute import GateDecision
 from .._messages import ToolCall
@@ -121,7 +122,12 @@ class SafetyController:
         if policy is None:
             policy = SafetyPolicy()
         elif not isinstance(policy, SafetyPolicy):
-            policy = SafetyPolicy(mode=SafetyMode(policy))
+            try:
+                policy = SafetyPolicy(mode=SafetyMode(policy))
+            except ValueError:
+                raise ConfigurationError(
+                    f"the safety mode must be 'strict', 'balanced' or 'permissive', not {policy!r}"
+                ) from None
         self.policy = policy
         self.approval = approval
         self.approval_timeout = approval_timeout
