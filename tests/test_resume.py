@@ -281,7 +281,7 @@ def _cli(*args: str) -> Any:
 
 
 def test_runs_list_show_resume_replay_export(interrupted: tuple[str, Path]) -> None:
-    url, _ = interrupted
+    url, script = interrupted
     listed = _cli("list", "--store", url, "--json")
     assert listed.exit_code == 0, listed.output
     rows = [json.loads(line) for line in listed.output.splitlines()]
@@ -291,7 +291,9 @@ def test_runs_list_show_resume_replay_export(interrupted: tuple[str, Path]) -> N
     assert shown.exit_code == 0 and "unfinished (acting)" in shown.output
     assert "thinkloop runs resume cli-run" in shown.output
 
-    resumed = _cli("resume", "cli-run", "--store", url)  # the model recorded in the state: script:FILE
+    unknown = _cli("resume", "cli-run", "--store", url)  # the recorded model, test:script.json, cannot load
+    assert unknown.exit_code == 2 and "give one with --model" in unknown.output
+    resumed = _cli("resume", "cli-run", "--store", url, "--model", f"script:{script}")
     assert resumed.exit_code == 0, resumed.output
     assert "(resumed)" in resumed.output and "It is 42." in resumed.output
 

@@ -198,6 +198,4 @@ def load_script(path: str | Path) -> ScriptedModel:
         raise ConfigurationError(f"script file {str(file)!r} is not valid JSON: {exc}") from None
     if not isinstance(data, list):
         raise ConfigurationError(f"script file {str(file)!r} must hold a JSON list of replies")
-    model = ScriptedModel(data, by_turn=True, name=file.name)
-    model.provider, model.name = "script", str(file.resolve())  # spec `script:PATH`: a resume finds it again
-    return model
+    return ScriptedModel(data, by_turn=True, name=file.name)

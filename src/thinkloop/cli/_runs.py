@@ -216,6 +216,22 @@ def export_command(
 # ============================================================================================== resume
 
 
+async def _model(spec: str | None, state: RunState, console: Console) -> Any:
+    """The model given with --model, else the one recorded in the run."""
+    from .._errors import ConfigurationError
+    from ._run import load_model
+
+    if spec is not None:
+        return await load_model(spec, console)
+    try:
+        return await load_model(state.model or None, console)
+    except ConfigurationError as exc:
+        raise UserError(
+            f"the run's model {state.model!r} cannot be loaded again ({exc}): give one with --model "
+            "(e.g. --model script:FILE for a scripted run)"
+        ) from None
+
+
 @runs_app.command("resume")
 def resume_command(
     run_id: RunId,
@@ -257,7 +273,7 @@ async def _resume(
     console: Console,
 ) -> int:
     from .._budget import Budget
-    from ._run import DEFAULT_TOOLS, Printer, build_agent, load_model
+    from ._run import DEFAULT_TOOLS, Printer, build_agent
     from ._view import LiveView, exit_code
 
     store = open_store(store_url)
@@ -267,7 +283,7 @@ async def _resume(
         await store.aclose()
     raw = state.metadata.get("cli")
     cli: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    model = await load_model(model_spec or state.model or None, console)
+    model = await _model(model_spec, state, console)
     view = LiveView(console)
     show = Printer(view, as_json)
     agent = build_agent(
