@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -63,9 +65,20 @@ async def test_shell_timeout_kills_the_whole_process_group(tmp_path: Path) -> No
     assert not _alive(child)
 
 
-def _alive(pid: int) -> bool:
+async def test_shell_returns_when_the_command_detaches_a_background_job(tmp_path: Path) -> None:
+    tool = shell_tool(cwd=tmp_path, timeout=20)
+    result = await shell(tool, "sleep 60 >/dev/null 2>&1 & echo $!")
+    child = int(result["stdout"])
+    try:
+        assert (result["exit_code"], result["timed_out"]) == (0, False)
+        assert _alive(child, grace=0)  # a properly detached job is left running
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int, grace: int = 200) -> bool:
     """True if `pid` runs (a killed process not yet reaped by init is a zombie: not running)."""
-    for _ in range(200):
+    for _ in range(grace + 1):
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError):
