@@ -273,12 +273,15 @@ async def _resume(
     console: Console,
 ) -> int:
     from .._budget import Budget
+    from .._resume import load_resumable
     from ._run import DEFAULT_TOOLS, Printer, build_agent
     from ._view import LiveView, exit_code
 
     store = open_store(store_url)
     try:
-        state = await _state(store, run_id)
+        state = await load_resumable(
+            store, run_id
+        )  # refuses an unknown or finished run before loading a model
     finally:
         await store.aclose()
     raw = state.metadata.get("cli")
