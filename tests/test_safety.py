@@ -16,6 +16,7 @@ from thinkloop._events import ApprovalRequested, Event, ToolCallEvent, ToolResul
 from thinkloop.safety import (
     ApprovalDecision,
     ApprovalRequest,
+    PendingApprovals,
     SafetyController,
     SafetyMode,
     SafetyPolicy,
@@ -469,6 +470,35 @@ def test_events_and_records_serialise_to_json() -> None:
     old = json.loads(state.to_json())
     del old["approvals"]  # states saved before the field existed still load
     assert RunState.from_json(json.dumps(old)).approvals == []
+
+
+# -------------------------------------------------------------------------------- pending approvals
+
+
+async def test_pending_approvals_wait_for_a_ui_to_resolve_them() -> None:
+    rec = Recorder()
+    pending = PendingApprovals()
+    asked = asyncio.Event()
+    model = ScriptedModel(
+        [{"tool_calls": [call("purge", "c1", target="a"), call("purge", "c2", target="b")]}, "done"]
+    )
+    agent = Agent(model, tools=[rec.tool("purge", RiskLevel.HIGH)], safety=SafetyController(approval=pending))
+    task = asyncio.create_task(
+        agent.run(
+            "go", run_id="r1", on_event=lambda e: asked.set() if e.type == "approval_requested" else None
+        )
+    )
+    for call_id, answer in [("c1", ApprovalDecision.deny("not a")), ("c2", True)]:
+        await asked.wait()
+        asked.clear()
+        (request,) = pending.pending("r1")
+        assert request.call.id == call_id and pending.pending("other-run") == []
+        assert await asyncio.to_thread(pending.resolve, "r1", call_id, answer) is True  # from a server thread
+        assert pending.resolve("r1", call_id, answer) is False  # answered once only
+    result = await task
+    assert rec.executed == [("purge", {"target": "b"})]
+    assert [a.decision for a in result.state.approvals] == ["denied", "approved"]
+    assert pending.pending() == [] and pending.resolve("r1", "nope", True) is False
 
 
 # --------------------------------------------------------------------------------- console approval

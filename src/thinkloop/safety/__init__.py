@@ -13,6 +13,7 @@ from ._classifier import classify_command as classify_command
 from ._controller import ApprovalDecision as ApprovalDecision
 from ._controller import ApprovalFunction as ApprovalFunction
 from ._controller import ApprovalRequest as ApprovalRequest
+from ._controller import PendingApprovals as PendingApprovals
 from ._controller import SafetyController as SafetyController
 from ._controller import approval_key as approval_key
 from ._controller import console_approval as console_approval
@@ -30,6 +31,7 @@ __all__ = [
     "ApprovalRequest",
     "CommandRisk",
     "Evaluation",
+    "PendingApprovals",
     "RiskLevel",
     "SafetyController",
     "SafetyMode",

@@ -39,6 +39,7 @@ __all__ = [
     "ApprovalDecision",
     "ApprovalFunction",
     "ApprovalRequest",
+    "PendingApprovals",
     "SafetyController",
     "approval_key",
     "console_approval",
@@ -252,6 +253,49 @@ def _denied_message(tool_name: str, answer: _Answer) -> str:
     if answer.message:
         text += f" Their message: {answer.message}"
     return text + " Do not retry the same call; find another way, or answer with what you know."
+
+
+# ============================================================================ pending approvals
+
+
+class PendingApprovals:
+    """An approval function for a UI: each request waits until someone calls `resolve()`.
+
+    A web server gives one to its agents (`SafetyController(approval=pending)`), lists `pending()` (or
+    listens for `approval_requested` events), and answers with `resolve(run_id, call_id, decision)` from
+    a request handler. Unanswered requests end with the controller's `approval_timeout` (a deny).
+    """
+
+    def __init__(self) -> None:
+        self._waiting: dict[tuple[str, str], tuple[ApprovalRequest, asyncio.Future[ApprovalDecision]]] = {}
+
+    async def __call__(self, request: ApprovalRequest) -> ApprovalDecision:
+        key = (request.run_id, request.call.id)
+        future: asyncio.Future[ApprovalDecision] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = (request, future)
+        try:
+            return await future
+        finally:
+            self._waiting.pop(key, None)
+
+    def pending(self, run_id: str | None = None) -> list[ApprovalRequest]:
+        """The requests waiting for an answer (of one run, or of all)."""
+        return [r for (rid, _), (r, _) in self._waiting.items() if run_id is None or rid == run_id]
+
+    def resolve(self, run_id: str, call_id: str, decision: ApprovalDecision | bool) -> bool:
+        """Answer a waiting request; False if there is none (already answered, timed out, unknown)."""
+        entry = self._waiting.pop((run_id, call_id), None)  # safe to call from another thread
+        if entry is None or entry[1].done():
+            return False
+        if isinstance(decision, bool):
+            decision = ApprovalDecision.approve() if decision else ApprovalDecision.deny()
+        entry[1].get_loop().call_soon_threadsafe(_set_result, entry[1], decision)
+        return True
+
+
+def _set_result(future: asyncio.Future[ApprovalDecision], decision: ApprovalDecision) -> None:
+    if not future.done():
+        future.set_result(decision)
 
 
 # ============================================================================== console approval
