@@ -417,3 +417,14 @@ def test_two_processes_appending_to_postgres_exactly_one_wins_per_version(
     _race(pg_dsn, tmp_path)
     events = asyncio.run(_read_shared(PostgresStore(pg_dsn)))
     assert [e.seq for e in events] == list(range(1, 61))
+
+
+async def test_a_bounded_memory_store_forgets_the_oldest_finished_runs() -> None:
+    store = MemoryStore(max_runs=2)
+    running = _state("running")
+    await store.checkpoint(running, _emit(running, Status(text="x")))
+    for name in ("old", "new", "newest"):
+        await Agent(ScriptedModel(["ok"]), store=store).run("go", run_id=name)
+    assert sorted(r.run_id for r in await store.list_runs()) == ["newest", "running"]
+    assert await store.load_state("old") is None and await store.read_events("new") == []
+    assert isinstance(Agent(ScriptedModel(["x"])).store, MemoryStore)

@@ -54,7 +54,8 @@ class Agent:
         guards: settings of the loop guards and checkpoint hints.
         safety: the gate every tool call passes (a `SafetyController`); None lets every call run.
         store: where runs are checkpointed (a `Store`); None keeps them in this process's memory
-            (a `MemoryStore`), which is enough for `resume()` and `session=` within the process.
+            (a `MemoryStore` of at most 1,000 runs, forgetting the oldest finished ones), which is
+            enough for `resume()` and `session=` within the process.
         final_answer_on_stop: on a hard stop, make one last call for a best-effort answer.
         on_event: a callback receiving every event of every run.
         discovery: runtime tool discovery (`ToolDiscovery`): the model is shown only a few tools plus
@@ -111,7 +112,7 @@ class Agent:
         self.token_counter = token_counter
         self.summarizer = summarizer
         self.safety = safety
-        self.store: Checkpointer = MemoryStore() if store is None else store
+        self.store: Checkpointer = MemoryStore(max_runs=1000) if store is None else store
         self.final_answer_on_stop = final_answer_on_stop
         self.final_answer_prompt = final_answer_prompt
         self.price_table = price_table or PriceTable()

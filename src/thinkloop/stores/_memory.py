@@ -25,11 +25,17 @@ from ._base import (
 
 
 class MemoryStore(Store):
-    """A store in memory: states and events are kept as JSON, so stored runs never change under you."""
+    """A store in memory: states and events are kept as JSON, so stored runs never change under you.
+
+    Args:
+        max_runs: keep at most this many runs; beyond it the oldest finished runs (state and events)
+            are forgotten, so a long-lived process does not grow without bound. None keeps all.
+    """
 
     url = "memory:"
 
-    def __init__(self) -> None:
+    def __init__(self, max_runs: int | None = None) -> None:
+        self.max_runs = max_runs
         self._states: dict[str, tuple[str, RunSummary]] = {}
         self._events: dict[str, list[str]] = {}
         self._memory: dict[str, list[MemoryEntry]] = {}
@@ -42,6 +48,16 @@ class MemoryStore(Store):
         self._states[run_id] = (state.to_json(), RunSummary.from_state(state))
         for role, content in memory_turn(state, events):
             self._remember(state.session or "", role, content)
+        if self.max_runs is not None and len(self._states) > self.max_runs and state.finished:
+            self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        assert self.max_runs is not None
+        for run_id in [r for r, (_, s) in self._states.items() if s.status != "running"]:
+            if len(self._states) <= self.max_runs:
+                break
+            del self._states[run_id]
+            self._events.pop(run_id, None)
 
     async def load_state(self, run_id: str) -> RunState | None:
         stored = self._states.get(check_id(run_id))
