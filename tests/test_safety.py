@@ -249,7 +249,8 @@ async def test_denied_call_never_runs_and_the_model_is_told_why() -> None:
     )
     assert rec.executed == []
     (observation,) = [m for m in result.state.messages if m.role == "tool"]
-    assert observation.content.startswith("Denied: the call of purge was not run")
+    assert observation.content.startswith("Denied: the call of purge was not approved, so it was not run.")
+    assert "The approver said: use the archive tool instead." in observation.content
     assert "use the archive tool instead" in observation.content
     seen_by_model = [m.content for m in model.requests[1].messages if m.role == "tool"]
     assert seen_by_model == [observation.content]

@@ -246,12 +246,11 @@ def _blocked_message(tool_name: str, evaluation: Evaluation) -> str:
 
 def _denied_message(tool_name: str, answer: _Answer) -> str:
     if answer.problem:
-        why = f"it needed approval and was not approved ({answer.problem})"
+        text = f"Denied: the call of {tool_name} needed approval and was not run: {answer.problem}."
     else:
-        why = "the person reviewing it denied it"
-    text = f"Denied: the call of {tool_name} was not run: {why}."
+        text = f"Denied: the call of {tool_name} was not approved, so it was not run."
     if answer.message:
-        text += f" Their message: {answer.message}"
+        text += f" The approver said: {answer.message.rstrip('.')}."
     return text + " Do not retry the same call; find another way, or answer with what you know."
 
 
@@ -322,7 +321,7 @@ def console_approval(
         stream = stdin if stdin is not None else sys.stdin
         if stream is None or not stream.isatty():
             return ApprovalDecision.deny(
-                "there is no terminal to ask for approval (run with --yes to approve such calls)"
+                "nobody could be asked: there is no terminal (the user can pass --yes to approve such calls)"
             )
         return await asyncio.to_thread(_ask_at_terminal, console, request, stream, lock)
 
