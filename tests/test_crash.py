@@ -4,11 +4,13 @@ then resumed in a new process; nothing with side effects runs twice and the even
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -170,3 +172,56 @@ def test_a_non_idempotent_call_killed_mid_flight_is_reported_as_unknown(tmp_path
 
     text = asyncio.run(observation())
     assert text.startswith("Error: the outcome of record is unknown")
+
+
+def test_the_cli_run_killed_inside_a_shell_call_resumes_without_running_it_again(tmp_path: Path) -> None:
+    """Black-box: `thinkloop run --model script:FILE` is SIGKILLed while its shell call runs, then
+    `thinkloop runs resume` finishes the run; the shell command is not run a second time."""
+    command = "echo $$ > pid.txt; echo started >> effects.txt; exec sleep 30"
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps([{"tool_calls": [{"name": "shell", "args": {"command": command}}]}, "It was interrupted."])
+    )
+    store = f"sqlite://{tmp_path}/runs.db"
+    cli = ["--model", f"script:{script}", "--store", store]
+    options = ["--tools", "shell", "--yes", "--json", "--workspace", str(tmp_path)]
+    run = subprocess.Popen(
+        [sys.executable, "-c", "from thinkloop.cli import main; main()", "run", "Run it.", *cli, *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert run.stdout is not None
+        first = json.loads(run.stdout.readline())  # the run id is known from the first event
+        assert first["type"] == "run_started"
+        for _ in range(600):
+            if (tmp_path / "pid.txt").exists() and (tmp_path / "effects.txt").exists():
+                break
+            time.sleep(0.05)
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=10)
+    finally:
+        run.kill()
+        run.communicate()
+        if (tmp_path / "pid.txt").exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int((tmp_path / "pid.txt").read_text()), signal.SIGKILL)  # the orphaned sleep
+
+    resumed = subprocess.run(
+        [sys.executable, "-c", "from thinkloop.cli import main; main()", "runs", "resume", first["run_id"]]
+        + cli
+        + options,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    events = [json.loads(line) for line in resumed.stdout.splitlines()]
+    assert events[0]["type"] == "run_started" and events[0]["resumed"] is True
+    result = next(e for e in events if e["type"] == "tool_result")
+    assert result["error_kind"] == "unknown_outcome"
+    assert events[-1]["type"] == "done" and events[-1]["result"]["output"] == "It was interrupted."
+    assert (tmp_path / "effects.txt").read_text().split() == ["started"]
