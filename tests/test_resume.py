@@ -311,3 +311,38 @@ def test_runs_list_show_resume_replay_export(interrupted: tuple[str, Path]) -> N
     assert body["state"]["answer"] == "It is 42."
     assert [e["seq"] for e in body["events"]] == list(range(1, len(body["events"]) + 1))
     assert _cli("show", "nope", "--store", url).exit_code == 2
+
+
+async def test_approvals_given_before_the_crash_are_not_asked_again() -> None:
+    from thinkloop import RiskLevel
+    from thinkloop.safety import ApprovalDecision, ApprovalRequest, SafetyController
+
+    @tool(risk=RiskLevel.HIGH)
+    def deploy(version: str) -> str:
+        """Deploy a version (high risk: needs approval)."""
+        return f"deployed {version}"
+
+    asked: list[str] = []
+
+    def approve_always(request: ApprovalRequest) -> ApprovalDecision:
+        asked.append(request.arguments["version"])
+        return ApprovalDecision(action="approve_always")
+
+    script = [
+        {"tool_calls": [{"name": "deploy", "args": {"version": "1.0"}}]},
+        {"tool_calls": [{"name": "deploy", "args": {"version": "1.1"}}]},
+        "deployed 1.0 then 1.1",
+    ]
+
+    def make(store: Store) -> Agent:
+        gate = SafetyController("balanced", approval=approve_always)
+        return Agent(ScriptedModel(script, by_turn=True), tools=[deploy], store=store, safety=gate)
+
+    store = crashing(MemoryStore, observed(1), after=True)()
+    with pytest.raises(Crash):
+        await make(store).run("Deploy 1.0 then 1.1.", run_id="r")
+    assert asked == ["1.0"]
+    result = await make(store).resume("r")
+    assert asked == ["1.0"]  # "approve always" was remembered in the run: 1.1 ran without asking
+    assert result.output == "deployed 1.0 then 1.1"
+    assert [a.decision for a in result.state.approvals] == ["approved_always", "approved_always"]
