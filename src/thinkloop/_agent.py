@@ -198,7 +198,9 @@ class Agent:
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(self.resume(run_id, **kwargs))
-        raise UserError("resume_sync() cannot be called from a running event loop: use `await agent.resume(...)`")
+        raise UserError(
+            "resume_sync() cannot be called from a running event loop: use `await agent.resume(...)`"
+        )
 
     def _store_for(self, what: str) -> Store:
         if not isinstance(self.store, Store):
