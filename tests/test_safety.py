@@ -561,3 +561,49 @@ async def test_console_approval_without_a_terminal_denies_unless_assume_yes() ->
     assert not_a_tty.read() == "y\n"  # nothing was read
     approved = await console_approval(assume_yes=True, stdin=not_a_tty)(_request())
     assert approved.action == "approve"
+
+
+def test_public_names_of_the_safety_and_tools_packages() -> None:
+    import thinkloop.safety
+    import thinkloop.tools
+
+    assert sorted(thinkloop.safety.__all__) == [
+        "ApprovalDecision",
+        "ApprovalFunction",
+        "ApprovalRecord",
+        "ApprovalRequest",
+        "CommandRisk",
+        "Evaluation",
+        "PendingApprovals",
+        "RiskLevel",
+        "SafetyController",
+        "SafetyMode",
+        "SafetyPolicy",
+        "ShellCommandRisk",
+        "ToolRule",
+        "approval_key",
+        "classify_command",
+        "command_risk",
+        "console_approval",
+    ]
+    assert sorted(thinkloop.tools.__all__) == [
+        "BUILTIN_TOOL_NAMES",
+        "DEFAULT_ENV_ALLOWLIST",
+        "SSHExecutor",
+        "SSHHost",
+        "SSHToolError",
+        "Workspace",
+        "WorkspaceError",
+        "analyze_output",
+        "analyze_output_tool",
+        "analyze_text",
+        "builtin_tools",
+        "calculator",
+        "command_risk",
+        "file_tools",
+        "load_hosts",
+        "shell_tool",
+        "ssh_tool",
+    ]
+    for module in (thinkloop.safety, thinkloop.tools):
+        assert all(hasattr(module, name) for name in module.__all__)
