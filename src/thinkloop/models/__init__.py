@@ -15,6 +15,7 @@ DEFAULT_MODEL = "local"
 
 __all__ = [
     "DEFAULT_MODEL",
+    "LocalModel",
     "Model",
     "ModelCapabilities",
     "OpenAIModel",
@@ -24,10 +25,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from ._local import LocalModel as LocalModel
     from ._openai import OpenAIModel as OpenAIModel
     from ._router import RouterModel as RouterModel
 
-_LAZY = {"OpenAIModel": "._openai", "RouterModel": "._router"}  # imported on first use, so `import thinkloop` stays fast
+_LAZY = {"OpenAIModel": "._openai", "RouterModel": "._router", "LocalModel": "._local"}  # imported on first use, so `import thinkloop` stays fast
 
 
 def __getattr__(name: str) -> Any:

