@@ -65,7 +65,7 @@ class MCPServer(ABC):
     """A connection to one MCP server, and its tools as thinkloop `Tool`s.
 
     Args:
-        name: names the server in tool errors and logs (and is the default of nothing else).
+        name: names the server in its tools' descriptions and in error messages.
         prefix: put before every tool name (`"git_"` → `git_git_status`) to avoid collisions.
         risk: the risk level of the server's tools (default MEDIUM: an MCP server is third-party code).
         tool_risk: per-tool risk levels (or risk functions of the arguments), by the server's tool name.
