@@ -354,6 +354,22 @@ async def test_a_prompt_longer_than_the_context_window_is_a_model_error() -> Non
         await model.request(_request("y" * 600))
 
 
+async def test_a_llama_cpp_failure_is_a_model_error_and_the_cache_is_reset() -> None:
+    model, fake = _fake_model(["x"])
+    resets: list[bool] = []
+
+    def broken(prompt: list[int], **kwargs: Any) -> Iterator[dict[str, Any]]:
+        raise RuntimeError("llama_decode returned -3")
+
+    fake.create_completion = broken  # type: ignore[method-assign]
+    fake.reset = lambda: resets.append(True)  # type: ignore[attr-defined]
+    with pytest.raises(
+        ModelError, match=r"local: generation failed: llama.cpp failed: llama_decode returned -3"
+    ):
+        await model.request(_request())
+    assert resets == [True]
+
+
 async def test_native_tools_in_a_request_come_back_as_tool_calls() -> None:
     model, _ = _fake_model(
         ['<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>']

@@ -337,31 +337,41 @@ def _generate(runtime: _Runtime, job: _Job, provider: str) -> _Generation:
                 scope="generation",
             )
         result = _Generation(prompt_tokens=len(tokens))
-        pieces: list[str] = []
-        stream = llm.create_completion(
-            tokens,
-            max_tokens=job.max_tokens,
-            temperature=job.temperature,
-            stop=job.stop,
-            seed=job.seed,
-            stream=True,
-        )
         try:
-            for chunk in stream:
-                choice = chunk["choices"][0]
-                if choice["text"]:
-                    pieces.append(choice["text"])
-                    job.on_text(choice["text"])
-                if choice.get("finish_reason"):
-                    result.finish_reason = "length" if choice["finish_reason"] == "length" else "stop"
-                if job.cancel.is_set():
-                    break
-        finally:
-            stream.close()
-        result.text = "".join(pieces)
+            result.text, result.finish_reason = _complete(llm, tokens, job)
+        except (RuntimeError, ValueError, OSError) as exc:
+            llm.reset()  # the KV cache may be half-written: start the next prompt from scratch
+            raise ModelError(f"llama.cpp failed: {exc}", provider=provider, scope="generation") from exc
         end = 1 if result.finish_reason == "stop" else 0  # the stop token was generated too
         result.completion_tokens = len(llm.tokenize(result.text.encode("utf-8"), add_bos=False)) + end
         return result
+
+
+def _complete(llm: Any, tokens: list[int], job: _Job) -> tuple[str, FinishReason]:
+    """Stream one raw completion of `tokens`; stops early when `job.cancel` is set."""
+    pieces: list[str] = []
+    finish: FinishReason = "unknown"
+    stream = llm.create_completion(
+        tokens,
+        max_tokens=job.max_tokens,
+        temperature=job.temperature,
+        stop=job.stop,
+        seed=job.seed,
+        stream=True,
+    )
+    try:
+        for chunk in stream:
+            choice = chunk["choices"][0]
+            if choice["text"]:
+                pieces.append(choice["text"])
+                job.on_text(choice["text"])
+            if choice.get("finish_reason"):
+                finish = "length" if choice["finish_reason"] == "length" else "stop"
+            if job.cancel.is_set():
+                break
+    finally:
+        stream.close()
+    return "".join(pieces), finish
 
 
 # ================================================================================================ model
