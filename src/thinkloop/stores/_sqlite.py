@@ -11,6 +11,7 @@ thread waits for it (up to `busy_timeout`) so the event loop never blocks on ano
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import threading
@@ -41,6 +42,7 @@ from ._base import (
 T = TypeVar("T")
 
 SCHEMA_VERSION = 1
+WAL_CHECKPOINT_EVERY = 200  # writes between background WAL checkpoints
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS runs (
@@ -94,6 +96,7 @@ class SQLiteStore(Store):
         self._fast: sqlite3.Connection | None = None  # the caller's: never waits for a lock
         self._fast_lock = threading.Lock()
         self._fast_ok = str(self.path) != ":memory:"
+        self._writes = 0
 
     # ------------------------------------------------------------------------- connections, threads
 
@@ -104,6 +107,7 @@ class SQLiteStore(Store):
             try:
                 if self._fast is None:
                     self._fast = self._connect(timeout=0.0)
+                    self._fast.execute("PRAGMA wal_autocheckpoint = 0")  # done by the worker: see _written
                 return fn(self._fast, *args)
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
@@ -113,6 +117,18 @@ class SQLiteStore(Store):
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="thinkloop-sqlite")
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn, args)
+
+    def _written(self) -> None:
+        """Every `WAL_CHECKPOINT_EVERY` writes, copy the WAL into the database in the worker thread.
+
+        SQLite's automatic WAL checkpoint would run inside a commit — on the event loop, with an fsync —
+        so the inline connection turns it off and the worker does it in the background instead.
+        """
+        self._writes += 1
+        if self._writes % WAL_CHECKPOINT_EVERY == 0 and self._fast_ok:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="thinkloop-sqlite")
+            self._executor.submit(self._run, _wal_checkpoint, ())
 
     def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         if self._conn is None:
@@ -156,6 +172,7 @@ class SQLiteStore(Store):
         run_row = (run_id, state.to_json(), summary.model_dump_json(), summary.status, state.session, now)
         memory = [(state.session, role, content, now) for role, content in memory_turn(state, events)]
         await self._call(_checkpoint, run_id, expected, rows, run_row, memory)
+        self._written()
 
     async def load_state(self, run_id: str) -> RunState | None:
         row = await self._call(_one, "SELECT state FROM runs WHERE run_id = ?", (check_id(run_id),))
@@ -167,6 +184,7 @@ class SQLiteStore(Store):
             (run_id, e.seq, e.type, e.model_dump_json()) for e in numbered(run_id, events, expected_version)
         ]
         await self._call(_checkpoint, run_id, expected_version, rows, None, [])
+        self._written()
         return expected_version + len(rows)
 
     async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
@@ -261,6 +279,11 @@ def _all(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[An
 
 def _execute(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> None:
     conn.execute(sql, params)
+
+
+def _wal_checkpoint(conn: sqlite3.Connection) -> None:
+    with contextlib.suppress(sqlite3.Error):  # best effort: the next one, or any connection, catches up
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
