@@ -25,7 +25,7 @@ from ._tools import Tool, ToolRegistry
 from .mcp import MCPServer, registry_with_mcp
 from .models import Model, resolve_model
 from .stores._base import Store, check_id
-from .stores._memory import MemoryStore
+from .stores._memory import InProcessStore
 
 ModeSetting = Literal["auto", "native", "react"]
 
@@ -54,8 +54,9 @@ class Agent:
         guards: settings of the loop guards and checkpoint hints.
         safety: the gate every tool call passes (a `SafetyController`); None lets every call run.
         store: where runs are checkpointed (a `Store`); None keeps them in this process's memory
-            (a `MemoryStore` of at most 1,000 runs, forgetting the oldest finished ones), which is
-            enough for `resume()` and `session=` within the process.
+            (an `InProcessStore`: the live state of at most 1,000 runs, forgetting the oldest finished
+            ones, and the session memory; no event log), enough for `resume()` and `session=` within
+            the process.
         final_answer_on_stop: on a hard stop, make one last call for a best-effort answer.
         on_event: a callback receiving every event of every run.
         discovery: runtime tool discovery (`ToolDiscovery`): the model is shown only a few tools plus
@@ -112,7 +113,7 @@ class Agent:
         self.token_counter = token_counter
         self.summarizer = summarizer
         self.safety = safety
-        self.store: Checkpointer = MemoryStore(max_runs=1000) if store is None else store
+        self.store: Checkpointer = InProcessStore(max_runs=1000) if store is None else store
         self.final_answer_on_stop = final_answer_on_stop
         self.final_answer_prompt = final_answer_prompt
         self.price_table = price_table or PriceTable()

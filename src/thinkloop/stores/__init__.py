@@ -2,7 +2,8 @@
 
     SQLiteStore(path=None)   the embedded default: one file, several processes on one machine
     PostgresStore(dsn)       several processes or machines (the `postgres` extra)
-    MemoryStore()            this process only (tests; `Agent()` without a store)
+    MemoryStore()            this process only, with copies and the event log (tests)
+    InProcessStore()         the default of `Agent()`: live states and session memory, no event log
     FileStore(root)          JSON files in a directory
 
 `open_store(url)` builds one from a URL: `sqlite:///path/to.db`, `sqlite://` (the default file),
@@ -20,6 +21,7 @@ from ._base import RunSummary as RunSummary
 from ._base import Store as Store
 from ._base import check_id as check_id
 from ._file import FileStore as FileStore
+from ._memory import InProcessStore as InProcessStore
 from ._memory import MemoryStore as MemoryStore
 from ._postgres import PostgresStore as PostgresStore
 from ._sqlite import SQLiteStore as SQLiteStore
@@ -28,6 +30,7 @@ from ._sqlite import default_path as default_path
 __all__ = [
     "FileStore",
     "MemoryEntry",
+    "InProcessStore",
     "MemoryStore",
     "PostgresStore",
     "RunStatus",

@@ -103,3 +103,55 @@ class MemoryStore(Store):
         self._memory.setdefault(session, []).append(
             MemoryEntry(session=session, role=role, content=content, time=time.time())
         )
+
+
+class InProcessStore(MemoryStore):
+    """The default of `Agent(store=None)`: the live state of each run and the session memory.
+
+    Unlike `MemoryStore` it keeps no copies and no event log, so a checkpoint costs next to nothing;
+    `load_state()` returns a deep copy, so a resumed run never shares objects with the old one. Runs
+    survive only as long as the process: use `SQLiteStore` or `PostgresStore` to survive crashes.
+    """
+
+    url = "memory:in-process"
+
+    def __init__(self, max_runs: int | None = 1000) -> None:
+        super().__init__(max_runs)
+        self._live: dict[str, RunState] = {}
+
+    async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+        current = self._live.get(state.run_id)
+        if current is None:
+            check_id(state.run_id)
+        elif current is not state:  # a resumed copy: it must continue from the stored version
+            expected = base_version(state, events)
+            if current.event_version != expected:
+                raise ConcurrencyError(state.run_id, expected, current.event_version)
+        self._live[state.run_id] = state
+        for role, content in memory_turn(state, events):
+            self._remember(state.session or "", role, content)
+        if self.max_runs is not None and len(self._live) > self.max_runs and state.finished:
+            for run_id in [r for r, s in self._live.items() if s.finished][: len(self._live) - self.max_runs]:
+                del self._live[run_id]
+
+    async def load_state(self, run_id: str) -> RunState | None:
+        state = self._live.get(check_id(run_id))
+        return None if state is None else state.model_copy(deep=True)
+
+    async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
+        state = self._live.get(check_id(run_id))
+        actual = state.event_version if state is not None else 0
+        if actual != expected_version:
+            raise ConcurrencyError(run_id, expected_version, actual)
+        return expected_version + len(events)  # the in-process store keeps no event log
+
+    async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
+        return []
+
+    async def list_runs(
+        self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
+    ) -> list[RunSummary]:
+        rows = [RunSummary.from_state(s) for s in self._live.values()]
+        rows = [r for r in rows if (status is None or r.status == status) and (session is None or r.session == session)]
+        rows.sort(key=lambda r: r.updated_at, reverse=True)
+        return rows[:limit]
