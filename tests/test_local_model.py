@@ -162,6 +162,10 @@ def test_a_tagged_call_of_an_unknown_tool_or_broken_json_reaches_the_loop_to_be_
     assert [(c.name, c.arguments) for c in calls] == [("rm_rf", {"path": "/"})]
     _, calls = parse_tool_calls("<tool_call>calculator 2+2</tool_call>", ["calculator"])
     assert [(c.name, c.raw_arguments) for c in calls] == [("unknown", "calculator 2+2")]
+    assert parse_tool_calls("Done.\n<tool_call>\n</tool_call>", ["calculator"]) == (
+        "Done.\n<tool_call>\n</tool_call>",
+        [],
+    )
 
 
 # ============================================================================== configuration & errors

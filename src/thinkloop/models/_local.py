@@ -201,6 +201,8 @@ def parse_tool_calls(text: str, tool_names: Sequence[str]) -> tuple[str, list[To
         call = _react._bare_json_call(text, names, _call_id()) if names else None
         return (text, []) if call is None else ("", [call])
     calls = [c for c in (_block_call(b, names) for b in blocks) if c is not None]
+    if not calls:  # only empty <tool_call> blocks: keep the reply as it was written
+        return text, []
     return text[: text.find("<tool_call>")].strip(), calls
 
 
