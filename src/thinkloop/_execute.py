@@ -117,7 +117,7 @@ async def _prepare(
     risk = tool.risk_for(arguments)
     verdict = await run.gate.check(call, tool, risk, run)
     risk = verdict.risk or risk
-    run.emit(ToolCallEvent(step=run.state.step, call=call, risk=risk, decision=verdict.decision))
+    run.emit(lambda: ToolCallEvent(step=run.state.step, call=call, risk=risk, decision=verdict.decision))
     if not verdict.allowed:
         text = verdict.message or _denied_message(tool, verdict.reason)
         return ToolOutcome(call, text, False, error_kind="denied", risk=risk, decision=verdict.decision)

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel
 
 from . import _react
 from ._budget import Budget, PriceTable
@@ -110,12 +113,24 @@ class RunContext:
 
     # ------------------------------------------------------------------------------------- events
 
-    def emit(self, event: Event) -> None:
-        """Number the event, hand it to the sinks, and queue it for the next checkpoint."""
+    @functools.cached_property
+    def observed(self) -> bool:
+        """Whether anyone reads this run's events (a sink, or a store that keeps an event log)."""
+        return bool(self.sinks) or (self.store is not None and getattr(self.store, "keeps_events", True))
+
+    def emit(self, event: Event | Callable[[], Event]) -> None:
+        """Number the event, hand it to the sinks, and queue it for the next checkpoint.
+
+        Hot paths pass a factory (`lambda: Progress(...)`): it is only called when someone reads events.
+        """
         self.state.event_version += 1
+        if not isinstance(event, BaseModel):
+            if not self.observed:
+                return
+            event = event()
         event.run_id = self.state.run_id
         event.seq = self.state.event_version
-        if self.store is not None:
+        if self.observed and self.store is not None:
             self.pending.append(event)
         for sink in self.sinks:
             sink(event)
@@ -221,7 +236,7 @@ async def think(run: RunContext) -> Reply:
     state = run.state
     state.step += 1
     state.phase = "thinking"
-    run.emit(Progress(step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.model_copy()))
+    run.emit(lambda: Progress(step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.model_copy()))
     await run.context.prepare(state)  # a model-written summary of dropped steps, when configured
     request = build_request(run)
     response = await call_model(run, request)
@@ -407,7 +422,7 @@ def _record_reply(run: RunContext, reply: Reply) -> None:
     state = run.state
     state.messages.append(Message.assistant(reply.text, reply.calls, step=state.step))
     if reply.calls and reply.text.strip():
-        run.emit(Thought(step=state.step, text=reply.text.strip()))
+        run.emit(lambda: Thought(step=state.step, text=reply.text.strip()))
 
 
 def heal(run: RunContext, reply: Reply) -> bool:
@@ -466,7 +481,7 @@ async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
         if outcome.success and run.guards.is_repeat(state, outcome.call, outcome.output):
             text = f"{text}\n\n{run.guards.config.hint('repeat_note')}"
         state.messages.append(Message.tool(outcome.call, text, step=state.step))
-        run.emit(_result_event(state.step, outcome))
+        run.emit(functools.partial(_result_event, state.step, outcome))
     run.guards.observe(state, outcomes)
     malformed = all(o.error_kind in ("unknown_tool", "invalid_arguments") for o in outcomes)
     run.guards.note_heal(state, malformed=malformed)

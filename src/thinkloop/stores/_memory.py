@@ -114,25 +114,25 @@ class InProcessStore(MemoryStore):
     """
 
     url = "memory:in-process"
+    keeps_events = False  # runs without a listener skip building events altogether
 
     def __init__(self, max_runs: int | None = 1000) -> None:
         super().__init__(max_runs)
         self._live: dict[str, RunState] = {}
+        self._remembered: set[str] = set()
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
-        current = self._live.get(state.run_id)
-        if current is None:
+        if state.run_id not in self._live:
             check_id(state.run_id)
-        elif current is not state:  # a resumed copy: it must continue from the stored version
-            expected = base_version(state, events)
-            if current.event_version != expected:
-                raise ConcurrencyError(state.run_id, expected, current.event_version)
-        self._live[state.run_id] = state
-        for role, content in memory_turn(state, events):
-            self._remember(state.session or "", role, content)
+        self._live[state.run_id] = state  # a resumed copy replaces the old object (no version check here)
+        if state.session is not None and state.finished and state.answer and state.run_id not in self._remembered:
+            self._remembered.add(state.run_id)  # one turn per run, like the other stores' `done` check
+            self._remember(state.session, "user", state.goal)
+            self._remember(state.session, "assistant", state.answer)
         if self.max_runs is not None and len(self._live) > self.max_runs and state.finished:
             for run_id in [r for r, s in self._live.items() if s.finished][: len(self._live) - self.max_runs]:
                 del self._live[run_id]
+                self._remembered.discard(run_id)
 
     async def load_state(self, run_id: str) -> RunState | None:
         state = self._live.get(check_id(run_id))
