@@ -138,7 +138,7 @@ async def test_tool_exception_and_timeout_become_observations() -> None:
     model = ScriptedModel([call("boom"), call("slow"), "gave up"])
     result = await Agent(model, tools=[boom, slow]).run("try")
     outputs = [m.content for m in result.state.messages if m.role == "tool"]
-    assert outputs == ["Error: boom raised RuntimeError: disk on fire", "Error: slow timed out after 0.05 s and was abandoned."]
+    assert outputs == ["Error: boom raised RuntimeError: disk on fire", "Error: slow was abandoned: it timed out after 0.05 s."]
     assert result.output == "gave up"
 
 
@@ -307,3 +307,24 @@ async def test_tool_returning_objects_is_rendered_as_json() -> None:
     t = Tool("info", "Info.", None, lambda: {"cpu": 3, "ok": True})
     result = await Agent(ScriptedModel([call("info"), "fine"]), tools=[t]).run("info")
     assert next(m.content for m in result.state.messages if m.role == "tool") == '{"cpu": 3, "ok": true}'
+
+
+async def test_run_timeout_also_bounds_a_running_tool() -> None:
+    @tool
+    async def sleepy() -> str:
+        """Sleep a long time."""
+        await asyncio.sleep(30)
+        return "woke"
+
+    model = ScriptedModel([call("sleepy")])
+    result = await Agent(model, tools=[sleepy], budget=Budget(timeout=0.2)).run("nap")
+    assert result.stop_reason is StopReason.TIMEOUT
+    assert result.duration < 5
+    out = next(m.content for m in result.state.messages if m.role == "tool")
+    assert out == "Error: sleepy was abandoned: the run's time limit was reached."
+
+
+async def test_tool_output_with_broken_unicode_keeps_the_state_serialisable() -> None:
+    t = Tool("bad", "Bad text.", None, lambda: "half an emoji \ud83d", in_thread=False)
+    result = await Agent(ScriptedModel([call("bad"), "ok"]), tools=[t]).run("go")
+    assert RunState.from_json(result.state.to_json()) == result.state

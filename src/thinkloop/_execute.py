@@ -131,17 +131,15 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         LedgerEntry(call_id=call.id, name=call.name, arguments=call.arguments, step=run.state.step)
     )
     timeout = tool.timeout if tool.timeout is not None else run.config.tool_timeout
+    when, by_run = _deadline(run, timeout)
     started = time.perf_counter()
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout_at(when):
             value = await tool.invoke(prepared.arguments)
-        text, success, kind = render_output(value), True, None
+        text, success, kind = _valid_text(render_output(value)), True, None
     except TimeoutError:
-        text, success, kind = (
-            f"Error: {tool.name} timed out after {timeout:g} s and was abandoned.",
-            False,
-            "timeout",
-        )
+        why = "the run's time limit was reached" if by_run else f"it timed out after {timeout:g} s"
+        text, success, kind = f"Error: {tool.name} was abandoned: {why}.", False, "timeout"
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -152,6 +150,24 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     outcome = ToolOutcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
     await run.ledger_done(call.id, text, success, error_kind=kind)
     return outcome
+
+
+def _deadline(run: RunContext, timeout: float) -> tuple[float, bool]:
+    """When the call must end: its own timeout, or the run's deadline if that comes first."""
+    own = asyncio.get_running_loop().time() + timeout
+    run_deadline = run.deadline
+    if run_deadline is not None and run_deadline < own:
+        return run_deadline, True
+    return own, False
+
+
+def _valid_text(text: str) -> str:
+    """Tool output as valid UTF-8 (lone surrogates replaced), so the state always serialises."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def _failed(call: ToolCall, kind: ErrorKind, text: str) -> ToolOutcome:
