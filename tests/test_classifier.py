@@ -526,3 +526,10 @@ def test_deep_nesting_does_not_crash() -> None:
     for _ in range(30):
         command = f"echo $({command})"
     assert isinstance(classify_command(command), CommandRisk)
+
+
+def test_recursive_delete_in_the_working_directory_needs_approval_in_balanced_mode() -> None:
+    # irreversible: rated HIGH (asked in balanced mode); a single-file delete stays MEDIUM
+    assert classify_command("rm -rf ./build").level is RiskLevel.HIGH
+    assert classify_command("rm -r somedir").level is RiskLevel.HIGH
+    assert classify_command("rm notes.txt").level is RiskLevel.MEDIUM

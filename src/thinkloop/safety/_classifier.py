@@ -689,8 +689,8 @@ _DELETE_RULES: dict[str, tuple[RiskLevel, RiskLevel, str]] = {
     "dynamic": (HIGH, MEDIUM, "a path computed at runtime (it may expand to '/')"),
     "cwd": (HIGH, MEDIUM, "everything in the current or parent directory"),
     "tmp": (MEDIUM, MEDIUM, "temporary files"),
-    "relative": (MEDIUM, MEDIUM, "files in the working directory"),
-    "homefile": (MEDIUM, MEDIUM, "files in the home directory"),
+    "relative": (HIGH, MEDIUM, "files in the working directory"),  # a recursive delete cannot be undone
+    "homefile": (HIGH, MEDIUM, "files in the home directory"),
 }
 
 _WRITE_RULES: dict[str, tuple[RiskLevel, str]] = {
