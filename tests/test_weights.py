@@ -6,6 +6,7 @@ entry) stand in for the 1 GB of real parts, so these tests run everywhere.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import subprocess
@@ -91,6 +92,20 @@ def test_assemble_is_idempotent_and_does_not_need_the_parts_again(
     monkeypatch.setattr(_weights, "_hash_file", lambda *a: pytest.fail("the file was hashed again"))
     assert _weights.assemble("tiny") == first
     assert first.read_bytes() == WHOLE
+
+
+async def test_concurrent_first_uses_assemble_once(variant: Variant, monkeypatch: pytest.MonkeyPatch) -> None:
+    concatenations: list[Path] = []
+    real = _weights._concatenate
+
+    def counted(parts: list[_weights.Part], tmp: Path, v: Variant, progress: object) -> None:
+        concatenations.append(tmp)
+        real(parts, tmp, v, None)
+
+    monkeypatch.setattr(_weights, "_concatenate", counted)
+    paths = await asyncio.gather(*(asyncio.to_thread(_weights.assemble, "tiny") for _ in range(4)))
+    assert len(set(paths)) == 1 and paths[0].read_bytes() == WHOLE
+    assert len(concatenations) == 1
 
 
 def test_a_correct_file_without_marker_is_hashed_once_and_kept(

@@ -504,7 +504,7 @@ class LocalModel(Model):
         """Tokens of `messages` in the ChatML prompt, by the model's own tokenizer (once it is loaded)."""
         if self._runtime is None:
             return None
-        segments = render_chatml(messages)[:-2]  # without the open assistant turn
+        segments = render_chatml(messages, scratchpad=False)[:-2]  # without the open assistant turn
         return len(self._runtime.tokenize(segments))
 
 

@@ -22,6 +22,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -36,6 +37,9 @@ ProgressCallback = Callable[[str, int, int], None]
 """Called as `progress(stage, done_bytes, total_bytes)`; `stage` is `"assemble"` or `"verify"`."""
 
 _CHUNK = 8 * 1024 * 1024
+_ASSEMBLE_LOCK = (
+    threading.Lock()
+)  # one assembly at a time in a process (other processes use their own temp file)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +210,13 @@ def assemble(variant: str | None = None, progress: ProgressCallback | None = Non
     v = get_variant(variant)
     path = models_dir() / v.filename
     if _verified(path, v):
+        return path
+    with _ASSEMBLE_LOCK:
+        return _assemble(path, v, progress)
+
+
+def _assemble(path: Path, v: Variant, progress: ProgressCallback | None) -> Path:
+    if _verified(path, v):  # assembled by another thread meanwhile
         return path
     if path.is_file() and path.stat().st_size == v.size and _hash_file(path, progress) == v.sha256:
         _write_marker(path, v)  # the right file without its marker: hashed once, now marked
