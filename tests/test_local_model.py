@@ -294,9 +294,8 @@ async def test_stream_yields_text_deltas_then_the_response_with_usage() -> None:
     assert chunks[:-1] == [TextDelta(text=" I know"), TextDelta(text=" the final answer\nFinal Answer: 4")]
     final = chunks[-1]
     assert isinstance(final, ModelResponse)
-    assert (
-        final.text == " I know the final answer\nFinal Answer: 4"
-    )  # continues the prefill, never repeats it
+    # the text continues the prefill and never repeats it
+    assert final.text == " I know the final answer\nFinal Answer: 4"
     assert final.finish_reason == "stop" and final.model_name == "qwen2.5-coder-1.5b"
     segments = render_chatml([Message.user("hi")], prefill="Thought:")
     assert prompt_text(segments).endswith("<|im_start|>assistant\nThought:")
