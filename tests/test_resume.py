@@ -291,9 +291,7 @@ def test_runs_list_show_resume_replay_export(interrupted: tuple[str, Path]) -> N
     assert shown.exit_code == 0 and "unfinished (acting)" in shown.output
     assert "thinkloop runs resume cli-run" in shown.output
 
-    unknown = _cli("resume", "cli-run", "--store", url)  # the recorded model, test:script.json, cannot load
-    assert unknown.exit_code == 2 and "give one with --model" in unknown.output
-    resumed = _cli("resume", "cli-run", "--store", url, "--model", f"script:{script}")
+    resumed = _cli("resume", "cli-run", "--store", url)  # the recorded model, script:PATH, loads again
     assert resumed.exit_code == 0, resumed.output
     assert "(resumed)" in resumed.output and "It is 42." in resumed.output
 

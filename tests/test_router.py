@@ -444,8 +444,8 @@ def test_router_model_strings(tmp_path: Path) -> None:
     spec = f"router:script:{tmp_path / 'a.json'}, script:{tmp_path / 'b.json'}"
     router = resolve_model(spec)
     assert isinstance(router, RouterModel)
-    assert [m.spec for m in router.models] == [f"test:{name}" for name in ("a.json", "b.json")]
-    assert router.spec == "router:test:a.json,test:b.json"
+    assert [m.spec for m in router.models] == [f"script:{tmp_path / name}" for name in ("a.json", "b.json")]
+    assert router.spec == f"router:script:{tmp_path / 'a.json'},script:{tmp_path / 'b.json'}"
 
 
 async def test_agent_accepts_a_list_of_models() -> None:

@@ -198,4 +198,6 @@ def load_script(path: str | Path) -> ScriptedModel:
         raise ConfigurationError(f"script file {str(file)!r} is not valid JSON: {exc}") from None
     if not isinstance(data, list):
         raise ConfigurationError(f"script file {str(file)!r} must hold a JSON list of replies")
-    return ScriptedModel(data, by_turn=True, name=file.name)
+    model = ScriptedModel(data, by_turn=True, name=str(file.resolve()))
+    model.provider = "script"  # its spec, `script:/abs/path`, is recorded in the run and resolves again on resume
+    return model
