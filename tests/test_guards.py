@@ -418,3 +418,21 @@ async def test_a_run_resumed_after_a_crash_keeps_its_guard_counters() -> None:
     assert result.stop_reason is StopReason.DANGEROUS_LOOP and result.output == "391"
     assert result.tool_calls == 3  # the 3 calls made before the crash; both calls after it were blocked
     assert result.state.guards.signature_counts == {'calculator:{"expression":"17*23"}': 5}
+
+
+async def test_the_same_reasoning_repeated_with_varying_calls_is_a_loop() -> None:
+    """A small model going in circles: the same thought each step, arguments that keep changing."""
+
+    def reply(request: ModelRequest) -> object:
+        if is_final(request):
+            return "17 * 23 = 391"
+        expression = f"17*{23 + request.turn}"  # a different call each step: no repeated-call guard fires
+        thought = "The calculator may be wrong, so I will try the multiplication again."
+        return {"text": thought, "tool_calls": [{"name": "calculator", "args": {"expression": expression}}]}
+
+    events: list[Event] = []
+    result = await Agent(FunctionModel(reply), tools=[calculator]).run("What is 17 * 23?", on_event=events.append)
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP
+    assert result.steps == 4 and result.output == "17 * 23 = 391"
+    assert [e.reason for e in events if e.type == "hint"] == ["repeated_thought"]  # type: ignore[union-attr]
+    assert "same reasoning" in (result.error or "")

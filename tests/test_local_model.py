@@ -535,3 +535,23 @@ async def test_real_small_variant_loads_and_answers_plain_questions() -> None:
     result = await Agent(small).run("What is the capital of France? Answer with one word.")
     assert "Paris" in result.output
     assert result.usage.input_tokens > 0 and result.state.model == "local:qwen2.5-coder-0.5b"
+
+
+@real
+@needs_05b
+def test_real_guards_end_the_small_models_loop_with_the_answer_it_has(tmp_path: Path) -> None:
+    """Issue 3's real-model check: the 0.5B model calls the calculator right, then goes in circles;
+    the guards end the run after a few steps (not at max_steps) with the result it already had."""
+    import json
+    import subprocess
+    import sys
+
+    goal = "What is 17 * 23? Use the calculator."
+    cmd = [sys.executable, "-m", "thinkloop.cli", "run", goal, "--model", "local:0.5b", "--json", "--store", "memory:"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    result = events[-1]["result"]
+    calls = [e["call"]["arguments"] for e in events if e["type"] == "tool_call"]
+    assert calls and str(calls[0].get("expression", "")).replace(" ", "") == "17*23"  # the right first call
+    assert result["stop_reason"] != "max_steps" and result["steps"] <= 8, (result["stop_reason"], result["steps"])
+    assert "391" in result["output"], result["output"]

@@ -42,6 +42,11 @@ DEFAULT_HINTS: dict[str, str] = {
         "Checkpoint: many of your recent tool calls repeated earlier calls or failed. Stop and change your "
         "approach: use different arguments or a different tool, or answer with what you already know."
     ),
+    "repeated_thought": (
+        "Checkpoint: you have written the same reasoning {count} times in a row, so you are going in "
+        "circles. Look at the results you already have: if they answer the task, give the final answer now; "
+        "otherwise try something different."
+    ),
     "repeated_error": (
         "Checkpoint: your last {count} steps failed with the same error. Repeating the call will not help: "
         "read the error, then change the arguments or the tool, or answer with what you already know."
@@ -71,6 +76,7 @@ DEFAULT_HINTS: dict[str, str] = {
 _STOP_TEXTS = {
     "blocked": "The run was stopped because the model kept repeating tool calls that had already been made.",
     "errors": "The run was stopped because the model kept making calls that failed with the same error.",
+    "thoughts": "The run was stopped because the model kept repeating the same reasoning.",
 }
 
 
@@ -82,6 +88,9 @@ class GuardConfig:
         max_identical_calls: identical calls (same tool, same arguments) that run; the next is blocked.
         max_blocked_steps: steps in a row whose calls were all blocked before `dangerous_loop`.
         max_repeated_errors: steps in a row failing with the same error before `dangerous_loop`.
+        max_repeated_thoughts: steps in a row with the same reasoning text (and tool calls) before
+            `dangerous_loop` — a small model going in circles with varying arguments; one step earlier
+            it gets a hint.
         no_progress_threshold: `no_progress` after this + 2 steps without a useful result.
         checkpoint_hints: inject the checkpoint hints at rounds 4/8/12 of 16 (scaled to `max_steps`).
         max_heals: unreadable replies in a row that are corrected before the run stops with `error`.
@@ -96,6 +105,7 @@ class GuardConfig:
     max_identical_calls: int = 3
     max_blocked_steps: int = 2
     max_repeated_errors: int = 4
+    max_repeated_thoughts: int = 4
     no_progress_threshold: int = 3
     checkpoint_hints: bool = True
     max_heals: int = 3
@@ -215,6 +225,13 @@ class Guards:
             return bool(self.config.is_useful(outcome, g))
         return new
 
+    def note_thought(self, state: RunState, text: str) -> None:
+        """Remember the reasoning of a step that calls tools (whitespace and case ignored)."""
+        normal = " ".join(text.lower().split())
+        if len(normal) >= 12:
+            g = state.guards
+            g.recent_thoughts = [*g.recent_thoughts[-7:], _digest(normal)]
+
     def note_heal(self, state: RunState, malformed: bool) -> bool:
         """Count a reply that needed a correction (or reset on a good one); True when healing has failed."""
         g = state.guards
@@ -237,6 +254,9 @@ class Guards:
             return StopReason.DANGEROUS_LOOP
         if _streak(g.recent_errors) >= self.config.max_repeated_errors:
             state.metadata["guard_stop"] = "errors"
+            return StopReason.DANGEROUS_LOOP
+        if _streak(g.recent_thoughts) >= self.config.max_repeated_thoughts:
+            state.metadata["guard_stop"] = "thoughts"
             return StopReason.DANGEROUS_LOOP
         if g.steps_without_progress >= self.config.no_progress_threshold + 2:
             state.metadata["guard_stop"] = "no_progress"
@@ -262,6 +282,9 @@ class Guards:
         errors = _streak(g.recent_errors)
         if key is None and errors == 2:
             key = "repeated_error"
+        thoughts = _streak(g.recent_thoughts)
+        if key is None and thoughts == self.config.max_repeated_thoughts - 1:
+            key, errors = "repeated_thought", thoughts
         if key is None:
             return None
         g.hints_given.append(state.step)

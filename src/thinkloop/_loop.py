@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import json
 import re
 import time
 from collections.abc import Callable
@@ -248,15 +249,24 @@ async def think(run: RunContext) -> Reply:
 def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
     """The model request of this step: the context view, plus tools (native) or the ReAct format."""
     state, react = run.state, run.state.mode == "react"
+    if final:  # compact: the task, then the final prompt listing what the tools returned (see finish_forced)
+        system = run.system_for("native")
+        messages = [m for m in state.messages if m.kind in ("memory", "task") or m.kind == "final_prompt"]
+        return ModelRequest(
+            messages=[Message.system(system), *messages[-40:]],
+            settings=run.config.settings,
+            run_id=state.run_id,
+            turn=state.usage.requests,
+        )
     system = run.system_for(state.mode)
-    tools = [] if react or final else run.visible_definitions()
+    tools = [] if react else run.visible_definitions()
     messages = run.context.view(state, system=system, tools=tools)
     if react:
         messages = _react.render_transcript(messages)
     settings = run.config.settings
-    if react and not final:
+    if react:
         settings = settings.model_copy(update={"stop": [*settings.stop, *_react.STOP_SEQUENCES]})
-    prefill = "Thought:" if react and not final and run.model.capabilities.prefill else ""
+    prefill = "Thought:" if react and run.model.capabilities.prefill else ""
     return ModelRequest(
         messages=[Message.system(system), *messages],
         tools=tools,
@@ -422,7 +432,10 @@ def _record_reply(run: RunContext, reply: Reply) -> None:
     state = run.state
     state.messages.append(Message.assistant(reply.text, reply.calls, step=state.step))
     if reply.calls and reply.text.strip():
+        run.guards.note_thought(state, reply.text)
         run.emit(lambda: Thought(step=state.step, text=reply.text.strip()))
+    elif reply.calls:
+        state.guards.recent_thoughts.clear()  # a step without reasoning breaks a streak
 
 
 def heal(run: RunContext, reply: Reply) -> bool:
@@ -508,7 +521,7 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
     if not (reason.gets_final_answer_call and run.config.final_answer_on_stop):
         return await finish(run, reason, answer=_best_known(run), error=why)
     state = run.state
-    prompt = final_answer_prompt(run.config.final_answer_prompt, reason=why, goal=state.goal)
+    prompt = final_answer_prompt(run.config.final_answer_prompt, reason=why, goal=state.goal, facts=_known_facts(run))
     state.messages.append(Message.user(prompt, kind="final_prompt", step=state.step))
     try:
         request = build_request(run, final=True)
@@ -537,6 +550,27 @@ def _forced_answer(run: RunContext, response: ModelResponse) -> str:
     if response.tool_calls or not text or acting:
         return _best_known(run) or text
     return text
+
+
+def _known_facts(run: RunContext, limit: int = 12) -> list[str]:
+    """`name(arguments) -> result` of the distinct successful tool calls, the most relevant to the goal
+    last (nearest the restated task: small models lean on what they read last), ties by recency."""
+    facts: dict[str, tuple[int, str, float]] = {}
+    goal = _words(run.state.goal)
+    for order, entry in enumerate(run.state.ledger.values()):
+        if entry.status == "done" and entry.success and entry.output:
+            args = json.dumps(entry.arguments, ensure_ascii=False)
+            call = f"{entry.name}({args[:200]})"
+            words = _words(args)
+            relevance = len(words & goal) / len(words) if words else 0.0
+            facts[call] = (order, f"{call} -> {entry.output[:1000]}", relevance)
+    recent = sorted(facts.values())[-limit:]
+    return [text for _, text, _ in sorted(recent, key=lambda f: (f[2], f[0]))]
+
+
+def _words(text: str) -> set[str]:
+    """Lower-case words, numbers and operator signs (so `17*23` and `17 * 23` share all three)."""
+    return set(re.findall(r"[a-z]+|\d+(?:\.\d+)?|[-+*/^%=<>]", text.lower()))
 
 
 def _best_known(run: RunContext) -> str:

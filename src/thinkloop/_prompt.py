@@ -7,15 +7,16 @@ from collections.abc import Sequence
 DEFAULT_ROLE = "You are a capable assistant that completes the user's task, using tools when they help."
 
 DEFAULT_RULES: tuple[str, ...] = (
-    "Use a tool only when it helps; never invent tool results.",
+    "Use the tools to look up facts and to compute results instead of guessing; never invent tool results.",
     "When a tool fails, read the error and change the call instead of repeating it.",
     "When you know the answer, give it directly and stop.",
 )
 
 FINAL_ANSWER_PROMPT = (
-    "You must stop now: {reason} Do not call any tools. Using only what you have learned so far, give "
-    "your best final answer to the task: {goal}\nIf the task is not complete, say what was done and what is "
-    "missing."
+    "You must stop now: {reason} Do not call any tools.{facts}\n"
+    "The task: {goal}\n"
+    "Give your best final answer to this task from what you have learned. If the task is not complete, "
+    "say what was done and what is missing."
 )
 
 
@@ -40,5 +41,12 @@ def system_prompt(
     return "\n\n".join(layers)
 
 
-def final_answer_prompt(template: str | None, *, reason: str, goal: str) -> str:
-    return (template or FINAL_ANSWER_PROMPT).format(reason=reason, goal=goal)
+def final_answer_prompt(template: str | None, *, reason: str, goal: str, facts: Sequence[str] = ()) -> str:
+    """The request for a best-effort answer. `facts` (the tool calls that worked, with their results) are
+    listed before the task is restated, so even a small model sees which result answers which call; a
+    custom template without `{facts}` gets them appended."""
+    listing = "".join(f"\n- {f}" for f in facts)
+    listing = f"\nThe tool calls that worked, with their results:{listing}" if facts else ""
+    template = template or FINAL_ANSWER_PROMPT
+    text = template.format(reason=reason, goal=goal, facts=listing)
+    return text if "{facts}" in template else text + listing

@@ -20,19 +20,19 @@ from ._messages import Message, ToolCall, ToolDefinition
 OBSERVATION = "Observation:"
 STOP_SEQUENCES = ["\nObservation:", "Observation:"]
 
-_FORMAT = """To use a tool, reply in exactly this format:
-
-Thought: what you think and why you need the tool
-Action: the tool name, one of [{names}]
-Action Input: the arguments as a JSON object
-
-Then stop and wait: the result comes back as "Observation: ...". You may repeat Thought/Action/Action \
-Input/Observation as needed. When you know the answer, reply:
-
-Thought: I know the final answer
-Final Answer: the answer to the task
-
-Use one Action per reply. Never write an Observation yourself."""
+_FORMAT = """Use the tools to find facts and to compute results; never guess a value a tool can give you.
+To call a tool, write these three lines, then stop:
+Thought: <what is still needed and which tool gives it>
+Action: <the tool name, one of: {names}>
+Action Input: <a JSON object with the tool's arguments>
+The tool's result comes back to you as "Observation: <result>".
+When the observations answer every part of the task, write:
+Thought: <how the observations answer the task>
+Final Answer: <the complete answer>
+Write one Action per reply. Never write an Observation yourself."""
+# Measured on the embedded 1.5B model (10 tool tasks): this wording 7/10; an earlier one whose example
+# line read "Thought: I know the final answer" 6/10 — small models copied that line verbatim and answered
+# before calling any tool (the 0.5B model 0/10 with it, 1/10 with this one).
 
 
 def tools_prompt(tools: list[ToolDefinition]) -> str:
@@ -96,9 +96,28 @@ def parse_react(text: str, tool_names: list[str], *, call_id: str) -> ReactStep:
     bare = _bare_json_call(text, tool_names, call_id)
     if bare is not None:
         return ReactStep(thought="", call=bare)
-    if _THOUGHT_RE.search(text) and not text[_THOUGHT_RE.search(text).end() :].strip():  # type: ignore[union-attr]
+    body = _strip_label(text, _THOUGHT_RE)
+    if not body:
         return ReactStep(error="The reply had an empty Thought and no Action or Final Answer.")
-    return ReactStep(thought="", final=_strip_label(text, _THOUGHT_RE))
+    intended = _intended_tool(body, tool_names)
+    if intended is not None:
+        return ReactStep(
+            thought=body,
+            error=f"You said you would use {intended} but did not call it. Write 'Action: {intended}' and "
+            "'Action Input: {...}' on their own lines, or 'Final Answer: ...' if you already know the answer.",
+        )
+    return ReactStep(thought="", final=body)
+
+
+_INTENT = r"\b(?:use|using|call|calling|invoke|run|query|check)\b[^.\n]{{0,40}}?`?\b{name}\b"
+
+
+def _intended_tool(text: str, tool_names: list[str]) -> str | None:
+    """A tool the reply says it will use without calling it ("I need to use the order_status tool")."""
+    for name in tool_names:
+        if re.search(_INTENT.format(name=re.escape(name)), text, re.IGNORECASE):
+            return name
+    return None
 
 
 def _cut_invented_observation(text: str) -> str:

@@ -81,6 +81,7 @@ class GuardState(_Model):
     steps_without_progress: int = 0
     hints_given: list[int] = Field(default_factory=list)
     seen_results: list[str] = Field(default_factory=list)
+    recent_thoughts: list[str] = Field(default_factory=list)
 
 
 LedgerStatus = Literal["planned", "started", "done"]
