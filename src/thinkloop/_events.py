@@ -190,6 +190,7 @@ Event = Annotated[
     Field(discriminator="type"),
 ]
 
+
 @functools.cache
 def event_adapter() -> TypeAdapter[Event]:
     """The pydantic adapter of the `Event` union (built on first use, to keep `import thinkloop` fast)."""

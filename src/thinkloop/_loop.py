@@ -237,7 +237,11 @@ async def think(run: RunContext) -> Reply:
     state = run.state
     state.step += 1
     state.phase = "thinking"
-    run.emit(lambda: Progress(step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.model_copy()))
+    run.emit(
+        lambda: Progress(
+            step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.model_copy()
+        )
+    )
     await run.context.prepare(state)  # a model-written summary of dropped steps, when configured
     request = build_request(run)
     response = await call_model(run, request)
@@ -521,7 +525,9 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
     if not (reason.gets_final_answer_call and run.config.final_answer_on_stop):
         return await finish(run, reason, answer=_best_known(run), error=why)
     state = run.state
-    prompt = final_answer_prompt(run.config.final_answer_prompt, reason=why, goal=state.goal, facts=_known_facts(run))
+    prompt = final_answer_prompt(
+        run.config.final_answer_prompt, reason=why, goal=state.goal, facts=_known_facts(run)
+    )
     state.messages.append(Message.user(prompt, kind="final_prompt", step=state.step))
     try:
         request = build_request(run, final=True)

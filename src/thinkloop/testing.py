@@ -199,5 +199,7 @@ def load_script(path: str | Path) -> ScriptedModel:
     if not isinstance(data, list):
         raise ConfigurationError(f"script file {str(file)!r} must hold a JSON list of replies")
     model = ScriptedModel(data, by_turn=True, name=str(file.resolve()))
-    model.provider = "script"  # its spec, `script:/abs/path`, is recorded in the run and resolves again on resume
+    model.provider = (
+        "script"  # its spec, `script:/abs/path`, is recorded in the run and resolves again on resume
+    )
     return model

@@ -29,7 +29,11 @@ if TYPE_CHECKING:
     from ._openai import OpenAIModel as OpenAIModel
     from ._router import RouterModel as RouterModel
 
-_LAZY = {"OpenAIModel": "._openai", "RouterModel": "._router", "LocalModel": "._local"}  # imported on first use, so `import thinkloop` stays fast
+_LAZY = {
+    "OpenAIModel": "._openai",
+    "RouterModel": "._router",
+    "LocalModel": "._local",
+}  # imported on first use, so `import thinkloop` stays fast
 
 
 def __getattr__(name: str) -> Any:

@@ -344,7 +344,9 @@ def _ask_at_terminal(
         else:
             out.print(f"  arguments: {escape(json.dumps(request.arguments, ensure_ascii=False)[:2000])}")
         out.print(f"  why: {escape(request.reason)}")
-        out.print(escape("Run it? [y]es / [a]lways in this run / [N]o (n <message> tells the model why) "), end="")
+        out.print(
+            escape("Run it? [y]es / [a]lways in this run / [N]o (n <message> tells the model why) "), end=""
+        )
         try:
             line = stream.readline()
         except (OSError, ValueError):

@@ -125,7 +125,12 @@ class InProcessStore(MemoryStore):
         if state.run_id not in self._live:
             check_id(state.run_id)
         self._live[state.run_id] = state  # a resumed copy replaces the old object (no version check here)
-        if state.session is not None and state.finished and state.answer and state.run_id not in self._remembered:
+        if (
+            state.session is not None
+            and state.finished
+            and state.answer
+            and state.run_id not in self._remembered
+        ):
             self._remembered.add(state.run_id)  # one turn per run, like the other stores' `done` check
             self._remember(state.session, "user", state.goal)
             self._remember(state.session, "assistant", state.answer)
@@ -152,6 +157,10 @@ class InProcessStore(MemoryStore):
         self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
     ) -> list[RunSummary]:
         rows = [RunSummary.from_state(s) for s in self._live.values()]
-        rows = [r for r in rows if (status is None or r.status == status) and (session is None or r.session == session)]
+        rows = [
+            r
+            for r in rows
+            if (status is None or r.status == status) and (session is None or r.session == session)
+        ]
         rows.sort(key=lambda r: r.updated_at, reverse=True)
         return rows[:limit]

@@ -54,7 +54,9 @@ def evaluate(expression: str) -> int | float:
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:
-        raise CalculatorError(f"cannot parse {expression!r}: use numbers, + - * / ** ( ) and functions like sqrt(x)") from None
+        raise CalculatorError(
+            f"cannot parse {expression!r}: use numbers, + - * / ** ( ) and functions like sqrt(x)"
+        ) from None
     try:
         value = _eval(tree.body)
     except ZeroDivisionError:
@@ -71,7 +73,11 @@ def evaluate(expression: str) -> int | float:
 
 
 def _eval(node: ast.expr) -> Any:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
         return node.value
     if isinstance(node, ast.Name) and node.id in _CONSTANTS:
         return _CONSTANTS[node.id]
