@@ -248,7 +248,7 @@ async def test_react_run_discovers_tools_into_the_system_prompt() -> None:
     assert "get_weather_forecast" not in prompts[0] and "create_invoice" not in prompts[0]
     assert "- get_weather_forecast:" in prompts[1] and "convert_currency" not in prompts[1]
     assert "- convert_currency:" in prompts[2]
-    assert "one of [calculator, discover_tools, get_weather_forecast" in prompts[2]
+    assert "one of: calculator, discover_tools, get_weather_forecast" in prompts[2]
     tool_outputs = [m.content for m in result.state.messages if m.role == "tool"]
     assert tool_outputs[2:] == ["Paris: 18°C, light rain, for 1 day(s)", "100.0 USD = 92.00 EUR"]
 

@@ -328,3 +328,13 @@ async def test_tool_output_with_broken_unicode_keeps_the_state_serialisable() ->
     t = Tool("bad", "Bad text.", None, lambda: "half an emoji \ud83d", in_thread=False)
     result = await Agent(ScriptedModel([call("bad"), "ok"]), tools=[t]).run("go")
     assert RunState.from_json(result.state.to_json()) == result.state
+
+
+def test_context_limit_leaves_room_for_the_reply_in_the_models_window() -> None:
+    from thinkloop.models import ModelCapabilities
+
+    small = ScriptedModel(["x"])
+    small.capabilities = ModelCapabilities(context_window=8192)
+    assert Agent(small)._context_limit() == 8192 - 2048  # a quarter of the window for the reply
+    assert Agent(small, max_context_tokens=4000)._context_limit() == 4000
+    assert Agent(ScriptedModel(["x"]))._context_limit() == 8000  # no declared window: the setting

@@ -46,7 +46,9 @@ class Agent:
         settings: sampling settings (temperature 0.3, max output tokens 4096 by default).
         environment, rules: more layers of the system prompt.
         tool_timeout, output_max_length: defaults for tools that do not set their own.
-        max_context_tokens: the context window to keep the history within (≤ 0 means 8,000).
+        max_context_tokens: the context window to keep the history within (≤ 0 means 8,000); never
+            more than the model's own window minus room for the reply (a quarter of it, at most
+            `settings.max_output_tokens`).
         token_counter: how the context manager counts tokens: a `TokenCounter` or a function
             `(messages) -> int`; by default the model's own tokenizer, else the estimate chars/3 + 1.
         summarizer: an async `(messages, previous_summary) -> str` that summarises the steps dropped
@@ -311,7 +313,7 @@ class Agent:
             config=config,
             guards=Guards(self.guard_config),
             context=ContextManager(
-                self.max_context_tokens,
+                self._context_limit(),
                 counter=as_counter(self.token_counter, self.model),
                 summarizer=self.summarizer,
             ),
@@ -321,6 +323,14 @@ class Agent:
             sinks=all_sinks,
             elapsed_before=state.elapsed,
         )
+
+    def _context_limit(self) -> int:
+        """`max_context_tokens`, capped so that the prompt leaves room for the reply in the model's window."""
+        window = self.model.capabilities.context_window
+        if window is None:
+            return self.max_context_tokens
+        reply_room = min(self.settings.max_output_tokens, window // 4)
+        return max(min(self.max_context_tokens, window - reply_room), 256)
 
     async def _drive(self, run: RunContext, *, resumed: bool = False) -> RunResult:
         state = run.state

@@ -138,7 +138,8 @@ class RunContext:
 
     async def checkpoint(self) -> None:
         """Save the state with the events emitted since the last checkpoint, in one transaction."""
-        self.state.elapsed = self.elapsed
+        if not self.state.finished:  # a finished run's time was fixed by `finish` (and its `done` event)
+            self.state.elapsed = self.elapsed
         if self.store is not None:
             events, self.pending = self.pending, []
             await self.store.checkpoint(self.state, events)
