@@ -70,8 +70,20 @@ class PriceTable:
     """Prices by model name; a name matches its longest known prefix (`gpt-4o-mini-2024…` → `gpt-4o-mini`)."""
 
     prices: dict[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
+    _found: dict[str, tuple[int, Price | None]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def price(self, model_name: str) -> Price | None:
+        """The price of a model (looked up once per name while the table keeps its size)."""
+        found = self._found.get(model_name)
+        if found is None or found[0] != len(self.prices):
+            if len(self._found) > 1024:
+                self._found.clear()
+            found = self._found[model_name] = (len(self.prices), self._lookup(model_name))
+        return found[1]
+
+    def _lookup(self, model_name: str) -> Price | None:
         name = model_name.split(":", 1)[-1]
         best: str | None = None
         for known in self.prices:

@@ -344,15 +344,10 @@ def _account(run: RunContext, request: ModelRequest, response: ModelResponse) ->
     from .models._base import estimated_usage
 
     usage = response.usage if response.usage.requests else estimated_usage(request, response)
-    if usage.cost == 0.0:
-        usage = usage.model_copy(
-            update={
-                "cost": run.config.price_table.cost(
-                    response.model_name or run.model.name, usage.input_tokens, usage.output_tokens
-                )
-            }
-        )
     run.state.usage.add(usage)
+    if usage.cost == 0.0:  # priced here: the provider did not say what it cost
+        name = response.model_name or run.model.name
+        run.state.usage.cost += run.config.price_table.cost(name, usage.input_tokens, usage.output_tokens)
     if not usage.estimated:
         run.context.record_usage(usage.input_tokens)
 
@@ -412,6 +407,15 @@ def switch_mode(run: RunContext, mode: Mode, reason: str) -> None:
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
+def _plain(arguments: dict[str, Any]) -> bool:
+    """True when no string in `arguments` (one level deep) can hold a surrogate; nested values are checked."""
+    return all(
+        (isinstance(k, str) and k.isascii())
+        and (isinstance(v, int | float | bool) or (isinstance(v, str) and v.isascii()))
+        for k, v in arguments.items()
+    )
+
+
 def _valid_unicode(value: Any) -> Any:
     """`value` with lone surrogates (from truncated JSON escapes) replaced: the state must stay UTF-8."""
     if isinstance(value, str):
@@ -425,6 +429,8 @@ def _valid_unicode(value: Any) -> Any:
 
 def _valid_unicode_reply(reply: Reply) -> Reply:
     reply.text = _valid_unicode(reply.text)
+    if all(c.raw_arguments is None and _plain(c.arguments) for c in reply.calls):
+        return reply  # the common case: nothing that can hold a lone surrogate
     for i, call in enumerate(reply.calls):
         fields = {"name": call.name, "arguments": call.arguments, "raw_arguments": call.raw_arguments}
         clean = _valid_unicode(fields)
