@@ -69,16 +69,11 @@ class Message(_Model):
     def assistant(
         cls, content: str = "", tool_calls: list[ToolCall] | None = None, *, step: int | None = None
     ) -> Message:
-        # the loop's hot path: the fields are typed already, so no validation (`model_construct`)
-        return cls.model_construct(
-            role="assistant", content=content, tool_calls=list(tool_calls or []), step=step
-        )
+        return cls(role="assistant", content=content, tool_calls=tool_calls or [], step=step)
 
     @classmethod
     def tool(cls, call: ToolCall, content: str, *, step: int | None = None) -> Message:
-        return cls.model_construct(
-            role="tool", content=content, tool_call_id=call.id, name=call.name, step=step
-        )
+        return cls(role="tool", content=content, tool_call_id=call.id, name=call.name, step=step)
 
 
 class Usage(_Model):
