@@ -242,6 +242,3 @@ class RunResult(BaseModel):
             error=state.error,
             state=state,
         )
-
-
-Done.model_rebuild()
