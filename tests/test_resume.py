@@ -133,8 +133,23 @@ async def test_a_started_idempotent_call_is_run_again() -> None:
 
 
 async def test_a_planned_call_runs_normally_on_resume() -> None:
-    # the reply was saved (planned in the ledger) but no tool had started
-    result, effects, _ = await crash_then_resume(ledger("call_1_0", "planned"), after=True)
+    # the process dies while a person is being asked about send(): the reply was saved (planned in the
+    # ledger) before the wait, no tool had started; on resume the person is asked again and it runs
+    from thinkloop.safety import ApprovalDecision, SafetyController, SafetyPolicy, ToolRule
+
+    def dies(request: Any) -> ApprovalDecision:
+        raise Crash
+
+    policy = SafetyPolicy(tools={"send": ToolRule(ask="always")})
+    store, effects = MemoryStore(), Effects()
+    with pytest.raises(Crash):
+        await agent_for(store, effects, safety=SafetyController(policy, approval=dies)).run("go", run_id="r")
+    saved = await store.load_state("r")
+    assert saved is not None and saved.ledger["call_1_0"].status == "planned"
+    assert effects.runs == ["fetch:k1"]
+
+    approve = SafetyController(policy, approval=lambda request: ApprovalDecision.approve())
+    result = await agent_for(store, effects, safety=approve).resume("r")
     assert effects.runs == ["fetch:k1", "send:bob", "fetch:k2"]
     assert observation(result, "call_1_0") == "sent to bob"
     assert result.state.tool_calls == 3
@@ -197,7 +212,7 @@ def test_resume_sync_and_the_default_in_memory_store() -> None:
     effects = Effects()
     agent = Agent(ScriptedModel(SCRIPT, by_turn=True), tools=effects.tools)  # no store: a MemoryStore
     assert isinstance(agent.store, MemoryStore)
-    agent.store = crashing(MemoryStore, ledger("call_1_0", "planned"), after=True)()
+    agent.store = crashing(MemoryStore, ledger("call_1_0", "started"), after=True)()
     with pytest.raises(Crash):
         agent.run_sync("go", run_id="r")
     assert agent.resume_sync("r").output == "all done"

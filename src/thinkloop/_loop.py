@@ -468,8 +468,7 @@ async def act(run: RunContext, calls: list[ToolCall]) -> list[ToolOutcome]:
     state = run.state
     state.phase = "acting"
     blocked = run.guards.screen(state, calls)
-    plan_calls(run, calls, blocked)
-    await run.checkpoint()  # the reply and its screening are saved before any tool runs
+    plan_calls(run, calls, blocked)  # saved with the first tool's start, or before an approval wait
     runnable = [c for c in calls if c.id not in blocked]
     executed = {o.call.id: o for o in await execute_calls(run, runnable)} if runnable else {}
     outcomes = []

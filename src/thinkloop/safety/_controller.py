@@ -168,6 +168,7 @@ class SafetyController:
             command=evaluation.command,
         )
         run.emit(ApprovalRequested(step=run.state.step, call=call, risk=evaluation.risk, reason=reason))
+        await run.checkpoint()  # the reply (its calls planned) and the request are saved before waiting
         answer = await self._answer(request)
         if answer.decision == "approved_always" and key not in run.state.approved_tools:
             run.state.approved_tools.append(key)
