@@ -555,3 +555,12 @@ def test_real_guards_end_the_small_models_loop_with_the_answer_it_has(tmp_path: 
     assert calls and str(calls[0].get("expression", "")).replace(" ", "") == "17*23"  # the right first call
     assert result["stop_reason"] != "max_steps" and result["steps"] <= 8, (result["stop_reason"], result["steps"])
     assert "391" in result["output"], result["output"]
+
+
+async def test_a_reply_is_capped_at_the_models_max_output_tokens() -> None:
+    model, fake = _fake_model(["ok"])
+    model.max_output_tokens = 64
+    await model.request(_request("hi"))  # the request asks for up to 4,096 tokens
+    assert fake.calls[-1]["max_tokens"] == 64
+    with pytest.raises(ConfigurationError, match="max_output_tokens must be at least 16"):
+        LocalModel(max_output_tokens=0)

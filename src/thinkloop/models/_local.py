@@ -47,6 +47,9 @@ from . import _weights
 from ._base import Model, ModelCapabilities
 
 DEFAULT_N_CTX = 8192
+# A cap on one reply: on 2 CPU cores a small model stuck repeating itself would otherwise generate the
+# request's whole 4,096 tokens (about 5 minutes) before the loop's guards can act.
+DEFAULT_MAX_OUTPUT_TOKENS = 1024
 DEFAULT_SEED = 0
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -390,6 +393,9 @@ class LocalModel(Model):
         n_ctx: the context window in tokens (prompt + reply), 8192 by default.
         n_threads: CPU threads for llama.cpp; all cores by default.
         seed: the sampling seed, fixed so that the same prompt gives the same reply.
+        max_output_tokens: the most tokens one reply may have (1,024 by default; the request's own
+            `max_output_tokens` applies when smaller), so a reply stuck repeating itself ends in about a
+            minute on 2 cores instead of five.
 
     Loading happens on the first request (or `await model.load()`): the weights are assembled from
     their installed part packages if needed (never downloaded), then loaded once per process.
@@ -405,7 +411,10 @@ class LocalModel(Model):
         n_ctx: int = DEFAULT_N_CTX,
         n_threads: int | None = None,
         seed: int = DEFAULT_SEED,
+        max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
     ) -> None:
+        if max_output_tokens < 16:
+            raise ConfigurationError(f"max_output_tokens must be at least 16, not {max_output_tokens}")
         if n_ctx < 512:
             raise ConfigurationError(f"n_ctx must be at least 512 tokens, not {n_ctx}")
         self.variant = _weights.get_variant(variant)
@@ -414,6 +423,7 @@ class LocalModel(Model):
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
         self.seed = seed
+        self.max_output_tokens = max_output_tokens
         self.capabilities = ModelCapabilities(
             tools=False, streaming=True, parallel_tool_calls=False, prefill=True, context_window=n_ctx
         )
@@ -467,7 +477,7 @@ class LocalModel(Model):
         job = _Job(
             segments=render_chatml(request.messages, request.tools, request.prefill),
             stop=[*request.settings.stop, *STOP_TOKENS],
-            max_tokens=request.settings.max_output_tokens,
+            max_tokens=min(request.settings.max_output_tokens, self.max_output_tokens),
             temperature=request.settings.temperature,
             seed=self.seed,
             on_text=lambda text: loop.call_soon_threadsafe(queue.put_nowait, text),
