@@ -338,3 +338,43 @@ def test_context_limit_leaves_room_for_the_reply_in_the_models_window() -> None:
     assert Agent(small)._context_limit() == 8192 - 2048  # a quarter of the window for the reply
     assert Agent(small, max_context_tokens=4000)._context_limit() == 4000
     assert Agent(ScriptedModel(["x"]))._context_limit() == 8000  # no declared window: the setting
+
+
+async def test_transient_model_failures_are_retried_with_the_providers_delay() -> None:
+    from thinkloop import ModelRetryableError
+
+    failures = iter([ModelRetryableError("HTTP 429", provider="acme", retry_after=0.01), None])
+
+    def flaky(request: ModelRequest) -> object:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return "fine"
+
+    events: list[Event] = []
+    result = await Agent(FunctionModel(flaky)).run("hi", on_event=events.append)
+    assert result.output == "fine"
+    attempts = [e for e in events if e.type == "model_attempt"]
+    assert [(a.attempt, a.next_action, a.delay) for a in attempts] == [(1, "retry", 0.01)]  # type: ignore[union-attr]
+
+
+async def test_retries_are_bounded_and_permanent_errors_are_not_retried() -> None:
+    from thinkloop import ModelRetryableError
+
+    calls: list[int] = []
+
+    def down(request: ModelRequest) -> object:
+        calls.append(request.turn)
+        raise ModelRetryableError("HTTP 503", provider="acme", retry_after=0.001)
+
+    result = await Agent(FunctionModel(down), model_retries=2).run("hi")
+    assert result.stop_reason is StopReason.ERROR and len(calls) == 3 and "HTTP 503" in (result.error or "")
+
+    calls.clear()
+
+    def bad(request: ModelRequest) -> object:
+        calls.append(request.turn)
+        raise ModelError("HTTP 400", provider="acme")
+
+    result = await Agent(FunctionModel(bad)).run("hi")
+    assert result.stop_reason is StopReason.ERROR and len(calls) == 1

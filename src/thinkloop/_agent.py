@@ -59,6 +59,9 @@ class Agent:
             (an `InProcessStore`: the live state of at most 1,000 runs, forgetting the oldest finished
             ones, and the session memory; no event log), enough for `resume()` and `session=` within
             the process.
+        model_retries: how often a transient model failure (429, 5xx, timeout, lost connection) is
+            retried with exponential backoff or the provider's Retry-After (2; a `RouterModel` retries
+            itself instead).
         final_answer_on_stop: on a hard stop, make one last call for a best-effort answer.
         on_event: a callback receiving every event of every run.
         discovery: runtime tool discovery (`ToolDiscovery`): the model is shown only a few tools plus
@@ -90,6 +93,7 @@ class Agent:
         final_answer_on_stop: bool = True,
         final_answer_prompt: str | None = None,
         price_table: PriceTable | None = None,
+        model_retries: int = 2,
         on_event: EventSink | None = None,
         discovery: ToolDiscovery | None = None,
         mcp_servers: Sequence[MCPServer] = (),
@@ -119,6 +123,9 @@ class Agent:
         self.final_answer_on_stop = final_answer_on_stop
         self.final_answer_prompt = final_answer_prompt
         self.price_table = price_table or PriceTable()
+        if model_retries < 0:
+            raise ConfigurationError(f"model_retries must be 0 or more, not {model_retries}")
+        self.model_retries = model_retries
         self.on_event = on_event
         self.discovery = discovery
         if discovery is not None:
@@ -302,6 +309,7 @@ class Agent:
             final_answer_prompt=self.final_answer_prompt,
             stream=stream,
             price_table=self.price_table,
+            model_retries=self.model_retries,
         )
         state.budget = dataclasses.asdict(config.budget)
         all_sinks = [s for s in (self.on_event, *sinks) if s is not None]

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from . import _react
 from ._budget import Budget, PriceTable
 from ._context import ContextManager
-from ._errors import ModelError, RunError
+from ._errors import ModelError, ModelRetryableError, RunError
 from ._events import (
     AnswerDelta,
     Done,
@@ -28,6 +28,7 @@ from ._events import (
     Event,
     Hint,
     ModeSwitched,
+    ModelAttempt,
     Progress,
     RunResult,
     Thought,
@@ -79,6 +80,8 @@ class LoopConfig:
     final_answer_prompt: str | None = None
     stream: bool = False
     price_table: PriceTable = field(default_factory=PriceTable)
+    model_retries: int = 2
+    retry_backoff: float = 1.0
 
 
 @dataclass
@@ -285,10 +288,7 @@ def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
 async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
     """Call the model (streaming when asked), under the run's deadline; account its usage."""
     async with asyncio.timeout_at(run.deadline):
-        if run.config.stream and run.model.capabilities.streaming:
-            response = await _stream_model(run, request)
-        else:
-            response = await run.model.request(request)
+        response = await _call_with_retries(run, request)
     if (
         request.prefill
         and response.text
@@ -299,10 +299,37 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
     return response
 
 
-async def _stream_model(run: RunContext, request: ModelRequest) -> ModelResponse:
+async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelResponse:
+    """One model call; a transient failure (429, 5xx, timeout, lost connection) is retried with
+    exponential backoff (or the provider's Retry-After), unless the model is a router (it retries itself)
+    or a streamed answer had already started."""
+    attempt = 0
+    while True:
+        streamer = _AnswerStreamer(run, react=run.state.mode == "react")
+        try:
+            if run.config.stream and run.model.capabilities.streaming:
+                return await _stream_model(run, request, streamer)
+            return await run.model.request(request)
+        except ModelRetryableError as exc:
+            attempt += 1
+            if attempt > run.config.model_retries or streamer.started or _retries_itself(run.model):
+                raise
+            delay = min(exc.retry_after or run.config.retry_backoff * 2 ** (attempt - 1), 30.0)
+            run.emit(
+                ModelAttempt(
+                    model=run.model.spec, attempt=attempt, error=str(exc), next_action="retry", delay=delay
+                )
+            )
+            await asyncio.sleep(delay)
+
+
+def _retries_itself(model: Model) -> bool:
+    return type(model).__name__ == "RouterModel"
+
+
+async def _stream_model(run: RunContext, request: ModelRequest, answer: _AnswerStreamer) -> ModelResponse:
     """Stream a reply; text is forwarded as `answer_delta` while it can still be the final answer."""
     final: ModelResponse | None = None
-    answer = _AnswerStreamer(run, react=run.state.mode == "react")
     async for chunk in run.model.stream(request):
         if isinstance(chunk, TextDelta):
             answer.feed(chunk.text)
@@ -322,6 +349,11 @@ class _AnswerStreamer:
 
     def __init__(self, run: RunContext, *, react: bool) -> None:
         self.run, self.react, self.buffer, self.sent, self.tool_call_seen = run, react, "", 0, False
+
+    @property
+    def started(self) -> bool:
+        """Whether any answer text was sent (a failure after that cannot be retried unseen)."""
+        return bool(self.buffer) and (not self.react or self.sent > 0)
 
     def feed(self, text: str) -> None:
         self.buffer += text
