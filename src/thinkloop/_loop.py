@@ -324,7 +324,9 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
 
 
 def _retries_itself(model: Model) -> bool:
-    return type(model).__name__ == "RouterModel"
+    from .models._router import RouterModel  # imported here: routers are optional and load lazily
+
+    return isinstance(model, RouterModel)
 
 
 async def _stream_model(run: RunContext, request: ModelRequest, answer: _AnswerStreamer) -> ModelResponse:
