@@ -206,6 +206,8 @@ async def run_loop(run: RunContext) -> RunResult:
                 return await finish(
                     run,
                     StopReason.ERROR,
+                    answer=_best_known(run)
+                    or _react._strip_label(_final_text(reply.text), _react._THOUGHT_RE),
                     error=f"the model's replies could not be understood: {reply.problem}",
                 )
             if not reply.calls:
