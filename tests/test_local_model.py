@@ -232,7 +232,7 @@ async def test_missing_weights_say_which_command_assembles_them(
 
 
 async def test_an_explicit_model_file_that_does_not_exist_is_reported(tmp_path: Path) -> None:
-    if importlib.util.find_spec("llama_cpp") is None:
+    if importlib.util.find_spec("llama_cpp") is None:  # justified: without the runtime, that error wins
         pytest.skip("llama-cpp-python is not installed: the runtime check comes first")
     model = LocalModel(path=tmp_path / "nope.gguf")
     assert model.name == "nope"
