@@ -1,14 +1,17 @@
 """thinkloop's own message, tool-call and usage types.
 
 Provider wire formats never leave the model adapters: the loop, the state, the stores and the events
-only ever see these types. All of them are pydantic models, so they round-trip through JSON exactly.
+only ever see these types. They are slotted dataclasses (`thinkloop._data.Data`): cheap to create on the hot
+path, validated by pydantic when loaded from outside, and they round-trip through JSON exactly.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from dataclasses import dataclass, field
+
+from ._data import Data
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -25,11 +28,8 @@ MessageKind = Literal[
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", defer_build=True)
-
-
-class ToolCall(_Model):
+@dataclass(slots=True, kw_only=True)
+class ToolCall(Data):
     """A call of one tool, as the model asked for it.
 
     `arguments` is always a JSON object. When the model sent arguments that are not a JSON object,
@@ -38,7 +38,7 @@ class ToolCall(_Model):
 
     id: str
     name: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
+    arguments: dict[str, Any] = field(default_factory=dict)
     raw_arguments: str | None = None
 
     @property
@@ -46,12 +46,13 @@ class ToolCall(_Model):
         return self.raw_arguments is not None
 
 
-class Message(_Model):
+@dataclass(slots=True, kw_only=True)
+class Message(Data):
     """One message of a conversation, in thinkloop's own provider-neutral shape."""
 
     role: Role
     content: str = ""
-    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None  # for role == "tool": the call this answers
     name: str | None = None  # for role == "tool": the tool's name
     kind: MessageKind = "reply"
@@ -76,7 +77,8 @@ class Message(_Model):
         return cls(role="tool", content=content, tool_call_id=call.id, name=call.name, step=step)
 
 
-class Usage(_Model):
+@dataclass(slots=True, kw_only=True)
+class Usage(Data):
     """Tokens and cost. `estimated` is True when any part was estimated rather than reported."""
 
     input_tokens: int = 0
@@ -98,23 +100,26 @@ class Usage(_Model):
         self.estimated = self.estimated or other.estimated
 
 
-class ToolDefinition(_Model):
+@dataclass(slots=True, kw_only=True)
+class ToolDefinition(Data):
     """What a model is told about a tool: a name, a description and a JSON Schema of its parameters."""
 
     name: str
     description: str = ""
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
-class ModelSettings(_Model):
+@dataclass(slots=True, kw_only=True)
+class ModelSettings(Data):
     """Sampling settings of a model request (defaults from SPEC §5.3)."""
 
     temperature: float = 0.3
     max_output_tokens: int = 4096
-    stop: list[str] = Field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
 
 
-class ModelRequest(_Model):
+@dataclass(slots=True, kw_only=True)
+class ModelRequest(Data):
     """Everything a model needs for one turn.
 
     `run_id` and `turn` (the number of model calls the run already made) are for bookkeeping and test
@@ -123,8 +128,8 @@ class ModelRequest(_Model):
     """
 
     messages: list[Message]
-    tools: list[ToolDefinition] = Field(default_factory=list)
-    settings: ModelSettings = Field(default_factory=ModelSettings)
+    tools: list[ToolDefinition] = field(default_factory=list)
+    settings: ModelSettings = field(default_factory=ModelSettings)
     run_id: str = ""
     turn: int = 0
     prefill: str = ""
@@ -133,24 +138,27 @@ class ModelRequest(_Model):
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "error", "unknown"]
 
 
-class ModelResponse(_Model):
+@dataclass(slots=True, kw_only=True)
+class ModelResponse(Data):
     """One model turn: text and/or tool calls, with the tokens it cost."""
 
     text: str = ""
-    tool_calls: list[ToolCall] = Field(default_factory=list)
-    usage: Usage = Field(default_factory=Usage)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
     model_name: str = ""
     finish_reason: FinishReason = "stop"
 
 
-class TextDelta(_Model):
+@dataclass(slots=True, kw_only=True)
+class TextDelta(Data):
     """A piece of streamed text."""
 
     type: Literal["text_delta"] = "text_delta"
     text: str
 
 
-class ToolCallDelta(_Model):
+@dataclass(slots=True, kw_only=True)
+class ToolCallDelta(Data):
     """A piece of a streamed tool call; pieces with the same `index` belong to one call."""
 
     type: Literal["tool_call_delta"] = "tool_call_delta"

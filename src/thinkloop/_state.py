@@ -12,8 +12,11 @@ import uuid
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
+from ._data import Data
 from ._errors import StateError
 from ._messages import Message, Usage
 from ._risk import RiskLevel
@@ -61,16 +64,13 @@ Phase = Literal["thinking", "acting", "done", "error"]
 Mode = Literal["native", "react"]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", defer_build=True)
-
-
-class GuardState(_Model):
+@dataclass(slots=True, kw_only=True)
+class GuardState(Data):
     """Counters of the guards (SPEC §4.5–4.7, §5.1). Kept in the state so a resumed run keeps them."""
 
-    signature_counts: dict[str, int] = Field(default_factory=dict)
-    recent_signatures: list[str] = Field(default_factory=list)
-    recent_errors: list[str] = Field(default_factory=list)
+    signature_counts: dict[str, int] = field(default_factory=dict)
+    recent_signatures: list[str] = field(default_factory=list)
+    recent_errors: list[str] = field(default_factory=list)
     total_calls: int = 0
     repeated_calls: int = 0
     blocked_calls: int = 0
@@ -79,21 +79,22 @@ class GuardState(_Model):
     heal_failures: int = 0
     malformed_native_replies: int = 0
     steps_without_progress: int = 0
-    hints_given: list[int] = Field(default_factory=list)
-    seen_results: list[str] = Field(default_factory=list)
-    recent_thoughts: list[str] = Field(default_factory=list)
+    hints_given: list[int] = field(default_factory=list)
+    seen_results: list[str] = field(default_factory=list)
+    recent_thoughts: list[str] = field(default_factory=list)
 
 
 LedgerStatus = Literal["planned", "started", "done"]
 
 
-class LedgerEntry(_Model):
+@dataclass(slots=True, kw_only=True)
+class LedgerEntry(Data):
     """One tool call in the ledger: planned when the reply is screened, started before it runs, done with
     its result after (a call the guards blocked is done at once, with `error_kind` "repeated_call")."""
 
     call_id: str
     name: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
+    arguments: dict[str, Any] = field(default_factory=dict)
     step: int
     status: LedgerStatus = "started"
     output: str | None = None
@@ -101,7 +102,8 @@ class LedgerEntry(_Model):
     error_kind: str | None = None
 
 
-class ApprovalRecord(_Model):
+@dataclass(slots=True, kw_only=True)
+class ApprovalRecord(Data):
     """The safety gate's decision on one tool call (SPEC §6): what was decided, at what risk, and why."""
 
     step: int
@@ -111,19 +113,20 @@ class ApprovalRecord(_Model):
     decision: str  # a `Decision` value: auto, approved, approved_always, denied, blocked, timeout
     reason: str = ""
     message: str = ""  # what the person (or the policy) told the model, for refused calls
-    time: float = Field(default_factory=time.time)
+    time: float = field(default_factory=time.time)
 
 
-class RunState(_Model):
+@dataclass(slots=True, kw_only=True)
+class RunState(Data):
     """Everything a run is. Serialise with `to_json()`, load with `RunState.from_json()`."""
 
     schema_version: int = SCHEMA_VERSION
-    run_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     agent_name: str = "agent"
     model: str = ""
     goal: str = ""
     session: str | None = None
-    messages: list[Message] = Field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     step: int = 0
     phase: Phase = "thinking"
     mode: Mode = "native"
@@ -131,19 +134,19 @@ class RunState(_Model):
     stop_reason: StopReason | None = None
     forced_final: bool = False
     error: str | None = None
-    usage: Usage = Field(default_factory=Usage)
+    usage: Usage = field(default_factory=Usage)
     tool_calls: int = 0
-    guards: GuardState = Field(default_factory=GuardState)
-    ledger: dict[str, LedgerEntry] = Field(default_factory=dict)
-    approved_tools: list[str] = Field(default_factory=list)  # approve-always keys (see thinkloop.safety)
-    approvals: list[ApprovalRecord] = Field(default_factory=list)  # every safety decision of the run
-    discovered_tools: list[str] = Field(default_factory=list)
-    created_at: float = Field(default_factory=time.time)
+    guards: GuardState = field(default_factory=GuardState)
+    ledger: dict[str, LedgerEntry] = field(default_factory=dict)
+    approved_tools: list[str] = field(default_factory=list)  # approve-always keys (see thinkloop.safety)
+    approvals: list[ApprovalRecord] = field(default_factory=list)  # every safety decision of the run
+    discovered_tools: list[str] = field(default_factory=list)
+    created_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     elapsed: float = 0.0  # seconds of run time, accumulated across resumes
     event_version: int = 0  # number of events emitted so far (the event log's version)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    budget: dict[str, Any] = Field(default_factory=dict)  # the run's limits, so a resume keeps them
+    metadata: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)  # the run's limits, so a resume keeps them
 
     @property
     def finished(self) -> bool:

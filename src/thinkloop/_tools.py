@@ -7,12 +7,14 @@ the description and per-parameter docs from the docstring. `Tool(...)` builds on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, get_type_hints, overload
 
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
@@ -331,8 +333,8 @@ def render_output(value: Any) -> str:
         return value
     if value is None:
         return "(no output)"
-    if isinstance(value, BaseModel):
-        return value.model_dump_json()
+    if isinstance(value, BaseModel) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
+        return pydantic_core.to_json(value, fallback=str).decode()
     try:
         return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
