@@ -387,6 +387,22 @@ def test_every_trimmed_view_is_a_valid_chat_history(
         state.messages = messages
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=histories(), max_tokens=st.integers(50, 20_000), keep_steps=st.integers(1, 8))
+def test_the_fast_path_gives_the_same_view_as_the_full_assembly(
+    messages: list[Message], max_tokens: int, keep_steps: int
+) -> None:
+    """A history that fits as it is is returned without grouping work; it must be exactly the full view."""
+    fast = ContextManager(max_tokens, keep_steps=keep_steps)
+    full = ContextManager(max_tokens, keep_steps=keep_steps)
+    full._as_is = lambda old_before: False  # type: ignore[method-assign]
+    state = RunState(goal="the goal")
+    for message in messages:  # the history grows one message at a time, like a run's
+        state.messages.append(message)
+        assert fast.view(state, system="system prompt") == full.view(state, system="system prompt")
+        assert fast.last_tokens == full.last_tokens
+
+
 def test_model_summarizer_asks_a_model_for_the_summary() -> None:
     from thinkloop._context import model_summarizer
 

@@ -229,6 +229,8 @@ class ContextManager:
         self.last_tokens = 0  # tokens of the last view, with the reserve
         self._reset(None)
         self._reserve_key: tuple[str, tuple[str, ...]] | None = None
+        self._reserve_for_system: str | None = None
+        self._reserve_for_tools: Sequence[ToolDefinition] | None = None
         self._reserve = 0
         self._last_reserve = 0
         self._summary_cache: tuple[tuple[int, int], Message, int] | None = None
@@ -262,6 +264,12 @@ class ContextManager:
         """
         source = state.messages if messages is None else messages
         self._last_reserve = self._reserve_for(system, tools) + reserve
+        self._sync(source)
+        if self._dropped == 1 and self._as_is(len(self._groups) - self.keep_steps):
+            total = self._tokens + self._last_reserve  # the common case: the history fits as it is
+            if total * self.scale <= self.budget:
+                self.last_tokens = total
+                return list(source)
         out, tokens = self._plan(state, source, self._last_reserve) or self._assemble(state)
         total = tokens + self._last_reserve
         if total * self.scale > self.budget:
@@ -305,6 +313,10 @@ class ContextManager:
         self._pinned: list[int] = []  # indexes of pinned groups after the head
         self._dropped = 1  # groups[1:_dropped] that are not pinned are dropped
         self._dropped_count = 0
+        self._tokens = 0  # of all messages seen
+        self._open_calls: set[str] = set()  # calls of the last assistant message not yet answered
+        self._valid = True  # every message so far is where a provider expects it (no repair needed)
+        self._first_long = -1  # the first group with an observation longer than `old_observation_chars`
         self._prefix: _Prefix | None = None
         self._model_summary = None
         self._summary_cache = None
@@ -318,18 +330,42 @@ class ContextManager:
         if len(source) == seen:
             return
         count = self.counter.count
+        limit = self.old_observation_chars
         for msg in source[seen:]:
             if msg.role == "assistant":
                 self._groups.append(_Group(is_step=True))
             elif msg.kind == "task" and self._groups[-1].messages:
                 self._groups.append(_Group())  # the task starts its own (pinned) group
             group = self._groups[-1]
-            group.add(msg, count([msg]))
+            tokens = count([msg])
+            group.add(msg, tokens)
+            self._tokens += tokens
             index = len(self._groups) - 1
+            if self._valid:
+                self._check_order(msg)
+            if msg.role == "tool" and limit is not None and len(msg.content) > limit and self._first_long < 0:
+                self._first_long = index
             if index and group.pinned and (not self._pinned or self._pinned[-1] != index):
                 self._pinned.append(index)
         self._seen = len(source)
         self._last = source[-1]
+
+    def _check_order(self, msg: Message) -> None:
+        """Follow the call/result order of the history as it grows (see `validate_history`)."""
+        if msg.role == "tool":
+            if msg.tool_call_id in self._open_calls:
+                self._open_calls.discard(msg.tool_call_id)
+            else:
+                self._valid = False
+        elif self._open_calls:
+            self._valid = False
+        elif msg.tool_calls:
+            self._open_calls = {c.id for c in msg.tool_calls}
+            self._valid = len(self._open_calls) == len(msg.tool_calls)
+
+    def _as_is(self, old_before: int) -> bool:
+        """Whether the view is the history as it is: valid, every call answered, no old long observation."""
+        return self._valid and not self._open_calls and not (0 <= self._first_long < old_before)
 
     def _clean(self, group: _Group) -> tuple[list[Message], int]:
         size = len(group.messages)
@@ -369,6 +405,9 @@ class ContextManager:
         return sum(count([m]) for m in messages)
 
     def _reserve_for(self, system: str | None, tools: Sequence[ToolDefinition]) -> int:
+        if system is self._reserve_for_system and tools is self._reserve_for_tools:
+            return self._reserve  # the same objects as last time (the loop caches them)
+        self._reserve_for_system, self._reserve_for_tools = system, tools
         key = (system or "", tuple(t.name for t in tools))
         if key != self._reserve_key:
             self._reserve_key = key

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Protocol
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
 from ._risk import RiskLevel
-from ._state import LedgerEntry
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, render_output, truncate_output
 
 if TYPE_CHECKING:
@@ -127,9 +126,7 @@ async def _prepare(
 async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     """Run one approved call: ledger start, timeout, render, truncate, ledger done."""
     call, tool = prepared.call, prepared.tool
-    await run.ledger_started(
-        LedgerEntry(call_id=call.id, name=call.name, arguments=call.arguments, step=run.state.step)
-    )
+    await run.ledger_started(call)
     timeout = tool.timeout if tool.timeout is not None else run.config.tool_timeout
     when, by_run = _deadline(run, timeout)
     started = time.perf_counter()

@@ -38,6 +38,7 @@ from ._events import (
 from ._execute import AllowAll, ToolGate, ToolOutcome, execute_calls
 from ._guards import Guards
 from ._messages import Message, ModelRequest, ModelResponse, ModelSettings, TextDelta, ToolCall
+from .models._base import estimated_usage
 from ._prompt import final_answer_prompt, system_prompt
 from ._state import LedgerEntry, Mode, RunState, StopReason
 from ._tools import ToolRegistry
@@ -102,6 +103,10 @@ class RunContext:
     clock_start: float = field(default_factory=time.monotonic)
     elapsed_before: float = 0.0
     discovery: ToolDiscovery | None = None  # runtime tool discovery: which tools the model is shown
+    saved: bool = False  # whether the store has seen this run (a live store needs no more until the end)
+    _shown: dict[tuple[Mode, tuple[str, ...]], tuple[Message, list[ToolDefinition]]] = field(
+        default_factory=dict, repr=False
+    )
 
     def visible_names(self) -> list[str]:
         """The tools the model is shown: all of them, or with tool discovery the shown and discovered ones."""
@@ -112,15 +117,35 @@ class RunContext:
 
     def system_for(self, mode: Mode) -> str:
         """The system prompt for a mode: the agent's layers, plus the tool list and format in ReAct."""
-        tools = _react.tools_prompt(self.visible_definitions()) if mode == "react" and len(self.tools) else ""
-        return system_prompt(tools=tools, **self.prompt_layers)
+        return self.shown(mode)[0].content
+
+    def shown(self, mode: Mode) -> tuple[Message, list[ToolDefinition]]:
+        """The system message and the tool definitions the model is shown in `mode` (built once per tool set)."""
+        names = tuple(self.tools.names if self.discovery is None else self.visible_names())
+        found = self._shown.get((mode, names))
+        if found is None:
+            definitions = self.tools.definitions(names)
+            tools = _react.tools_prompt(definitions) if mode == "react" and definitions else ""
+            system = Message.system(system_prompt(tools=tools, **self.prompt_layers))
+            found = self._shown[(mode, names)] = (system, definitions)
+        return found
 
     # ------------------------------------------------------------------------------------- events
 
     @functools.cached_property
     def observed(self) -> bool:
         """Whether anyone reads this run's events (a sink, or a store that keeps an event log)."""
-        return bool(self.sinks) or (self.store is not None and getattr(self.store, "keeps_events", True))
+        return bool(self.sinks) or self.logs_events
+
+    @functools.cached_property
+    def logs_events(self) -> bool:
+        """Whether the store keeps an event log (events are queued for its next checkpoint)."""
+        return self.store is not None and getattr(self.store, "keeps_events", True)
+
+    @functools.cached_property
+    def live_store(self) -> bool:
+        """Whether the store holds the live state object (so only the first and last checkpoint matter)."""
+        return getattr(self.store, "live", False) is True
 
     def emit(self, event: Event | Callable[[], Event]) -> None:
         """Number the event, hand it to the sinks, and queue it for the next checkpoint.
@@ -134,21 +159,31 @@ class RunContext:
             event = event()
         event.run_id = self.state.run_id
         event.seq = self.state.event_version
-        if self.observed and self.store is not None:
+        if self.logs_events:
             self.pending.append(event)
         for sink in self.sinks:
             sink(event)
 
     async def checkpoint(self) -> None:
         """Save the state with the events emitted since the last checkpoint, in one transaction."""
+        if self.store is None or (self.saved and self.live_store and not self.state.finished):
+            return
         if not self.state.finished:  # a finished run's time was fixed by `finish` (and its `done` event)
             self.state.elapsed = self.elapsed
-        if self.store is not None:
-            events, self.pending = self.pending, []
-            await self.store.checkpoint(self.state, events)
+        events, self.pending = self.pending, []
+        await self.store.checkpoint(self.state, events)
+        self.saved = True
 
-    async def ledger_started(self, entry: LedgerEntry) -> None:
-        self.state.ledger[entry.call_id] = entry
+    async def ledger_started(self, call: ToolCall) -> None:
+        """Mark a call as started (its planned entry, or a new one) and save that before it runs."""
+        entry = self.state.ledger.get(call.id)
+        if entry is None:
+            entry = LedgerEntry(call_id=call.id, name=call.name, arguments=call.arguments, step=self.state.step)
+            self.state.ledger[call.id] = entry
+        else:
+            entry.status, entry.step, entry.output, entry.success, entry.error_kind = (
+                "started", self.state.step, None, None, None,
+            )  # fmt: skip
         await self.checkpoint()
 
     async def ledger_done(
@@ -248,7 +283,8 @@ async def think(run: RunContext) -> Reply:
             step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.model_copy()
         )
     )
-    await run.context.prepare(state)  # a model-written summary of dropped steps, when configured
+    if run.context.summarizer is not None:
+        await run.context.prepare(state)  # a model-written summary of dropped steps
     request = build_request(run)
     response = await call_model(run, request)
     reply = _valid_unicode_reply(interpret(run, response, request))
@@ -268,29 +304,33 @@ def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
             run_id=state.run_id,
             turn=state.usage.requests,
         )
-    system = run.system_for(state.mode)
-    tools = [] if react else run.visible_definitions()
-    messages = run.context.view(state, system=system, tools=tools)
-    if react:
-        messages = _react.render_transcript(messages)
+    system, definitions = run.shown(state.mode)
+    tools = [] if react else definitions
+    messages = run.context.view(state, system=system.content, tools=tools)
+    messages.insert(0, system)
+    if not react:
+        return ModelRequest(
+            messages=messages, tools=tools, settings=run.config.settings, run_id=state.run_id,
+            turn=state.usage.requests,
+        )  # fmt: skip
     settings = run.config.settings
-    if react:
-        settings = settings.model_copy(update={"stop": [*settings.stop, *_react.STOP_SEQUENCES]})
-    prefill = "Thought:" if react and run.model.capabilities.prefill else ""
     return ModelRequest(
-        messages=[Message.system(system), *messages],
-        tools=tools,
-        settings=settings,
+        messages=_react.render_transcript(messages),
+        settings=settings.model_copy(update={"stop": [*settings.stop, *_react.STOP_SEQUENCES]}),
         run_id=state.run_id,
         turn=state.usage.requests,
-        prefill=prefill,
+        prefill="Thought:" if run.model.capabilities.prefill else "",
     )
 
 
 async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
     """Call the model (streaming when asked), under the run's deadline; account its usage."""
-    async with asyncio.timeout_at(run.deadline):
+    deadline = run.deadline
+    if deadline is None:
         response = await _call_with_retries(run, request)
+    else:
+        async with asyncio.timeout_at(deadline):
+            response = await _call_with_retries(run, request)
     if (
         request.prefill
         and response.text
@@ -307,14 +347,16 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
     or a streamed answer had already started."""
     attempt = 0
     while True:
-        streamer = _AnswerStreamer(run, react=run.state.mode == "react")
+        streamer = None
         try:
             if run.config.stream and run.model.capabilities.streaming:
+                streamer = _AnswerStreamer(run, react=run.state.mode == "react")
                 return await _stream_model(run, request, streamer)
             return await run.model.request(request)
         except ModelRetryableError as exc:
             attempt += 1
-            if attempt > run.config.model_retries or streamer.started or _retries_itself(run.model):
+            started = streamer is not None and streamer.started
+            if attempt > run.config.model_retries or started or _retries_itself(run.model):
                 raise
             delay = min(exc.retry_after or run.config.retry_backoff * 2 ** (attempt - 1), 30.0)
             run.emit(
@@ -377,8 +419,6 @@ class _AnswerStreamer:
 
 
 def _account(run: RunContext, request: ModelRequest, response: ModelResponse) -> None:
-    from .models._base import estimated_usage
-
     usage = response.usage if response.usage.requests else estimated_usage(request, response)
     run.state.usage.add(usage)
     if usage.cost == 0.0:  # priced here: the provider did not say what it cost
@@ -464,7 +504,8 @@ def _valid_unicode(value: Any) -> Any:
 
 
 def _valid_unicode_reply(reply: Reply) -> Reply:
-    reply.text = _valid_unicode(reply.text)
+    if not reply.text.isascii():
+        reply.text = _valid_unicode(reply.text)
     if all(c.raw_arguments is None and _plain(c.arguments) for c in reply.calls):
         return reply  # the common case: nothing that can hold a lone surrogate
     for i, call in enumerate(reply.calls):

@@ -115,6 +115,7 @@ class InProcessStore(MemoryStore):
 
     url = "memory:in-process"
     keeps_events = False  # runs without a listener skip building events altogether
+    live = True  # it holds the state object itself: a run saves it once, then only when it ends
 
     def __init__(self, max_runs: int | None = 1000) -> None:
         super().__init__(max_runs)
