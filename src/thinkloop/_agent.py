@@ -20,7 +20,7 @@ from ._messages import Message, ModelSettings
 from ._prompt import DEFAULT_RULES
 from ._resume import load_resumable, memory_messages, resume_pending
 from ._state import Mode, RunState
-from ._tokens import TokenCounterLike, as_counter
+from ._tokens import TokenCounter, TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
 from .mcp import MCPServer, registry_with_mcp
 from .models import Model, resolve_model
@@ -28,6 +28,18 @@ from .stores._base import Store, check_id
 from .stores._memory import InProcessStore
 
 ModeSetting = Literal["auto", "native", "react"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Shared:
+    """Per-agent objects every run uses read-only."""
+
+    model: Model
+    tools: ToolRegistry
+    counter: TokenCounter
+    context_limit: int
+    prompt_layers: dict[str, Any]
+    gate: ToolGate
 
 
 class Agent:
@@ -131,6 +143,8 @@ class Agent:
         if discovery is not None:
             discovery.check(self.tools.names)
         self.mcp_servers = list(mcp_servers)
+        self._configs: dict[tuple[Budget, bool], LoopConfig] = {}
+        self._shared_by_model: _Shared | None = None
 
     # ------------------------------------------------------------------------------------- model
 
@@ -300,37 +314,62 @@ class Agent:
     ) -> RunContext:
         if budget is None and state.budget:  # a resumed run keeps the limits it started with
             budget = Budget(**state.budget)
-        config = LoopConfig(
-            budget=budget or self.budget,
-            settings=self.settings,
-            tool_timeout=self.tool_timeout,
-            output_max_length=self.output_max_length,
-            final_answer_on_stop=self.final_answer_on_stop,
-            final_answer_prompt=self.final_answer_prompt,
-            stream=stream,
-            price_table=self.price_table,
-            model_retries=self.model_retries,
-        )
-        state.budget = dataclasses.asdict(config.budget)
-        all_sinks = [s for s in (self.on_event, *sinks) if s is not None]
+        config = self._config(budget or self.budget, stream)
+        state.budget = config.budget.as_dict()
+        model = self.model
+        shared = self._shared(model)
         return RunContext(
             state=state,
-            model=self.model,
-            tools=self.tools if self.discovery is None else self.discovery.with_tool(self.tools),
+            model=model,
+            tools=shared.tools,
             discovery=self.discovery,
             config=config,
             guards=Guards(self.guard_config),
-            context=ContextManager(
-                self._context_limit(),
-                counter=as_counter(self.token_counter, self.model),
-                summarizer=self.summarizer,
-            ),
-            prompt_layers={"role": self.instructions, "environment": self.environment, "rules": self.rules},
-            gate=self.safety or AllowAll(),
+            context=ContextManager(shared.context_limit, counter=shared.counter, summarizer=self.summarizer),
+            prompt_layers=shared.prompt_layers,
+            gate=shared.gate,
             store=self.store,
-            sinks=all_sinks,
+            sinks=[s for s in (self.on_event, *sinks) if s is not None],
             elapsed_before=state.elapsed,
         )
+
+    def _config(self, budget: Budget, stream: bool) -> LoopConfig:
+        """The loop's settings for a run (the same object for runs with the same budget)."""
+        key = (budget, stream)
+        config = self._configs.get(key)
+        if config is None:
+            config = LoopConfig(
+                budget=budget,
+                settings=self.settings,
+                tool_timeout=self.tool_timeout,
+                output_max_length=self.output_max_length,
+                final_answer_on_stop=self.final_answer_on_stop,
+                final_answer_prompt=self.final_answer_prompt,
+                stream=stream,
+                price_table=self.price_table,
+                model_retries=self.model_retries,
+            )
+            if len(self._configs) > 64:
+                self._configs.clear()
+            self._configs[key] = config
+        return config
+
+    def _shared(self, model: Model) -> _Shared:
+        """What every run of this agent shares read-only (built once per model; the settings are fixed).
+
+        The agent's settings are read when the first run starts; change them before, not after.
+        """
+        shared = self._shared_by_model
+        if shared is None or shared.model is not model:
+            shared = self._shared_by_model = _Shared(
+                model=model,
+                tools=self.tools if self.discovery is None else self.discovery.with_tool(self.tools),
+                counter=as_counter(self.token_counter, model),
+                context_limit=self._context_limit(),
+                prompt_layers={"role": self.instructions, "environment": self.environment, "rules": self.rules},
+                gate=self.safety or AllowAll(),
+            )
+        return shared
 
     def _context_limit(self) -> int:
         """`max_context_tokens`, capped so that the prompt leaves room for the reply in the model's window."""
@@ -347,7 +386,7 @@ class Agent:
         if state.session is not None and not resumed:
             memory = await self._store_for("use a session").get_memory(state.session)
             state.messages[:0] = memory_messages([(m.role, m.content) for m in memory])
-        run.emit(RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
+        run.emit(lambda: RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
         await run.checkpoint()  # recorded before the first model call: a crash leaves a resumable run
         token = current_run.set(run)  # lets a router emit its `model_attempt` events to this run
         try:

@@ -31,6 +31,13 @@ class Budget:
             if value is not None and value <= 0:
                 raise ConfigurationError(f"Budget.{name} must be positive or None, got {value!r}")
 
+    def as_dict(self) -> dict[str, float | int | None]:
+        """The limits as a JSON object (kept in the run state, so a resumed run keeps them)."""
+        return {
+            "max_steps": self.max_steps, "max_tokens": self.max_tokens, "max_cost": self.max_cost,
+            "timeout": self.timeout,
+        }  # fmt: skip
+
     def check(self, *, steps: int, usage: Usage, elapsed: float) -> StopReason | None:
         """The first limit reached, in order of precedence: timeout, cost, tokens, steps."""
         if self.timeout is not None and elapsed >= self.timeout:

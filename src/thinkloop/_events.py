@@ -10,7 +10,11 @@ import functools
 import time
 from typing import Annotated, Any, Literal
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from ._data import Data
 
 from ._messages import ToolCall, Usage
 from ._risk import RiskLevel
@@ -204,10 +208,9 @@ def event_from_json(data: str | bytes | dict[str, Any]) -> Event:
     return event_adapter().validate_json(data)
 
 
-class RunResult(BaseModel):
+@dataclass(slots=True, kw_only=True)
+class RunResult(Data):
     """What a run produced, on every stop reason — including the full state, so nothing is lost."""
-
-    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     output: str
     stop_reason: StopReason
@@ -234,7 +237,7 @@ class RunResult(BaseModel):
         return cls(
             output=state.answer or "",
             stop_reason=state.stop_reason,
-            usage=state.usage.model_copy(),
+            usage=state.usage.copy(),
             steps=state.step,
             tool_calls=state.tool_calls,
             duration=state.elapsed,

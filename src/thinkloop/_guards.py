@@ -25,6 +25,7 @@ All counters live in `RunState.guards`, so a saved and resumed run continues wit
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -134,12 +135,21 @@ def signature(call: ToolCall) -> str:
     return f"{call.name}:{args}"
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode
+
+
+_last_digest: tuple[str, str] = ("", "")
 
 
 def _digest(text: str) -> str:
-    return hashlib.blake2b(text.strip().encode(), digest_size=8).hexdigest()
+    """A short fingerprint of a text; the last one is remembered (a result is fingerprinted twice a step)."""
+    global _last_digest
+    last = _last_digest  # read once: other threads may replace it
+    if text is last[0]:
+        return last[1]
+    digest = hashlib.blake2b(text.strip().encode(errors="replace"), digest_size=8).hexdigest()
+    _last_digest = (text, digest)
+    return digest
 
 
 def _streak(items: list[str]) -> int:
@@ -159,6 +169,12 @@ class Guards:
 
     def __init__(self, config: GuardConfig | None = None) -> None:
         self.config = config or GuardConfig()
+        self._signatures: dict[str, str] = {}  # call id -> signature, of the calls of the current step
+
+    def signature(self, call: ToolCall) -> str:
+        """The call's signature (computed once per call of the current step)."""
+        sig = self._signatures.get(call.id)
+        return sig if sig is not None else signature(call)
 
     # -------------------------------------------------------------------------------- loop detection
 
@@ -166,6 +182,7 @@ class Guards:
         """Count the calls' signatures; return {call_id: message} for the calls that must not run."""
         g = state.guards
         sigs = [signature(c) for c in calls]
+        self._signatures = {c.id: sig for c, sig in zip(calls, sigs, strict=True)}
         step_sig = "|".join(sorted(sigs))
         alternating = _alternates(g.recent_signatures, step_sig)
         blocked: dict[str, str] = {}
@@ -191,7 +208,7 @@ class Guards:
         The loop then adds the "you already made this exact call" note to the result; a repeated call
         whose result changed (a poll) gets no note.
         """
-        if state.guards.signature_counts.get(signature(call), 0) <= 1:
+        if state.guards.signature_counts.get(self.signature(call), 0) <= 1:
             return False
         return output is None or _digest(output) in state.guards.seen_results
 
@@ -324,6 +341,7 @@ def _alternates(recent: list[str], step_sig: str) -> bool:
     return same_a and b1 == b2 and "#" in b2 and b2.split("#", 1)[0] != step_sig
 
 
+@functools.lru_cache(maxsize=64)
 def hint_rounds(max_steps: int) -> dict[str, int]:
     """Rounds 4/8/12 of 16, scaled to `max_steps` (the last one at least a step before the end)."""
     scale = max_steps / 16

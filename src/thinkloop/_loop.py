@@ -132,20 +132,13 @@ class RunContext:
 
     # ------------------------------------------------------------------------------------- events
 
-    @functools.cached_property
-    def observed(self) -> bool:
-        """Whether anyone reads this run's events (a sink, or a store that keeps an event log)."""
-        return bool(self.sinks) or self.logs_events
-
-    @functools.cached_property
-    def logs_events(self) -> bool:
-        """Whether the store keeps an event log (events are queued for its next checkpoint)."""
-        return self.store is not None and getattr(self.store, "keeps_events", True)
-
-    @functools.cached_property
-    def live_store(self) -> bool:
-        """Whether the store holds the live state object (so only the first and last checkpoint matter)."""
-        return getattr(self.store, "live", False) is True
+    def __post_init__(self) -> None:
+        # Whether the store keeps an event log (events are queued for its next checkpoint); whether
+        # anyone reads this run's events at all (else none are built); whether the store holds the live
+        # state object (so only the first and the last checkpoint matter).
+        self.logs_events = self.store is not None and getattr(self.store, "keeps_events", True)
+        self.observed = bool(self.sinks) or self.logs_events
+        self.live_store = getattr(self.store, "live", False) is True
 
     def emit(self, event: Event | Callable[[], Event]) -> None:
         """Number the event, hand it to the sinks, and queue it for the next checkpoint.
@@ -280,7 +273,7 @@ async def think(run: RunContext) -> Reply:
     state.phase = "thinking"
     run.emit(
         lambda: Progress(
-            step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.model_copy()
+            step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.copy()
         )
     )
     if run.context.summarizer is not None:
@@ -684,6 +677,6 @@ async def finish(
     if reason is StopReason.ERROR:
         run.emit(ErrorEvent(message=error or "error"))
     result = RunResult.from_state(state)
-    run.emit(Done(result=result))
+    run.emit(lambda: Done(result=result))
     await run.checkpoint()
     return result

@@ -91,6 +91,12 @@ class Usage(Data):
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    def copy(self) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens, output_tokens=self.output_tokens, cost=self.cost,
+            requests=self.requests, estimated=self.estimated,
+        )  # fmt: skip
+
     def add(self, other: Usage) -> None:
         """Accumulate `other` into this usage (in place)."""
         self.input_tokens += other.input_tokens

@@ -331,6 +331,8 @@ def render_output(value: Any) -> str:
     """Turn what a tool returned into observation text."""
     if isinstance(value, str):
         return value
+    if type(value) is int:
+        return str(value)
     if value is None:
         return "(no output)"
     if isinstance(value, BaseModel) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):

@@ -151,7 +151,7 @@ class _Attempt:
             update["model_name"] = member.name
         if self.spent.total_tokens or self.spent.cost:
             usage = response.usage if response.usage.requests else estimated_usage(request, response)
-            usage = usage.model_copy()
+            usage = usage.copy()
             usage.add(self.spent)
             update["usage"] = usage
         return response.model_copy(update=update) if update else response

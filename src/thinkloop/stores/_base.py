@@ -62,7 +62,7 @@ class RunSummary(BaseModel):
             stop_reason=state.stop_reason.value if state.stop_reason else None,
             step=state.step,
             tool_calls=state.tool_calls,
-            usage=state.usage.model_copy(),
+            usage=state.usage.copy(),
             created_at=state.created_at,
             updated_at=updated_at if updated_at is not None else time.time(),
             ended_at=state.ended_at,

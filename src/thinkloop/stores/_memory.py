@@ -120,6 +120,7 @@ class InProcessStore(MemoryStore):
     def __init__(self, max_runs: int | None = 1000) -> None:
         super().__init__(max_runs)
         self._live: dict[str, RunState] = {}
+        self._finished: dict[str, None] = {}  # ids of finished runs, oldest first
         self._remembered: set[str] = set()
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
@@ -135,8 +136,18 @@ class InProcessStore(MemoryStore):
             self._remembered.add(state.run_id)  # one turn per run, like the other stores' `done` check
             self._remember(state.session, "user", state.goal)
             self._remember(state.session, "assistant", state.answer)
-        if self.max_runs is not None and len(self._live) > self.max_runs and state.finished:
-            for run_id in [r for r, s in self._live.items() if s.finished][: len(self._live) - self.max_runs]:
+        if state.finished:
+            self._finished[state.run_id] = None
+            if self.max_runs is not None:
+                self._forget_oldest(self.max_runs)
+
+    def _forget_oldest(self, max_runs: int) -> None:
+        """Forget the oldest finished runs beyond `max_runs` (O(1) per run: finished ids are kept in order)."""
+        while len(self._live) > max_runs and self._finished:
+            run_id = next(iter(self._finished))
+            del self._finished[run_id]
+            state = self._live.get(run_id)
+            if state is not None and state.finished:  # a run resumed since is live again: kept
                 del self._live[run_id]
                 self._remembered.discard(run_id)
 
