@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from thinkloop import ConfigurationError, RiskLevel, Tool, ToolRegistry, tool
@@ -134,3 +136,51 @@ def test_calculator_refuses(expr: str, message: str) -> None:
 
 def test_calculator_tool_accepts_numbers_as_expression() -> None:
     assert calculator.validate({"expression": 391}) == {"expression": "391"}
+
+
+# ------------------------------------------------------------------------------- the call timeout
+
+
+async def test_within_returns_the_result_before_the_deadline() -> None:
+    from thinkloop._execute import within
+
+    loop = asyncio.get_running_loop()
+    assert await within(loop.time() + 5, asyncio.sleep(0, result="ok")) == "ok"
+
+
+async def test_within_raises_timeout_error_at_the_deadline_and_the_task_stays_usable() -> None:
+    from thinkloop._execute import within
+
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError):
+        await within(loop.time() + 0.02, asyncio.sleep(10))
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0  # our cancellation was withdrawn
+    await asyncio.sleep(0)  # no cancellation is left pending
+
+
+async def test_within_lets_an_outside_cancellation_through() -> None:
+    from thinkloop._execute import within
+
+    loop = asyncio.get_running_loop()
+    inner = asyncio.create_task(within(loop.time() + 10, asyncio.sleep(10)))
+    await asyncio.sleep(0.01)
+    inner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await inner
+    assert inner.cancelled()
+
+
+async def test_within_an_outside_cancellation_racing_the_deadline_stays_a_cancellation() -> None:
+    from thinkloop._execute import within
+
+    loop = asyncio.get_running_loop()
+
+    async def body() -> None:
+        await within(loop.time() + 0.01, asyncio.sleep(10))
+
+    task = asyncio.create_task(body())
+    await asyncio.sleep(0.0)
+    loop.call_at(loop.time() + 0.01, task.cancel)  # fires with the timer, in the same loop iteration
+    with pytest.raises(asyncio.CancelledError):
+        await task

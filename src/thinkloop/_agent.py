@@ -366,7 +366,11 @@ class Agent:
                 tools=self.tools if self.discovery is None else self.discovery.with_tool(self.tools),
                 counter=as_counter(self.token_counter, model),
                 context_limit=self._context_limit(),
-                prompt_layers={"role": self.instructions, "environment": self.environment, "rules": self.rules},
+                prompt_layers={
+                    "role": self.instructions,
+                    "environment": self.environment,
+                    "rules": self.rules,
+                },
                 gate=self.safety or AllowAll(),
             )
         return shared

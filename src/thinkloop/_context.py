@@ -264,8 +264,8 @@ class ContextManager:
         """
         source = state.messages if messages is None else messages
         self._last_reserve = self._reserve_for(system, tools) + reserve
-        self._sync(source)
-        if self._dropped == 1 and self._as_is(len(self._groups) - self.keep_steps):
+        self._scan(source)
+        if self._dropped == 1 and self._as_is(self._group_count - self.keep_steps):
             total = self._tokens + self._last_reserve  # the common case: the history fits as it is
             if total * self.scale <= self.budget:
                 self.last_tokens = total
@@ -307,8 +307,12 @@ class ContextManager:
 
     def _reset(self, source: Sequence[Message] | None) -> None:
         self._source = source
-        self._seen = 0
+        self._seen = 0  # messages scanned (counted, order checked)
+        self._grouped = 0  # messages put in groups (done only when the view is more than the history)
+        self._counts: list[int] = []  # tokens of each scanned message
         self._last: Message | None = None
+        self._group_count = 1  # groups the scanned messages make
+        self._last_group_size = 0
         self._groups: list[_Group] = [_Group(pinned=True)]
         self._pinned: list[int] = []  # indexes of pinned groups after the head
         self._dropped = 1  # groups[1:_dropped] that are not pinned are dropped
@@ -321,8 +325,8 @@ class ContextManager:
         self._model_summary = None
         self._summary_cache = None
 
-    def _sync(self, source: Sequence[Message]) -> None:
-        """Extend the grouping with the messages added since the last call (rebuild if history changed)."""
+    def _scan(self, source: Sequence[Message]) -> None:
+        """Count and check the messages added since the last call (start over if the history changed)."""
         seen = self._seen
         if source is not self._source or len(source) < seen or (seen and source[seen - 1] is not self._last):
             self._reset(source)
@@ -332,23 +336,37 @@ class ContextManager:
         count = self.counter.count
         limit = self.old_observation_chars
         for msg in source[seen:]:
+            if msg.role == "assistant" or (msg.kind == "task" and self._last_group_size):
+                self._group_count += 1  # a step, or the task, which starts its own (pinned) group
+                self._last_group_size = 0
+            self._last_group_size += 1
+            tokens = count([msg])
+            self._counts.append(tokens)
+            self._tokens += tokens
+            if self._valid:
+                self._check_order(msg)
+            if msg.role == "tool" and limit is not None and len(msg.content) > limit and self._first_long < 0:
+                self._first_long = self._group_count - 1
+        self._seen = len(source)
+        self._last = source[-1]
+
+    def _sync(self, source: Sequence[Message]) -> None:
+        """Scan the new messages, then put them in their groups."""
+        self._scan(source)
+        if self._grouped == self._seen:
+            return
+        for index in range(self._grouped, self._seen):
+            msg = source[index]
             if msg.role == "assistant":
                 self._groups.append(_Group(is_step=True))
             elif msg.kind == "task" and self._groups[-1].messages:
                 self._groups.append(_Group())  # the task starts its own (pinned) group
             group = self._groups[-1]
-            tokens = count([msg])
-            group.add(msg, tokens)
-            self._tokens += tokens
-            index = len(self._groups) - 1
-            if self._valid:
-                self._check_order(msg)
-            if msg.role == "tool" and limit is not None and len(msg.content) > limit and self._first_long < 0:
-                self._first_long = index
-            if index and group.pinned and (not self._pinned or self._pinned[-1] != index):
-                self._pinned.append(index)
-        self._seen = len(source)
-        self._last = source[-1]
+            group.add(msg, self._counts[index])
+            position = len(self._groups) - 1
+            if position and group.pinned and (not self._pinned or self._pinned[-1] != position):
+                self._pinned.append(position)
+        self._grouped = self._seen
 
     def _check_order(self, msg: Message) -> None:
         """Follow the call/result order of the history as it grows (see `validate_history`)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 from pydantic import ConfigDict
 
@@ -44,7 +44,7 @@ class Data:
             setattr(obj, name, value)
         return obj
 
-    def model_dump(self, *, mode: str = "python", **kwargs: Any) -> dict[str, Any]:
+    def model_dump(self, *, mode: Literal["json", "python"] = "python", **kwargs: Any) -> dict[str, Any]:
         out: dict[str, Any] = adapter(type(self)).dump_python(self, mode=mode, **kwargs)
         return out
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Annotated, Any, Literal
-
 from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from ._data import Data
-
 from ._messages import ToolCall, Usage
 from ._risk import RiskLevel
 from ._state import Mode, RunState, StopReason

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
@@ -21,6 +22,8 @@ from ._tools import Tool, ToolArgumentsError, ToolRegistry, render_output, trunc
 
 if TYPE_CHECKING:
     from ._loop import RunContext
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -58,11 +61,14 @@ class ToolGate(Protocol):
     async def check(self, call: ToolCall, tool: Tool, risk: RiskLevel, run: RunContext) -> GateDecision: ...
 
 
+_AUTO = GateDecision(True, "auto")
+
+
 class AllowAll:
     """The gate of an agent without a safety policy: every call runs."""
 
     async def check(self, call: ToolCall, tool: Tool, risk: RiskLevel, run: RunContext) -> GateDecision:
-        return GateDecision(True, "auto")
+        return _AUTO
 
 
 @dataclass(slots=True)
@@ -83,6 +89,9 @@ async def execute_calls(
     Outcomes come back in the order of `calls`, so each call is answered by its own id. `tools` is
     where calls are looked up (default: the run's tools; a plan passes its own).
     """
+    if len(calls) == 1:
+        prepared = await _prepare(run, calls[0], tools)
+        return [prepared if isinstance(prepared, ToolOutcome) else await _run_one(run, prepared)]
     outcomes: dict[str, ToolOutcome] = {}
     ready: list[_Prepared] = []
     for call in calls:
@@ -114,7 +123,7 @@ async def _prepare(
     except ToolArgumentsError as exc:
         return _failed(call, "invalid_arguments", _invalid_args_message(tool, str(exc)))
     risk = tool.risk_for(arguments)
-    verdict = await run.gate.check(call, tool, risk, run)
+    verdict = _AUTO if type(run.gate) is AllowAll else await run.gate.check(call, tool, risk, run)
     risk = verdict.risk or risk
     run.emit(lambda: ToolCallEvent(step=run.state.step, call=call, risk=risk, decision=verdict.decision))
     if not verdict.allowed:
@@ -131,8 +140,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     when, by_run = _deadline(run, timeout)
     started = time.perf_counter()
     try:
-        async with asyncio.timeout_at(when):
-            value = await tool.invoke(prepared.arguments)
+        value = await within(when, tool.invoke(prepared.arguments))
         text, success, kind = _valid_text(render_output(value)), True, None
     except TimeoutError:
         why = "the run's time limit was reached" if by_run else f"it timed out after {timeout:g} s"
@@ -158,8 +166,39 @@ def _deadline(run: RunContext, timeout: float) -> tuple[float, bool]:
     return own, False
 
 
+async def within(when: float, awaitable: Awaitable[T]) -> T:
+    """`await awaitable`, cancelled at loop time `when` with `TimeoutError` (a lean `asyncio.timeout_at`:
+    one timer, no context manager; another cancellation of the task passes through unchanged)."""
+    task = asyncio.current_task()
+    if task is None:  # not in a task (cannot be cancelled): no timeout can apply
+        return await awaitable
+    cancelling = task.cancelling()
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_at(when, expire)
+    try:
+        result = await awaitable
+    except asyncio.CancelledError:
+        if expired and task.uncancel() <= cancelling:
+            raise TimeoutError from None
+        raise
+    else:
+        if expired:  # it ended just as the timer fired: withdraw our cancellation request
+            task.uncancel()
+        return result
+    finally:
+        timer.cancel()
+
+
 def _valid_text(text: str) -> str:
     """Tool output as valid UTF-8 (lone surrogates replaced), so the state always serialises."""
+    if text.isascii():
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -38,10 +38,10 @@ from ._events import (
 from ._execute import AllowAll, ToolGate, ToolOutcome, execute_calls
 from ._guards import Guards
 from ._messages import Message, ModelRequest, ModelResponse, ModelSettings, TextDelta, ToolCall
-from .models._base import estimated_usage
 from ._prompt import final_answer_prompt, system_prompt
 from ._state import LedgerEntry, Mode, RunState, StopReason
 from ._tools import ToolRegistry
+from .models._base import estimated_usage
 
 if TYPE_CHECKING:
     from ._discovery import ToolDiscovery
@@ -139,6 +139,7 @@ class RunContext:
         self.logs_events = self.store is not None and getattr(self.store, "keeps_events", True)
         self.observed = bool(self.sinks) or self.logs_events
         self.live_store = getattr(self.store, "live", False) is True
+        self.step_saves = self.store is not None and not self.live_store  # checkpoints within a run matter
 
     def emit(self, event: Event | Callable[[], Event]) -> None:
         """Number the event, hand it to the sinks, and queue it for the next checkpoint.
@@ -171,13 +172,16 @@ class RunContext:
         """Mark a call as started (its planned entry, or a new one) and save that before it runs."""
         entry = self.state.ledger.get(call.id)
         if entry is None:
-            entry = LedgerEntry(call_id=call.id, name=call.name, arguments=call.arguments, step=self.state.step)
+            entry = LedgerEntry(
+                call_id=call.id, name=call.name, arguments=call.arguments, step=self.state.step
+            )
             self.state.ledger[call.id] = entry
         else:
             entry.status, entry.step, entry.output, entry.success, entry.error_kind = (
                 "started", self.state.step, None, None, None,
             )  # fmt: skip
-        await self.checkpoint()
+        if self.step_saves:
+            await self.checkpoint()
 
     async def ledger_done(
         self, call_id: str, output: str, success: bool, *, error_kind: str | None = None
@@ -186,7 +190,8 @@ class RunContext:
         if entry is not None:
             entry.status, entry.output, entry.success = "done", output, success
             entry.error_kind = error_kind
-        await self.checkpoint()
+        if self.step_saves:
+            await self.checkpoint()
 
     @property
     def elapsed(self) -> float:
@@ -272,9 +277,7 @@ async def think(run: RunContext) -> Reply:
     state.step += 1
     state.phase = "thinking"
     run.emit(
-        lambda: Progress(
-            step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.copy()
-        )
+        lambda: Progress(step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.copy())
     )
     if run.context.summarizer is not None:
         await run.context.prepare(state)  # a model-written summary of dropped steps
@@ -289,10 +292,9 @@ def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
     """The model request of this step: the context view, plus tools (native) or the ReAct format."""
     state, react = run.state, run.state.mode == "react"
     if final:  # compact: the task, then the final prompt listing what the tools returned (see finish_forced)
-        system = run.system_for("native")
         messages = [m for m in state.messages if m.kind in ("memory", "task") or m.kind == "final_prompt"]
         return ModelRequest(
-            messages=[Message.system(system), *messages[-40:]],
+            messages=[run.shown("native")[0], *messages[-40:]],
             settings=run.config.settings,
             run_id=state.run_id,
             turn=state.usage.requests,
@@ -470,7 +472,8 @@ def switch_mode(run: RunContext, mode: Mode, reason: str) -> None:
     run.state.metadata.setdefault("mode_switches", []).append(
         {"step": run.state.step, "to": mode, "reason": reason}
     )
-    run.emit(ModeSwitched(step=run.state.step, from_mode=previous, to_mode=mode, reason=reason))
+    step = run.state.step
+    run.emit(lambda: ModeSwitched(step=step, from_mode=previous, to_mode=mode, reason=reason))
 
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -539,12 +542,16 @@ async def act(run: RunContext, calls: list[ToolCall]) -> list[ToolOutcome]:
     state.phase = "acting"
     blocked = run.guards.screen(state, calls)
     plan_calls(run, calls, blocked)  # saved with the first tool's start, or before an approval wait
+    if not blocked:
+        outcomes = await execute_calls(run, calls)
+        state.tool_calls += len(calls)
+        return outcomes
     runnable = [c for c in calls if c.id not in blocked]
     executed = {o.call.id: o for o in await execute_calls(run, runnable)} if runnable else {}
     outcomes = []
     for call in calls:
         if call.id in blocked:
-            run.emit(ToolCallEvent(step=state.step, call=call, decision="blocked"))
+            run.emit(functools.partial(ToolCallEvent, step=state.step, call=call, decision="blocked"))
             outcomes.append(
                 ToolOutcome(call, blocked[call.id], False, error_kind="repeated_call", decision="blocked")
             )
@@ -556,33 +563,40 @@ async def act(run: RunContext, calls: list[ToolCall]) -> list[ToolOutcome]:
 
 def plan_calls(run: RunContext, calls: list[ToolCall], blocked: dict[str, str]) -> None:
     """Record a reply's calls in the ledger before anything runs: planned, or done if the guards blocked it."""
+    ledger, step = run.state.ledger, run.state.step
     for call in calls:
         entry = LedgerEntry(
-            call_id=call.id, name=call.name, arguments=call.arguments, step=run.state.step, status="planned"
+            call_id=call.id, name=call.name, arguments=call.arguments, step=step, status="planned"
         )
-        if call.id in blocked:
+        if blocked and call.id in blocked:
             entry.status, entry.output, entry.success = "done", blocked[call.id], False
             entry.error_kind = "repeated_call"
-        run.state.ledger[call.id] = entry
+        ledger[call.id] = entry
 
 
 async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
     """Record each result as a tool message, update the guards, add a hint when due, checkpoint."""
-    state = run.state
+    state, guards, step = run.state, run.guards, run.state.step
     for outcome in outcomes:
-        text = outcome.output
-        if outcome.success and run.guards.is_repeat(state, outcome.call, outcome.output):
-            text = f"{text}\n\n{run.guards.config.hint('repeat_note')}"
-        state.messages.append(Message.tool(outcome.call, text, step=state.step))
-        run.emit(functools.partial(_result_event, state.step, outcome))
-    run.guards.observe(state, outcomes)
-    malformed = all(o.error_kind in ("unknown_tool", "invalid_arguments") for o in outcomes)
-    run.guards.note_heal(state, malformed=malformed)
-    hint = run.guards.hint(state, run.config.budget.max_steps)
+        text, call = outcome.output, outcome.call
+        if outcome.success and guards.is_repeat(state, call, text):
+            text = f"{text}\n\n{guards.config.hint('repeat_note')}"
+        state.messages.append(
+            Message(role="tool", content=text, tool_call_id=call.id, name=call.name, step=step)
+        )
+        run.emit(functools.partial(_result_event, step, outcome))
+    guards.observe(state, outcomes)
+    guards.note_heal(state, malformed=all(o.error_kind in _MALFORMED for o in outcomes))
+    hint = guards.hint(state, run.config.budget.max_steps)
     if hint is not None:
-        state.messages.append(Message.user(hint[0], kind="hint", step=state.step))
-        run.emit(Hint(step=state.step, text=hint[0], reason=hint[1]))
-    await run.checkpoint()
+        text, reason = hint
+        state.messages.append(Message.user(text, kind="hint", step=step))
+        run.emit(lambda: Hint(step=step, text=text, reason=reason))
+    if run.step_saves:
+        await run.checkpoint()
+
+
+_MALFORMED = frozenset({"unknown_tool", "invalid_arguments"})
 
 
 def _result_event(step: int, o: ToolOutcome) -> ToolResultEvent:

@@ -7,9 +7,8 @@ path, validated by pydantic when loaded from outside, and they round-trip throug
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from ._data import Data
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
-
-from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 

@@ -77,6 +77,7 @@ class Tool:
         self.validator = validator
         self.in_thread = in_thread
         self._is_async = inspect.iscoroutinefunction(function)
+        self._fields: tuple[str, ...] | None = None  # the validator's field names
         self.definition = ToolDefinition(name=name, description=self.description, parameters=self.parameters)
 
     def __repr__(self) -> str:
@@ -89,7 +90,9 @@ class Tool:
                 model = self.validator.model_validate(arguments)
             except ValidationError as exc:
                 raise ToolArgumentsError(_explain(exc)) from None
-            return {name: getattr(model, name) for name in type(model).model_fields}
+            if self._fields is None:
+                self._fields = tuple(self.validator.model_fields)
+            return {name: getattr(model, name) for name in self._fields}
         _check_against_schema(arguments, self.parameters)
         return arguments
 
