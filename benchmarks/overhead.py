@@ -51,7 +51,7 @@ def _scripted(steps: int, latency: float = 0.0) -> FunctionModel:
             return ModelResponse(tool_calls=[call], usage=usage)
         return ModelResponse(text="done", usage=usage)
 
-    return FunctionModel(reply, latency=latency, streaming=False)
+    return FunctionModel(reply, latency=latency, streaming=False, record=False)  # no request log: the engine is measured
 
 
 # ------------------------------------------------------------------------------------ raw baseline

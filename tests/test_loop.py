@@ -378,3 +378,12 @@ async def test_retries_are_bounded_and_permanent_errors_are_not_retried() -> Non
 
     result = await Agent(FunctionModel(bad)).run("hi")
     assert result.stop_reason is StopReason.ERROR and len(calls) == 1
+
+
+async def test_test_doubles_can_run_without_keeping_a_request_log() -> None:
+    model = FunctionModel(lambda request: "done", record=False)
+    scripted = ScriptedModel(["done"], record=False)
+    assert (await Agent(model).run("go")).output == "done"
+    assert (await Agent(scripted).run("go")).output == "done"
+    assert model.requests == [] and scripted.requests == []
+    scripted.assert_used_up()

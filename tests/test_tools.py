@@ -184,3 +184,27 @@ async def test_within_an_outside_cancellation_racing_the_deadline_stays_a_cancel
     loop.call_at(loop.time() + 0.01, task.cancel)  # fires with the timer, in the same loop iteration
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_deadlines_of_one_run_share_a_timer_and_each_await_gets_its_own_limit() -> None:
+    from thinkloop._execute import Deadlines
+
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines()
+    start = loop.time()
+
+    async def limited(seconds: float, limit: float) -> str:
+        try:
+            await deadlines.within(loop.time() + limit, asyncio.sleep(seconds))
+        except TimeoutError:
+            return f"timeout after {loop.time() - start:.2f}"
+        return "done"
+
+    # a long limit arms the timer first; a shorter one set later must still be honoured, and a quick
+    # await under a long limit is untouched
+    results = await asyncio.gather(limited(1.0, 5.0), limited(1.0, 0.05), limited(0.01, 5.0), limited(0.3, 0.15))
+    assert results[0] == "done" and results[2] == "done"
+    assert results[1].startswith("timeout") and float(results[1].split()[-1]) < 0.5
+    assert results[3].startswith("timeout") and 0.1 <= float(results[3].split()[-1]) < 0.6
+    deadlines.close()
+    assert deadlines._handle is None

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from ._errors import ThinkloopError
 from ._messages import Message, ModelRequest, ModelSettings, ToolDefinition
 from ._state import RunState
-from ._tokens import EstimateCounter, TokenCounter, estimate_tools, is_exact
+from ._tokens import EstimateCounter, TokenCounter, estimate_message, estimate_tools, is_exact
 from ._tools import truncate_output
 
 if TYPE_CHECKING:
@@ -334,19 +334,31 @@ class ContextManager:
         if len(source) == seen:
             return
         count = self.counter.count
+        estimate = type(self.counter) is EstimateCounter
         limit = self.old_observation_chars
         for msg in source[seen:]:
-            if msg.role == "assistant" or (msg.kind == "task" and self._last_group_size):
+            role = msg.role
+            if role == "assistant" or (msg.kind == "task" and self._last_group_size):
                 self._group_count += 1  # a step, or the task, which starts its own (pinned) group
                 self._last_group_size = 0
             self._last_group_size += 1
-            tokens = count([msg])
+            tokens = estimate_message(msg) if estimate else count([msg])
             self._counts.append(tokens)
             self._tokens += tokens
-            if self._valid:
-                self._check_order(msg)
-            if msg.role == "tool" and limit is not None and len(msg.content) > limit and self._first_long < 0:
-                self._first_long = self._group_count - 1
+            if not self._valid:
+                pass
+            elif role == "tool":  # the call/result order, as `validate_history` checks it
+                if msg.tool_call_id in self._open_calls:
+                    self._open_calls.discard(msg.tool_call_id)
+                    if limit is not None and len(msg.content) > limit and self._first_long < 0:
+                        self._first_long = self._group_count - 1
+                else:
+                    self._valid = False
+            elif self._open_calls:
+                self._valid = False
+            elif msg.tool_calls:
+                self._open_calls = {c.id for c in msg.tool_calls}
+                self._valid = len(self._open_calls) == len(msg.tool_calls)
         self._seen = len(source)
         self._last = source[-1]
 
@@ -367,19 +379,6 @@ class ContextManager:
             if position and group.pinned and (not self._pinned or self._pinned[-1] != position):
                 self._pinned.append(position)
         self._grouped = self._seen
-
-    def _check_order(self, msg: Message) -> None:
-        """Follow the call/result order of the history as it grows (see `validate_history`)."""
-        if msg.role == "tool":
-            if msg.tool_call_id in self._open_calls:
-                self._open_calls.discard(msg.tool_call_id)
-            else:
-                self._valid = False
-        elif self._open_calls:
-            self._valid = False
-        elif msg.tool_calls:
-            self._open_calls = {c.id for c in msg.tool_calls}
-            self._valid = len(self._open_calls) == len(msg.tool_calls)
 
     def _as_is(self, old_before: int) -> bool:
         """Whether the view is the history as it is: valid, every call answered, no old long observation."""

@@ -9,11 +9,13 @@ cancellation.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
+import math
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
@@ -140,7 +142,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     when, by_run = _deadline(run, timeout)
     started = time.perf_counter()
     try:
-        value = await within(when, tool.invoke(prepared.arguments))
+        value = await run.deadlines.within(when, tool.invoke(prepared.arguments))
         text, success, kind = _valid_text(render_output(value)), True, None
     except TimeoutError:
         why = "the run's time limit was reached" if by_run else f"it timed out after {timeout:g} s"
@@ -166,33 +168,86 @@ def _deadline(run: RunContext, timeout: float) -> tuple[float, bool]:
     return own, False
 
 
+class Deadlines:
+    """Time limits for the awaits of one run, kept with a single timer.
+
+    `asyncio.timeout` schedules (and cancels) a timer per await; a run making thousands of quick tool
+    calls would churn the event loop's timer heap. Here the timer stays armed at the earliest deadline it
+    was set for; when it fires it cancels the awaits that are past their deadline (they raise
+    `TimeoutError`) and re-arms itself for the earliest one still running. A cancellation from outside
+    passes through unchanged. `close()` disarms it when the run ends.
+    """
+
+    __slots__ = ("_active", "_at", "_handle")
+
+    def __init__(self) -> None:
+        self._active: dict[int, list[Any]] = {}  # id -> [task, deadline, expired]
+        self._handle: asyncio.TimerHandle | None = None
+        self._at = math.inf
+
+    async def within(self, when: float, awaitable: Awaitable[T]) -> T:
+        """`await awaitable`, cancelled at event-loop time `when` with `TimeoutError`."""
+        task = asyncio.current_task()
+        if task is None:  # not in a task: nothing can be cancelled
+            return await awaitable
+        entry = [task, when, False]
+        key = id(entry)
+        self._active[key] = entry
+        if when < self._at:
+            self._arm(when)
+        cancelling = task.cancelling()
+        try:
+            result = await awaitable
+        except asyncio.CancelledError:
+            if entry[2] and task.uncancel() <= cancelling:
+                raise TimeoutError from None
+            raise
+        else:
+            if entry[2]:  # it ended just as its deadline passed: withdraw our cancellation request
+                task.uncancel()
+            return result
+        finally:
+            del self._active[key]
+
+    def close(self) -> None:
+        """Disarm the timer (the run is over)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle, self._at = None, math.inf
+
+    def _arm(self, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._at = when
+        self._handle = asyncio.get_running_loop().call_at(when, self._fire, context=_NO_CONTEXT)
+
+    def _fire(self) -> None:
+        self._handle, self._at = None, math.inf
+        now = asyncio.get_running_loop().time() + _TIMER_SLACK
+        earliest = math.inf
+        for entry in self._active.values():
+            if entry[2]:
+                continue
+            if entry[1] <= now:
+                entry[2] = True
+                entry[0].cancel()
+            else:
+                earliest = min(earliest, entry[1])
+        if earliest < math.inf:
+            self._arm(earliest)
+
+
+_NO_CONTEXT = contextvars.Context()  # the timer needs no context variables (and so keeps no run alive)
+_TIMER_SLACK = 0.001  # a timer may fire this much before its time (the event loop's clock resolution)
+
+
 async def within(when: float, awaitable: Awaitable[T]) -> T:
-    """`await awaitable`, cancelled at loop time `when` with `TimeoutError` (a lean `asyncio.timeout_at`:
-    one timer, no context manager; another cancellation of the task passes through unchanged)."""
-    task = asyncio.current_task()
-    if task is None:  # not in a task (cannot be cancelled): no timeout can apply
-        return await awaitable
-    cancelling = task.cancelling()
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        task.cancel()
-
-    timer = asyncio.get_running_loop().call_at(when, expire)
+    """`await awaitable`, cancelled at event-loop time `when` with `TimeoutError` (one-off `Deadlines`)."""
+    deadlines = Deadlines()
     try:
-        result = await awaitable
-    except asyncio.CancelledError:
-        if expired and task.uncancel() <= cancelling:
-            raise TimeoutError from None
-        raise
-    else:
-        if expired:  # it ended just as the timer fired: withdraw our cancellation request
-            task.uncancel()
-        return result
+        return await deadlines.within(when, awaitable)
     finally:
-        timer.cancel()
+        deadlines.close()
 
 
 def _valid_text(text: str) -> str:

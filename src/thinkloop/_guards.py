@@ -152,6 +152,13 @@ def _digest(text: str) -> str:
     return digest
 
 
+def _push(items: list[str], item: str, keep: int) -> None:
+    """Append `item`, keeping the last `keep` items (in place)."""
+    items.append(item)
+    if len(items) > keep:
+        del items[: len(items) - keep]
+
+
 def _streak(items: list[str]) -> int:
     """How many items at the end of `items` are equal to the last one."""
     if not items:
@@ -183,20 +190,20 @@ class Guards:
         g = state.guards
         sigs = [signature(c) for c in calls]
         self._signatures = {c.id: sig for c, sig in zip(calls, sigs, strict=True)}
-        step_sig = "|".join(sorted(sigs))
+        step_sig = sigs[0] if len(sigs) == 1 else "|".join(sorted(sigs))
         alternating = _alternates(g.recent_signatures, step_sig)
         blocked: dict[str, str] = {}
+        counts, most = g.signature_counts, self.config.max_identical_calls
         for call, sig in zip(calls, sigs, strict=True):
-            count = g.signature_counts.get(sig, 0) + 1
-            g.signature_counts[sig] = count
-            g.total_calls += 1
+            count = counts[sig] = counts.get(sig, 0) + 1
             if count > 1:
                 g.repeated_calls += 1
-            if count > self.config.max_identical_calls:
+            if count > most:
                 blocked[call.id] = self.config.hint("blocked", name=call.name, count=count - 1)
             elif alternating:
                 blocked[call.id] = self.config.hint("alternating", name=call.name)
-        g.recent_signatures = [*g.recent_signatures[-7:], step_sig]
+        g.total_calls += len(calls)
+        _push(g.recent_signatures, step_sig, 8)
         g.blocked_calls += len(blocked)
         all_blocked = bool(calls) and len(blocked) == len(calls)
         g.consecutive_blocked = g.consecutive_blocked + 1 if all_blocked else 0
@@ -218,16 +225,20 @@ class Guards:
         """Update the failure, repeated-error and progress counters from one step's outcomes."""
         g = state.guards
         executed = [o for o in outcomes if o.error_kind != "repeated_call"]
+        succeeded = False
         for outcome in executed:
+            succeeded = succeeded or outcome.success
             g.consecutive_failures = 0 if outcome.success else g.consecutive_failures + 1
-        if executed:
-            if any(o.success for o in executed):
-                g.recent_errors = []
-            else:
-                errors = "\n".join(sorted(f"{o.call.name}:{o.output}" for o in executed))
-                g.recent_errors = [*g.recent_errors[-7:], _digest(errors)]
-        useful = [self._useful(o, g) for o in outcomes]  # every outcome is looked at (seen results)
-        g.steps_without_progress = 0 if any(useful) else g.steps_without_progress + 1
+        if succeeded:
+            if g.recent_errors:
+                g.recent_errors.clear()
+        elif executed:
+            errors = "\n".join(sorted(f"{o.call.name}:{o.output}" for o in executed))
+            _push(g.recent_errors, _digest(errors), 8)
+        useful = False
+        for outcome in outcomes:  # every outcome is looked at (it may be a result not seen before)
+            useful = self._useful(outcome, g) or useful
+        g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
         if g.recent_signatures:
             _note_results(g.recent_signatures, outcomes, blocked=not executed)
 
@@ -237,7 +248,7 @@ class Guards:
             digest = _digest(outcome.output)
             new = digest not in g.seen_results
             if new:
-                g.seen_results = [*g.seen_results[-63:], digest]
+                _push(g.seen_results, digest, 64)
         if self.config.is_useful is not None:
             return bool(self.config.is_useful(outcome, g))
         return new
@@ -246,8 +257,7 @@ class Guards:
         """Remember the reasoning of a step that calls tools (whitespace and case ignored)."""
         normal = " ".join(text.lower().split())
         if len(normal) >= 12:
-            g = state.guards
-            g.recent_thoughts = [*g.recent_thoughts[-7:], _digest(normal)]
+            _push(state.guards.recent_thoughts, _digest(normal), 8)
 
     def note_heal(self, state: RunState, malformed: bool) -> bool:
         """Count a reply that needed a correction (or reset on a good one); True when healing has failed."""
@@ -325,7 +335,7 @@ class Guards:
 def _note_results(recent: list[str], outcomes: list[ToolOutcome], *, blocked: bool) -> None:
     """Add the step's result fingerprint to its signature (a blocked step keeps the earlier result)."""
     sig = recent[-1].split("#", 1)[0]
-    results = _digest("\n".join(o.output for o in outcomes))
+    results = _digest(outcomes[0].output if len(outcomes) == 1 else "\n".join(o.output for o in outcomes))
     if blocked:
         earlier = next((r for r in reversed(recent[:-1]) if r.split("#", 1)[0] == sig and "#" in r), None)
         results = earlier.split("#", 1)[1] if earlier else results

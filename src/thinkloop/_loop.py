@@ -35,7 +35,7 @@ from ._events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from ._execute import AllowAll, ToolGate, ToolOutcome, execute_calls
+from ._execute import AllowAll, Deadlines, ToolGate, ToolOutcome, execute_calls
 from ._guards import Guards
 from ._messages import Message, ModelRequest, ModelResponse, ModelSettings, TextDelta, ToolCall
 from ._prompt import final_answer_prompt, system_prompt
@@ -103,6 +103,7 @@ class RunContext:
     clock_start: float = field(default_factory=time.monotonic)
     elapsed_before: float = 0.0
     discovery: ToolDiscovery | None = None  # runtime tool discovery: which tools the model is shown
+    deadlines: Deadlines = field(default_factory=Deadlines)  # the time limits of its tool and model calls
     saved: bool = False  # whether the store has seen this run (a live store needs no more until the end)
     _shown: dict[tuple[Mode, tuple[str, ...]], tuple[Message, list[ToolDefinition]]] = field(
         default_factory=dict, repr=False
@@ -324,8 +325,7 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
     if deadline is None:
         response = await _call_with_retries(run, request)
     else:
-        async with asyncio.timeout_at(deadline):
-            response = await _call_with_retries(run, request)
+        response = await run.deadlines.within(deadline, _call_with_retries(run, request))
     if (
         request.prefill
         and response.text
@@ -438,13 +438,17 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         if text_call is not None:  # a native model that wrote its tool call as text
             _note_malformed_native(run)
             return Reply(text="", calls=[text_call])
-    if any(c.malformed for c in calls):
-        _note_malformed_native(run)
+    for call in calls:
+        if call.raw_arguments is not None:  # malformed
+            _note_malformed_native(run)
+            break
     return Reply(text=response.text, calls=calls)
 
 
 def _unique_ids(calls: list[ToolCall], step: int) -> list[ToolCall]:
     """The calls with unique, non-empty ids: results are matched to calls by id, and models repeat them."""
+    if len(calls) == 1 and calls[0].id:
+        return list(calls)
     ids = {c.id for c in calls}
     if len(ids) == len(calls) and "" not in ids:
         return list(calls)
@@ -479,13 +483,17 @@ def switch_mode(run: RunContext, mode: Mode, reason: str) -> None:
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
-def _plain(arguments: dict[str, Any]) -> bool:
-    """True when no string in `arguments` (one level deep) can hold a surrogate; nested values are checked."""
-    return all(
-        (isinstance(k, str) and k.isascii())
-        and (isinstance(v, int | float | bool) or (isinstance(v, str) and v.isascii()))
-        for k, v in arguments.items()
-    )
+def _plain(call: ToolCall) -> bool:
+    """True when no string of the call (arguments one level deep) can hold a surrogate."""
+    if call.raw_arguments is not None or not call.name.isascii():
+        return False
+    for key, value in call.arguments.items():
+        if not (key.isascii() and (type(value) in _NUMBERS or (type(value) is str and value.isascii()))):
+            return False
+    return True
+
+
+_NUMBERS = frozenset({int, float, bool})
 
 
 def _valid_unicode(value: Any) -> Any:
@@ -502,7 +510,10 @@ def _valid_unicode(value: Any) -> Any:
 def _valid_unicode_reply(reply: Reply) -> Reply:
     if not reply.text.isascii():
         reply.text = _valid_unicode(reply.text)
-    if all(c.raw_arguments is None and _plain(c.arguments) for c in reply.calls):
+    for call in reply.calls:
+        if not _plain(call):
+            break
+    else:
         return reply  # the common case: nothing that can hold a lone surrogate
     for i, call in enumerate(reply.calls):
         fields = {"name": call.name, "arguments": call.arguments, "raw_arguments": call.raw_arguments}
@@ -621,8 +632,11 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
     state.messages.append(Message.user(prompt, kind="final_prompt", step=state.step))
     try:
         request = build_request(run, final=True)
-        async with asyncio.timeout_at(run.deadline):
+        deadline = run.deadline
+        if deadline is None:
             response = await run.model.request(request)
+        else:
+            response = await run.deadlines.within(deadline, run.model.request(request))
         _account(run, request, response)
     except (ModelError, TimeoutError) as exc:
         return await finish(
@@ -681,6 +695,7 @@ async def finish(
     run: RunContext, reason: StopReason, *, answer: str = "", error: str | None = None
 ) -> RunResult:
     """End the run with exactly one stop reason; save it; emit `done` (and `error` first on errors)."""
+    run.deadlines.close()
     state = run.state
     state.stop_reason = reason
     state.answer = answer

@@ -8,7 +8,10 @@ path, validated by pydantic when loaded from outside, and they round-trip throug
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator
 
 from ._data import Data
 
@@ -45,13 +48,24 @@ class ToolCall(Data):
         return self.raw_arguments is not None
 
 
+def _shared_empty(calls: Sequence[ToolCall]) -> Sequence[ToolCall]:
+    return calls or ()
+
+
+_Calls = Annotated[Sequence["ToolCall"], AfterValidator(_shared_empty)]
+
+
 @dataclass(slots=True, kw_only=True)
 class Message(Data):
-    """One message of a conversation, in thinkloop's own provider-neutral shape."""
+    """One message of a conversation, in thinkloop's own provider-neutral shape.
+
+    `tool_calls` is read-only: a list of the calls, or the empty tuple for a message without calls (so
+    the many messages without calls share one object). Build a new message rather than change one.
+    """
 
     role: Role
     content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: _Calls = ()
     tool_call_id: str | None = None  # for role == "tool": the call this answers
     name: str | None = None  # for role == "tool": the tool's name
     kind: MessageKind = "reply"
@@ -67,9 +81,9 @@ class Message(Data):
 
     @classmethod
     def assistant(
-        cls, content: str = "", tool_calls: list[ToolCall] | None = None, *, step: int | None = None
+        cls, content: str = "", tool_calls: Sequence[ToolCall] | None = None, *, step: int | None = None
     ) -> Message:
-        return cls(role="assistant", content=content, tool_calls=tool_calls or [], step=step)
+        return cls(role="assistant", content=content, tool_calls=tool_calls or (), step=step)
 
     @classmethod
     def tool(cls, call: ToolCall, content: str, *, step: int | None = None) -> Message:

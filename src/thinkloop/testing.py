@@ -74,13 +74,20 @@ class _DoubleModel(Model):
     """Shared behaviour of the test doubles: request recording, estimated usage, chunked streaming."""
 
     def __init__(
-        self, *, name: str, capabilities: ModelCapabilities, latency: float, stream_chunk: int
+        self,
+        *,
+        name: str,
+        capabilities: ModelCapabilities,
+        latency: float,
+        stream_chunk: int,
+        record: bool = True,
     ) -> None:
         self.provider = "test"
         self.name = name
         self.capabilities = capabilities
         self.latency = latency
         self.stream_chunk = stream_chunk
+        self.record = record
         self.requests: list[ModelRequest] = []
 
     @abstractmethod
@@ -88,7 +95,8 @@ class _DoubleModel(Model):
         """The reply to `request` (without usage: `request()` estimates it when absent)."""
 
     async def request(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
+        if self.record:
+            self.requests.append(request)
         if self.latency:
             await asyncio.sleep(self.latency)
         response = await self._reply(request)
@@ -116,6 +124,7 @@ class ScriptedModel(_DoubleModel):
             instead of by call order — so a resumed run continues its script where it left off.
         tools, streaming, prefill: the capabilities to declare (`tools=False` makes the loop use ReAct).
         latency: seconds to wait before each reply.
+        record: keep every request in `requests` (turn off for long or many runs, e.g. benchmarks).
     """
 
     def __init__(
@@ -129,9 +138,12 @@ class ScriptedModel(_DoubleModel):
         latency: float = 0.0,
         name: str = "script",
         stream_chunk: int = 8,
+        record: bool = True,
     ) -> None:
         caps = ModelCapabilities(tools=tools, streaming=streaming, prefill=prefill)
-        super().__init__(name=name, capabilities=caps, latency=latency, stream_chunk=stream_chunk)
+        super().__init__(
+            name=name, capabilities=caps, latency=latency, stream_chunk=stream_chunk, record=record
+        )
         self.replies = list(replies)
         for i, reply in enumerate(self.replies):
             to_response(reply, turn=i)  # fail fast on a bad script
@@ -163,7 +175,11 @@ FunctionReply = Callable[[ModelRequest], Reply | Awaitable[Reply]]
 
 
 class FunctionModel(_DoubleModel):
-    """A Python function decides each reply: `FunctionModel(lambda request: "42")`."""
+    """A Python function decides each reply: `FunctionModel(lambda request: "42")`.
+
+    The function gets the `ModelRequest` and returns a reply (a string, a dict like a scripted reply, or
+    a `ModelResponse`), or an awaitable of one. The other arguments are those of `ScriptedModel`.
+    """
 
     def __init__(
         self,
@@ -175,13 +191,18 @@ class FunctionModel(_DoubleModel):
         latency: float = 0.0,
         name: str = "function",
         stream_chunk: int = 8,
+        record: bool = True,
     ) -> None:
         caps = ModelCapabilities(tools=tools, streaming=streaming, prefill=prefill)
-        super().__init__(name=name, capabilities=caps, latency=latency, stream_chunk=stream_chunk)
+        super().__init__(
+            name=name, capabilities=caps, latency=latency, stream_chunk=stream_chunk, record=record
+        )
         self.function = function
 
     async def _reply(self, request: ModelRequest) -> ModelResponse:
         reply = self.function(request)
+        if type(reply) is ModelResponse:
+            return reply
         if asyncio.iscoroutine(reply) or isinstance(reply, Awaitable):
             reply = await reply
         return to_response(reply, turn=request.turn, model_name=self.name)
