@@ -7,8 +7,8 @@ path, validated by pydantic when loaded from outside, and they round-trip throug
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator
