@@ -92,8 +92,7 @@ async def per_step(steps: int, repeats: int) -> tuple[float, float]:
     """Median µs per step of thinkloop and of the raw loop."""
     agent = Agent(_scripted(steps), tools=[add], budget=Budget(max_steps=steps + 1))
     ours, raw = [], []
-    for _ in range(repeats):
-        agent._model = _scripted(steps)  # a fresh script each time (the agent itself is reused)
+    for _ in range(repeats):  # the model is stateless (it answers by `request.turn`): agent and model reused
         t0 = time.perf_counter()
         result = await agent.run("go")
         ours.append((time.perf_counter() - t0) / steps)

@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING
 from ._errors import ThinkloopError
 from ._messages import Message, ModelRequest, ModelSettings, ToolDefinition
 from ._state import RunState
-from ._tokens import EstimateCounter, TokenCounter, estimate_message, estimate_tools, is_exact
+from ._tokens import (
+    EstimateCounter,
+    ModelTokenCounter,
+    TokenCounter,
+    estimate_message,
+    estimate_tools,
+    is_exact,
+)
 from ._tools import truncate_output
 
 if TYPE_CHECKING:
@@ -45,6 +52,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("thinkloop.context")
 
 DEFAULT_MAX_CONTEXT_TOKENS = 8000
+_ESTIMATING = (EstimateCounter, ModelTokenCounter)  # counters that estimate unless `exact`
 
 Summarizer = Callable[[list[Message], str], Awaitable[str]]
 """A model-written summary: `(messages to summarise, the previous summary or "") -> summary text`."""
@@ -334,7 +342,7 @@ class ContextManager:
         if len(source) == seen:
             return
         count = self.counter.count
-        estimate = type(self.counter) is EstimateCounter
+        estimate = type(self.counter) in _ESTIMATING and not is_exact(self.counter)  # skip the list and sum
         limit = self.old_observation_chars
         for msg in source[seen:]:
             role = msg.role

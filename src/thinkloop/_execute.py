@@ -14,7 +14,7 @@ import json
 import math
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._events import Decision, ErrorKind, ToolCallEvent
@@ -80,7 +80,6 @@ class _Prepared:
     arguments: dict[str, object]
     risk: RiskLevel
     decision: Decision = "auto"
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 async def execute_calls(
@@ -127,7 +126,10 @@ async def _prepare(
     risk = tool.risk_for(arguments)
     verdict = _AUTO if type(run.gate) is AllowAll else await run.gate.check(call, tool, risk, run)
     risk = verdict.risk or risk
-    run.emit(lambda: ToolCallEvent(step=run.state.step, call=call, risk=risk, decision=verdict.decision))
+    if run.observed:
+        run.emit(ToolCallEvent(step=run.state.step, call=call, risk=risk, decision=verdict.decision))
+    else:
+        run.skip_event()
     if not verdict.allowed:
         text = verdict.message or _denied_message(tool, verdict.reason)
         return ToolOutcome(call, text, False, error_kind="denied", risk=risk, decision=verdict.decision)

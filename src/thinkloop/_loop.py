@@ -145,7 +145,8 @@ class RunContext:
     def emit(self, event: Event | Callable[[], Event]) -> None:
         """Number the event, hand it to the sinks, and queue it for the next checkpoint.
 
-        Hot paths pass a factory (`lambda: Progress(...)`): it is only called when someone reads events.
+        Rare events may pass a factory (`lambda: Hint(...)`): it is only called when someone reads events.
+        The hottest paths test `observed` first and call `skip_event()` instead (no closure to build).
         """
         self.state.event_version += 1
         if not isinstance(event, BaseModel):
@@ -158,6 +159,10 @@ class RunContext:
             self.pending.append(event)
         for sink in self.sinks:
             sink(event)
+
+    def skip_event(self) -> None:
+        """Count an event nobody reads (so `seq` numbers do not depend on who listens)."""
+        self.state.event_version += 1
 
     async def checkpoint(self) -> None:
         """Save the state with the events emitted since the last checkpoint, in one transaction."""
@@ -277,9 +282,10 @@ async def think(run: RunContext) -> Reply:
     state = run.state
     state.step += 1
     state.phase = "thinking"
-    run.emit(
-        lambda: Progress(step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.copy())
-    )
+    if run.observed:
+        run.emit(Progress(step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.copy()))
+    else:
+        run.skip_event()
     if run.context.summarizer is not None:
         await run.context.prepare(state)  # a model-written summary of dropped steps
     request = build_request(run)
@@ -528,7 +534,10 @@ def _record_reply(run: RunContext, reply: Reply) -> None:
     state.messages.append(Message.assistant(reply.text, reply.calls, step=state.step))
     if reply.calls and reply.text.strip():
         run.guards.note_thought(state, reply.text)
-        run.emit(lambda: Thought(step=state.step, text=reply.text.strip()))
+        if run.observed:
+            run.emit(Thought(step=state.step, text=reply.text.strip()))
+        else:
+            run.skip_event()
     elif reply.calls:
         state.guards.recent_thoughts.clear()  # a step without reasoning breaks a streak
 
@@ -595,7 +604,10 @@ async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
         state.messages.append(
             Message(role="tool", content=text, tool_call_id=call.id, name=call.name, step=step)
         )
-        run.emit(functools.partial(_result_event, step, outcome))
+        if run.observed:
+            run.emit(_result_event(step, outcome))
+        else:
+            run.skip_event()
     guards.observe(state, outcomes)
     guards.note_heal(state, malformed=all(o.error_kind in _MALFORMED for o in outcomes))
     hint = guards.hint(state, run.config.budget.max_steps)
