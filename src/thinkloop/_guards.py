@@ -305,6 +305,8 @@ class Guards:
         g = state.guards
         if not self.config.checkpoint_hints or state.step in g.hints_given:
             return None
+        if not (g.recent_errors or g.recent_thoughts) and state.step not in hint_rounds(max_steps).values():
+            return None  # the common case: no streak, and not a checkpoint round
         key = self._checkpoint_key(state, max_steps)
         errors = _streak(g.recent_errors)
         if key is None and errors == 2:

@@ -272,8 +272,11 @@ async def run_loop(run: RunContext) -> RunResult:
 
 def check_stop(run: RunContext) -> StopReason | None:
     """Budgets first, then the guards."""
-    state = run.state
-    reason = run.config.budget.check(steps=state.step, usage=state.usage, elapsed=run.elapsed)
+    state, budget = run.state, run.config.budget
+    if budget.timeout is None and budget.max_cost is None and budget.max_tokens is None:
+        reason = StopReason.MAX_STEPS if state.step >= budget.max_steps else None  # only a step limit
+    else:
+        reason = budget.check(steps=state.step, usage=state.usage, elapsed=run.elapsed)
     return reason or run.guards.stop_reason(state)
 
 
@@ -609,7 +612,10 @@ async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
         else:
             run.skip_event()
     guards.observe(state, outcomes)
-    guards.note_heal(state, malformed=all(o.error_kind in _MALFORMED for o in outcomes))
+    malformed = outcomes[0].error_kind in _MALFORMED if len(outcomes) == 1 else all(
+        o.error_kind in _MALFORMED for o in outcomes
+    )
+    guards.note_heal(state, malformed=malformed)
     hint = guards.hint(state, run.config.budget.max_steps)
     if hint is not None:
         text, reason = hint
