@@ -13,8 +13,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import json_repair
-
 from ._messages import Message, ToolCall, ToolDefinition
 
 OBSERVATION = "Observation:"
@@ -175,6 +173,8 @@ def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
         value = json.loads(body)
     except ValueError:
         try:
+            import json_repair  # only for broken JSON (keeps `import thinkloop` fast)
+
             value = json_repair.loads(body)
         except Exception:
             value = None

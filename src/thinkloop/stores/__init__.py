@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
 from ._base import MemoryEntry as MemoryEntry
@@ -20,12 +22,30 @@ from ._base import RunStatus as RunStatus
 from ._base import RunSummary as RunSummary
 from ._base import Store as Store
 from ._base import check_id as check_id
-from ._file import FileStore as FileStore
 from ._memory import InProcessStore as InProcessStore
 from ._memory import MemoryStore as MemoryStore
-from ._postgres import PostgresStore as PostgresStore
-from ._sqlite import SQLiteStore as SQLiteStore
-from ._sqlite import default_path as default_path
+
+if TYPE_CHECKING:
+    from ._file import FileStore as FileStore
+    from ._postgres import PostgresStore as PostgresStore
+    from ._sqlite import SQLiteStore as SQLiteStore
+    from ._sqlite import default_path as default_path
+
+_LAZY = {  # imported on first use, so `import thinkloop` stays fast
+    "FileStore": "._file",
+    "PostgresStore": "._postgres",
+    "SQLiteStore": "._sqlite",
+    "default_path": "._sqlite",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "FileStore",
@@ -53,14 +73,20 @@ def open_store(url: str | None = None) -> Store:
     if scheme == "memory":
         return MemoryStore()
     if scheme in ("postgres", "postgresql"):
+        from ._postgres import PostgresStore
+
         return PostgresStore(text)
     if scheme == "sqlite" and sep:
+        from ._sqlite import SQLiteStore
+
         path = _path_of(rest)
         return SQLiteStore(path or None)
     if scheme == "file" and sep:
         path = _path_of(rest)
         if not path:
             raise ConfigurationError(f"store URL {text!r} needs a directory: file:///path/to/dir")
+        from ._file import FileStore
+
         return FileStore(path)
     raise ConfigurationError(
         f"unknown store URL {text!r}: use sqlite:///path.db, postgresql://user@host/db, "
