@@ -40,6 +40,8 @@ class _Shared:
     context_limit: int
     prompt_layers: dict[str, Any]
     gate: ToolGate
+    shown: dict[Any, Any] = dataclasses.field(default_factory=dict)  # system message + tools by mode/names
+    reserves: dict[Any, int] = dataclasses.field(default_factory=dict)  # their tokens
 
 
 class Agent:
@@ -325,7 +327,8 @@ class Agent:
             discovery=self.discovery,
             config=config,
             guards=Guards(self.guard_config),
-            context=ContextManager(shared.context_limit, counter=shared.counter, summarizer=self.summarizer),
+            context=self._context_manager(shared),
+            _shown=shared.shown,
             prompt_layers=shared.prompt_layers,
             gate=shared.gate,
             store=self.store,
@@ -353,6 +356,11 @@ class Agent:
                 self._configs.clear()
             self._configs[key] = config
         return config
+
+    def _context_manager(self, shared: _Shared) -> ContextManager:
+        manager = ContextManager(shared.context_limit, counter=shared.counter, summarizer=self.summarizer)
+        manager.reserve_cache = shared.reserves  # the system prompt and tools are counted once per agent
+        return manager
 
     def _shared(self, model: Model) -> _Shared:
         """What every run of this agent shares read-only (built once per model; the settings are fixed).
@@ -387,6 +395,7 @@ class Agent:
         state = run.state
         if self.mcp_servers:  # connects servers not yet connected; a server that cannot start raises
             run.tools = await registry_with_mcp(run.tools, self.mcp_servers)
+            run.forget_shown()  # this run's tool set is its own
         if state.session is not None and not resumed:
             memory = await self._store_for("use a session").get_memory(state.session)
             state.messages[:0] = memory_messages([(m.role, m.content) for m in memory])

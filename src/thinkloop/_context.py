@@ -237,6 +237,9 @@ class ContextManager:
         self.last_tokens = 0  # tokens of the last view, with the reserve
         self._reset(None)
         self._reserve_key: tuple[str, tuple[str, ...]] | None = None
+        self.reserve_cache: dict[
+            tuple[str, tuple[str, ...]], int
+        ] = {}  # an agent shares one between its runs
         self._reserve_for_system: str | None = None
         self._reserve_for_tools: Sequence[ToolDefinition] | None = None
         self._reserve = 0
@@ -436,8 +439,11 @@ class ContextManager:
         key = (system or "", tuple(t.name for t in tools))
         if key != self._reserve_key:
             self._reserve_key = key
-            sys_tokens = self.counter.count([Message.system(system)]) if system else 0
-            self._reserve = sys_tokens + estimate_tools(tools)
+            known = self.reserve_cache.get(key)
+            if known is None:
+                sys_tokens = self.counter.count([Message.system(system)]) if system else 0
+                known = self.reserve_cache[key] = sys_tokens + estimate_tools(tools)
+            self._reserve = known
         return self._reserve
 
     # -------------------------------------------------------------------------------- planning

@@ -120,6 +120,11 @@ class RunContext:
         """The system prompt for a mode: the agent's layers, plus the tool list and format in ReAct."""
         return self.shown(mode)[0].content
 
+    def forget_shown(self) -> None:
+        """Build the system message and tool list for this run alone (its tools differ from the agent's)."""
+        self._shown = {}
+        self.context.reserve_cache = {}
+
     def shown(self, mode: Mode) -> tuple[Message, list[ToolDefinition]]:
         """The system message and the tool definitions the model is shown in `mode` (built once per tool set)."""
         names = tuple(self.tools.names if self.discovery is None else self.visible_names())
@@ -612,8 +617,10 @@ async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
         else:
             run.skip_event()
     guards.observe(state, outcomes)
-    malformed = outcomes[0].error_kind in _MALFORMED if len(outcomes) == 1 else all(
-        o.error_kind in _MALFORMED for o in outcomes
+    malformed = (
+        outcomes[0].error_kind in _MALFORMED
+        if len(outcomes) == 1
+        else all(o.error_kind in _MALFORMED for o in outcomes)
     )
     guards.note_heal(state, malformed=malformed)
     hint = guards.hint(state, run.config.budget.max_steps)

@@ -47,6 +47,7 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
+
 __all__ = [
     "FileStore",
     "MemoryEntry",
