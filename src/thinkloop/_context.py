@@ -347,29 +347,33 @@ class ContextManager:
         count = self.counter.count
         estimate = type(self.counter) in _ESTIMATING and not is_exact(self.counter)  # skip the list and sum
         limit = self.old_observation_chars
+        counts, open_calls, valid = self._counts, self._open_calls, self._valid
+        groups, size, tokens = self._group_count, self._last_group_size, self._tokens
         for msg in source[seen:]:
             role = msg.role
-            if role == "assistant" or (msg.kind == "task" and self._last_group_size):
-                self._group_count += 1  # a step, or the task, which starts its own (pinned) group
-                self._last_group_size = 0
-            self._last_group_size += 1
-            tokens = estimate_message(msg) if estimate else count([msg])
-            self._counts.append(tokens)
-            self._tokens += tokens
-            if not self._valid:
+            if role == "assistant" or (msg.kind == "task" and size):
+                groups += 1  # a step, or the task, which starts its own (pinned) group
+                size = 0
+            size += 1
+            n = estimate_message(msg) if estimate else count([msg])
+            counts.append(n)
+            tokens += n
+            if not valid:
                 pass
             elif role == "tool":  # the call/result order, as `validate_history` checks it
-                if msg.tool_call_id in self._open_calls:
-                    self._open_calls.discard(msg.tool_call_id)
+                if msg.tool_call_id in open_calls:
+                    open_calls.discard(msg.tool_call_id)
                     if limit is not None and len(msg.content) > limit and self._first_long < 0:
-                        self._first_long = self._group_count - 1
+                        self._first_long = groups - 1
                 else:
-                    self._valid = False
-            elif self._open_calls:
-                self._valid = False
+                    valid = False
+            elif open_calls:
+                valid = False
             elif msg.tool_calls:
-                self._open_calls = {c.id for c in msg.tool_calls}
-                self._valid = len(self._open_calls) == len(msg.tool_calls)
+                open_calls = {c.id for c in msg.tool_calls}
+                valid = len(open_calls) == len(msg.tool_calls)
+        self._open_calls, self._valid = open_calls, valid
+        self._group_count, self._last_group_size, self._tokens = groups, size, tokens
         self._seen = len(source)
         self._last = source[-1]
 

@@ -90,8 +90,8 @@ async def execute_calls(
     Outcomes come back in the order of `calls`, so each call is answered by its own id. `tools` is
     where calls are looked up (default: the run's tools; a plan passes its own).
     """
-    if len(calls) == 1:
-        prepared = await _prepare(run, calls[0], tools)
+    if len(calls) == 1 and type(run.gate) is AllowAll:  # the common case, without a coroutine per check
+        prepared = _decided(run, _checked(run, calls[0], tools), _AUTO)
         return [prepared if isinstance(prepared, ToolOutcome) else await _run_one(run, prepared)]
     outcomes: dict[str, ToolOutcome] = {}
     ready: list[_Prepared] = []
@@ -113,6 +113,16 @@ async def _prepare(
     run: RunContext, call: ToolCall, tools: ToolRegistry | None = None
 ) -> _Prepared | ToolOutcome:
     """Everything before running: lookup, argument checks, risk, the safety gate."""
+    checked = _checked(run, call, tools)
+    if isinstance(checked, ToolOutcome):
+        return checked
+    gate = run.gate
+    verdict = _AUTO if type(gate) is AllowAll else await gate.check(call, checked.tool, checked.risk, run)
+    return _decided(run, checked, verdict)
+
+
+def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Prepared | ToolOutcome:
+    """Lookup, argument checks and risk; a failed check is the outcome."""
     tool = (run.tools if tools is None else tools).get(call.name)
     if tool is None:
         names = run.visible_names() if tools is None else tools.names
@@ -123,23 +133,33 @@ async def _prepare(
         arguments = tool.validate(call.arguments)
     except ToolArgumentsError as exc:
         return _failed(call, "invalid_arguments", _invalid_args_message(tool, str(exc)))
-    risk = tool.risk_for(arguments)
-    verdict = _AUTO if type(run.gate) is AllowAll else await run.gate.check(call, tool, risk, run)
-    risk = verdict.risk or risk
+    return _Prepared(call, tool, arguments, tool.risk_for(arguments))
+
+
+def _decided(
+    run: RunContext, checked: _Prepared | ToolOutcome, verdict: GateDecision
+) -> _Prepared | ToolOutcome:
+    """Apply the gate's verdict to a checked call (and announce the call)."""
+    if isinstance(checked, ToolOutcome):
+        return checked
+    call, risk = checked.call, verdict.risk or checked.risk
     if run.observed:
         run.emit(ToolCallEvent(step=run.state.step, call=call, risk=risk, decision=verdict.decision))
     else:
         run.skip_event()
     if not verdict.allowed:
-        text = verdict.message or _denied_message(tool, verdict.reason)
+        text = verdict.message or _denied_message(checked.tool, verdict.reason)
         return ToolOutcome(call, text, False, error_kind="denied", risk=risk, decision=verdict.decision)
-    return _Prepared(call, tool, arguments, risk, verdict.decision)
+    checked.risk, checked.decision = risk, verdict.decision
+    return checked
 
 
 async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     """Run one approved call: ledger start, timeout, render, truncate, ledger done."""
     call, tool = prepared.call, prepared.tool
-    await run.ledger_started(call)
+    run.mark_started(call)
+    if run.step_saves:  # saved before it runs: a crash now leaves it "started", never run twice unseen
+        await run.checkpoint()
     timeout = tool.timeout if tool.timeout is not None else run.config.tool_timeout
     when, by_run = _deadline(run, timeout)
     started = time.perf_counter()
@@ -157,7 +177,9 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
     text, truncated = truncate_output(text, limit)
     outcome = ToolOutcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
-    await run.ledger_done(call.id, text, success, error_kind=kind)
+    run.mark_done(call.id, text, success, error_kind=kind)
+    if run.step_saves:
+        await run.checkpoint()
     return outcome
 
 

@@ -135,7 +135,25 @@ def signature(call: ToolCall) -> str:
     return f"{call.name}:{args}"
 
 
-_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode
+def _make_canonical() -> Callable[[Any], str]:
+    """Canonical JSON (sorted keys, no spaces): the C encoder built once when available (it is rebuilt
+    by every `json.dumps` call otherwise), else `json.dumps`."""
+    encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return encoder.encode
+    fast = make(None, str, json.encoder.encode_basestring, None, ":", ",", True, False, True)
+
+    def canonical(value: Any) -> str:
+        try:
+            return "".join(fast(value, 0))
+        except (TypeError, ValueError, RecursionError):  # e.g. a non-string key: the full encoder decides
+            return encoder.encode(value)
+
+    return canonical
+
+
+_canonical = _make_canonical()
 
 
 _last_digest: tuple[str, str] = ("", "")

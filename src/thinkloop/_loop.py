@@ -181,6 +181,20 @@ class RunContext:
 
     async def ledger_started(self, call: ToolCall) -> None:
         """Mark a call as started (its planned entry, or a new one) and save that before it runs."""
+        self.mark_started(call)
+        if self.step_saves:
+            await self.checkpoint()
+
+    async def ledger_done(
+        self, call_id: str, output: str, success: bool, *, error_kind: str | None = None
+    ) -> None:
+        """Record a call's result in the ledger and save it."""
+        self.mark_done(call_id, output, success, error_kind=error_kind)
+        if self.step_saves:
+            await self.checkpoint()
+
+    def mark_started(self, call: ToolCall) -> None:
+        """The ledger entry of `call` says started (its planned entry, or a new one); not saved yet."""
         entry = self.state.ledger.get(call.id)
         if entry is None:
             entry = LedgerEntry(
@@ -191,18 +205,13 @@ class RunContext:
             entry.status, entry.step, entry.output, entry.success, entry.error_kind = (
                 "started", self.state.step, None, None, None,
             )  # fmt: skip
-        if self.step_saves:
-            await self.checkpoint()
 
-    async def ledger_done(
-        self, call_id: str, output: str, success: bool, *, error_kind: str | None = None
-    ) -> None:
+    def mark_done(self, call_id: str, output: str, success: bool, *, error_kind: str | None = None) -> None:
+        """The ledger entry of a call holds its result; not saved yet."""
         entry = self.state.ledger.get(call_id)
         if entry is not None:
             entry.status, entry.output, entry.success = "done", output, success
             entry.error_kind = error_kind
-        if self.step_saves:
-            await self.checkpoint()
 
     @property
     def elapsed(self) -> float:

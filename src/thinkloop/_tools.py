@@ -105,13 +105,21 @@ class Tool:
         except Exception:
             return RiskLevel.HIGH
 
-    async def invoke(self, arguments: dict[str, Any]) -> Any:
-        """Call the function with validated arguments. Sync functions run in a worker thread."""
+    def invoke(self, arguments: dict[str, Any]) -> Awaitable[Any]:
+        """Call the function with validated arguments (await the result). Sync functions run in a worker
+        thread unless `in_thread=False`; an awaitable a sync function returns is awaited too."""
         if self._is_async:
-            return await self.function(**arguments)
+            return self.function(**arguments)  # type: ignore[no-any-return]  # its coroutine, not started
+        return self._invoke_sync(arguments)
+
+    async def _invoke_sync(self, arguments: dict[str, Any]) -> Any:
         if self.in_thread:
-            return await asyncio.to_thread(self.function, **arguments)
-        return self.function(**arguments)
+            result = await asyncio.to_thread(self.function, **arguments)
+        else:
+            result = self.function(**arguments)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
 
 def _explain(exc: ValidationError) -> str:
