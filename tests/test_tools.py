@@ -82,6 +82,18 @@ async def test_sync_and_async_invoke() -> None:
     assert await double.invoke({"x": 4}) == 8
 
 
+async def test_an_awaitable_returned_by_a_sync_callable_is_awaited() -> None:
+    class Fetcher:  # a callable object with an async __call__ is not a coroutine function
+        async def __call__(self, key: str) -> str:
+            await asyncio.sleep(0)
+            return f"value of {key}"
+
+    for in_thread in (True, False):
+        t = Tool("fetch", "Fetch.", {"type": "object", "properties": {"key": {"type": "string"}}}, Fetcher(),
+                 in_thread=in_thread)  # fmt: skip
+        assert await t.invoke({"key": "k1"}) == "value of k1"
+
+
 def test_invalid_definitions_are_user_errors() -> None:
     with pytest.raises(ConfigurationError, match="invalid tool name"):
         Tool("bad name!", "", None, print)
