@@ -387,3 +387,21 @@ async def test_test_doubles_can_run_without_keeping_a_request_log() -> None:
     assert (await Agent(scripted).run("go")).output == "done"
     assert model.requests == [] and scripted.requests == []
     scripted.assert_used_up()
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer"),
+    [
+        ("The answer is 42.", "The answer is 42."),
+        ("Thought: I can answer now.\nFinal Answer: 42", "42"),
+        ("<think>6 times 7 is 42, let me double-check… yes.</think>\n\n42", "42"),
+        ("6 times 7, so 42.</think>\nThe answer is 42.", "The answer is 42."),  # opening tag in the template
+        ("<THINK>hmm</THINK>Final answer: 42", "42"),
+        ("<think>still reasoning about 6*7 when the reply was cut", "still reasoning about 6*7 when the reply was cut"),
+        ("Final Answer:", "Final Answer:"),  # a label with nothing after it is kept as written
+    ],
+)
+def test_a_native_final_answer_drops_reasoning_blocks_and_labels(reply: str, answer: str) -> None:
+    result = Agent(FunctionModel(lambda request: reply)).run_sync("What is 6*7?")
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    assert result.output == answer

@@ -465,7 +465,28 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         if call.raw_arguments is not None:  # malformed
             _note_malformed_native(run)
             break
-    return Reply(text=response.text, calls=calls)
+    return Reply(text=response.text if calls else native_answer(response.text), calls=calls)
+
+
+_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+
+
+def native_answer(text: str) -> str:
+    """The answer in a native reply without tool calls: reasoning blocks of thinking models
+    (`<think>…</think>`) removed, and the text after a `Final Answer:` label when the model wrote one."""
+    if "think>" in text.lower():
+        cleaned = _THINK_RE.sub("", text)
+        lower = cleaned.lower()
+        close = lower.rfind("</think>")
+        if close >= 0:  # the opening tag was part of the prompt: everything before the close is reasoning
+            cleaned = cleaned[close + len("</think>") :]
+        elif lower.lstrip().startswith("<think>"):  # cut off while reasoning: keep the reasoning, untagged
+            cleaned = cleaned.lstrip()[len("<think>") :]
+        text = cleaned.strip() or text.replace("<think>", "").replace("</think>", "").strip()
+    match = _react._FINAL_RE.search(text)
+    if match is not None and text[match.end() :].strip():
+        return text[match.end() :].strip()
+    return text
 
 
 def _unique_ids(calls: list[ToolCall], step: int) -> list[ToolCall]:
