@@ -109,6 +109,20 @@ def test_run_answers_with_the_calculator(cli: Cli) -> None:
     assert r.stdout.count("17*23 = 391.") == 1  # the streamed answer is not printed again after the panel
 
 
+def test_learn_keeps_lessons_and_a_later_similar_run_gets_them_in_its_prompt(cli: Cli) -> None:
+    model = cli.script([call("calculator", expression="17*23"), text("17*23 = 391.")])
+    first = cli("run", "Multiply 17 by 23 with the calculator", "--model", model, "--learn", "--json")
+    assert first.code == 0, first.stderr
+    lessons = (cli.home / "lessons.jsonl").read_text().splitlines()
+    assert len(lessons) == 1 and "calculator(expression)" in json.loads(lessons[0])["text"]
+    second = cli("run", "Multiply 19 by 29 with the calculator", "--model", model, "--learn", "--json")
+    assert second.code == 0, second.stderr
+    state = done_result(second)["state"]
+    assert state["metadata"]["lessons"] == [json.loads(lessons[0])["text"]]
+    without = cli("run", "Multiply 19 by 29 with the calculator", "--model", model, "--json")
+    assert done_result(without)["state"]["metadata"].get("lessons") is None  # no --learn: no experience
+
+
 def test_json_prints_every_event_as_one_json_line(cli: Cli) -> None:
     model = cli.script([call("calculator", expression="17*23"), text("17*23 = 391.")])
     r = cli("run", "What is 17*23?", "--model", model, "--json")
@@ -555,6 +569,7 @@ def test_runs_list_show_and_export_after_a_run(cli: Cli) -> None:
         "safety": "balanced",
         "mcp": [],
         "hosts": None,
+        "learn": False,
     }
     printed, saved = run.events(), data["events"]
     for events in (printed, saved):  # the live state's clock moves on between `done` and its checkpoint

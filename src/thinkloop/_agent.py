@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from ._budget import Budget, PriceTable
@@ -19,15 +20,19 @@ from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, current_run,
 from ._messages import Message, ModelSettings
 from ._prompt import DEFAULT_RULES
 from ._resume import load_resumable, memory_messages, resume_pending
-from ._state import Mode, RunState
+from ._state import Mode, RunState, StopReason
 from ._tokens import TokenCounter, TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
+from .experience import Learner, RunRecord
 from .mcp import MCPServer, registry_with_mcp
 from .models import Model, resolve_model
 from .stores._base import Store, check_id
 from .stores._memory import InProcessStore
 
 ModeSetting = Literal["auto", "native", "react"]
+logger = logging.getLogger("thinkloop.agent")
+RECALL_TIMEOUT = 10.0  # seconds a learner may take to recall lessons before a run starts without them
+LEARN_TIMEOUT = 30.0  # seconds a learner may take to learn from a finished run (SPEC §11.1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,6 +87,10 @@ class Agent:
             `discover_tools`, which finds the others in the catalogue when needed.
         mcp_servers: MCP servers whose tools are added to every run. `async with agent:` opens and
             closes them; otherwise the first run connects them and `await agent.aclose()` closes them.
+        experience: a `Learner` (e.g. `LessonBook`): lessons relevant to each goal go into the system
+            prompt, and every finished run is handed to it in the background to learn from
+            (`await agent.wait_for_learning()` waits for that; `run_sync` does it before returning).
+        lessons_limit: the most lessons put into one run's prompt.
     """
 
     def __init__(
@@ -111,6 +120,8 @@ class Agent:
         on_event: EventSink | None = None,
         discovery: ToolDiscovery | None = None,
         mcp_servers: Sequence[MCPServer] = (),
+        experience: Learner | None = None,
+        lessons_limit: int = 3,
     ) -> None:
         if mode not in ("auto", "native", "react"):
             raise ConfigurationError(f"mode must be 'auto', 'native' or 'react', not {mode!r}")
@@ -145,6 +156,9 @@ class Agent:
         if discovery is not None:
             discovery.check(self.tools.names)
         self.mcp_servers = list(mcp_servers)
+        self.experience = experience
+        self.lessons_limit = lessons_limit
+        self._learning: set[asyncio.Task[None]] = set()
         self._configs: dict[tuple[Budget, bool], LoopConfig] = {}
         self._shared_by_model: _Shared | None = None
 
@@ -223,7 +237,7 @@ class Agent:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.resume(run_id, **kwargs))
+            return asyncio.run(self._then_learn(self.resume(run_id, **kwargs)))
         raise UserError(
             "resume_sync() cannot be called from a running event loop: use `await agent.resume(...)`"
         )
@@ -247,7 +261,7 @@ class Agent:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.run(goal, **kwargs))
+            return asyncio.run(self._then_learn(self.run(goal, **kwargs)))
         raise UserError(
             "run_sync() cannot be called from a running event loop (e.g. Jupyter or async code): "
             "use `await agent.run(...)` instead"
@@ -399,12 +413,63 @@ class Agent:
         if state.session is not None and not resumed:
             memory = await self._store_for("use a session").get_memory(state.session)
             state.messages[:0] = memory_messages([(m.role, m.content) for m in memory])
+        if self.experience is not None:
+            await self._use_lessons(run, resumed=resumed)
         run.emit(lambda: RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
         await run.checkpoint()  # recorded before the first model call: a crash leaves a resumable run
         token = current_run.set(run)  # lets a router emit its `model_attempt` events to this run
         try:
             if resumed:
                 await resume_pending(run)  # tool calls the interruption left without a result
-            return await run_loop(run)
+            result = await run_loop(run)
         finally:
             current_run.reset(token)
+        if self.experience is not None and result.stop_reason is not StopReason.CANCELLED:
+            self._learn_later(result.state)
+        return result
+
+    # ------------------------------------------------------------------------------------ experience
+
+    async def _use_lessons(self, run: RunContext, *, resumed: bool) -> None:
+        """Put the lessons relevant to the goal into the prompt (a resumed run keeps the ones it had)."""
+        assert self.experience is not None
+        state = run.state
+        lessons = state.metadata.get("lessons")
+        if not resumed or not isinstance(lessons, list):
+            try:
+                async with asyncio.timeout(RECALL_TIMEOUT):
+                    lessons = list(await self.experience.recall(state.goal, limit=self.lessons_limit))
+            except Exception as exc:  # experience is an optimisation: the run goes on without it
+                logger.warning(
+                    "recalling lessons failed (%s: %s); running without them", type(exc).__name__, exc
+                )
+                lessons = []
+            state.metadata["lessons"] = lessons
+        if lessons:
+            run.prompt_layers = {**run.prompt_layers, "experience": tuple(str(x) for x in lessons)}
+            run.forget_shown()  # this run's system prompt is its own
+
+    def _learn_later(self, state: RunState) -> None:
+        """Hand the finished run to the learner in the background (the answer never waits for it)."""
+        task = asyncio.get_running_loop().create_task(self._learn(RunRecord.from_state(state)))
+        self._learning.add(task)
+        task.add_done_callback(self._learning.discard)
+
+    async def _learn(self, record: RunRecord) -> None:
+        assert self.experience is not None
+        try:
+            async with asyncio.timeout(LEARN_TIMEOUT):
+                await self.experience.learn(record)
+        except Exception as exc:  # never surfaces: the run is over and its answer given
+            logger.warning("learning from run %s failed (%s: %s)", record.run_id, type(exc).__name__, exc)
+
+    async def _then_learn(self, run: Awaitable[RunResult]) -> RunResult:
+        """For the sync entry points: their event loop ends with the call, so learning is awaited."""
+        result = await run
+        await self.wait_for_learning()
+        return result
+
+    async def wait_for_learning(self) -> None:
+        """Wait until the learner has taken in every finished run (each within 30 s)."""
+        while self._learning:
+            await asyncio.gather(*self._learning, return_exceptions=True)

@@ -73,6 +73,14 @@ def run_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the events as JSON lines instead of the live view.")
     ] = False,
+    learn: Annotated[
+        bool,
+        typer.Option(
+            "--learn",
+            help="Recall lessons from earlier runs into the prompt, and learn from this one "
+            "(kept in $THINKLOOP_LESSONS, else lessons.jsonl in the user data directory).",
+        ),
+    ] = False,
 ) -> None:
     """Run an agent on GOAL and print its answer."""
     console = Console(stderr=as_json)
@@ -80,8 +88,9 @@ def run_command(
     try:
         budget = Budget(max_steps=max_steps, max_tokens=max_tokens, max_cost=max_cost, timeout=timeout)
         options = dict(
-            tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts
-        )
+            tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts,
+            learn=learn,
+        )  # fmt: skip
         code = asyncio.run(_run(goal, model, budget, options, instructions, store, as_json, console))
     except KeyboardInterrupt:
         errors.print("[yellow]cancelled[/]")
@@ -122,6 +131,7 @@ async def _run(
     try:
         async for _ in agent.stream(goal, metadata={"cli": cli_metadata(options, instructions)}):
             pass  # `show` renders each event as it is emitted (see `Printer`)
+        await agent.wait_for_learning()  # the process ends with the run: learn before it does
     finally:
         view.close()
         await _close(agent)
@@ -138,6 +148,7 @@ def cli_metadata(options: dict[str, Any], instructions: str) -> dict[str, Any]:
         "safety": options["safety"],
         "mcp": list(options["mcp"]),
         "hosts": str(Path(hosts).resolve()) if hosts is not None else None,
+        "learn": bool(options.get("learn")),
     }
 
 
@@ -206,6 +217,7 @@ def build_agent(
     mode: str,
     hosts: Path | None = None,
     on_event: EventSink | None = None,
+    learn: bool = False,
 ) -> Agent:
     """The agent the CLI runs: built-in tools, a safety controller asking at the terminal, a store, MCP."""
     from ..tools import builtin_tools
@@ -217,6 +229,10 @@ def build_agent(
         from ..mcp import MCPServerStdio
 
         kwargs["mcp_servers"] = [MCPServerStdio.from_command_line(cmd) for cmd in mcp]
+    if learn:
+        from ..experience import LessonBook, default_lessons_path
+
+        kwargs["experience"] = LessonBook(default_lessons_path())
     return Agent(
         model,
         tools=builtin_tools(names, root=workspace, hosts=load_hosts(hosts)),

@@ -302,9 +302,11 @@ async def _resume(
         mcp=[],
         mode=state.mode,
         on_event=show,
+        learn=bool(cli.get("learn", False)),
     )
     try:
         await agent.resume(run_id)
+        await agent.wait_for_learning()
     finally:
         view.close()
         aclose = getattr(agent, "aclose", None)  # closes MCP servers, when the agent has them

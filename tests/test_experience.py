@@ -1,0 +1,264 @@
+"""Experience (SPEC §11): lessons distilled from finished runs, recalled into the prompt of new runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from thinkloop import Agent, ModelRequest, StopReason, tool
+from thinkloop.experience import (
+    Learner,
+    LessonBook,
+    RunRecord,
+    ToolUse,
+    model_distiller,
+    rule_lessons,
+)
+from thinkloop.stores import SQLiteStore
+from thinkloop.testing import FunctionModel, ScriptedModel
+
+
+@tool
+def unit_price(item: str) -> float:
+    """The unit price of an item in dollars."""
+    return {"apple": 0.5, "pear": 0.75}.get(item, 1.0)
+
+
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression."""
+    if "/0" in expression.replace(" ", ""):
+        raise ZeroDivisionError("division by zero")
+    return str(eval(expression, {"__builtins__": {}}))  # test tool: fixed inputs only
+
+
+def record(task: str, *, success: bool = True, tools: list[ToolUse] | None = None, **kw: Any) -> RunRecord:
+    fields: dict[str, Any] = {
+        "run_id": "r1",
+        "task": task,
+        "answer": "1.5",
+        "stop_reason": StopReason.FINAL_ANSWER if success else StopReason.MAX_STEPS,
+        "success": success,
+        "steps": 3,
+        "duration": 1.0,
+        "tools": tools or [],
+    }
+    fields.update(kw)
+    return RunRecord(**fields)
+
+
+PRICE_THEN_MULTIPLY = [
+    ToolUse(name="unit_price", arguments={"item": "apple"}, success=True, output="0.5"),
+    ToolUse(name="calculator", arguments={"expression": "0.5*3"}, success=True, output="1.5"),
+]
+
+
+# ======================================================================================= distilling
+
+
+async def test_rule_lessons_name_the_tools_that_solved_a_task_without_its_values() -> None:
+    lessons = await rule_lessons(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY))
+    assert lessons == [
+        'For a task like "What do 3 apples cost?", calling unit_price(item) then calculator(expression) '
+        "led to the answer."
+    ]
+    assert "0.5*3" not in lessons[0]  # the old task's values would mislead a new one
+
+
+async def test_rule_lessons_warn_about_a_failing_call_and_explain_how_a_run_ended() -> None:
+    failing = [ToolUse(name="calculator", arguments={"expression": "1/0"}, success=False, output="Error: ZeroDivisionError")]
+    lessons = await rule_lessons(record("Divide 1 by 0", success=False, tools=failing, stop_reason=StopReason.DANGEROUS_LOOP))
+    assert len(lessons) == 2
+    assert "calculator(expression) failed with: Error: ZeroDivisionError" in lessons[0]
+    assert "was stopped for repeating itself" in lessons[1] and "give the final answer" in lessons[1]
+    assert await rule_lessons(record("x", success=False, stop_reason=StopReason.CANCELLED)) == []
+
+
+async def test_model_distiller_uses_the_models_lines_and_falls_back_to_rules() -> None:
+    model = ScriptedModel(["- Look up the unit price first.\n- Then multiply with the calculator.\n\n"])
+    distill = model_distiller(model)
+    assert await distill(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY)) == [
+        "Look up the unit price first.",
+        "Then multiply with the calculator.",
+    ]
+    report = model.requests[0].messages[1].content
+    assert "unit_price" in report and "What do 3 apples cost?" in report
+    rules = await rule_lessons(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY))
+    assert await model_distiller(ScriptedModel(["NONE"]))(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY)) == rules
+    assert await model_distiller(ScriptedModel([]))(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY)) == rules
+
+
+# ======================================================================================= the book
+
+
+async def test_a_similar_task_recalls_the_lesson_and_an_unrelated_one_does_not() -> None:
+    book = LessonBook()
+    await book.learn(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY))
+    await book.learn(record("Who is the manager of Alice?", tools=[ToolUse(name="employee", arguments={"name": "Alice"}, success=True, output="Bob")]))
+    recalled = await book.recall("How much do 7 apples cost?")
+    assert len(recalled) == 1 and "unit_price(item) then calculator(expression)" in recalled[0]
+    assert await book.recall("Translate this sentence to French") == []
+    assert isinstance(book, Learner)
+
+
+async def test_recall_prefers_relevance_then_what_worked_and_respects_the_limit() -> None:
+    book = LessonBook()
+    failing = [ToolUse(name="calculator", arguments={"expression": "x"}, success=False, output="Error: bad")]
+    await book.learn(record("price of 3 apples", success=False, tools=failing))
+    await book.learn(record("price of 3 apples", tools=PRICE_THEN_MULTIPLY))
+    recalled = await book.recall("price of 3 apples", limit=5)
+    assert recalled[0].startswith('For a task like "price of 3 apples", calling unit_price')  # success first
+    assert len(recalled) == 3 and len(await book.recall("price of 3 apples", limit=1)) == 1
+
+
+async def test_lessons_persist_in_a_file_old_ones_are_forgotten_and_bad_lines_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "sub" / "lessons.jsonl"
+    book = LessonBook(path, max_lessons=3)
+    for n in range(5):
+        await book.learn(record(f"task number {n} about apples", tools=PRICE_THEN_MULTIPLY))
+    await book.learn(record("task number 4 about apples", tools=PRICE_THEN_MULTIPLY))  # the same lesson again
+    assert [lesson.task for lesson in book.lessons()] == [f"task number {n} about apples" for n in (2, 3, 4)]
+    with path.open("a", encoding="utf-8") as f:
+        f.write('{"torn": \n')
+    with caplog.at_level(logging.WARNING, logger="thinkloop.experience"):
+        again = LessonBook(path, max_lessons=3)
+        assert [lesson.task for lesson in again.lessons()] == [f"task number {n} about apples" for n in (2, 3, 4)]
+    assert "is not a lesson" in caplog.text
+    again.clear()
+    assert LessonBook(path).lessons() == []
+
+
+def test_book_settings_are_checked() -> None:
+    from thinkloop import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="max_lessons"):
+        LessonBook(max_lessons=0)
+    with pytest.raises(ConfigurationError, match="min_relevance"):
+        LessonBook(min_relevance=2)
+
+
+# ====================================================================================== the agent
+
+
+def price_script() -> list[Any]:
+    return [
+        {"tool_calls": [{"name": "unit_price", "args": {"item": "apple"}}]},
+        {"tool_calls": [{"name": "calculator", "args": {"expression": "0.5*3"}}]},
+        "3 apples cost $1.50.",
+    ]
+
+
+async def test_a_run_learns_and_the_next_similar_run_gets_the_lesson_in_its_prompt() -> None:
+    book = LessonBook()
+    first = ScriptedModel(price_script())
+    agent = Agent(first, tools=[unit_price, calculator], experience=book)
+    result = await agent.run("What do 3 apples cost?")
+    assert result.state.metadata["lessons"] == []
+    assert "Lessons from earlier runs" not in first.requests[0].messages[0].content
+    await agent.wait_for_learning()
+    assert len(book.lessons()) == 1
+
+    second = ScriptedModel(price_script())
+    result = await Agent(second, tools=[unit_price, calculator], experience=book).run("What do 5 apples cost?")
+    system = second.requests[0].messages[0].content
+    assert "## Lessons from earlier runs" in system and "unit_price(item) then calculator(expression)" in system
+    assert result.state.metadata["lessons"] == [book.lessons()[0].text]
+
+    third = ScriptedModel(["Bonjour."])
+    await Agent(third, experience=book).run("Say hello in French")
+    assert "Lessons from earlier runs" not in third.requests[0].messages[0].content
+
+
+async def test_the_answer_never_waits_for_learning() -> None:
+    release = asyncio.Event()
+    learned: list[RunRecord] = []
+
+    class SlowLearner:
+        async def learn(self, record: RunRecord) -> None:
+            await release.wait()
+            learned.append(record)
+
+        async def recall(self, task: str, *, limit: int = 3) -> list[str]:
+            return []
+
+    agent = Agent(ScriptedModel(["done"]), experience=SlowLearner())
+    result = await asyncio.wait_for(agent.run("go"), timeout=10)  # would deadlock if it waited
+    assert result.output == "done" and learned == []
+    release.set()
+    await agent.wait_for_learning()
+    assert [r.run_id for r in learned] == [result.run_id] and learned[0].success
+
+
+async def test_a_failing_or_slow_learner_never_breaks_a_run(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import thinkloop._agent as agent_module
+
+    monkeypatch.setattr(agent_module, "LEARN_TIMEOUT", 0.05)
+    monkeypatch.setattr(agent_module, "RECALL_TIMEOUT", 0.05)
+
+    class Broken:
+        async def learn(self, record: RunRecord) -> None:
+            raise RuntimeError("disk full")
+
+        async def recall(self, task: str, *, limit: int = 3) -> list[str]:
+            raise RuntimeError("index corrupt")
+
+    class Slow:
+        async def learn(self, record: RunRecord) -> None:
+            await asyncio.sleep(10)
+
+        async def recall(self, task: str, *, limit: int = 3) -> list[str]:
+            await asyncio.sleep(10)
+            return ["never"]
+
+    with caplog.at_level(logging.WARNING, logger="thinkloop.agent"):
+        for learner in (Broken(), Slow()):
+            agent = Agent(ScriptedModel(["done"]), experience=learner)
+            result = await agent.run("go")
+            assert result.output == "done" and result.state.metadata["lessons"] == []
+            await agent.wait_for_learning()
+    assert "index corrupt" in caplog.text and "disk full" in caplog.text
+    assert caplog.text.count("TimeoutError") == 2  # the slow recall and the slow learning
+
+
+def test_run_sync_learns_before_returning(tmp_path: Path) -> None:
+    book = LessonBook(tmp_path / "lessons.jsonl")
+    Agent(ScriptedModel(price_script()), tools=[unit_price, calculator], experience=book).run_sync("What do 3 apples cost?")
+    assert len(LessonBook(tmp_path / "lessons.jsonl").lessons()) == 1
+
+
+async def test_a_resumed_run_keeps_the_lessons_it_started_with(tmp_path: Path) -> None:
+    class Crash(BaseException):
+        """The process dying between two model calls."""
+
+    book = LessonBook()
+    await book.learn(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY))
+    store = SQLiteStore(tmp_path / "runs.db")
+
+    def first_call_then_crash(request: ModelRequest) -> Any:
+        if request.turn == 0:
+            return {"tool_calls": [{"name": "unit_price", "args": {"item": "apple"}}]}
+        raise Crash
+
+    agent = Agent(FunctionModel(first_call_then_crash), tools=[unit_price, calculator], experience=book, store=store)
+    with pytest.raises(Crash):
+        await agent.run("What do 7 apples cost?", run_id="r")
+    saved = await store.load_state("r")
+    assert saved is not None and len(saved.metadata["lessons"]) == 1
+    book.clear()  # the book changed since: the resumed run still shows what it started with
+    seen: list[ModelRequest] = []
+
+    def reply(request: ModelRequest) -> str:
+        seen.append(request)
+        return "7 apples cost $3.50."
+
+    resumed = await Agent(FunctionModel(reply), tools=[unit_price, calculator], experience=book, store=store).resume("r")
+    assert resumed.output == "7 apples cost $3.50."
+    assert "unit_price(item) then calculator(expression)" in seen[0].messages[0].content
