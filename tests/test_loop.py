@@ -21,7 +21,7 @@ from thinkloop import (
     UserError,
     tool,
 )
-from thinkloop._events import Done, Event
+from thinkloop._events import Done, Event, ModelCalled
 from thinkloop.testing import FunctionModel, ScriptedModel
 from thinkloop.tools.calculator import calculator
 
@@ -51,8 +51,16 @@ async def test_native_tool_call_then_answer_transcript() -> None:
         ("assistant", "The answer is 5."),
     ]
     assert result.state.messages[2].tool_call_id == result.state.messages[1].tool_calls[0].id
-    assert [e.type for e in events] == ["run_started", "progress", "tool_call", "tool_result", "progress", "done"]
-    assert [e.seq for e in events] == list(range(1, 7))
+    assert [e.type for e in events] == [
+        "run_started", "progress", "model_call", "tool_call", "tool_result", "progress", "model_call", "done",
+    ]  # fmt: skip
+    assert [e.seq for e in events] == list(range(1, 9))
+    calls = [e for e in events if isinstance(e, ModelCalled)]
+    assert [(c.step, c.model, c.provider, c.tool_calls, c.final) for c in calls] == [
+        (1, "script", "test", 1, False), (2, "script", "test", 0, False),
+    ]  # fmt: skip
+    assert all(c.duration >= 0 and c.input_tokens > 0 and c.estimated for c in calls)
+    assert sum(c.input_tokens + c.output_tokens for c in calls) == result.usage.total_tokens
     assert all(e.run_id == result.run_id for e in events)
     model.assert_used_up()
     # the model saw the tools and the tool result

@@ -121,6 +121,26 @@ class ModelAttempt(_Event):
     delay: float = 0.0
 
 
+class ModelCalled(_Event):
+    """A model call that answered: how long it took (retries included), its tokens and cost.
+
+    `final` marks the last call for a best-effort answer after a hard stop (SPEC §4.8).
+    """
+
+    type: Literal["model_call"] = "model_call"
+    step: int
+    model: str
+    provider: str = ""
+    duration: float
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+    estimated: bool = False
+    tool_calls: int = 0
+    finish_reason: str = "stop"
+    final: bool = False
+
+
 class Status(_Event):
     """A long-running step outside the loop proper (e.g. loading the local model)."""
 
@@ -183,6 +203,7 @@ Event = Annotated[
     | ApprovalRequested
     | ModeSwitched
     | ModelAttempt
+    | ModelCalled
     | Status
     | PlanCreated
     | TaskStarted

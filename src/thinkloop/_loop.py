@@ -28,6 +28,7 @@ from ._events import (
     Event,
     Hint,
     ModelAttempt,
+    ModelCalled,
     ModeSwitched,
     Progress,
     RunResult,
@@ -344,6 +345,7 @@ def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
 
 async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
     """Call the model (streaming when asked), under the run's deadline; account its usage."""
+    started = time.perf_counter()
     deadline = run.deadline
     if deadline is None:
         response = await _call_with_retries(run, request)
@@ -355,7 +357,7 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
         and not response.text.lstrip().lower().startswith(request.prefill.lower())
     ):
         response = response.model_copy(update={"text": f"{request.prefill} {response.text}"})
-    _account(run, request, response)
+    _account(run, request, response, started)
     return response
 
 
@@ -436,14 +438,37 @@ class _AnswerStreamer:
             self.sent = len(self.buffer)
 
 
-def _account(run: RunContext, request: ModelRequest, response: ModelResponse) -> None:
+def _account(
+    run: RunContext, request: ModelRequest, response: ModelResponse, started: float, *, final: bool = False
+) -> None:
+    """Add the call's usage and cost to the run's, and announce the call (`model_call`)."""
     usage = response.usage if response.usage.requests else estimated_usage(request, response)
     run.state.usage.add(usage)
-    if usage.cost == 0.0:  # priced here: the provider did not say what it cost
+    cost = usage.cost
+    if cost == 0.0:  # priced here: the provider did not say what it cost
         name = response.model_name or run.model.name
-        run.state.usage.cost += run.config.price_table.cost(name, usage.input_tokens, usage.output_tokens)
+        cost = run.config.price_table.cost(name, usage.input_tokens, usage.output_tokens)
+        run.state.usage.cost += cost
     if not usage.estimated:
         run.context.record_usage(usage.input_tokens)
+    if run.observed:
+        run.emit(
+            ModelCalled(
+                step=run.state.step,
+                model=response.model_name or run.model.name,
+                provider=run.model.provider,
+                duration=time.perf_counter() - started,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost=cost,
+                estimated=usage.estimated,
+                tool_calls=len(response.tool_calls),
+                finish_reason=response.finish_reason,
+                final=final,
+            )  # fmt: skip
+        )
+    else:
+        run.skip_event()
 
 
 def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -> Reply:
@@ -687,12 +712,13 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
     state.messages.append(Message.user(prompt, kind="final_prompt", step=state.step))
     try:
         request = build_request(run, final=True)
+        started = time.perf_counter()
         deadline = run.deadline
         if deadline is None:
             response = await run.model.request(request)
         else:
             response = await run.deadlines.within(deadline, run.model.request(request))
-        _account(run, request, response)
+        _account(run, request, response, started, final=True)
     except (ModelError, TimeoutError) as exc:
         return await finish(
             run, reason, answer=_best_known(run), error=f"{why} The final-answer call failed: {exc}"
