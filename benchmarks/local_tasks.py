@@ -194,8 +194,12 @@ def lacks(*words: str) -> Check:
 
 
 def cheaper_widget(text: str) -> bool:
+    """The widget is named cheaper (the item named last before the first "cheaper"/"less"), by 7.24."""
     low = text.lower()
-    return "widget" in low and num(7.24)(text)
+    cue = re.search(r"cheaper|less|lower", low)
+    before = low[: cue.start()] if cue else low
+    named = max((before.rfind(item), item) for item in ("widget", "gizmo"))
+    return named == (named[0], "widget") and named[0] >= 0 and num(7.24)(text)
 
 
 @dataclass(frozen=True)
@@ -253,7 +257,7 @@ TASKS = [
     ),
     Task(
         "cairo_fahrenheit", "chain2", "What is the temperature in Cairo in degrees Fahrenheit?",
-        [weather, convert_units, calculator], [num(87.8, 0.15)],
+        [weather, convert_units, calculator], [num(87.8, 0.5)],
     ),
     Task(
         "late_days", "chain2", "How many days after the promised date was order 5012 delivered?",

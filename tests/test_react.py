@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from thinkloop import Message, ToolCall
-from thinkloop._react import parse_react, render_transcript, tools_prompt
+from thinkloop._messages import ToolDefinition
+from thinkloop._react import arguments_example, parse_react, render_transcript, tools_prompt
 from thinkloop._tools import ToolRegistry
 from thinkloop.tools.calculator import calculator
 
@@ -87,3 +88,80 @@ def test_transcript_rendering_merges_observations() -> None:
 def test_tools_prompt_lists_tools_and_format() -> None:
     text = tools_prompt(ToolRegistry([calculator]).definitions())
     assert "- calculator: Evaluate" in text and "Action Input:" in text and "Final Answer:" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "thought"),
+    [
+        ('Thought: search\nAction Input: {"q": "x"}', "search", ""),
+        ('Thought: I will ask the calculator for it.\nAction Input: {"q": "x"}', "calculator", None),
+        ('Thought: calculator or search? search.\nAction Input: {"q": "x"}', "search", None),
+    ],
+)
+def test_action_input_without_an_action_line_calls_the_tool_named_before_it(
+    text: str, name: str, thought: str | None
+) -> None:
+    step = parse(text)
+    assert step.call is not None and step.call.name == name and step.call.arguments == {"q": "x"}
+    if thought is not None:
+        assert step.thought == thought
+
+
+def test_action_input_without_any_tool_name_is_an_error_not_a_final_answer() -> None:
+    step = parse('Thought: I need the price.\nAction Input: {"item": "widget"}')
+    assert step.call is None and step.final is None
+    assert step.error is not None and "Action:" in step.error
+
+
+def test_an_empty_final_answer_is_an_error() -> None:
+    step = parse("Thought: The sentence has 14 words.\nFinal Answer:   ")
+    assert step.final is None and step.error is not None and "empty" in step.error
+
+
+def test_tools_prompt_shows_arguments_as_a_json_object_to_fill_in() -> None:
+    from thinkloop import tool
+
+    @tool
+    def convert(value: float, unit: str, precise: bool = False) -> str:
+        """Convert a value.
+
+        Args:
+            unit: the target unit
+        """
+        return ""
+
+    text = tools_prompt(ToolRegistry([convert]).definitions())
+    assert (
+        '  Action Input: {"value": <number>, "unit": "<string: the target unit>", '
+        '"precise": <true or false, optional, default false>}'
+    ) in text
+    assert "JSON Schema" not in text and '"properties"' not in text  # small models copied the schema
+
+
+def test_arguments_example_of_nested_optional_and_enum_schemas() -> None:
+    schema = {
+        "properties": {
+            "mode": {"enum": ["fast", "slow"], "description": "how"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None},
+            "where": {"$ref": "#/$defs/Place"},
+        },
+        "required": ["mode", "where"],
+        "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+    }
+    example, complete = arguments_example(schema)
+    assert example == (
+        '{"mode": <one of "fast", "slow": how>, "tags": <list of strings, optional>, '
+        '"limit": <integer, optional>, "where": {"city": "<string>"}}'
+    )
+    assert complete
+    assert arguments_example({"properties": {}}) == ("{}", True)
+
+
+def test_a_schema_placeholders_cannot_express_is_also_shown_in_full() -> None:
+    schema = {"properties": {"shape": {"oneOf": [{"type": "object"}, {"type": "string"}]}}}
+    example, complete = arguments_example(schema)
+    assert example == '{"shape": <object or string, optional>}' and not complete
+    definition = ToolDefinition(name="draw", description="Draw.", parameters=schema)
+    text = tools_prompt([definition])
+    assert "Action Input: " in text and 'Arguments (JSON Schema): {"properties": {"shape"' in text

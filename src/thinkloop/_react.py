@@ -18,32 +18,141 @@ from ._messages import Message, ToolCall, ToolDefinition
 OBSERVATION = "Observation:"
 STOP_SEQUENCES = ["\nObservation:", "Observation:"]
 
-_FORMAT = """Use the tools to find facts and to compute results; never guess a value a tool can give you.
-To call a tool, write these three lines, then stop:
+_FORMAT = """To call a tool, write these three lines, then stop:
 Thought: <what is still needed and which tool gives it>
 Action: <the tool name, one of: {names}>
-Action Input: <a JSON object with the tool's arguments>
+Action Input: <the tool's arguments as a JSON object, as shown above>
 The tool's result comes back to you as "Observation: <result>".
 When the observations answer every part of the task, write:
 Thought: <how the observations answer the task>
 Final Answer: <the complete answer>
-Write one Action per reply. Never write an Observation yourself."""
-# Measured on the embedded 1.5B model (10 tool tasks): this wording 7/10; an earlier one whose example
-# line read "Thought: I know the final answer" 6/10 — small models copied that line verbatim and answered
-# before calling any tool (the 0.5B model 0/10 with it, 1/10 with this one).
+Use a tool only when it gives something the task needs; when no tool fits, write the Final Answer yourself.
+Never guess a value a tool can give you. Write one Action per reply. Never write an Observation yourself.
+
+An example with other tools (person_info, route), not yours:
+Task: How far is Ann Lee's home town from Lyon?
+Thought: I need Ann Lee's home town first; person_info gives it.
+Action: person_info
+Action Input: {{"name": "Ann Lee"}}
+Observation: Ann Lee, born 1990, home town: Turin
+Thought: Her home town is Turin. Now I need the distance from Turin to Lyon; route gives it.
+Action: route
+Action Input: {{"from": "Turin", "to": "Lyon"}}
+Observation: 212 km
+Thought: Ann Lee's home town is Turin, and Turin is 212 km from Lyon: that answers the task.
+Final Answer: Ann Lee's home town, Turin, is 212 km from Lyon."""
+# Measured on the embedded 1.5B model with benchmarks/local_tasks.py (see benchmarks/README.md). An
+# earlier wording whose example line read "Thought: I know the final answer" made small models copy that
+# line and answer before calling any tool; listing arguments as a JSON Schema made them send the schema.
 
 
 def tools_prompt(tools: list[ToolDefinition]) -> str:
-    """The part of the system prompt that lists the tools and the ReAct format."""
+    """The part of the system prompt that lists the tools and the ReAct format.
+
+    Each tool shows its arguments as the JSON object to send, with placeholders
+    (`Action Input: {"city": "<string>"}`): small models copy a JSON Schema verbatim as the arguments.
+    A schema too intricate for placeholders (references, unions of objects) is also given in full.
+    """
     lines = ["You can use these tools:"]
     for t in tools:
         lines.append(f"- {t.name}: {t.description}".rstrip())
-        lines.append(
-            f"  Arguments (JSON Schema): {json.dumps(_compact_schema(t.parameters), ensure_ascii=False)}"
-        )
+        example, complete = arguments_example(t.parameters)
+        lines.append(f"  Action Input: {example}")
+        if not complete:
+            schema = json.dumps(_compact_schema(t.parameters), ensure_ascii=False)
+            lines.append(f"  Arguments (JSON Schema): {schema}")
     lines.append("")
     lines.append(_FORMAT.format(names=", ".join(t.name for t in tools)))
     return "\n".join(lines)
+
+
+def arguments_example(schema: dict[str, Any]) -> tuple[str, bool]:
+    """The arguments of a tool as a JSON object with `<type: description>` placeholders, and whether
+    the placeholders say everything the schema does (`{"expression": "<string: the expression>"}`)."""
+    shown = _Placeholders(schema.get("$defs") or schema.get("definitions") or {})
+    return shown.object(schema, depth=0), shown.complete
+
+
+class _Placeholders:
+    def __init__(self, defs: dict[str, Any]) -> None:
+        self.defs, self.complete = defs, True
+
+    def object(self, schema: dict[str, Any], depth: int) -> str:
+        props = schema.get("properties")
+        if not isinstance(props, dict) or not props:
+            if schema.get("additionalProperties") not in (None, False):
+                self.complete = False
+            return "{}"
+        required = set(schema.get("required") or ())
+        fields = []
+        for name, prop in props.items():
+            value = self.value(
+                prop if isinstance(prop, dict) else {}, depth + 1, optional=name not in required
+            )
+            fields.append(f"{json.dumps(name, ensure_ascii=False)}: {value}")
+        return "{" + ", ".join(fields) + "}"
+
+    def value(self, schema: dict[str, Any], depth: int, *, optional: bool = False) -> str:
+        schema = self.resolve(schema)
+        kind = self.kind(schema)
+        if kind == "object" and isinstance(schema.get("properties"), dict) and depth < 3:
+            return self.object(schema, depth)
+        notes = [kind]
+        if "enum" in schema and isinstance(schema["enum"], list):
+            notes = ["one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])]
+        if optional:
+            notes.append("optional")
+        if schema.get("default") is not None:
+            notes.append(f"default {json.dumps(schema['default'], ensure_ascii=False)}")
+        text = ", ".join(notes)
+        description = " ".join(str(schema.get("description") or "").split())
+        if description:
+            text = f"{text}: {description}"
+        text = f"<{text}>"
+        return json.dumps(text, ensure_ascii=False) if kind == "string" and "enum" not in schema else text
+
+    def resolve(self, schema: dict[str, Any]) -> dict[str, Any]:
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            target = self.defs.get(ref.rsplit("/", 1)[-1])
+            if not isinstance(target, dict):
+                self.complete = False
+                return {k: v for k, v in schema.items() if k != "$ref"}
+            return {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        options = schema.get("anyOf") or schema.get("oneOf")
+        if isinstance(options, list):
+            kept = [o for o in options if isinstance(o, dict) and o.get("type") != "null"]
+            if len(kept) == 1:  # Optional[X]
+                return {
+                    **self.resolve(kept[0]),
+                    **{k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")},
+                }
+        return schema
+
+    def kind(self, schema: dict[str, Any]) -> str:
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            kind = " or ".join(str(k) for k in kind if k != "null")
+        if kind == "array":
+            items = schema.get("items")
+            item = self.kind(self.resolve(items)) if isinstance(items, dict) else ""
+            return f"list of {item}s" if item and item != "value" else "list"
+        if kind == "boolean":
+            return "true or false"
+        if isinstance(kind, str) and kind:
+            return kind
+        options = schema.get("anyOf") or schema.get("oneOf")
+        if isinstance(options, list):
+            kinds = [
+                self.kind(self.resolve(o)) for o in options if isinstance(o, dict) and o.get("type") != "null"
+            ]
+            if any(k in ("object", "value") for k in kinds):
+                self.complete = False
+            return " or ".join(dict.fromkeys(kinds)) or "value"
+        if "enum" in schema or "const" in schema:
+            return "value"
+        self.complete = False
+        return "value"
 
 
 def _compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -86,9 +195,20 @@ def parse_react(text: str, tool_names: list[str], *, call_id: str) -> ReactStep:
     text = _cut_invented_observation(text.strip())
     action = _ACTION_RE.search(text)
     final = _FINAL_RE.search(text)
+    if action is None:
+        action_input = _INPUT_RE.search(text)
+        if action_input and (not final or action_input.start() < final.start()):
+            return _parse_unlabelled_action(text, action_input, tool_names, call_id)
     thought = _thought_of(text, action or final)
     if final and (not action or final.start() < action.start()):
-        return ReactStep(thought=thought, final=text[final.end() :].strip())
+        answer = text[final.end() :].strip()
+        if not answer:
+            return ReactStep(
+                thought=thought,
+                error="The Final Answer was empty. Write the complete answer after 'Final Answer:', or call a "
+                "tool if you still need one.",
+            )
+        return ReactStep(thought=thought, final=answer)
     if action:
         return _parse_action(text, action, thought, tool_names, call_id)
     bare = _bare_json_call(text, tool_names, call_id)
@@ -149,6 +269,28 @@ def _parse_action(
     if not name:
         return ReactStep(thought=thought, error="The reply had 'Action:' but no tool name after it.")
     args, raw = parse_arguments(args_text)
+    return ReactStep(thought=thought, call=ToolCall(id=call_id, name=name, arguments=args, raw_arguments=raw))
+
+
+def _parse_unlabelled_action(
+    text: str, action_input: re.Match[str], tool_names: list[str], call_id: str
+) -> ReactStep:
+    """`Action Input:` without an `Action:` line ("Thought: unit_price\nAction Input: {...}"): the tool
+    is the last one the reply names before it; with none named, an error to heal (not a final answer)."""
+    head = text[: action_input.start()].rstrip()
+    mentioned = [
+        (m.end(), n) for n in tool_names for m in re.finditer(rf"\b{re.escape(n)}\b", head, re.IGNORECASE)
+    ]
+    name = max(mentioned)[1] if mentioned else ""
+    thought = _strip_label(head, _THOUGHT_RE)
+    if not name:
+        return ReactStep(
+            thought=thought,
+            error="The reply had 'Action Input:' but no 'Action: <tool name>' line before it.",
+        )
+    if thought.strip() == name:
+        thought = ""
+    args, raw = parse_arguments(text[action_input.end() :])
     return ReactStep(thought=thought, call=ToolCall(id=call_id, name=name, arguments=args, raw_arguments=raw))
 
 

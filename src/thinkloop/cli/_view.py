@@ -102,8 +102,14 @@ def _done(console: Console, e: Any) -> None:
     )
 
 
+def _model_call(console: Console, e: Any) -> None:
+    tokens = f"{e.input_tokens}+{e.output_tokens} tokens{' (estimated)' if e.estimated else ''}"
+    console.print(f"[dim]  model {e.duration:.1f} s · {tokens}[/]")
+
+
 _HANDLERS = {
     "run_started": _run_started,
+    "model_call": _model_call,
     "thought": _thought,
     "tool_call": _tool_call,
     "tool_result": _tool_result,
