@@ -123,6 +123,17 @@ def test_learn_keeps_lessons_and_a_later_similar_run_gets_them_in_its_prompt(cli
     assert done_result(without)["state"]["metadata"].get("lessons") is None  # no --learn: no experience
 
 
+def test_trace_writes_the_runs_spans_as_json_lines(cli: Cli) -> None:
+    model = cli.script([call("calculator", expression="17*23"), text("17*23 = 391.")])
+    r = cli("run", "What is 17*23?", "--model", model, "--trace", "trace.jsonl")
+    assert r.code == 0, r.stderr
+    spans = [json.loads(line) for line in (cli.dir / "trace.jsonl").read_text().splitlines()]
+    names = sorted(s["name"].split(" ")[0] + (" calculator" if "calculator" in s["name"] else "") for s in spans)
+    assert names == ["chat", "chat", "execute_tool calculator", "invoke_agent"]
+    run = next(s for s in spans if s["name"] == "invoke_agent agent")
+    assert run["attributes"]["thinkloop.stop_reason"] == "final_answer"
+
+
 def test_json_prints_every_event_as_one_json_line(cli: Cli) -> None:
     model = cli.script([call("calculator", expression="17*23"), text("17*23 = 391.")])
     r = cli("run", "What is 17*23?", "--model", model, "--json")

@@ -73,6 +73,10 @@ def run_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the events as JSON lines instead of the live view.")
     ] = False,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Write an OpenTelemetry trace of the run (one span per JSON line) to this file."),
+    ] = None,
     learn: Annotated[
         bool,
         typer.Option(
@@ -89,7 +93,7 @@ def run_command(
         budget = Budget(max_steps=max_steps, max_tokens=max_tokens, max_cost=max_cost, timeout=timeout)
         options = dict(
             tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts,
-            learn=learn,
+            learn=learn, trace=trace,
         )  # fmt: skip
         code = asyncio.run(_run(goal, model, budget, options, instructions, store, as_json, console))
     except KeyboardInterrupt:
@@ -218,6 +222,7 @@ def build_agent(
     hosts: Path | None = None,
     on_event: EventSink | None = None,
     learn: bool = False,
+    trace: Path | None = None,
 ) -> Agent:
     """The agent the CLI runs: built-in tools, a safety controller asking at the terminal, a store, MCP."""
     from ..tools import builtin_tools
@@ -233,6 +238,8 @@ def build_agent(
         from ..experience import LessonBook, default_lessons_path
 
         kwargs["experience"] = LessonBook(default_lessons_path())
+    if trace is not None:
+        on_event = _with_tracing(on_event, trace)
     return Agent(
         model,
         tools=builtin_tools(names, root=workspace, hosts=load_hosts(hosts)),
@@ -244,6 +251,20 @@ def build_agent(
         on_event=on_event,
         **kwargs,
     )
+
+
+def _with_tracing(sink: EventSink | None, path: Path) -> EventSink:
+    """`sink`, plus an OpenTelemetry trace of the run written to `path` as JSON lines."""
+    from ..tracing import OpenTelemetryTracing, json_lines_provider
+
+    tracing = OpenTelemetryTracing(json_lines_provider(str(path)))
+
+    def both(event: Event) -> None:
+        tracing(event)
+        if sink is not None:
+            sink(event)
+
+    return both
 
 
 class _DaemonThreads(concurrent.futures.ThreadPoolExecutor):
