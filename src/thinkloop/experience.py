@@ -21,7 +21,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -360,6 +359,8 @@ class LessonBook:
     def _rewrite(self, lessons: list[Lesson]) -> None:
         if self.path is None:
             return
+        import tempfile
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".lessons-", suffix=".tmp")
         try:
