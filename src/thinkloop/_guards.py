@@ -206,9 +206,11 @@ class Guards:
     def screen(self, state: RunState, calls: list[ToolCall]) -> dict[str, str]:
         """Count the calls' signatures; return {call_id: message} for the calls that must not run."""
         g = state.guards
+        if len(calls) == 1:  # the common case, without the lists and loops
+            return self._screen_one(g, calls[0])
         sigs = [signature(c) for c in calls]
         self._signatures = {c.id: sig for c, sig in zip(calls, sigs, strict=True)}
-        step_sig = sigs[0] if len(sigs) == 1 else "|".join(sorted(sigs))
+        step_sig = "|".join(sorted(sigs))
         alternating = _alternates(g.recent_signatures, step_sig)
         blocked: dict[str, str] = {}
         counts, most = g.signature_counts, self.config.max_identical_calls
@@ -227,6 +229,31 @@ class Guards:
         g.consecutive_blocked = g.consecutive_blocked + 1 if all_blocked else 0
         return blocked
 
+    def _screen_one(self, g: GuardState, call: ToolCall) -> dict[str, str]:
+        """`screen` of a step with one call (the same rules)."""
+        sig = signature(call)
+        self._signatures = {call.id: sig}
+        recent = g.recent_signatures
+        alternating = len(recent) >= 4 and _alternates(recent, sig)
+        counts = g.signature_counts
+        count = counts[sig] = counts.get(sig, 0) + 1
+        g.total_calls += 1
+        if count > 1:
+            g.repeated_calls += 1
+        recent.append(sig)
+        if len(recent) > 8:
+            del recent[0]
+        if count > self.config.max_identical_calls:
+            message = self.config.hint("blocked", name=call.name, count=count - 1)
+        elif alternating:
+            message = self.config.hint("alternating", name=call.name)
+        else:
+            g.consecutive_blocked = 0
+            return {}
+        g.blocked_calls += 1
+        g.consecutive_blocked += 1
+        return {call.id: message}
+
     def is_repeat(self, state: RunState, call: ToolCall, output: str | None = None) -> bool:
         """True when this exact call was made before in the run (and, given `output`, gave it before).
 
@@ -242,6 +269,9 @@ class Guards:
     def observe(self, state: RunState, outcomes: list[ToolOutcome]) -> None:
         """Update the failure, repeated-error and progress counters from one step's outcomes."""
         g = state.guards
+        if len(outcomes) == 1:
+            self._observe_one(g, outcomes[0])
+            return
         executed = [o for o in outcomes if o.error_kind != "repeated_call"]
         succeeded = False
         for outcome in executed:
@@ -259,6 +289,22 @@ class Guards:
         g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
         if g.recent_signatures:
             _note_results(g.recent_signatures, outcomes, blocked=not executed)
+
+    def _observe_one(self, g: GuardState, outcome: ToolOutcome) -> None:
+        """`observe` of a step with one call (the same rules)."""
+        executed = outcome.error_kind != "repeated_call"
+        if executed:
+            if outcome.success:
+                g.consecutive_failures = 0
+                if g.recent_errors:
+                    g.recent_errors.clear()
+            else:
+                g.consecutive_failures += 1
+                _push(g.recent_errors, _digest(f"{outcome.call.name}:{outcome.output}"), 8)
+        useful = self._useful(outcome, g)
+        g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
+        if g.recent_signatures:
+            _note_results(g.recent_signatures, [outcome], blocked=not executed)
 
     def _useful(self, outcome: ToolOutcome, g: GuardState) -> bool:
         new = False
