@@ -1,4 +1,4 @@
-"""The `thinkloop` command line: `run` a goal, and inspect, resume and replay `runs`."""
+"""The `thinkloop` command line: `run` a goal, inspect, resume and replay `runs`, `serve` a web page."""
 
 from __future__ import annotations
 
@@ -30,6 +30,15 @@ def _add_runs() -> None:
 
 
 _add_runs()
+
+
+def _add_serve() -> None:
+    from ._serve import serve_command
+
+    app.command("serve")(serve_command)
+
+
+_add_serve()
 
 
 def main() -> None:

@@ -1,0 +1,453 @@
+"""`create_app()`: the FastAPI application of `thinkloop serve` (SPEC §13.2).
+
+    POST /api/runs                            start a run: {goal, max_steps?, max_tokens?, max_cost?,
+                                              timeout?, session?} → 202 {run_id}
+    GET  /api/runs                            the store's runs, newest first (?limit, ?status, ?session)
+    GET  /api/runs/{id}                       a run's summary, state and waiting approvals
+    GET  /api/runs/{id}/events?after=N        its events with seq > N
+    WS   /api/runs/{id}/events?after=N        the same, then the live ones, up to `done`
+    POST /api/runs/{id}/cancel                stop a running run (it ends as `cancelled`)
+    GET  /api/approvals                       the tool calls waiting for a person (?run_id)
+    POST /api/runs/{id}/approvals/{call_id}   answer one: {decision: approve|deny|approve_always, message?}
+    GET  /api/info                            the agent: model, tools, safety mode, limits
+    GET  /                                    the web page
+
+Errors are JSON: `{"error": "what went wrong and what to do", "details": [...]}` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from importlib import resources
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from .._agent import Agent
+from .._budget import Budget
+from .._errors import ConfigurationError, ThinkloopError
+from ..safety import ApprovalDecision, PendingApprovals, SafetyController
+from ..stores import RunSummary, Store, check_id
+from ._runs import (
+    FollowerTooSlowError,
+    NotRunningError,
+    RunFailedError,
+    RunManager,
+    TooManyRunsError,
+    UnknownRunError,
+)
+
+logger = logging.getLogger("thinkloop.server")
+
+_STATIC = ("index.html", "app.js", "style.css")
+_MEDIA = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8", "css": "text/css"}
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class ApiError(Exception):
+    """An error answered as `{"error": message}` with `status`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+# ============================================================================================ bodies
+
+
+class RunRequest(BaseModel):
+    """The body of `POST /api/runs`. Limits left out are the agent's; given ones may not exceed them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goal: str = Field(max_length=100_000)
+    max_steps: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_cost: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0)
+    session: str | None = None
+
+    @field_validator("goal")
+    @classmethod
+    def _goal_not_blank(cls, goal: str) -> str:
+        if not goal.strip():
+            raise ValueError("the goal must not be empty")
+        return goal
+
+    @field_validator("session")
+    @classmethod
+    def _session_id(cls, session: str | None) -> str | None:
+        if session is None:
+            return None
+        try:
+            return check_id(session, "session id")
+        except ConfigurationError as exc:
+            raise ValueError(str(exc)) from None
+
+
+class ApprovalAnswer(BaseModel):
+    """The body of `POST /api/runs/{id}/approvals/{call_id}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "deny", "approve_always"]
+    message: str = Field(default="", max_length=2_000)
+
+
+# =============================================================================================== app
+
+
+def create_app(
+    agent: Agent,
+    *,
+    max_active_runs: int = 32,
+    allowed_hosts: Sequence[str] | None = None,
+    run_metadata: Mapping[str, Any] | None = None,
+    shutdown_timeout: float = 10.0,
+    close_agent: bool = False,
+) -> FastAPI:
+    """The server of an agent: an HTTP + WebSocket API for its runs, and a web page.
+
+    Args:
+        agent: the agent every run uses. Its `store` must be a `Store` keeping an event log
+            (`SQLiteStore`, `PostgresStore`, `FileStore`, `MemoryStore`): runs are listed and replayed
+            from it. For approvals from the page, its `safety` is a `SafetyController` whose approval
+            function is a `PendingApprovals` (without one, calls that need approval are denied).
+        max_active_runs: the most runs at once (more are refused with 429).
+        allowed_hosts: the `Host` header values accepted (e.g. `["127.0.0.1", "localhost"]`, which
+            stops DNS-rebinding attacks on a local server); None accepts any.
+        run_metadata: added to every run's `state.metadata`.
+        shutdown_timeout: seconds to wait for running runs to save themselves as cancelled on shutdown.
+        close_agent: on shutdown, also close the agent's MCP servers and its store.
+    """
+    store = agent.store
+    if not isinstance(store, Store) or not getattr(store, "keeps_events", True):
+        raise ConfigurationError(
+            "the server needs an agent whose store keeps an event log, e.g. "
+            f"`Agent(store=SQLiteStore('runs.db'))`, not {type(store).__name__}"
+        )
+    if max_active_runs < 1:
+        raise ConfigurationError(f"max_active_runs must be at least 1, not {max_active_runs}")
+    manager = RunManager(agent, max_active_runs=max_active_runs, metadata=run_metadata)
+    approvals = _approvals_of(agent)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await manager.shutdown(shutdown_timeout)
+        if close_agent:
+            await agent.aclose()
+            await store.aclose()
+
+    app = FastAPI(title="thinkloop", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
+    app.state.manager = manager
+    app.state.approvals = approvals
+    if allowed_hosts is not None:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+    _add_error_handlers(app)
+    _add_run_routes(app, manager)
+    _add_approval_routes(app, manager, approvals)
+    _add_stream_route(app, manager)
+    _add_page_routes(app, agent, approvals)
+    return app
+
+
+def _approvals_of(agent: Agent) -> PendingApprovals | None:
+    safety = agent.safety
+    if isinstance(safety, SafetyController):
+        if isinstance(safety.approval, PendingApprovals):
+            return safety.approval
+        if safety.approval is not None:
+            logger.warning(
+                "the agent's approval function is not a PendingApprovals: the web page cannot answer "
+                "approval requests (use SafetyController(..., approval=PendingApprovals()))"
+            )
+    return None
+
+
+# ============================================================================================ errors
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [
+            {
+                "where": ".".join(str(p) for p in err.get("loc", ()) if p != "body"),
+                "problem": str(err.get("msg", "")).removeprefix("Value error, "),
+            }
+            for err in exc.errors()
+        ]
+        text = "; ".join(f"{d['where'] or 'body'}: {d['problem']}" for d in details)
+        return JSONResponse({"error": f"invalid request: {text}", "details": details}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(ThinkloopError)
+    async def thinkloop_error(request: Request, exc: ThinkloopError) -> JSONResponse:
+        logger.warning("request %s %s failed: %s", request.method, request.url.path, exc)
+        return JSONResponse({"error": str(exc)}, status_code=500)
+
+
+def _run_id(run_id: str) -> str:
+    try:
+        return check_id(run_id)
+    except ConfigurationError:
+        raise ApiError(404, f"no run {run_id!r}") from None
+
+
+def _json_body(request: Request) -> None:
+    """POST bodies must be JSON: a cross-site form cannot send that without a CORS preflight."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise ApiError(415, "send the body as JSON (Content-Type: application/json)")
+
+
+# ============================================================================================== runs
+
+
+def _add_run_routes(app: FastAPI, manager: RunManager) -> None:
+    agent = manager.agent
+
+    @app.post("/api/runs", status_code=202)
+    async def start_run(request: Request, body: RunRequest, response: Response) -> dict[str, Any]:
+        _json_body(request)
+        budget = _budget(agent.budget, body)
+        try:
+            live = manager.start(body.goal, budget=budget, session=body.session)
+        except TooManyRunsError as exc:
+            raise ApiError(429, str(exc)) from None
+        response.headers["Location"] = f"/api/runs/{live.run_id}"
+        return {"run_id": live.run_id, "status": "running"}
+
+    @app.get("/api/runs")
+    async def list_runs(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        status: Literal["running", "done", "error"] | None = None,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        runs = await manager.store.list_runs(limit, status=status, session=session)
+        rows = [_summary_row(s.model_dump(mode="json"), manager) for s in runs]
+        listed = {s.run_id for s in runs}
+        starting = [
+            _starting_row(live)
+            for live in manager.active()
+            if live.run_id not in listed and status in (None, "running") and session in (None, live.session)
+        ]
+        return {"runs": (starting + rows)[:limit]}
+
+    @app.get("/api/runs/{run_id}")
+    async def get_run(run_id: str) -> dict[str, Any]:
+        run_id = _run_id(run_id)
+        state = await manager.store.load_state(run_id)
+        live = manager.live(run_id)
+        if state is None and live is None:
+            raise ApiError(404, f"no run {run_id!r}")
+        approvals = app.state.approvals
+        waiting = [] if approvals is None else approvals.pending(run_id)
+        if state is None:
+            assert live is not None
+            return {"run": _starting_row(live), "state": None, "approvals": []}
+        summary = _summary_row(RunSummary.from_state(state).model_dump(mode="json"), manager)
+        return {
+            "run": summary,
+            "state": state.model_dump(mode="json"),
+            "approvals": [r.model_dump(mode="json") for r in waiting],
+        }
+
+    @app.get("/api/runs/{run_id}/events")
+    async def get_events(run_id: str, after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+        run_id = _run_id(run_id)
+        try:
+            events = await manager.events_after(run_id, after)
+        except UnknownRunError:
+            raise ApiError(404, f"no run {run_id!r}") from None
+        return {
+            "events": [e.model_dump(mode="json") for e in events],
+            "last_seq": events[-1].seq if events else after,
+        }
+
+    @app.post("/api/runs/{run_id}/cancel", status_code=202)
+    async def cancel_run(run_id: str) -> dict[str, Any]:
+        run_id = _run_id(run_id)
+        try:
+            manager.cancel(run_id)
+        except NotRunningError:
+            if not await manager.exists(run_id):
+                raise ApiError(404, f"no run {run_id!r}") from None
+            raise ApiError(409, f"run {run_id!r} is not running in this server") from None
+        return {"run_id": run_id, "status": "cancelling"}
+
+
+def _budget(limits: Budget, body: RunRequest) -> Budget:
+    """The agent's budget with the request's limits, which may lower but not raise the agent's."""
+    values: dict[str, Any] = limits.as_dict()
+    for name in ("max_steps", "max_tokens", "max_cost", "timeout"):
+        asked = getattr(body, name)
+        if asked is None:
+            continue
+        limit = values[name]
+        if limit is not None and asked > limit:
+            raise ApiError(422, f"invalid request: {name}: {asked} is above the server's limit of {limit}")
+        values[name] = asked
+    return Budget(**values)
+
+
+def _summary_row(row: dict[str, Any], manager: RunManager) -> dict[str, Any]:
+    row["active"] = manager.live(row["run_id"]) is not None
+    return row
+
+
+def _starting_row(live: Any) -> dict[str, Any]:
+    """A run started a moment ago that the store has not seen yet."""
+    return {
+        "run_id": live.run_id, "goal": live.goal, "session": live.session, "status": "running",
+        "phase": "thinking", "stop_reason": None, "step": 0, "tool_calls": 0, "created_at": live.created_at,
+        "updated_at": live.created_at, "ended_at": None, "active": True,
+    }  # fmt: skip
+
+
+# ========================================================================================= approvals
+
+
+def _add_approval_routes(app: FastAPI, manager: RunManager, approvals: PendingApprovals | None) -> None:
+    @app.get("/api/approvals")
+    async def list_approvals(run_id: str | None = None) -> dict[str, Any]:
+        waiting = [] if approvals is None else approvals.pending(run_id)
+        return {"approvals": [r.model_dump(mode="json") for r in waiting]}
+
+    @app.post("/api/runs/{run_id}/approvals/{call_id}")
+    async def answer_approval(
+        request: Request, run_id: str, call_id: str, body: ApprovalAnswer
+    ) -> dict[str, Any]:
+        _json_body(request)
+        run_id = _run_id(run_id)
+        decision = ApprovalDecision(action=body.decision, message=body.message)
+        if approvals is None or not approvals.resolve(run_id, call_id, decision):
+            if not await manager.exists(run_id):
+                raise ApiError(404, f"no run {run_id!r}")
+            raise ApiError(
+                404, f"run {run_id!r} has no tool call {call_id!r} waiting for approval (answered already?)"
+            )
+        return {"run_id": run_id, "call_id": call_id, "decision": body.decision}
+
+
+# ========================================================================================= websocket
+
+
+def _add_stream_route(app: FastAPI, manager: RunManager) -> None:
+    @app.websocket("/api/runs/{run_id}/events")
+    async def stream_events(websocket: WebSocket, run_id: str, after: int = 0) -> None:
+        if not _same_origin(websocket):
+            await websocket.close(code=1008, reason="cross-origin WebSocket refused")
+            return
+        await websocket.accept()
+        try:
+            run_id = check_id(run_id)
+            if after < 0 or not await manager.exists(run_id):
+                raise UnknownRunError(run_id)
+        except (ConfigurationError, UnknownRunError):
+            await websocket.close(code=4404, reason="no such run")
+            return
+        code, reason = await _pump(websocket, manager, run_id, after)
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+            await websocket.close(code=code, reason=reason)
+
+
+async def _pump(websocket: WebSocket, manager: RunManager, run_id: str, after: int) -> tuple[int, str]:
+    """Send the run's events until `done`; stop early if the client goes away (the run goes on)."""
+
+    async def send_all() -> tuple[int, str]:
+        try:
+            async for event in manager.follow(run_id, after):
+                await websocket.send_text(event.model_dump_json())
+        except FollowerTooSlowError as exc:
+            return 1013, str(exc)[:120]
+        except RunFailedError as exc:
+            return 1011, f"the run failed: {exc}"[:120]
+        return 1000, "done"
+
+    async def until_disconnect() -> tuple[int, str]:
+        with contextlib.suppress(WebSocketDisconnect):
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+        return 1000, "client left"
+
+    sender = asyncio.create_task(send_all())
+    watcher = asyncio.create_task(until_disconnect())
+    try:
+        done, _ = await asyncio.wait({sender, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (sender, watcher):
+            task.cancel()
+        await asyncio.gather(sender, watcher, return_exceptions=True)
+    if sender in done and sender.exception() is None:
+        return sender.result()
+    if sender in done:
+        exc = sender.exception()
+        logger.warning("streaming the events of run %s failed: %r", run_id, exc)
+        return 1011, "internal error"
+    return 1000, "client left"
+
+
+def _same_origin(websocket: WebSocket) -> bool:
+    """Browsers send `Origin`: a page of another site may not read the runs (non-browser clients send none)."""
+    origin = websocket.headers.get("origin")
+    if origin is None:
+        return True
+    host = websocket.headers.get("host", "")
+    return origin.split("://", 1)[-1].rstrip("/") == host
+
+
+# ============================================================================================== page
+
+
+def _add_page_routes(app: FastAPI, agent: Agent, approvals: PendingApprovals | None) -> None:
+    files = {name: resources.files(__package__).joinpath("static", name).read_bytes() for name in _STATIC}
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> Response:
+        return Response(files["index.html"], media_type=_MEDIA["html"], headers=_SECURITY_HEADERS)
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        if name not in files:
+            raise ApiError(404, f"no file {name!r}")
+        media = _MEDIA[name.rsplit(".", 1)[-1]]
+        return Response(files[name], media_type=media, headers=_SECURITY_HEADERS)
+
+    @app.get("/api/info")
+    async def info() -> dict[str, Any]:
+        safety = agent.safety
+        return {
+            "agent": agent.name,
+            "model": agent.model.spec,
+            "tools": agent.tools.names,
+            "safety": safety.policy.mode.value if isinstance(safety, SafetyController) else None,
+            "approvals": approvals is not None,
+            "budget": agent.budget.as_dict(),
+        }

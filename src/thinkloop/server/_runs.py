@@ -1,0 +1,252 @@
+"""`RunManager`: the server's runs — started in the background, followed live, cancelled, shut down.
+
+Each run the server starts is an asyncio task driving `agent.run()`. While it runs, the manager keeps
+every event it emitted (the store only receives them at checkpoints) and hands new ones to the
+followers' queues, so a follower gets the run's whole event sequence: the events after `after` that
+already happened, then the live ones, each `seq` exactly once, ending with `done`. A run that is not
+running here (finished, or running in another process sharing the store) is followed from the store's
+event log, polled until its `done` event.
+
+A follower never slows a run down: events are put on its queue without waiting; a follower that falls
+more than `MAX_QUEUED` events behind is dropped (`FollowerTooSlow`) and may reconnect with `after=`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._agent import Agent
+from .._budget import Budget
+from .._events import Event
+from ..stores import Store
+
+logger = logging.getLogger("thinkloop.server")
+
+MAX_QUEUED = 10_000  # events a follower may fall behind before it is dropped
+POLL_INTERVAL = 1.0  # seconds between reads of the store when following a run of another process
+
+
+class UnknownRunError(LookupError):
+    """No run with this id, in this server or in the store."""
+
+
+class NotRunningError(RuntimeError):
+    """The run exists but is not running in this server (it ended, or another process runs it)."""
+
+
+class TooManyRunsError(RuntimeError):
+    """The server already runs its maximum of concurrent runs."""
+
+
+class FollowerTooSlowError(RuntimeError):
+    """A follower fell too far behind the run's events and was dropped; it may follow again with `after=`."""
+
+
+class RunFailedError(RuntimeError):
+    """The run's task failed outside the loop (e.g. an MCP server would not start, the store failed)."""
+
+
+class _Signal(enum.Enum):
+    END = "end"  # the run's task ended: no more events
+    OVERFLOW = "overflow"  # the follower fell too far behind and was dropped
+
+
+_Item = Event | _Signal
+
+
+@dataclass
+class LiveRun:
+    """A run started by this server and not yet ended: its task and every event it emitted."""
+
+    run_id: str
+    goal: str
+    session: str | None
+    created_at: float = field(default_factory=time.time)
+    task: asyncio.Task[None] | None = None
+    events: list[Event] = field(default_factory=list)
+    followers: set[asyncio.Queue[_Item]] = field(default_factory=set)
+    in_loop: bool = False  # the run emitted an event past `run_started`: cancelling it now is clean
+    cancel_requested: bool = False
+    task_cancelled: bool = False
+    failure: str | None = None
+
+    def publish(self, event: Event) -> None:
+        """The run's event sink: keep the event and give it to every follower (never waits)."""
+        self.events.append(event)
+        if event.type != "run_started" and not self.in_loop:
+            self.in_loop = True
+            if self.cancel_requested:
+                self.cancel_task()
+        for queue in list(self.followers):
+            if queue.qsize() >= MAX_QUEUED:
+                self.followers.discard(queue)
+                queue.put_nowait(_Signal.OVERFLOW)
+            else:
+                queue.put_nowait(event)
+
+    def cancel_task(self) -> None:
+        if self.task is not None and not self.task.done() and not self.task_cancelled:
+            self.task_cancelled = True
+            self.task.cancel()
+
+    def close(self) -> None:
+        for queue in self.followers:
+            queue.put_nowait(_Signal.END)
+        self.followers.clear()
+
+
+class RunManager:
+    """Starts the agent's runs in the background and follows them; one per server.
+
+    Args:
+        agent: the agent every run uses; its `store` (a `Store` with an event log) receives the runs.
+        max_active_runs: the most runs at once; `start()` raises `TooManyRunsError` beyond it.
+        metadata: put into every run's `state.metadata` (e.g. how `thinkloop serve` built the agent).
+    """
+
+    def __init__(
+        self, agent: Agent, *, max_active_runs: int = 32, metadata: Mapping[str, Any] | None = None
+    ) -> None:
+        self.agent = agent
+        self.store: Store = agent.store  # type: ignore[assignment]  # checked by create_app
+        self.max_active_runs = max_active_runs
+        self.metadata = dict(metadata or {})
+        self._live: dict[str, LiveRun] = {}
+
+    # ------------------------------------------------------------------------------------- runs
+
+    def start(self, goal: str, *, budget: Budget | None = None, session: str | None = None) -> LiveRun:
+        """Start a run in the background and return it at once (its events follow)."""
+        if len(self._live) >= self.max_active_runs:
+            raise TooManyRunsError(
+                f"the server is running {len(self._live)} runs, its limit: try again when one has ended"
+            )
+        live = LiveRun(run_id=uuid.uuid4().hex, goal=goal, session=session)
+        self._live[live.run_id] = live
+        live.task = asyncio.create_task(self._drive(live, budget), name=f"thinkloop-run-{live.run_id}")
+        return live
+
+    async def _drive(self, live: LiveRun, budget: Budget | None) -> None:
+        try:
+            await self.agent.run(
+                live.goal,
+                budget=budget,
+                run_id=live.run_id,
+                on_event=live.publish,
+                metadata=dict(self.metadata),
+                session=live.session,
+            )
+        except asyncio.CancelledError:
+            if not any(e.type == "done" for e in live.events):
+                logger.warning("run %s was cancelled before its loop started", live.run_id)
+            raise
+        except Exception as exc:
+            live.failure = f"{type(exc).__name__}: {exc}"
+            logger.exception("run %s failed outside its loop", live.run_id)
+        finally:
+            live.close()
+            self._live.pop(live.run_id, None)
+
+    def live(self, run_id: str) -> LiveRun | None:
+        """The run if it is running in this server."""
+        return self._live.get(run_id)
+
+    def active(self) -> list[LiveRun]:
+        return list(self._live.values())
+
+    async def exists(self, run_id: str) -> bool:
+        return run_id in self._live or await self.store.load_state(run_id) is not None
+
+    def cancel(self, run_id: str) -> None:
+        """Cancel a running run: it stops with `cancelled` (saved, with its `done` event).
+
+        A run whose loop has not started yet is cancelled as soon as it has (so it is saved cleanly).
+        """
+        live = self._live.get(run_id)
+        if live is None:
+            raise NotRunningError(run_id)
+        live.cancel_requested = True
+        if live.in_loop:
+            live.cancel_task()
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        """Cancel every running run and wait (up to `grace` seconds) until they are saved as cancelled."""
+        tasks = [live.task for live in self._live.values() if live.task is not None]
+        for live in list(self._live.values()):
+            live.cancel_task()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace)
+            if pending:
+                logger.warning("%d run(s) did not stop within %g s of shutdown", len(pending), grace)
+
+    # ----------------------------------------------------------------------------------- events
+
+    async def events_after(self, run_id: str, after: int = 0) -> list[Event]:
+        """The run's events with `seq > after` so far (including those not yet checkpointed)."""
+        live = self._live.get(run_id)
+        if live is not None:
+            return [e for e in live.events if e.seq > after]
+        events = await self.store.read_events(run_id, after)
+        if not events and run_id not in self._live and await self.store.load_state(run_id) is None:
+            raise UnknownRunError(run_id)
+        return events
+
+    async def follow(self, run_id: str, after: int = 0) -> AsyncIterator[Event]:
+        """The run's events with `seq > after`: those so far, then live ones, up to and including `done`.
+
+        Raises `UnknownRunError`, `FollowerTooSlowError`, or `RunFailedError` (the run's task failed).
+        """
+        live = self._live.get(run_id)
+        if live is None:
+            async for event in self._follow_stored(run_id, after):
+                yield event
+            return
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        live.followers.add(queue)
+        snapshot = list(live.events)  # taken with the subscription: no event falls between them
+        try:
+            last = after
+            for event in snapshot:
+                if event.seq > last:
+                    yield event
+                    last = event.seq
+                    if event.type == "done":
+                        return
+            while True:
+                item = await queue.get()
+                if item is _Signal.OVERFLOW:
+                    raise FollowerTooSlowError(f"fell more than {MAX_QUEUED} events behind the run")
+                if item is _Signal.END:
+                    if live.failure is not None:
+                        raise RunFailedError(live.failure)
+                    return
+                if item.seq > last:
+                    yield item
+                    last = item.seq
+                    if item.type == "done":
+                        return
+        finally:
+            live.followers.discard(queue)
+
+    async def _follow_stored(self, run_id: str, after: int) -> AsyncIterator[Event]:
+        """Follow a run from the store: its logged events, polled until `done` (for runs elsewhere)."""
+        state = await self.store.load_state(run_id)
+        if state is None:
+            raise UnknownRunError(run_id)
+        while True:
+            for event in await self.store.read_events(run_id, after):
+                yield event
+                after = event.seq
+                if event.type == "done":
+                    return
+            if state is not None and state.finished:  # ended, but its log has no `done` (nothing more comes)
+                return
+            await asyncio.sleep(POLL_INTERVAL)
+            state = await self.store.load_state(run_id)

@@ -1,0 +1,298 @@
+// thinkloop's web page: start runs, follow their events live, answer approval requests.
+// Text from runs (goals, model output, tool output) is only ever put in the page as text nodes
+// (`textContent`), never parsed as HTML.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const view = { runId: null, socket: null, lastSeq: 0, done: false, approvals: new Map(), retry: null };
+
+// ------------------------------------------------------------------------------------------ helpers
+
+function el(tag, className, ...children) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  for (const child of children) {
+    if (child === null || child === undefined || child === "") continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function pre(text) {
+  return el("pre", "", text);
+}
+
+function json(value) {
+  try {
+    return JSON.stringify(value, null, 2);
+  } catch {
+    return String(value);
+  }
+}
+
+function seconds(value) {
+  return typeof value === "number" ? `${value.toFixed(2)} s` : "";
+}
+
+async function api(method, path, body) {
+  const options = { method, headers: {} };
+  if (body !== undefined) {
+    options.headers["Content-Type"] = "application/json";
+    options.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, options);
+  let data = null;
+  try {
+    data = await response.json();
+  } catch {
+    data = null;
+  }
+  if (!response.ok) {
+    const message = data && data.error ? data.error : `${response.status} ${response.statusText}`;
+    throw new Error(message);
+  }
+  return data;
+}
+
+// ------------------------------------------------------------------------------------------ the agent
+
+async function loadInfo() {
+  try {
+    const info = await api("GET", "/api/info");
+    const parts = [`model ${info.model}`, `tools: ${info.tools.join(", ") || "none"}`];
+    if (info.safety) parts.push(`safety ${info.safety}`);
+    parts.push(`max ${info.budget.max_steps} steps`);
+    $("agent-info").textContent = parts.join(" · ");
+  } catch (error) {
+    $("agent-info").textContent = `cannot reach the server: ${error.message}`;
+  }
+}
+
+// ------------------------------------------------------------------------------------------ runs list
+
+async function loadRuns() {
+  let runs;
+  try {
+    runs = (await api("GET", "/api/runs?limit=50")).runs;
+  } catch {
+    return; // the list is refreshed again shortly
+  }
+  const list = $("runs");
+  list.replaceChildren(
+    ...runs.map((run) => {
+      const status = run.active ? "running" : run.stop_reason || run.status;
+      const badge = el("span", `badge ${run.active ? "running" : run.status}`, status);
+      const item = el("li", run.run_id === view.runId ? "selected" : "", el("span", "goal", run.goal), badge,
+        el("span", "meta", new Date(run.created_at * 1000).toLocaleString()));
+      item.dataset.runId = run.run_id;
+      item.title = run.goal;
+      item.tabIndex = 0;
+      item.addEventListener("click", () => selectRun(run.run_id));
+      item.addEventListener("keydown", (e) => { if (e.key === "Enter") selectRun(run.run_id); });
+      return item;
+    }),
+  );
+}
+
+async function startRun(event) {
+  event.preventDefault();
+  const goal = $("goal").value;
+  const body = { goal };
+  const steps = $("max-steps").value.trim();
+  if (steps) body.max_steps = Number(steps);
+  $("start-error").textContent = "";
+  $("start").disabled = true;
+  try {
+    const { run_id: runId } = await api("POST", "/api/runs", body);
+    $("goal").value = "";
+    selectRun(runId);
+    await loadRuns();
+  } catch (error) {
+    $("start-error").textContent = error.message;
+  } finally {
+    $("start").disabled = false;
+  }
+}
+
+// ------------------------------------------------------------------------------------------ one run
+
+function selectRun(runId) {
+  closeSocket();
+  Object.assign(view, { runId, lastSeq: 0, done: false, approvals: new Map() });
+  for (const item of $("runs").children) item.classList.toggle("selected", item.dataset.runId === runId);
+  $("placeholder").hidden = true;
+  $("run-view").hidden = false;
+  for (const id of ["run-goal", "run-status", "answer", "stop-reason"]) $(id).textContent = "";
+  $("events").replaceChildren();
+  $("approvals").replaceChildren();
+  $("answer-box").hidden = true;
+  $("cancel").hidden = false;
+  $("cancel").disabled = false;
+  api("GET", `/api/runs/${encodeURIComponent(runId)}`)
+    .then((data) => {
+      if (view.runId !== runId) return;
+      $("run-goal").textContent = data.run.goal;
+      if (!data.run.active) $("cancel").hidden = true;
+    })
+    .catch((error) => { $("run-status").textContent = error.message; });
+  openSocket();
+}
+
+function closeSocket() {
+  clearTimeout(view.retry);
+  if (view.socket) {
+    view.socket.onclose = null;
+    view.socket.close();
+    view.socket = null;
+  }
+}
+
+function openSocket() {
+  const runId = view.runId;
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const url = `${scheme}://${location.host}/api/runs/${encodeURIComponent(runId)}/events?after=${view.lastSeq}`;
+  const socket = new WebSocket(url);
+  view.socket = socket;
+  socket.onmessage = (message) => {
+    if (view.runId !== runId) return;
+    const event = JSON.parse(message.data);
+    if (event.seq <= view.lastSeq) return; // already shown
+    view.lastSeq = event.seq;
+    show(event);
+  };
+  socket.onclose = (close) => {
+    if (view.socket !== socket) return;
+    view.socket = null;
+    if (close.code === 4404) {
+      $("run-status").textContent = "No such run.";
+    } else if (!view.done) { // the connection dropped: follow again from the last event seen
+      view.retry = setTimeout(() => { if (view.runId === runId) openSocket(); }, 1000);
+    }
+  };
+}
+
+async function cancelRun() {
+  $("cancel").disabled = true;
+  try {
+    await api("POST", `/api/runs/${encodeURIComponent(view.runId)}/cancel`);
+  } catch (error) {
+    $("run-status").textContent = error.message;
+  }
+}
+
+// ------------------------------------------------------------------------------------------ events
+
+const renderers = {
+  run_started: (e) => [`model ${e.model}, ${e.mode} mode${e.resumed ? " (resumed)" : ""}`],
+  progress: (e) => [`step ${e.step} of ${e.max_steps}`, el("span", "meta",
+    `${e.usage.input_tokens + e.usage.output_tokens} tokens so far`)],
+  thought: (e) => [pre(e.text)],
+  tool_call: (e) => [el("code", "", e.call.name), el("span", `risk ${e.risk}`, e.risk),
+    el("span", "meta", e.decision), pre(e.call.raw_arguments ?? json(e.call.arguments))],
+  tool_result: (e) => [el("code", "", e.name), el("span", "meta",
+    `${e.success ? "ok" : `failed${e.error_kind ? ` (${e.error_kind})` : ""}`} · ${seconds(e.duration)}` +
+    `${e.truncated ? " · truncated" : ""}`), pre(e.output)],
+  model_call: (e) => [e.model, el("span", "meta", `${seconds(e.duration)} · ${e.input_tokens} in, ` +
+    `${e.output_tokens} out${e.tool_calls ? ` · ${e.tool_calls} tool call(s)` : ""}${e.final ? " · final" : ""}`)],
+  approval_requested: (e) => [el("code", "", e.call.name), el("span", `risk ${e.risk}`, e.risk), pre(e.reason)],
+  hint: (e) => [pre(e.text)],
+  mode_switched: (e) => [`${e.from_mode} → ${e.to_mode}: ${e.reason}`],
+  model_attempt: (e) => [`${e.model} attempt ${e.attempt} failed (${e.next_action}): ${e.error}`],
+  status: (e) => [e.text],
+  error: (e) => [pre(e.message)],
+  done: (e) => [e.result.stop_reason, el("span", "meta", `${e.result.steps} steps · ` +
+    `${e.result.tool_calls} tool calls · ${seconds(e.result.duration)}`)],
+};
+
+function show(event) {
+  if (event.type === "answer_delta") {
+    $("answer-box").hidden = false;
+    $("answer").append(document.createTextNode(event.text));
+    return;
+  }
+  const render = renderers[event.type] || ((e) => [pre(json(e))]);
+  const names = { tool_call: "tool call", tool_result: "result", model_call: "model call",
+    approval_requested: "approval requested", run_started: "started", mode_switched: "mode switch",
+    model_attempt: "model attempt" };
+  const item = el("li", event.type, el("span", "kind", names[event.type] || event.type.replace("_", " ")),
+    ...render(event));
+  if (event.type === "tool_result") item.classList.add(event.success ? "ok" : "failed");
+  item.dataset.seq = event.seq;
+  $("events").append(item);
+  if (event.type === "progress") $("run-status").textContent = `Step ${event.step} of ${event.max_steps}…`;
+  if (event.type === "approval_requested") showApproval(event);
+  if (event.type === "tool_call") settleApproval(event.call.id, event.decision);
+  if (event.type === "done") finish(event.result);
+}
+
+function finish(result) {
+  view.done = true;
+  $("answer-box").hidden = false;
+  $("answer").textContent = result.output || "(no answer)";
+  const reason = el("span", "", `Stopped: ${result.stop_reason}${result.forced_final ? " (best-effort answer)" : ""}`);
+  $("stop-reason").replaceChildren(reason, result.error ? el("span", "meta", result.error) : "");
+  $("run-status").textContent = `${result.steps} steps · ${result.tool_calls} tool calls · ` +
+    `${result.usage.input_tokens + result.usage.output_tokens} tokens · ${seconds(result.duration)}`;
+  $("cancel").hidden = true;
+  for (const callId of view.approvals.keys()) settleApproval(callId, null);
+  loadRuns();
+}
+
+// ------------------------------------------------------------------------------------------ approvals
+
+function showApproval(event) {
+  const runId = view.runId;
+  const callId = event.call.id;
+  const message = el("input", "");
+  message.placeholder = "Message to the model (optional, on deny)";
+  message.setAttribute("aria-label", "Message to the model");
+  const error = el("p", "error");
+  const buttons = ["approve", "approve_always", "deny"].map((decision) => {
+    const labels = { approve: "Approve", approve_always: "Approve always", deny: "Deny" };
+    const button = el("button", decision === "deny" ? "danger" : decision === "approve" ? "" : "secondary",
+      labels[decision]);
+    button.type = "button";
+    button.dataset.decision = decision;
+    button.addEventListener("click", async () => {
+      for (const b of buttons) b.disabled = true;
+      try {
+        const body = { decision };
+        if (message.value.trim()) body.message = message.value.trim();
+        await api("POST", `/api/runs/${encodeURIComponent(runId)}/approvals/${encodeURIComponent(callId)}`, body);
+        card.querySelector(".state").textContent = decision === "deny" ? "Denied" : "Approved";
+      } catch (failure) {
+        error.textContent = failure.message;
+        for (const b of buttons) b.disabled = false;
+      }
+    });
+    return button;
+  });
+  const card = el("div", "approval",
+    el("div", "", el("strong", "", "Approval needed: "), el("code", "", event.call.name), " ",
+      el("span", `risk ${event.risk}`, event.risk), el("span", "meta state", "waiting")),
+    pre(event.call.raw_arguments ?? json(event.call.arguments)), el("p", "muted", event.reason),
+    el("div", "buttons", ...buttons, message), error);
+  card.dataset.callId = callId;
+  view.approvals.set(callId, { card, buttons, message });
+  $("approvals").append(card);
+}
+
+function settleApproval(callId, decision) {
+  const entry = view.approvals.get(callId);
+  if (!entry) return;
+  view.approvals.delete(callId);
+  entry.card.classList.add("answered");
+  for (const b of entry.buttons) b.disabled = true;
+  entry.message.disabled = true;
+  entry.card.querySelector(".state").textContent = decision ? decision.replace("_", " ") : "no answer needed any more";
+}
+
+// ------------------------------------------------------------------------------------------ start
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("start-form").addEventListener("submit", startRun);
+  $("cancel").addEventListener("click", cancelRun);
+  loadInfo();
+  loadRuns();
+  setInterval(loadRuns, 3000);
+});
