@@ -220,3 +220,16 @@ async def test_deadlines_of_one_run_share_a_timer_and_each_await_gets_its_own_li
     assert results[3].startswith("timeout") and 0.1 <= float(results[3].split()[-1]) < 0.6
     deadlines.close()
     assert deadlines._handle is None
+
+
+def test_a_hand_written_validator_gives_its_fields_by_name() -> None:
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Args(BaseModel):
+        model_config = ConfigDict(extra="allow", populate_by_name=True)
+        path: str = Field(alias="file")
+        lines: int = 10
+
+    t = Tool("head", "First lines of a file.", Args.model_json_schema(), lambda path, lines: None, validator=Args)
+    assert t.validate({"file": "a.txt", "lines": "3"}) == {"path": "a.txt", "lines": 3}  # coerced, by name
+    assert t.validate({"path": "b.txt", "other": 1}) == {"path": "b.txt", "lines": 10}  # extras are not arguments

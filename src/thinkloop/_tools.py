@@ -77,7 +77,6 @@ class Tool:
         self.validator = validator
         self.in_thread = in_thread
         self._is_async = inspect.iscoroutinefunction(function)
-        self._fields: tuple[str, ...] | None = None  # the validator's field names
         self.definition = ToolDefinition(name=name, description=self.description, parameters=self.parameters)
 
     def __repr__(self) -> str:
@@ -87,12 +86,10 @@ class Tool:
         """Return the validated (and coerced) arguments, or raise `ToolArgumentsError`."""
         if self.validator is not None:
             try:
-                model = self.validator.model_validate(arguments)
+                model = self.validator.__pydantic_validator__.validate_python(arguments)
             except ValidationError as exc:
                 raise ToolArgumentsError(_explain(exc)) from None
-            if self._fields is None:
-                self._fields = tuple(self.validator.model_fields)
-            return {name: getattr(model, name) for name in self._fields}
+            return dict(model.__dict__)  # the validated fields, by name (extras and private attributes aside)
         _check_against_schema(arguments, self.parameters)
         return arguments
 
