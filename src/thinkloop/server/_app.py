@@ -28,8 +28,10 @@ from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._agent import Agent
 from .._budget import Budget
@@ -158,6 +160,7 @@ def create_app(
     app = FastAPI(title="thinkloop", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
     app.state.manager = manager
     app.state.approvals = approvals
+    app.add_middleware(_JsonBodies)
     if allowed_hosts is not None:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     _add_error_handlers(app)
@@ -218,11 +221,21 @@ def _run_id(run_id: str) -> str:
         raise ApiError(404, f"no run {run_id!r}") from None
 
 
-def _json_body(request: Request) -> None:
-    """POST bodies must be JSON: a cross-site form cannot send that without a CORS preflight."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/json":
-        raise ApiError(415, "send the body as JSON (Content-Type: application/json)")
+class _JsonBodies:
+    """POST bodies must be JSON (415 otherwise): a page of another site cannot send that without a
+    CORS preflight, which this server never grants — so it cannot start runs or answer approvals."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            kind = Headers(scope=scope).get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json":
+                message = "send the body as JSON (Content-Type: application/json)"
+                await JSONResponse({"error": message}, status_code=415)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # ============================================================================================== runs
@@ -232,8 +245,7 @@ def _add_run_routes(app: FastAPI, manager: RunManager) -> None:
     agent = manager.agent
 
     @app.post("/api/runs", status_code=202)
-    async def start_run(request: Request, body: RunRequest, response: Response) -> dict[str, Any]:
-        _json_body(request)
+    async def start_run(body: RunRequest, response: Response) -> dict[str, Any]:
         budget = _budget(agent.budget, body)
         try:
             live = manager.start(body.goal, budget=budget, session=body.session)
@@ -342,7 +354,6 @@ def _add_approval_routes(app: FastAPI, manager: RunManager, approvals: PendingAp
     async def answer_approval(
         request: Request, run_id: str, call_id: str, body: ApprovalAnswer
     ) -> dict[str, Any]:
-        _json_body(request)
         run_id = _run_id(run_id)
         decision = ApprovalDecision(action=body.decision, message=body.message)
         if approvals is None or not approvals.resolve(run_id, call_id, decision):

@@ -36,6 +36,7 @@ function seconds(value) {
 
 async function api(method, path, body) {
   const options = { method, headers: {} };
+  if (method === "POST" && body === undefined) body = {}; // the server takes JSON bodies only
   if (body !== undefined) {
     options.headers["Content-Type"] = "application/json";
     options.body = JSON.stringify(body);

@@ -1,0 +1,615 @@
+"""The server (SPEC §13.2): its HTTP API through httpx, and a real uvicorn server with a real WebSocket client.
+
+Runs use test doubles (`ScriptedModel`, `FunctionModel`) and a `purge` tool of high risk, which the
+balanced safety mode puts to a person: the tests answer over HTTP as the web page does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+import websockets
+from fastapi import FastAPI
+
+from thinkloop import Agent, Budget, ConfigurationError, RiskLevel, tool
+from thinkloop.safety import PendingApprovals, SafetyController
+from thinkloop.server import create_app
+from thinkloop.stores import MemoryStore, SQLiteStore, Store
+from thinkloop.testing import FunctionModel, Reply, ScriptedModel
+
+HOSTILE = '<img src=x onerror="document.title=\'pwned\'"><script>document.title="pwned"</script>'
+
+
+class Purges:
+    """A risky tool that records what it really did."""
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+        @tool(risk=RiskLevel.HIGH)
+        def purge(target: str) -> str:
+            """Delete everything under a target."""
+            self.done.append(target)
+            return f"purged {target}"
+
+        self.tool = purge
+
+
+def purge_then_answer(*targets: str, answer: str = "all done") -> list[Reply]:
+    return [
+        *(
+            {"tool_calls": [{"name": "purge", "args": {"target": t}, "id": f"c{i}"}]}
+            for i, t in enumerate(targets)
+        ),
+        answer,
+    ]
+
+
+def make_agent(model: Any, store: Store | None = None, **kwargs: Any) -> tuple[Agent, Purges]:
+    purges = Purges()
+    agent = Agent(
+        model,
+        tools=[purges.tool],
+        store=store if store is not None else MemoryStore(),
+        safety=SafetyController("balanced", approval=PendingApprovals()),
+        budget=kwargs.pop("budget", Budget(max_steps=8)),
+        **kwargs,
+    )
+    return agent, purges
+
+
+@contextlib.asynccontextmanager
+async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://testserver") as client:
+        yield client
+
+
+async def eventually(check: Callable[[], Any], within: float = 5.0) -> Any:
+    """Poll `check` (sync or async) until it returns something truthy."""
+    deadline = time.monotonic() + within
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def start(client: httpx.AsyncClient, goal: str = "clean up", **body: Any) -> str:
+    response = await client.post("/api/runs", json={"goal": goal, **body})
+    assert response.status_code == 202, response.text
+    run_id: str = response.json()["run_id"]
+    assert response.headers["location"] == f"/api/runs/{run_id}"
+    return run_id
+
+
+async def finished(client: httpx.AsyncClient, run_id: str) -> list[dict[str, Any]]:
+    """Wait for the run's `done` event; return all its events."""
+
+    async def done() -> list[dict[str, Any]] | None:
+        events: list[dict[str, Any]] = (await client.get(f"/api/runs/{run_id}/events")).json()["events"]
+        return events if events and events[-1]["type"] == "done" else None
+
+    result: list[dict[str, Any]] = await eventually(done)
+    return result
+
+
+async def waiting_approval(client: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    async def one() -> dict[str, Any] | None:
+        waiting = (await client.get("/api/approvals", params={"run_id": run_id})).json()["approvals"]
+        return waiting[0] if waiting else None
+
+    result: dict[str, Any] = await eventually(one)
+    return result
+
+
+# ================================================================================ HTTP API (httpx)
+
+
+async def test_a_run_started_over_http_ends_with_its_answer_and_every_message_is_stored() -> None:
+    store = MemoryStore()
+    agent, _ = make_agent(ScriptedModel(["The answer is 42."]), store)
+    async with api(create_app(agent)) as client:
+        run_id = await start(client, "What is 6*7?")
+        events = await finished(client, run_id)
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        assert events[0]["type"] == "run_started" and events[-1]["result"]["output"] == "The answer is 42."
+
+        run = (await client.get(f"/api/runs/{run_id}")).json()
+        assert run["run"]["status"] == "done" and run["run"]["stop_reason"] == "final_answer"
+        assert run["run"]["active"] is False and run["approvals"] == []
+        messages = [(m["role"], m["content"]) for m in run["state"]["messages"]]
+        assert messages == [("user", "What is 6*7?"), ("assistant", "The answer is 42.")]
+
+        listed = (await client.get("/api/runs")).json()["runs"]
+        assert [r["run_id"] for r in listed] == [run_id]
+        assert (await client.get("/api/runs", params={"status": "running"})).json()["runs"] == []
+        later = (await client.get(f"/api/runs/{run_id}/events", params={"after": 2})).json()
+        assert [e["seq"] for e in later["events"]] == [e["seq"] for e in events[2:]]
+        assert later["last_seq"] == events[-1]["seq"]
+    stored = await store.read_events(run_id)
+    assert [e.type for e in stored] == [e["type"] for e in events]
+
+
+async def test_a_request_may_lower_the_agents_limits_and_use_a_session() -> None:
+    store = MemoryStore()
+    model = FunctionModel(lambda request: {"tool_calls": [{"name": "purge", "args": {"target": "x"}}]})
+    agent, _ = make_agent(model, store, final_answer_on_stop=False)
+    async with api(create_app(agent)) as client:
+        run_id = await start(client, max_steps=1, session="alice")
+        waiting = await waiting_approval(client, run_id)
+        await client.post(f"/api/runs/{run_id}/approvals/{waiting['call']['id']}", json={"decision": "deny"})
+        events = await finished(client, run_id)
+        assert events[-1]["result"]["stop_reason"] == "max_steps"
+        state = (await client.get(f"/api/runs/{run_id}")).json()["state"]
+        assert state["budget"]["max_steps"] == 1 and state["session"] == "alice"
+        assert (await client.get("/api/runs", params={"session": "alice"})).json()["runs"][0][
+            "run_id"
+        ] == run_id
+        assert (await client.get("/api/runs", params={"session": "bob"})).json()["runs"] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ({"goal": ""}, "goal: the goal must not be empty"),
+        ({"goal": "   \n"}, "goal: the goal must not be empty"),
+        ({}, "goal: Field required"),
+        ({"goal": "x", "max_steps": 0}, "max_steps: Input should be greater than or equal to 1"),
+        ({"goal": "x", "max_steps": 9}, "max_steps: 9 is above the server's limit of 8"),
+        ({"goal": "x", "timeout": -1}, "timeout: Input should be greater than 0"),
+        ({"goal": "x", "session": "../etc"}, "session: invalid session id '../etc'"),
+        ({"goal": "x", "colour": "red"}, "colour: Extra inputs are not permitted"),
+        ({"goal": 42}, "goal: Input should be a valid string"),
+    ],
+)
+async def test_bad_run_requests_are_422_with_a_clear_message(body: dict[str, Any], problem: str) -> None:
+    agent, _ = make_agent(ScriptedModel([]))
+    app = create_app(agent)
+    async with api(app) as client:
+        response = await client.post("/api/runs", json=body)
+        assert response.status_code == 422
+        assert problem in response.json()["error"]
+        assert (await client.get("/api/runs")).json()["runs"] == []
+    assert app.state.manager.active() == []
+
+
+async def test_non_json_bodies_are_refused() -> None:
+    agent, _ = make_agent(ScriptedModel([]))
+    async with api(create_app(agent)) as client:
+        no_type = await client.post("/api/runs", content=b'{"goal": "x"}')
+        assert no_type.status_code == 415 and "application/json" in no_type.json()["error"]
+        form = await client.post("/api/runs", data={"goal": "x"})
+        assert form.status_code == 415
+        text = await client.post(
+            "/api/runs/r/approvals/c", content=b"{}", headers={"content-type": "text/plain"}
+        )
+        assert text.status_code == 415
+        assert (await client.get("/api/runs")).json()["runs"] == []
+
+
+async def test_unknown_runs_are_404() -> None:
+    agent, _ = make_agent(ScriptedModel([]))
+    async with api(create_app(agent)) as client:
+        for method, path, body in [
+            ("GET", "/api/runs/nope", None),
+            ("GET", "/api/runs/nope/events", None),
+            ("GET", "/api/runs/..%2F..%2Fetc/events", None),
+            ("POST", "/api/runs/nope/cancel", {}),
+            ("POST", "/api/runs/nope/approvals/c0", {"decision": "approve"}),
+            ("GET", "/api/nothing-here", None),
+            ("GET", "/static/../_app.py", None),
+        ]:
+            response = await client.request(method, path, json=body)
+            assert response.status_code == 404, (path, response.text)
+            assert isinstance(response.json()["error"], str)
+        bad = await client.post("/api/runs/nope/approvals/c0", json={"decision": "maybe"})
+        assert bad.status_code == 422 and "decision" in bad.json()["error"]
+
+
+async def test_approve_over_http_runs_the_call() -> None:
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("/tmp/cache")))
+    async with api(create_app(agent)) as client:
+        run_id = await start(client)
+        waiting = await waiting_approval(client, run_id)
+        assert (
+            waiting["tool"] == "purge"
+            and waiting["risk"] == "high"
+            and waiting["arguments"] == {"target": "/tmp/cache"}
+        )
+        assert purges.done == []
+        run = (await client.get(f"/api/runs/{run_id}")).json()
+        assert run["run"]["active"] is True and [a["call"]["id"] for a in run["approvals"]] == ["c0"]
+
+        answer = await client.post(f"/api/runs/{run_id}/approvals/c0", json={"decision": "approve"})
+        assert answer.status_code == 200 and answer.json()["decision"] == "approve"
+        events = await finished(client, run_id)
+    assert purges.done == ["/tmp/cache"]
+    call = next(e for e in events if e["type"] == "tool_call")
+    assert call["decision"] == "approved" and call["risk"] == "high"
+    assert events[-1]["result"]["output"] == "all done"
+
+
+async def test_deny_over_http_tells_the_model_and_runs_nothing() -> None:
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("/", answer="I did not purge.")))
+    async with api(create_app(agent)) as client:
+        run_id = await start(client)
+        await waiting_approval(client, run_id)
+        body = {"decision": "deny", "message": "never the root"}
+        assert (await client.post(f"/api/runs/{run_id}/approvals/c0", json=body)).status_code == 200
+        again = await client.post(f"/api/runs/{run_id}/approvals/c0", json={"decision": "approve"})
+        assert again.status_code == 404 and "waiting for approval" in again.json()["error"]
+        events = await finished(client, run_id)
+    assert purges.done == []
+    result = next(e for e in events if e["type"] == "tool_result")
+    assert (
+        result["success"] is False and result["decision"] == "denied" and "never the root" in result["output"]
+    )
+
+
+async def test_approve_always_covers_the_rest_of_the_run() -> None:
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("a", "b")))
+    async with api(create_app(agent)) as client:
+        run_id = await start(client)
+        await waiting_approval(client, run_id)
+        await client.post(f"/api/runs/{run_id}/approvals/c0", json={"decision": "approve_always"})
+        events = await finished(client, run_id)
+    assert purges.done == ["a", "b"]
+    assert [e["decision"] for e in events if e["type"] == "tool_call"] == [
+        "approved_always",
+        "approved_always",
+    ]
+
+
+async def test_cancel_a_run_waiting_for_approval() -> None:
+    store = MemoryStore()
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("x")), store)
+    app = create_app(agent)
+    async with api(app) as client:
+        run_id = await start(client)
+        await waiting_approval(client, run_id)
+        response = await client.post(f"/api/runs/{run_id}/cancel", json={})
+        assert response.status_code == 202 and response.json() == {"run_id": run_id, "status": "cancelling"}
+        events = await finished(client, run_id)
+        assert events[-1]["result"]["stop_reason"] == "cancelled"
+        await eventually(lambda: app.state.manager.active() == [])
+        assert (await client.get("/api/approvals")).json()["approvals"] == []
+        again = await client.post(f"/api/runs/{run_id}/cancel", json={})
+        assert again.status_code == 409 and "not running" in again.json()["error"]
+    state = await store.load_state(run_id)
+    assert state is not None and state.stop_reason is not None and state.stop_reason.value == "cancelled"
+    assert purges.done == []
+
+
+async def test_cancel_right_after_start_still_saves_a_cancelled_run() -> None:
+    store = MemoryStore()
+    agent, _ = make_agent(ScriptedModel(["never said"], latency=0.5), store)
+    async with api(create_app(agent)) as client:
+        response = await client.post("/api/runs", json={"goal": "x"})
+        run_id = response.json()["run_id"]
+        assert (
+            await client.post(f"/api/runs/{run_id}/cancel", json={})
+        ).status_code == 202  # before its task ran
+        events = await finished(client, run_id)
+    assert events[-1]["result"]["stop_reason"] == "cancelled"
+    assert (await store.load_state(run_id)).phase == "error"  # type: ignore[union-attr]
+    assert [e.type for e in await store.read_events(run_id)][-1] == "done"
+
+
+async def test_too_many_runs_are_429() -> None:
+    agent, _ = make_agent(ScriptedModel(purge_then_answer("x")))
+    app = create_app(agent, max_active_runs=1)
+    async with api(app) as client:
+        run_id = await start(client)
+        busy = await client.post("/api/runs", json={"goal": "another"})
+        assert busy.status_code == 429 and "limit" in busy.json()["error"]
+        await client.post(f"/api/runs/{run_id}/cancel", json={})
+        await finished(client, run_id)
+
+
+async def test_a_run_just_started_is_listed_before_the_store_has_it() -> None:
+    agent, _ = make_agent(ScriptedModel(["hi"]))
+    async with api(create_app(agent)) as client:
+        run_id = await start(client, "greet")  # its task has not run yet: nothing is stored
+        listed = (await client.get("/api/runs")).json()["runs"]
+        assert [(r["run_id"], r["goal"], r["active"]) for r in listed] == [(run_id, "greet", True)]
+        run = (await client.get(f"/api/runs/{run_id}")).json()
+        assert run["run"]["status"] == "running" and run["state"] is None
+        await finished(client, run_id)
+
+
+async def test_shutdown_cancels_running_runs_and_saves_them() -> None:
+    store = MemoryStore()
+    agent, _ = make_agent(ScriptedModel(purge_then_answer("x")), store)
+    app = create_app(agent)
+    async with api(app) as client:
+        run_id = await start(client)
+        await waiting_approval(client, run_id)
+    await app.state.manager.shutdown()
+    state = await store.load_state(run_id)
+    assert state is not None and state.stop_reason is not None and state.stop_reason.value == "cancelled"
+    assert app.state.manager.active() == []
+
+
+async def test_a_run_failing_outside_its_loop_ends_its_followers() -> None:
+    class BrokenStore(MemoryStore):
+        async def checkpoint(self, state: Any, events: Any) -> None:
+            raise OSError("disk full")
+
+    agent, _ = make_agent(ScriptedModel(["hi"]), BrokenStore())
+    app = create_app(agent)
+    manager = app.state.manager
+    live = manager.start("x")
+    with pytest.raises(Exception, match="disk full"):
+        async for _ in manager.follow(live.run_id):
+            pass
+    assert manager.active() == []
+
+
+async def test_info_page_and_security_headers() -> None:
+    agent, _ = make_agent(ScriptedModel([]))
+    async with api(create_app(agent)) as client:
+        info = (await client.get("/api/info")).json()
+        assert info["tools"] == ["purge"] and info["safety"] == "balanced" and info["approvals"] is True
+        assert info["budget"]["max_steps"] == 8
+        page = await client.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        assert '<script src="/static/app.js"' in page.text and "<script>" not in page.text
+        script = await client.get("/static/app.js")
+        assert script.headers["content-type"].startswith("text/javascript")
+    # run text reaches the page only as text nodes: no HTML parsing sink anywhere in the script
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in script.text
+
+
+async def test_hostile_tool_output_is_served_as_json_text() -> None:
+    @tool
+    def fetch_page() -> str:
+        """Fetch a page."""
+        return HOSTILE
+
+    model = ScriptedModel([{"tool_calls": [{"name": "fetch_page", "args": {}}]}, HOSTILE])
+    agent = Agent(model, tools=[fetch_page], store=MemoryStore())
+    async with api(create_app(agent)) as client:
+        run_id = await start(client)
+        events = await finished(client, run_id)
+        response = await client.get(f"/api/runs/{run_id}/events")
+    assert response.headers["content-type"] == "application/json"
+    assert next(e for e in events if e["type"] == "tool_result")["output"] == HOSTILE
+    assert events[-1]["result"]["output"] == HOSTILE
+
+
+async def test_allowed_hosts_stop_dns_rebinding() -> None:
+    agent, _ = make_agent(ScriptedModel([]))
+    async with api(create_app(agent, allowed_hosts=["127.0.0.1", "localhost"])) as client:
+        assert (await client.get("/api/info", headers={"host": "evil.example"})).status_code == 400
+        assert (await client.get("/api/info", headers={"host": "localhost:8765"})).status_code == 200
+
+
+def test_the_server_needs_a_store_with_an_event_log() -> None:
+    with pytest.raises(ConfigurationError, match="event log"):
+        create_app(Agent(ScriptedModel([])))  # the default in-process store keeps no events
+    with pytest.raises(ConfigurationError, match="max_active_runs"):
+        create_app(Agent(ScriptedModel([]), store=MemoryStore()), max_active_runs=0)
+
+
+# ======================================================================== a real server (uvicorn)
+
+
+class Served:
+    def __init__(self, app: FastAPI, server: uvicorn.Server, port: int) -> None:
+        self.app = app
+        self.server = server
+        self.url = f"http://127.0.0.1:{port}"
+        self.ws = f"ws://127.0.0.1:{port}"
+
+
+@contextlib.asynccontextmanager
+async def serve(app: FastAPI) -> AsyncIterator[Served]:
+    """Run `app` on uvicorn on 127.0.0.1 (a free port) in this event loop; stop it gracefully at the end."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await eventually(lambda: server.started or task.done())
+        if task.done():
+            task.result()
+        yield Served(app, server, sock.getsockname()[1])
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
+        sock.close()
+
+
+async def read_until(socket_: Any, stop: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    events = []
+    while True:
+        event = json.loads(await asyncio.wait_for(socket_.recv(), 5))
+        events.append(event)
+        if stop(event):
+            return events
+
+
+async def test_websocket_streams_a_run_to_done_and_approvals_are_answered_over_http() -> None:
+    store = MemoryStore()
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("a", "b", answer="a purged, b kept")), store)
+    async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
+        run_id = await start(client)
+        async with websockets.connect(f"{served.ws}/api/runs/{run_id}/events") as ws:
+            first = await read_until(ws, lambda e: e["type"] == "approval_requested")
+            await client.post(f"/api/runs/{run_id}/approvals/c0", json={"decision": "approve"})
+            second = await read_until(ws, lambda e: e["type"] == "approval_requested")
+            await client.post(f"/api/runs/{run_id}/approvals/c1", json={"decision": "deny"})
+            rest = await read_until(ws, lambda e: e["type"] == "done")
+            with pytest.raises(websockets.ConnectionClosedOK):
+                await asyncio.wait_for(ws.recv(), 5)  # the stream ends after `done`
+            assert ws.close_code == 1000
+    events = first + second + rest
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["result"]["output"] == "a purged, b kept"
+    assert purges.done == ["a"]
+    assert [e["decision"] for e in events if e["type"] == "tool_call"] == ["approved", "denied"]
+    assert [e.model_dump(mode="json") for e in await store.read_events(run_id)] == events
+
+
+async def test_reconnecting_with_after_gives_no_gaps_or_duplicates() -> None:
+    agent, _ = make_agent(ScriptedModel(purge_then_answer("a", "b", "c")))
+    async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
+        run_id = await start(client)
+        seen: list[dict[str, Any]] = []
+        for call_id in ("c0", "c1", "c2"):
+            after = seen[-1]["seq"] if seen else 0
+            async with websockets.connect(f"{served.ws}/api/runs/{run_id}/events?after={after}") as ws:
+                seen += await read_until(ws, lambda e: e["type"] == "approval_requested")
+            # the client is gone: the run goes on, and events happen while nobody listens
+            await client.post(f"/api/runs/{run_id}/approvals/{call_id}", json={"decision": "approve"})
+        async with websockets.connect(f"{served.ws}/api/runs/{run_id}/events?after={seen[-1]['seq']}") as ws:
+            seen += await read_until(ws, lambda e: e["type"] == "done")
+        # after the run ended, a late follower replays it from the store
+        async with websockets.connect(f"{served.ws}/api/runs/{run_id}/events?after=5") as ws:
+            replay = await read_until(ws, lambda e: e["type"] == "done")
+    assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1))
+    assert replay == seen[5:]
+
+
+async def test_many_followers_see_the_same_events_live() -> None:
+    async def slow(request: Any) -> Reply:
+        await asyncio.sleep(0.05)
+        return (
+            "done"
+            if request.turn >= 3
+            else {"tool_calls": [{"name": "note", "args": {"text": str(request.turn)}}]}
+        )
+
+    @tool
+    def note(text: str) -> str:
+        """Note something."""
+        return f"noted {text}"
+
+    agent = Agent(FunctionModel(slow), tools=[note], store=MemoryStore())
+    async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
+        run_id = await start(client)
+
+        async def follow(after: int) -> list[dict[str, Any]]:
+            async with websockets.connect(f"{served.ws}/api/runs/{run_id}/events?after={after}") as ws:
+                return await read_until(ws, lambda e: e["type"] == "done")
+
+        streams = await asyncio.gather(follow(0), follow(0), follow(3))
+    assert streams[0] == streams[1] and streams[2] == streams[0][3:]
+    assert [e["seq"] for e in streams[0]] == list(range(1, len(streams[0]) + 1))
+
+
+async def test_websocket_refuses_unknown_runs_and_other_sites() -> None:
+    agent, _ = make_agent(ScriptedModel(["ok"]))
+    async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
+        async with websockets.connect(f"{served.ws}/api/runs/nope/events") as ws:
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 5)
+            assert ws.close_code == 4404
+        run_id = await start(client)
+        with pytest.raises(websockets.InvalidStatus):
+            await websockets.connect(
+                f"{served.ws}/api/runs/{run_id}/events", origin=websockets.Origin("http://evil.example")
+            )
+        same = websockets.Origin(served.url)
+        async with websockets.connect(f"{served.ws}/api/runs/{run_id}/events", origin=same) as ws:
+            assert (await read_until(ws, lambda e: e["type"] == "done"))[-1]["result"]["output"] == "ok"
+
+
+async def test_stopping_the_server_cancels_runs_and_closes_streams(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "runs.db")
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("x")), store)
+    async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
+        run_id = await start(client)
+        ws = await websockets.connect(f"{served.ws}/api/runs/{run_id}/events")
+        await read_until(ws, lambda e: e["type"] == "approval_requested")
+    with pytest.raises(websockets.ConnectionClosed):  # the server closed it while stopping
+        while True:
+            await asyncio.wait_for(ws.recv(), 5)
+    state = await store.load_state(run_id)
+    assert state is not None and state.stop_reason is not None and state.stop_reason.value == "cancelled"
+    assert [e.type for e in await store.read_events(run_id)][-1] == "done"
+    assert purges.done == []
+    await store.aclose()
+
+
+# ======================================================================== thinkloop serve (CLI)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_thinkloop_serve_runs_goals_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps([{"tool_calls": [{"name": "calculator", "args": {"expression": "6*7"}}]}, "42"])
+    )
+    port = _free_port()
+    env = {**os.environ, "THINKLOOP_HOME": str(tmp_path / "home")}
+    command = [
+        sys.executable, "-m", "thinkloop.cli", "serve", "--port", str(port), "--model", f"script:{script}",
+        "--store", f"sqlite:///{tmp_path / 'runs.db'}",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    info = client.get("/api/info").json()
+                    break
+                except httpx.TransportError:
+                    assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
+                    time.sleep(0.1)
+            assert info["tools"] == ["calculator"] and info["safety"] == "balanced"
+            assert client.get("/api/info", headers={"host": "evil.example"}).status_code == 400
+            run_id = client.post("/api/runs", json={"goal": "What is 6*7?"}).json()["run_id"]
+            for _ in range(100):
+                events = client.get(f"/api/runs/{run_id}/events").json()["events"]
+                if events and events[-1]["type"] == "done":
+                    break
+                time.sleep(0.05)
+            assert events[-1]["result"]["output"] == "42"
+            state = client.get(f"/api/runs/{run_id}").json()["state"]
+            assert state["metadata"]["cli"]["tools"] == "calculator"  # `thinkloop runs resume` can rebuild it
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=20)
+        assert process.returncode == 0, stderr
+        assert f"127.0.0.1:{port}" in stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_thinkloop_serve_reports_a_bad_store_url(tmp_path: Path) -> None:
+    (tmp_path / "script.json").write_text('["hi"]')
+    out = subprocess.run(
+        [sys.executable, "-m", "thinkloop.cli", "serve", "--model", "script:script.json", "--store", "nope://x"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 2 and "unknown store URL 'nope://x'" in out.stderr
