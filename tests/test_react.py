@@ -88,6 +88,16 @@ def test_transcript_rendering_merges_observations() -> None:
 def test_tools_prompt_lists_tools_and_format() -> None:
     text = tools_prompt(ToolRegistry([calculator]).definitions())
     assert "- calculator: Evaluate" in text and "Action Input:" in text and "Final Answer:" in text
+    assert "Action: <the tool name, one of: calculator>" in text
+
+
+def test_tools_prompt_shows_a_worked_example_with_tools_that_are_not_the_agents() -> None:
+    text = tools_prompt(ToolRegistry([calculator]).definitions())
+    example = text[text.index("An example with other tools") :]
+    assert 'Action Input: {"name": "Ann Lee"}' in example  # literal braces, not format fields
+    steps = [parse(chunk) for chunk in example.split("Observation:")]  # each step parses as a reply
+    assert [s.call.name for s in steps[:-1] if s.call] == ["person_info", "route"]
+    assert steps[-1].final is not None and "212 km" in steps[-1].final
 
 
 @pytest.mark.parametrize(
