@@ -613,3 +613,31 @@ def test_thinkloop_serve_reports_a_bad_store_url(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 2 and "unknown store URL 'nope://x'" in out.stderr
+
+
+async def test_a_run_of_another_process_is_followed_from_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    import thinkloop.server._runs as runs_module
+
+    monkeypatch.setattr(runs_module, "POLL_INTERVAL", 0.02)
+    store = MemoryStore()
+
+    @tool
+    def note(text: str) -> str:
+        """Note something."""
+        return f"noted {text}"
+
+    def reply(request: Any) -> Reply:
+        return "finished" if request.turn >= 3 else {"tool_calls": [{"name": "note", "args": {"text": "x"}}]}
+
+    elsewhere = Agent(FunctionModel(reply, latency=0.05), tools=[note], store=store)  # e.g. `thinkloop run`
+    task = asyncio.create_task(elsewhere.run("work", run_id="elsewhere"))
+    await eventually(lambda: store.load_state("elsewhere"))
+    agent, _ = make_agent(ScriptedModel([]), store)
+    async with (
+        serve(create_app(agent)) as served,
+        websockets.connect(f"{served.ws}/api/runs/elsewhere/events") as ws,
+    ):
+        events = await read_until(ws, lambda e: e["type"] == "done")
+    result = await task
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["result"]["output"] == result.output == "finished"
