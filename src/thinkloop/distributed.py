@@ -1,0 +1,399 @@
+"""Scale-out (SPEC §13.4): many runs across processes and machines, on PostgreSQL.
+
+A `JobQueue` holds the goals to run in a PostgreSQL table; any number of `Worker`s, in any number of
+processes on any number of machines, take jobs from it with `SELECT … FOR UPDATE SKIP LOCKED` (each job
+goes to exactly one worker) and run them with their `Agent`, whose store all workers share (a
+`PostgresStore`, or a `SQLiteStore` for processes of one machine).
+
+A worker holds a *lease* on each job it runs and renews it while the run goes on. When a worker dies —
+killed, its machine gone — its leases expire and other workers take the jobs over: a run with a
+checkpoint is *resumed* from it (`Agent.resume`: a tool call that had completed is never run again; one
+that was interrupted is re-run only if its tool is idempotent), a run without one starts over. A worker
+that finds it has lost a lease (it was too slow to renew it) stops that run, so a run is never driven by
+two workers at once. A job whose runs keep killing their workers fails after `max_attempts`.
+
+    queue = JobQueue("postgresql://user@host/db")
+    run_id = await queue.submit("Summarise yesterday's incidents")
+    ...                                    # elsewhere, any number of times:
+    await Worker(agent, queue).serve()     # agent = Agent(model, tools=..., store=PostgresStore(dsn))
+    ...
+    result = await queue.wait(run_id, store)
+
+Needs the `postgres` extra (psycopg 3). The table is created on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._budget import Budget
+from ._errors import ConfigurationError, ThinkloopError, UserError
+from .stores._base import check_id
+
+if TYPE_CHECKING:
+    from ._agent import Agent
+    from ._events import RunResult
+    from .stores._base import Store
+
+__all__ = ["Job", "JobQueue", "JobStatus", "Worker"]
+
+logger = logging.getLogger("thinkloop.distributed")
+
+JobState = Literal["queued", "running", "done", "failed"]
+
+_NOW = "extract(epoch from clock_timestamp())"  # the database's clock: workers' clocks may disagree
+
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS thinkloop_jobs (
+        run_id TEXT PRIMARY KEY, goal TEXT NOT NULL, options TEXT NOT NULL, status TEXT NOT NULL,
+        worker TEXT, lease_until DOUBLE PRECISION, attempts INTEGER NOT NULL DEFAULT 0,
+        stop_reason TEXT, error TEXT, created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS thinkloop_jobs_waiting ON thinkloop_jobs (status, created_at)",
+]
+_LOCK_KEY = 0x746A6F6273  # "tjobs": the advisory lock taken while creating the table
+
+_CLAIM_SQL = f"""
+UPDATE thinkloop_jobs SET status = 'running', worker = %(worker)s, lease_until = {_NOW} + %(lease)s,
+    attempts = attempts + 1, updated_at = {_NOW}
+WHERE run_id = (
+    SELECT run_id FROM thinkloop_jobs
+    WHERE status = 'queued' OR (status = 'running' AND lease_until < {_NOW})
+    ORDER BY created_at, run_id
+    FOR UPDATE SKIP LOCKED
+    LIMIT 1)
+RETURNING run_id, goal, options, attempts"""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job a worker holds: the run to drive and how many times it was taken (1 = the first time)."""
+
+    run_id: str
+    goal: str
+    attempt: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """Where a job is: queued, running (on `worker`), done (with its stop reason) or failed (with `error`)."""
+
+    run_id: str
+    status: JobState
+    attempts: int
+    worker: str | None = None
+    stop_reason: str | None = None
+    error: str | None = None
+
+
+class JobQueue:
+    """Jobs (goals to run) in a PostgreSQL table, shared by every process that opens the same database.
+
+    Args:
+        dsn: a libpq connection string or URL, e.g. `postgresql://user@host:5432/db`.
+        lease: seconds a worker holds a job without renewing its lease; after that the job is taken over.
+        max_attempts: times a job may be taken before it is marked failed (a run that keeps killing its
+            worker must not kill them all).
+    """
+
+    def __init__(self, dsn: str, *, lease: float = 30.0, max_attempts: int = 3) -> None:
+        if lease <= 0 or max_attempts < 1:
+            raise ConfigurationError(
+                f"lease must be positive and max_attempts ≥ 1 (got {lease}, {max_attempts})"
+            )
+        self.dsn = dsn
+        self.lease = lease
+        self.max_attempts = max_attempts
+        self._conn: Any = None
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> JobQueue:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def _execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        async with self._lock:
+            conn = await self._connection()
+            cursor = await conn.execute(sql, params)
+            return list(await cursor.fetchall()) if cursor.description is not None else []
+
+    async def _connection(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            try:
+                import psycopg
+            except ImportError:
+                raise ConfigurationError(
+                    "JobQueue needs psycopg 3: pip install 'thinkloop[postgres]'"
+                ) from None
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+                for statement in _SCHEMA:
+                    await conn.execute(statement)
+            self._conn = conn
+        return self._conn
+
+    # -------------------------------------------------------------------------------- submitting
+
+    async def submit(
+        self,
+        goal: str,
+        *,
+        run_id: str | None = None,
+        budget: Budget | None = None,
+        metadata: dict[str, Any] | None = None,
+        session: str | None = None,
+    ) -> str:
+        """Queue a goal; returns its run id (the id the run will have in the store)."""
+        if not isinstance(goal, str) or not goal.strip():
+            raise UserError(f"the goal must be a non-empty string, got {goal!r}")
+        run_id = check_id(run_id) if run_id is not None else uuid.uuid4().hex
+        options = {
+            "budget": budget.as_dict() if budget else None,
+            "metadata": metadata or {},
+            "session": session,
+        }
+        rows = await self._execute(
+            "INSERT INTO thinkloop_jobs (run_id, goal, options, status, created_at, updated_at) "
+            f"VALUES (%s, %s, %s, 'queued', {_NOW}, {_NOW}) ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
+            (run_id, goal, json.dumps(options)),
+        )
+        if not rows:
+            raise UserError(f"a job with run id {run_id!r} already exists: pick another id")
+        return run_id
+
+    async def status(self, run_id: str) -> JobStatus | None:
+        """The job's status, or None if there is no such job."""
+        rows = await self._execute(
+            "SELECT run_id, status, attempts, worker, stop_reason, error FROM thinkloop_jobs WHERE run_id = %s",
+            (run_id,),
+        )
+        return JobStatus(*rows[0]) if rows else None
+
+    async def jobs(self, status: JobState | None = None, *, limit: int = 100) -> list[JobStatus]:
+        """Jobs, the newest first (of one status, or all)."""
+        where = "WHERE status = %s" if status else ""
+        rows = await self._execute(
+            "SELECT run_id, status, attempts, worker, stop_reason, error FROM thinkloop_jobs "
+            f"{where} ORDER BY created_at DESC LIMIT %s",
+            (status, limit) if status else (limit,),
+        )
+        return [JobStatus(*row) for row in rows]
+
+    async def wait(self, run_id: str, store: Store, *, poll: float = 0.2) -> RunResult:
+        """Wait until the job is done (its result, from `store`) or failed (`ThinkloopError`); bound the
+        wait with `async with asyncio.timeout(...)` around it."""
+        from ._events import RunResult
+
+        while True:
+            status = await self.status(run_id)
+            if status is None:
+                raise UserError(f"there is no job with run id {run_id!r}")
+            if status.status == "failed":
+                raise ThinkloopError(
+                    f"job {run_id} failed after {status.attempts} attempt(s): {status.error}"
+                )
+            if status.status == "done":
+                state = await store.load_state(run_id)
+                if state is None:
+                    raise ThinkloopError(f"job {run_id} is done but its run is not in {store.url}")
+                return RunResult.from_state(state)
+            await asyncio.sleep(poll)
+
+    # ------------------------------------------------------------------------------------ workers
+
+    async def claim(self, worker: str) -> Job | None:
+        """Take the oldest waiting job — queued, or running on a worker whose lease expired — or None.
+
+        A job taken more than `max_attempts` times is marked failed instead (and the next one is tried).
+        """
+        while True:
+            rows = await self._execute(_CLAIM_SQL, {"worker": worker, "lease": self.lease})
+            if not rows:
+                return None
+            run_id, goal, options, attempts = rows[0]
+            if attempts > self.max_attempts:
+                await self._execute(
+                    f"UPDATE thinkloop_jobs SET status = 'failed', worker = NULL, updated_at = {_NOW}, "
+                    "error = %s WHERE run_id = %s",
+                    (
+                        f"its runs ended {self.max_attempts} time(s) without finishing (a worker died or lost it)",
+                        run_id,
+                    ),
+                )
+                continue
+            return Job(run_id=run_id, goal=goal, attempt=attempts, options=json.loads(options))
+
+    async def renew(self, job: Job, worker: str) -> bool:
+        """Extend the lease; False when the job is no longer this worker's (another one took it over)."""
+        rows = await self._execute(
+            f"UPDATE thinkloop_jobs SET lease_until = {_NOW} + %s, updated_at = {_NOW} "
+            "WHERE run_id = %s AND worker = %s AND status = 'running' RETURNING 1",
+            (self.lease, job.run_id, worker),
+        )
+        return bool(rows)
+
+    async def finish(
+        self, job: Job, worker: str, *, stop_reason: str | None = None, error: str | None = None
+    ) -> bool:
+        """Mark the job done (a run ended, with `stop_reason`) or failed (`error`); False if it was not ours."""
+        status = "failed" if error is not None else "done"
+        rows = await self._execute(
+            f"UPDATE thinkloop_jobs SET status = %s, stop_reason = %s, error = %s, worker = NULL, "
+            f"lease_until = NULL, updated_at = {_NOW} WHERE run_id = %s AND worker = %s RETURNING 1",
+            (status, stop_reason, error, job.run_id, worker),
+        )
+        return bool(rows)
+
+    async def release(self, job: Job, worker: str) -> None:
+        """Give a job back to the queue (a worker shutting down before it could finish it)."""
+        await self._execute(
+            f"UPDATE thinkloop_jobs SET status = 'queued', worker = NULL, lease_until = NULL, "
+            f"attempts = greatest(attempts - 1, 0), updated_at = {_NOW} WHERE run_id = %s AND worker = %s",
+            (job.run_id, worker),
+        )
+
+
+class Worker:
+    """Takes jobs from a `JobQueue` and runs them with `agent`, `concurrency` at a time.
+
+    The agent must have a store that every worker shares (so another worker can resume a run this one
+    started). `serve()` runs until `stop()` (or, with `until_idle=True`, until the queue is empty).
+
+    Args:
+        agent: the agent that runs the jobs (its model, tools, guards, store …).
+        queue: where the jobs come from.
+        name: this worker's name in the queue (default: host, process id and a random suffix).
+        concurrency: jobs run at once by this worker.
+        poll_interval: seconds between looks at an empty queue.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        queue: JobQueue,
+        *,
+        name: str | None = None,
+        concurrency: int = 4,
+        poll_interval: float = 0.5,
+    ) -> None:
+        from .stores._base import Store
+
+        if not isinstance(agent.store, Store) or agent.store.url.startswith("memory:"):
+            raise ConfigurationError(
+                "a Worker's agent needs a shared store, e.g. Agent(store=PostgresStore(dsn))"
+            )
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
+        self.agent = agent
+        self.store: Store = agent.store
+        self.queue = queue
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.completed: list[str] = []  # run ids this worker finished
+        self._stopping = asyncio.Event()
+        self._running: dict[str, asyncio.Task[None]] = {}
+
+    def stop(self) -> None:
+        """Stop taking jobs; `serve()` returns once the running ones end (they are not interrupted)."""
+        self._stopping.set()
+
+    async def serve(self, *, until_idle: bool = False) -> None:
+        """Take and run jobs until `stop()` (or until nothing is left, with `until_idle`)."""
+        try:
+            while not self._stopping.is_set():
+                job = await self.queue.claim(self.name) if len(self._running) < self.concurrency else None
+                if job is not None:
+                    task = asyncio.create_task(self._drive(job), name=f"thinkloop-job-{job.run_id}")
+                    self._running[job.run_id] = task
+                    task.add_done_callback(self._forget)
+                    continue
+                if until_idle and not self._running:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.poll_interval):
+                        await self._stopping.wait()
+        finally:
+            if self._running:
+                await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        for run_id, running in list(self._running.items()):
+            if running is task:
+                del self._running[run_id]
+
+    async def _drive(self, job: Job) -> None:
+        """Run (or resume) one job under a renewed lease; the job ends done or failed, or goes back."""
+        run = asyncio.create_task(self._run(job))
+        lease = asyncio.create_task(self._keep_lease(job, run))
+        try:
+            result = await run
+        except asyncio.CancelledError:
+            if not lease.done() or not lease.result():  # cancelled by shutdown, not by a lost lease
+                await self._settle(self.queue.release(job, self.name))
+            raise
+        except Exception as exc:  # a failure of the engine, not of the run (those end with a stop reason)
+            logger.exception("job %s failed on %s", job.run_id, self.name)
+            await self._settle(self.queue.finish(job, self.name, error=f"{type(exc).__name__}: {exc}"))
+            return
+        finally:
+            lease.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lease
+        if await self._settle(self.queue.finish(job, self.name, stop_reason=result.stop_reason.value)):
+            self.completed.append(job.run_id)
+
+    async def _run(self, job: Job) -> RunResult:
+        from ._events import RunResult
+
+        state = await self.store.load_state(job.run_id)
+        if state is not None and state.finished:  # done before, but the job was not marked: just mark it
+            return RunResult.from_state(state)
+        if state is not None:
+            logger.info("resuming run %s on %s (attempt %d)", job.run_id, self.name, job.attempt)
+            return await self.agent.resume(job.run_id)
+        options = job.options
+        budget = Budget(**options["budget"]) if options.get("budget") else None
+        return await self.agent.run(
+            job.goal, run_id=job.run_id, budget=budget, metadata=options.get("metadata") or None,
+            session=options.get("session"),
+        )  # fmt: skip
+
+    async def _keep_lease(self, job: Job, run: asyncio.Task[RunResult]) -> bool:
+        """Renew the lease every third of it; when it is lost, stop the run (True) — another worker has it."""
+        while True:
+            await asyncio.sleep(self.queue.lease / 3)
+            try:
+                ours = await self.queue.renew(job, self.name)
+            except Exception as exc:  # the database is unreachable: keep running, try again
+                logger.warning("renewing the lease of job %s failed: %s", job.run_id, exc)
+                continue
+            if not ours:
+                logger.warning("job %s was taken over by another worker; stopping it here", job.run_id)
+                run.cancel()
+                return True
+
+    async def _settle(self, update: Any) -> bool:
+        """A queue update that must not be lost to a cancellation of the worker."""
+        try:
+            return bool(await asyncio.shield(update))
+        except Exception as exc:
+            logger.warning("updating the job queue failed: %s", exc)
+            return False

@@ -1,0 +1,220 @@
+"""Scale-out (SPEC §13.4): a job queue on the real PostgreSQL server, workers in several processes,
+a worker killed mid-run and its run resumed by another without running a side effect twice."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from thinkloop import Agent, StopReason, ThinkloopError, UserError, tool
+from thinkloop.distributed import JobQueue, Worker
+from thinkloop.stores import PostgresStore
+from thinkloop.testing import FunctionModel
+
+pytestmark = pytest.mark.postgres
+
+PG = "postgresql://postgres@127.0.0.1:5432/test"
+WORKER = str(Path(__file__).with_name("worker_agent.py"))
+
+
+@pytest.fixture
+def dsn() -> Iterator[str]:
+    """A private schema per test (dropped afterwards), so workers of one test see only its jobs."""
+    import psycopg
+
+    from test_stores import _postgres_up
+
+    _postgres_up()
+    schema = f"tl_jobs_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    yield f"{PG}?options=-csearch_path%3D{schema}"
+    with psycopg.connect(PG, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+async def queue(dsn: str) -> AsyncIterator[JobQueue]:
+    async with JobQueue(dsn, lease=1.0) as q:
+        yield q
+
+
+def workers(dsn: str, effects: Path, names: list[str], *, lease: float = 1.0, env: dict[str, str] | None = None) -> list[subprocess.Popen[str]]:
+    import os
+
+    return [
+        subprocess.Popen(
+            [sys.executable, WORKER, dsn, str(effects), str(lease), name],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+        )  # fmt: skip
+        for name in names
+    ]
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+# ============================================================================================ the queue
+
+
+async def test_submit_checks_its_input_and_reports_status(queue: JobQueue) -> None:
+    run_id = await queue.submit("Count the apples", run_id="job-1")
+    assert run_id == "job-1"
+    status = await queue.status("job-1")
+    assert status is not None and (status.status, status.attempts, status.worker) == ("queued", 0, None)
+    with pytest.raises(UserError, match="already exists"):
+        await queue.submit("Again", run_id="job-1")
+    with pytest.raises(UserError, match="non-empty"):
+        await queue.submit("  ")
+    with pytest.raises(UserError, match="run id"):
+        await queue.submit("x", run_id="../etc")
+    assert await queue.status("nope") is None
+    assert [j.run_id for j in await queue.jobs("queued")] == ["job-1"]
+
+
+async def test_each_job_goes_to_one_worker_and_an_expired_lease_lets_another_take_it(queue: JobQueue) -> None:
+    await queue.submit("first", run_id="a")
+    await queue.submit("second", run_id="b")
+    claims = await asyncio.gather(queue.claim("w1"), queue.claim("w2"), queue.claim("w3"))
+    taken = sorted(c.run_id for c in claims if c is not None)
+    assert taken == ["a", "b"] and sum(c is None for c in claims) == 1
+    job = next(c for c in claims if c is not None and c.run_id == "a")
+    owner = next(n for n, c in zip(["w1", "w2", "w3"], claims, strict=True) if c is job)
+    assert await queue.renew(job, owner) and not await queue.renew(job, "someone-else")
+    await asyncio.sleep(1.2)  # the lease (1 s) runs out without renewal
+    again = await queue.claim("w4")
+    assert again is not None and again.run_id in ("a", "b") and again.attempt == 2
+    assert not await queue.finish(job, "nobody")  # only the holder can finish a job
+
+
+async def test_a_job_that_keeps_losing_its_worker_fails_after_max_attempts(dsn: str) -> None:
+    async with JobQueue(dsn, lease=0.2, max_attempts=2) as q:
+        await q.submit("poison", run_id="p")
+        for attempt in (1, 2):
+            job = await q.claim(f"w{attempt}")
+            assert job is not None and job.attempt == attempt
+            await asyncio.sleep(0.3)  # the worker "died": no renewal, no finish
+        assert await q.claim("w3") is None
+        status = await q.status("p")
+        assert status is not None and status.status == "failed" and "2 time(s)" in (status.error or "")
+        async with PostgresStore(dsn) as store:
+            with pytest.raises(ThinkloopError, match="failed after 3 attempt"):
+                await q.wait("p", store)
+
+
+# =========================================================================================== workers
+
+
+@tool
+def note(text: str) -> str:
+    """Note something."""
+    return f"noted {text}"
+
+
+async def test_a_worker_runs_jobs_and_wait_returns_their_results(dsn: str, queue: JobQueue) -> None:
+    def reply(request: Any) -> Any:
+        goal = request.messages[1].content
+        return {"tool_calls": [{"name": "note", "args": {"text": goal}}]} if request.turn == 0 else f"ok: {goal}"
+
+    async with PostgresStore(dsn) as store:
+        ids = [await queue.submit(f"task {n}") for n in range(5)]
+        worker = Worker(Agent(FunctionModel(reply), tools=[note], store=store), queue, concurrency=3, poll_interval=0.05)
+        await worker.serve(until_idle=True)
+        assert sorted(worker.completed) == sorted(ids)
+        results = [await queue.wait(i, store) for i in ids]
+        assert [r.output for r in results] == [f"ok: task {n}" for n in range(5)]
+        assert all(r.stop_reason is StopReason.FINAL_ANSWER and r.tool_calls == 1 for r in results)
+        assert {s.status for s in await queue.jobs()} == {"done"}
+
+
+async def test_a_worker_that_lost_its_lease_stops_the_run(dsn: str, queue: JobQueue) -> None:
+    import psycopg
+
+    started = asyncio.Event()
+
+    @tool
+    async def slow(seconds: float) -> str:
+        """Wait."""
+        started.set()
+        await asyncio.sleep(seconds)
+        return "waited"
+
+    model = FunctionModel(lambda r: {"tool_calls": [{"name": "slow", "args": {"seconds": 30}}]} if r.turn == 0 else "done")
+    async with PostgresStore(dsn) as store:
+        await queue.submit("wait a long time", run_id="slowjob")
+        worker = Worker(Agent(model, tools=[slow], store=store), queue, name="w1", poll_interval=0.05)
+        serving = asyncio.create_task(worker.serve(until_idle=True))
+        await asyncio.wait_for(started.wait(), 10)
+        with psycopg.connect(dsn, autocommit=True) as conn:  # another worker took the job over
+            conn.execute("UPDATE thinkloop_jobs SET worker = 'w2' WHERE run_id = 'slowjob'")
+        await asyncio.wait_for(serving, 10)  # the run was stopped within a renewal period, not after 30 s
+        assert worker.completed == []
+        status = await queue.status("slowjob")
+        assert status is not None and status.worker == "w2" and status.status == "running"
+
+
+def test_workers_in_several_processes_run_every_job_exactly_once(dsn: str, tmp_path: Path) -> None:
+    async def submit() -> list[str]:
+        async with JobQueue(dsn) as q:
+            return [await q.submit(f"goal-{n}", run_id=f"r{n}") for n in range(8)]
+
+    ids = asyncio.run(submit())
+    effects = tmp_path / "effects.txt"
+    procs = workers(dsn, effects, ["A", "B", "C"])
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
+    completed = [rid for out, _ in outputs for rid in out.strip().split(",") if rid]
+    assert sorted(completed) == sorted(ids)  # each job finished by exactly one worker
+    done = lines(effects)
+    for n in range(8):  # each side effect once, by the worker that ran the job
+        records = [line for line in done if line.startswith(f"record:goal-{n}:")]
+        assert len(records) == 1, done
+    assert len({line.split(":")[2] for line in done}) >= 2  # the work was shared
+
+
+def test_a_killed_workers_run_is_resumed_by_another_without_repeating_its_side_effect(dsn: str, tmp_path: Path) -> None:
+    async def submit() -> None:
+        async with JobQueue(dsn) as q:
+            await q.submit("doomed", run_id="d1")
+
+    asyncio.run(submit())
+    effects = tmp_path / "effects.txt"
+    (killed,) = workers(dsn, effects, ["A"], env={"KILL_IN_RECORD": "doomed"})
+    killed.communicate(timeout=60)
+    assert killed.returncode == -9  # SIGKILL inside `record`, after its effect
+    assert lines(effects) == ["record:doomed:A"]
+    time.sleep(1.1)  # A's lease (1 s) runs out
+    (rescuer,) = workers(dsn, effects, ["B"])
+    out, err = rescuer.communicate(timeout=60)
+    assert rescuer.returncode == 0, err
+    assert out.strip() == "d1"
+    assert lines(effects) == ["record:doomed:A", "mark:doomed:B"]  # `record` never ran again
+
+    async def check() -> None:
+        async with JobQueue(dsn) as q, PostgresStore(dsn) as store:
+            result = await q.wait("d1", store)
+            assert result.output == "done doomed" and result.stop_reason is StopReason.FINAL_ANSWER
+            entry = next(e for e in result.state.ledger.values() if e.name == "record")
+            assert entry.error_kind == "unknown_outcome"  # told to the model, not re-run
+            status = await q.status("d1")
+            assert status is not None and status.attempts == 2 and status.stop_reason == "final_answer"
+
+    asyncio.run(check())
+
+
+def test_worker_settings_are_checked(dsn: str) -> None:
+    from thinkloop import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="shared store"):
+        Worker(Agent(FunctionModel(lambda r: "x")), JobQueue(dsn))
+    with pytest.raises(ConfigurationError, match="lease"):
+        JobQueue(dsn, lease=0)

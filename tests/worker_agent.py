@@ -1,0 +1,67 @@
+"""Child process of tests/test_distributed.py: a `Worker` taking jobs until the queue is empty.
+
+    python tests/worker_agent.py DSN EFFECTS LEASE NAME
+
+Each job's model (by turn): call `record` (not idempotent) with the goal as tag, then `mark` (idempotent),
+then answer. Tools append `name:tag:worker` to EFFECTS. With KILL_IN_RECORD=GOAL the process kills
+itself with SIGKILL inside `record` for that goal, after its effect (a crash mid-run). With
+SLOW_MARK=SECONDS, `mark` sleeps that long first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+from thinkloop import Agent, tool
+from thinkloop.distributed import JobQueue, Worker
+from thinkloop.stores import PostgresStore
+from thinkloop.testing import FunctionModel
+
+DSN, EFFECTS, LEASE, NAME = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+
+
+def effect(line: str) -> None:
+    with open(EFFECTS, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@tool
+def record(tag: str) -> str:
+    """Record a tag (a side effect: never twice)."""
+    effect(f"record:{tag}:{NAME}")
+    if os.environ.get("KILL_IN_RECORD") == tag:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return f"recorded {tag}"
+
+
+@tool(idempotent=True)
+async def mark(tag: str) -> str:
+    """Mark a tag (idempotent)."""
+    await asyncio.sleep(float(os.environ.get("SLOW_MARK", "0")))
+    effect(f"mark:{tag}:{NAME}")
+    return f"marked {tag}"
+
+
+def reply(request):  # type: ignore[no-untyped-def]
+    goal = request.messages[1].content
+    if request.turn == 0:
+        return {"tool_calls": [{"name": "record", "args": {"tag": goal}}]}
+    if request.turn == 1:
+        return {"tool_calls": [{"name": "mark", "args": {"tag": goal}}]}
+    return f"done {goal}"
+
+
+async def main() -> None:
+    async with JobQueue(DSN, lease=LEASE) as queue, PostgresStore(DSN) as store:
+        agent = Agent(FunctionModel(reply), tools=[record, mark], store=store)
+        worker = Worker(agent, queue, name=NAME, concurrency=2, poll_interval=0.05)
+        await worker.serve(until_idle=True)
+        print(",".join(worker.completed))
+
+
+asyncio.run(main())
