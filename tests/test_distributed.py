@@ -218,3 +218,39 @@ def test_worker_settings_are_checked(dsn: str) -> None:
         Worker(Agent(FunctionModel(lambda r: "x")), JobQueue(dsn))
     with pytest.raises(ConfigurationError, match="lease"):
         JobQueue(dsn, lease=0)
+
+
+# ============================================================================================ the CLI
+
+
+def test_cli_submit_and_worker(dsn: str, tmp_path: Path) -> None:
+    import json
+    import os
+    import signal
+
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"tool_calls": [{"name": "calculator", "args": {"expression": "6*7"}}]}, {"text": "42"}]))
+    env = {**os.environ, "THINKLOOP_QUEUE": dsn, "THINKLOOP_HOME": str(tmp_path / "home")}
+    cli = [sys.executable, "-m", "thinkloop.cli"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    first = run("submit", "What is 6*7?", "--run-id", "cli-1")
+    assert first.returncode == 0 and first.stdout.strip() == "cli-1", first.stderr
+    done = run("worker", "--model", f"script:{script}", "--until-idle", "--concurrency", "2")
+    assert done.returncode == 0, done.stderr
+    assert "run cli-1 · final_answer · 2 steps · 42" in done.stderr
+    worker = subprocess.Popen([*cli, "worker", "--model", f"script:{script}"], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        waited = run("submit", "What is 6*7 again?", "--wait")
+        assert waited.returncode == 0, waited.stderr
+        assert waited.stdout.splitlines()[-1] == "42"
+    finally:
+        worker.send_signal(signal.SIGTERM)  # graceful: running jobs finish, no new ones start
+        _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    missing = subprocess.run([*cli, "submit", "x"], env={k: v for k, v in env.items() if k != "THINKLOOP_QUEUE"},
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert missing.returncode == 2 and "no job queue" in missing.stderr

@@ -32,6 +32,16 @@ def _add_runs() -> None:
 _add_runs()
 
 
+def _add_workers() -> None:
+    from ._worker import submit_command, worker_command
+
+    app.command("worker")(worker_command)
+    app.command("submit")(submit_command)
+
+
+_add_workers()
+
+
 def _add_serve() -> None:
     from ._serve import serve_command
 

@@ -1,0 +1,169 @@
+"""`thinkloop worker` and `thinkloop submit`: runs spread over processes and machines (SPEC §13.4)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .._budget import Budget
+from .._errors import ThinkloopError, UserError
+from .._events import Done, Event
+from ._run import DEFAULT_TOOLS, build_agent, load_model, print_error
+
+QueueOption = Annotated[
+    str | None, typer.Option(help="The job queue: a PostgreSQL URL (default $THINKLOOP_QUEUE).")
+]
+
+
+def _queue_url(queue: str | None) -> str:
+    url = queue or os.environ.get("THINKLOOP_QUEUE")
+    if not url:
+        raise UserError("no job queue: pass --queue postgresql://user@host/db or set THINKLOOP_QUEUE")
+    return url
+
+
+def worker_command(
+    queue: QueueOption = None,
+    store: Annotated[
+        str | None,
+        typer.Option(help="Where runs are saved, shared by all workers (default: the queue's database)."),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="local, openai:MODEL, router:A,B or script:FILE.")
+    ] = None,
+    tools: Annotated[str, typer.Option(help="Built-in tools, comma-separated.")] = DEFAULT_TOOLS,
+    safety: Annotated[
+        Literal["strict", "balanced", "permissive"],
+        typer.Option(help="Safety mode (no one is asked: refused unless --yes)."),
+    ] = "balanced",
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Approve risky calls (never blacklisted ones).")
+    ] = False,
+    workspace: Annotated[Path, typer.Option(help="Root directory of the file tools.")] = Path("."),
+    mode: Annotated[Literal["auto", "native", "react"], typer.Option(help="Tool calling mode.")] = "auto",
+    instructions: Annotated[str, typer.Option(help="The agent's role / instructions.")] = "",
+    max_steps: Annotated[int, typer.Option(help="Step budget of jobs submitted without one.", min=1)] = 16,
+    concurrency: Annotated[int, typer.Option(help="Jobs run at once by this worker.", min=1)] = 4,
+    lease: Annotated[
+        float, typer.Option(help="Seconds before a silent worker's jobs are taken over.")
+    ] = 30.0,
+    until_idle: Annotated[bool, typer.Option("--until-idle", help="Stop when the queue is empty.")] = False,
+) -> None:
+    """Take jobs from the queue and run them (resuming the runs of workers that died) until stopped."""
+    console = Console(stderr=True)
+    try:
+        url = _queue_url(queue)
+        options = dict(tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=[], mode=mode)
+        code = asyncio.run(
+            _serve(
+                url,
+                store or url,
+                model,
+                options,
+                instructions,
+                Budget(max_steps=max_steps),
+                concurrency,
+                lease,
+                until_idle,
+                console,
+            )
+        )
+    except ThinkloopError as exc:
+        print_error(console, exc)
+        code = 2 if isinstance(exc, UserError) else 1
+    raise typer.Exit(code)
+
+
+async def _serve(
+    queue_url: str,
+    store_url: str,
+    model_spec: str | None,
+    options: dict[str, object],
+    instructions: str,
+    budget: Budget,
+    concurrency: int,
+    lease: float,
+    until_idle: bool,
+    console: Console,
+) -> int:
+    from ..distributed import JobQueue, Worker
+
+    def report(event: Event) -> None:
+        if isinstance(event, Done):
+            r = event.result
+            console.print(
+                f"run {r.run_id} · {r.stop_reason.value} · {r.steps} steps · {escape(r.output[:120])}"
+            )
+
+    model = await load_model(model_spec, console)
+    agent = build_agent(
+        model, budget=budget, instructions=instructions, store_url=store_url, console=console, on_event=report,
+        **options,  # type: ignore[arg-type]
+    )  # fmt: skip
+    async with JobQueue(queue_url, lease=lease) as jobs:
+        worker = Worker(agent, jobs, concurrency=concurrency)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # finish the running jobs, take no new ones
+            loop.add_signal_handler(sig, worker.stop)
+        console.print(f"worker {worker.name} · queue {jobs.dsn.split('@')[-1]} · {concurrency} at a time")
+        try:
+            await worker.serve(until_idle=until_idle)
+        finally:
+            await agent.aclose()
+            if agent.store is not None and hasattr(agent.store, "aclose"):
+                await agent.store.aclose()
+    return 0
+
+
+def submit_command(
+    goal: Annotated[str, typer.Argument(help="What the agent should do or answer.")],
+    queue: QueueOption = None,
+    run_id: Annotated[str | None, typer.Option(help="The run's id (default: a new one).")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Step budget (default: the worker's).", min=1)] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the answer and print it.")] = False,
+    store: Annotated[
+        str | None,
+        typer.Option(help="Where the workers save runs (for --wait; default: the queue's database)."),
+    ] = None,
+) -> None:
+    """Queue a goal for the workers; prints its run id (with --wait, the answer once it is done)."""
+    console = Console()
+    errors = Console(stderr=True)
+    try:
+        url = _queue_url(queue)
+        code = asyncio.run(_submit(url, goal, run_id, max_steps, wait, store or url, console))
+    except ThinkloopError as exc:
+        print_error(errors, exc)
+        code = 2 if isinstance(exc, UserError) else 1
+    raise typer.Exit(code)
+
+
+async def _submit(
+    url: str,
+    goal: str,
+    run_id: str | None,
+    max_steps: int | None,
+    wait: bool,
+    store_url: str,
+    console: Console,
+) -> int:
+    from ..distributed import JobQueue
+    from ..stores import open_store
+
+    async with JobQueue(url) as jobs:
+        budget = Budget(max_steps=max_steps) if max_steps else None
+        submitted = await jobs.submit(goal, run_id=run_id, budget=budget)
+        console.print(submitted, soft_wrap=True)
+        if not wait:
+            return 0
+        async with open_store(store_url) as store:
+            result = await jobs.wait(submitted, store)
+        console.print(escape(result.output), soft_wrap=True)
+        return 0 if result.ok else 3
