@@ -40,6 +40,7 @@ from ..safety import ApprovalDecision, PendingApprovals, SafetyController
 from ..stores import RunSummary, Store, check_id
 from ._runs import (
     FollowerTooSlowError,
+    LiveRun,
     NotRunningError,
     RunFailedError,
     RunManager,
@@ -157,7 +158,7 @@ def create_app(
             await agent.aclose()
             await store.aclose()
 
-    app = FastAPI(title="thinkloop", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
+    app = FastAPI(title="thinkloop", lifespan=lifespan, docs_url=None, redoc_url=None)  # no CDN scripts
     app.state.manager = manager
     app.state.approvals = approvals
     app.add_middleware(_JsonBodies)
@@ -332,7 +333,7 @@ def _summary_row(row: dict[str, Any], manager: RunManager) -> dict[str, Any]:
     return row
 
 
-def _starting_row(live: Any) -> dict[str, Any]:
+def _starting_row(live: LiveRun) -> dict[str, Any]:
     """A run started a moment ago that the store has not seen yet."""
     return {
         "run_id": live.run_id, "goal": live.goal, "session": live.session, "status": "running",

@@ -246,7 +246,9 @@ class RunManager:
                 after = event.seq
                 if event.type == "done":
                     return
-            if state is not None and state.finished:  # ended, but its log has no `done` (nothing more comes)
+            if (
+                state is None or state.finished
+            ):  # gone, or ended without a `done` in its log: nothing more comes
                 return
             await asyncio.sleep(POLL_INTERVAL)
             state = await self.store.load_state(run_id)
