@@ -97,7 +97,8 @@ async def test_approve_a_risky_call_by_clicking(page: tuple[Any, list[str]]) -> 
     await expect(tab.locator("#answer")).to_have_text(f"Done: purged /tmp/cache {HOSTILE}")
     assert purged == ["/tmp/cache"]
     await expect(card).to_have_class("approval answered")
-    await expect(card.get_by_role("button", name="Approve", exact=True)).to_be_disabled()
+    await expect(card.locator(".state")).to_have_text("approved")
+    await expect(card.get_by_role("button", name="Approve", exact=True)).to_be_hidden()
     await expect(tab.locator("#events li.tool_call")).to_contain_text("approved")
     await expect(tab.locator("#events li.tool_result pre")).to_have_text(f"purged /tmp/cache {HOSTILE}")
 
