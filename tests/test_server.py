@@ -363,6 +363,30 @@ async def test_a_run_failing_outside_its_loop_ends_its_followers() -> None:
     assert manager.active() == []
 
 
+async def test_a_follower_that_falls_behind_is_dropped_and_the_run_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import thinkloop.server._runs as runs_module
+
+    monkeypatch.setattr(runs_module, "MAX_QUEUED", 3)
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("x")))
+    app = create_app(agent)
+    manager = app.state.manager
+    live = manager.start("x")
+    stream = manager.follow(live.run_id)
+    assert (await anext(stream)).type == "run_started"  # then it reads nothing while the run goes on
+    await eventually(lambda: app.state.approvals.pending(live.run_id))
+    app.state.approvals.resolve(live.run_id, "c0", True)
+    await eventually(lambda: manager.active() == [])
+    received = []
+    with pytest.raises(runs_module.FollowerTooSlowError):
+        async for event in stream:
+            received.append(event.type)
+    assert received == ["progress", "model_call"]  # 3 events queued with run_started: the 4th dropped it
+    assert purges.done == ["x"]
+    assert (await agent.store.read_events(live.run_id))[-1].type == "done"  # type: ignore[union-attr]
+
+
 async def test_info_page_and_security_headers() -> None:
     agent, _ = make_agent(ScriptedModel([]))
     async with api(create_app(agent)) as client:
