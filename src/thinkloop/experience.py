@@ -17,6 +17,7 @@ recalls them by BM25 relevance of the new task to the tasks the lessons came fro
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -372,6 +373,7 @@ class LessonBook:
             raise
 
 
+@functools.lru_cache(maxsize=4096)  # a lesson's task is matched at every recall
 def _terms(text: str) -> Counter[str]:
     """The search terms of a task, without numbers (they are the task's values, not its kind)."""
     return Counter(term for term in tokenize(text) if not term.replace(".", "").isdigit())
