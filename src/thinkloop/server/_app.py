@@ -379,7 +379,7 @@ def _add_stream_route(app: FastAPI, manager: RunManager) -> None:
         try:
             run_id = check_id(run_id)
             if after < 0 or not await manager.exists(run_id):
-                raise UnknownRunError(run_id)
+                raise UnknownRunError(f"no run {run_id!r}")
         except (ConfigurationError, UnknownRunError):
             await websocket.close(code=4404, reason="no such run")
             return

@@ -24,6 +24,7 @@ from typing import Any
 
 from .._agent import Agent
 from .._budget import Budget
+from .._errors import RunError, StateError, UserError
 from .._events import Event
 from ..stores import Store
 
@@ -33,23 +34,23 @@ MAX_QUEUED = 10_000  # events a follower may fall behind before it is dropped
 POLL_INTERVAL = 1.0  # seconds between reads of the store when following a run of another process
 
 
-class UnknownRunError(LookupError):
+class UnknownRunError(UserError):
     """No run with this id, in this server or in the store."""
 
 
-class NotRunningError(RuntimeError):
+class NotRunningError(StateError):
     """The run exists but is not running in this server (it ended, or another process runs it)."""
 
 
-class TooManyRunsError(RuntimeError):
+class TooManyRunsError(UserError):
     """The server already runs its maximum of concurrent runs."""
 
 
-class FollowerTooSlowError(RuntimeError):
+class FollowerTooSlowError(RunError):
     """A follower fell too far behind the run's events and was dropped; it may follow again with `after=`."""
 
 
-class RunFailedError(RuntimeError):
+class RunFailedError(RunError):
     """The run's task failed outside the loop (e.g. an MCP server would not start, the store failed)."""
 
 
@@ -171,7 +172,7 @@ class RunManager:
         """
         live = self._live.get(run_id)
         if live is None:
-            raise NotRunningError(run_id)
+            raise NotRunningError(f"run {run_id!r} is not running in this server")
         live.cancel_requested = True
         if live.in_loop:
             live.cancel_task()
@@ -195,7 +196,7 @@ class RunManager:
             return [e for e in live.events if e.seq > after]
         events = await self.store.read_events(run_id, after)
         if not events and run_id not in self._live and await self.store.load_state(run_id) is None:
-            raise UnknownRunError(run_id)
+            raise UnknownRunError(f"no run {run_id!r}")
         return events
 
     async def follow(self, run_id: str, after: int = 0) -> AsyncIterator[Event]:
@@ -222,7 +223,9 @@ class RunManager:
             while True:
                 item = await queue.get()
                 if item is _Signal.OVERFLOW:
-                    raise FollowerTooSlowError(f"fell more than {MAX_QUEUED} events behind the run")
+                    raise FollowerTooSlowError(
+                        f"the follower fell more than {MAX_QUEUED} events behind run {run_id!r}"
+                    )
                 if item is _Signal.END:
                     if live.failure is not None:
                         raise RunFailedError(live.failure)
@@ -239,7 +242,7 @@ class RunManager:
         """Follow a run from the store: its logged events, polled until `done` (for runs elsewhere)."""
         state = await self.store.load_state(run_id)
         if state is None:
-            raise UnknownRunError(run_id)
+            raise UnknownRunError(f"no run {run_id!r}")
         while True:
             for event in await self.store.read_events(run_id, after):
                 yield event

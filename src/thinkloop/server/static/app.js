@@ -260,7 +260,10 @@ function showApproval(event) {
         const body = { decision };
         if (message.value.trim()) body.message = message.value.trim();
         await api("POST", `/api/runs/${encodeURIComponent(runId)}/approvals/${encodeURIComponent(callId)}`, body);
-        card.querySelector(".state").textContent = decision === "deny" ? "Denied" : "Approved";
+        if (view.approvals.has(callId)) { // the run's tool_call event has not settled the card yet
+          const answered = { approve: "approved", approve_always: "approved always", deny: "denied" };
+          card.querySelector(".state").textContent = answered[decision];
+        }
       } catch (failure) {
         error.textContent = failure.message;
         for (const b of buttons) b.disabled = false;
