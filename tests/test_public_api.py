@@ -38,3 +38,25 @@ def test_import_does_not_load_heavy_dependencies() -> None:
     code = "import sys, thinkloop; print(sorted(m for m in ('openai', 'llama_cpp', 'psycopg', 'asyncssh', 'fastapi', 'rich', 'typer') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_feature_modules_export_exactly_their_intended_names() -> None:
+    import importlib
+
+    expected = {
+        "thinkloop.events": {
+            "AnswerDelta", "ApprovalRequested", "Decision", "Done", "ErrorEvent", "ErrorKind", "Event", "Hint",
+            "ModeSwitched", "ModelAttempt", "ModelCalled", "PlanCreated", "Progress", "RunResult", "RunStarted",
+            "Status", "TaskFinished", "TaskStarted", "Thought", "ToolCallEvent", "ToolResultEvent", "event_from_json",
+        },
+        "thinkloop.experience": {
+            "Learner", "Lesson", "LessonBook", "RunRecord", "ToolUse", "model_distiller", "rule_lessons",
+        },
+        "thinkloop.tracing": {"OpenTelemetryTracing", "json_lines_provider"},
+        "thinkloop.distributed": {"Job", "JobQueue", "JobStatus", "Worker"},
+        "thinkloop.server": {"ApprovalAnswer", "RunManager", "RunRequest", "create_app"},
+    }  # fmt: skip
+    for name, names in expected.items():
+        module = importlib.import_module(name)
+        assert set(module.__all__) == names, name
+        assert all(hasattr(module, n) for n in names), name
