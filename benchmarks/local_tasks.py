@@ -193,13 +193,17 @@ def lacks(*words: str) -> Check:
     return lambda text: not any(w.lower() in text.lower() for w in words)
 
 
-def cheaper_widget(text: str) -> bool:
-    """The widget is named cheaper (the item named last before the first "cheaper"/"less"), by 7.24."""
-    low = text.lower()
-    cue = re.search(r"cheaper|less|lower", low)
-    before = low[: cue.start()] if cue else low
-    named = max((before.rfind(item), item) for item in ("widget", "gizmo"))
-    return named == (named[0], "widget") and named[0] >= 0 and num(7.24)(text)
+def named_before(cue: str, right: str, wrong: str) -> Check:
+    """`right`, not `wrong`, is the one named last before the first match of `cue` ("the widget is
+    cheaper than the gizmo" names the widget; "a gizmo costs more, the widget is cheaper" too)."""
+
+    def check(text: str) -> bool:
+        low = text.lower()
+        match = re.search(cue, low)
+        before = low[: match.start()] if match else low
+        return before.rfind(right) > before.rfind(wrong)
+
+    return check
 
 
 @dataclass(frozen=True)
@@ -253,7 +257,7 @@ TASKS = [
     ),
     Task(
         "skip_level", "chain2", "Who is the manager of Lena Park's manager?", [employee, weather],
-        [has("omar haddad")],
+        [has("omar haddad"), lacks("manager of omar", "omar haddad's manager", "omar haddad’s manager")],
     ),
     Task(
         "cairo_fahrenheit", "chain2", "What is the temperature in Cairo in degrees Fahrenheit?",
@@ -265,11 +269,11 @@ TASKS = [
     ),
     Task(
         "warmer_city", "compare", "Which city is warmer right now, Madrid or Berlin, and by how many degrees?",
-        [weather, calculator, exchange_rate], [has("madrid"), num(12)],
+        [weather, calculator, exchange_rate], [named_before(r"warmer|higher|hotter", "madrid", "berlin"), num(12)],
     ),
     Task(
         "cheaper_item", "compare", "Which is cheaper, a gizmo or a widget, and by how much?",
-        [unit_price, calculator, order_status], [cheaper_widget],
+        [unit_price, calculator, order_status], [named_before(r"cheaper|less|lower", "widget", "gizmo"), num(7.24)],
     ),
     Task(
         "two_prices", "compare", "What do one widget and one gadget cost together?",
@@ -389,7 +393,7 @@ async def main() -> None:
             mark = "PASS" if o.passed else "fail"
             print(
                 f"{mark}  {task.name:<17} {task.kind:<8} calls {o.calls}  tools {o.tool_calls}  "
-                f"{o.stop:<13} {o.seconds:5.1f}s  {o.output[:90]!r}",
+                f"{o.stop:<13} {o.seconds:5.1f}s  {o.output[:300]!r}",
                 flush=True,
             )
             if args.verbose and not o.passed:

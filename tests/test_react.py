@@ -175,3 +175,15 @@ def test_a_schema_placeholders_cannot_express_is_also_shown_in_full() -> None:
     definition = ToolDefinition(name="draw", description="Draw.", parameters=schema)
     text = tools_prompt([definition])
     assert "Action Input: " in text and 'Arguments (JSON Schema): {"properties": {"shape"' in text
+
+
+def test_the_default_final_answer_prompt_restates_the_task_after_the_facts_without_the_stop_reason() -> None:
+    from thinkloop._prompt import final_answer_prompt
+
+    text = final_answer_prompt(
+        None, reason="The run reached the step limit of 8.", goal="Sum it.", facts=["add({}) -> 3"]
+    )
+    assert "step limit" not in text  # small models answered the reason instead of the task
+    assert text.index("add({}) -> 3") < text.index("The task: Sum it.")
+    custom = final_answer_prompt("Stopped: {reason} Task: {goal}", reason="R.", goal="G", facts=["f -> 1"])
+    assert custom.startswith("Stopped: R. Task: G") and custom.endswith("- f -> 1")

@@ -8,16 +8,20 @@ DEFAULT_ROLE = "You are a capable assistant that completes the user's task, usin
 
 DEFAULT_RULES: tuple[str, ...] = (
     "Use the tools to look up facts and to compute results instead of guessing; never invent tool results.",
-    "When a tool fails, read the error and change the call instead of repeating it.",
+    "When none of the tools fits the task, answer it yourself without calling any.",
+    "When a tool fails, read the error and change the call instead of repeating it; when what you asked "
+    "for does not exist, say so in your answer.",
     "When you know the answer, give it directly and stop.",
 )
 
 FINAL_ANSWER_PROMPT = (
-    "You must stop now: {reason} Do not call any tools.{facts}\n"
+    "Do not call any more tools: answer the task now with what you have found.{facts}\n"
     "The task: {goal}\n"
-    "Give your best final answer to this task from what you have learned. If the task is not complete, "
-    "say what was done and what is missing."
+    "Write your best final answer to the task. If part of it could not be found, say which part."
 )
+# The stop reason ({reason}, e.g. "The run reached the step limit of 8.") is not in the default wording:
+# the embedded 1.5B model answered it ("The instruction to stop now is contradictory", or repeated it
+# as its answer) instead of the task.
 
 
 def system_prompt(

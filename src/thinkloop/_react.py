@@ -27,7 +27,8 @@ When the observations answer every part of the task, write:
 Thought: <how the observations answer the task>
 Final Answer: <the complete answer>
 Use a tool only when it gives something the task needs; when no tool fits, write the Final Answer yourself.
-Never guess a value a tool can give you. Write one Action per reply. Never write an Observation yourself.
+Never guess or work out in your head a value a tool can give you.
+Write one Action per reply. Never write an Observation yourself.
 
 An example with other tools (person_info, route), not yours:
 Task: How far is Ann Lee's home town from Lyon?
