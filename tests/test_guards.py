@@ -436,3 +436,25 @@ async def test_the_same_reasoning_repeated_with_varying_calls_is_a_loop() -> Non
     assert result.steps == 4 and result.output == "17 * 23 = 391"
     assert [e.reason for e in events if e.type == "hint"] == ["repeated_thought"]  # type: ignore[union-attr]
     assert "same reasoning" in (result.error or "")
+
+
+def test_the_forced_final_prompt_lists_what_failed_and_what_worked() -> None:
+    """After a hard stop the model is told which calls failed (so it says what could not be found instead
+    of inventing it) and which worked; a call that failed and later worked is not listed as failed."""
+    script = [
+        call("broken", x=1),
+        call("lookup", key="alpha"),
+        call("broken", x=2),
+        call("broken", x=1),
+        "Alpha is known; the rest could not be found.",
+    ]
+    model = ScriptedModel(script)
+    result = Agent(model, tools=[broken, lookup], budget=Budget(max_steps=4)).run_sync("Find alpha, 1 and 2")
+    assert result.stop_reason is StopReason.MAX_STEPS and result.forced_final
+    prompt = model.requests[-1].messages[-1].content
+    failed = prompt.index("The tool calls that failed, with their errors:")
+    worked = prompt.index("The tool calls that worked, with their results:")
+    assert failed < worked < prompt.index("The task: Find alpha, 1 and 2")
+    assert 'broken({"x": 2}) failed: Error: broken raised' in prompt
+    assert prompt.count('broken({"x": 1}) failed') == 1  # listed once, at its latest failure
+    assert 'lookup({"key": "alpha"}) -> ' in prompt

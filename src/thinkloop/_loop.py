@@ -707,7 +707,11 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
         return await finish(run, reason, answer=_best_known(run), error=why)
     state = run.state
     prompt = final_answer_prompt(
-        run.config.final_answer_prompt, reason=why, goal=state.goal, facts=_known_facts(run)
+        run.config.final_answer_prompt,
+        reason=why,
+        goal=state.goal,
+        facts=_known_facts(run),
+        failures=_failed_calls(run),
     )
     state.messages.append(Message.user(prompt, kind="final_prompt", step=state.step))
     try:
@@ -757,6 +761,24 @@ def _known_facts(run: RunContext, limit: int = 12) -> list[str]:
             facts[call] = (order, f"{call} -> {entry.output[:1000]}", relevance)
     recent = sorted(facts.values())[-limit:]
     return [text for _, text, _ in sorted(recent, key=lambda f: (f[2], f[0]))]
+
+
+def _failed_calls(run: RunContext, limit: int = 6) -> list[str]:
+    """`name(arguments) failed: error` of the distinct calls that failed and never succeeded later (the
+    latest `limit`): a model asked for its best answer should say what could not be found, not invent it."""
+    worked = {
+        (e.name, json.dumps(e.arguments, sort_keys=True)) for e in run.state.ledger.values() if e.success
+    }
+    failed: dict[str, str] = {}
+    for entry in run.state.ledger.values():
+        key = (entry.name, json.dumps(entry.arguments, sort_keys=True))
+        if entry.status != "done" or entry.success or entry.error_kind == "repeated_call" or key in worked:
+            continue
+        call = f"{entry.name}({json.dumps(entry.arguments, ensure_ascii=False)[:200]})"
+        error = " ".join((entry.output or "no result").split())[:240]
+        failed.pop(call, None)  # the latest failure of a call comes last
+        failed[call] = f"{call} failed: {error}"
+    return list(failed.values())[-limit:]
 
 
 def _words(text: str) -> set[str]:

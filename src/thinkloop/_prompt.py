@@ -45,12 +45,17 @@ def system_prompt(
     return "\n\n".join(layers)
 
 
-def final_answer_prompt(template: str | None, *, reason: str, goal: str, facts: Sequence[str] = ()) -> str:
-    """The request for a best-effort answer. `facts` (the tool calls that worked, with their results) are
-    listed before the task is restated, so even a small model sees which result answers which call; a
-    custom template without `{facts}` gets them appended."""
-    listing = "".join(f"\n- {f}" for f in facts)
-    listing = f"\nThe tool calls that worked, with their results:{listing}" if facts else ""
+def final_answer_prompt(
+    template: str | None, *, reason: str, goal: str, facts: Sequence[str] = (), failures: Sequence[str] = ()
+) -> str:
+    """The request for a best-effort answer. `failures` (calls that failed, with their errors) and `facts`
+    (the tool calls that worked, with their results) are listed before the task is restated, so even a
+    small model sees which result answers which call — and what could not be found, instead of inventing
+    it; a custom template without `{facts}` gets them appended."""
+    failed = "".join(f"\n- {f}" for f in failures)
+    worked = "".join(f"\n- {f}" for f in facts)
+    listing = f"\nThe tool calls that failed, with their errors:{failed}" if failures else ""
+    listing += f"\nThe tool calls that worked, with their results:{worked}" if facts else ""
     template = template or FINAL_ANSWER_PROMPT
     text = template.format(reason=reason, goal=goal, facts=listing)
     return text if "{facts}" in template else text + listing
