@@ -22,29 +22,30 @@ from .._errors import ConfigurationError, ThinkloopError, UserError
 from .._events import Done, Event
 from .._loop import EventSink
 from ..models import Model, resolve_model
+from ._options import (
+    DEFAULT_TOOLS,
+    HostsOption,
+    InstructionsOption,
+    McpOption,
+    ModelOption,
+    ModeOption,
+    StoreOption,
+    ToolsOption,
+    WorkspaceOption,
+)
 from ._view import LiveView, exit_code
-
-DEFAULT_TOOLS = "calculator"
 
 T = TypeVar("T")
 
 
 def run_command(
     goal: Annotated[str, typer.Argument(help="What the agent should do or answer.")],
-    model: Annotated[
-        str | None,
-        typer.Option("--model", "-m", help="local, local:0.5b, openai:MODEL, router:A,B or script:FILE."),
-    ] = None,
+    model: ModelOption = None,
     max_steps: Annotated[int, typer.Option(help="Step budget.", min=1)] = 16,
     max_tokens: Annotated[int | None, typer.Option(help="Token budget (input + output).", min=1)] = None,
     max_cost: Annotated[float | None, typer.Option(help="Cost budget in US dollars.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Time budget in seconds.")] = None,
-    tools: Annotated[
-        str,
-        typer.Option(
-            help="Built-in tools, comma-separated: calculator,shell,ssh_execute,files,analyze_output."
-        ),
-    ] = DEFAULT_TOOLS,
+    tools: ToolsOption = DEFAULT_TOOLS,
     safety: Annotated[
         Literal["strict", "balanced", "permissive"],
         typer.Option(help="Safety mode: strict, balanced or permissive."),
@@ -52,24 +53,12 @@ def run_command(
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Approve risky calls without asking (never blacklisted ones).")
     ] = False,
-    workspace: Annotated[
-        Path, typer.Option(help="Root directory of the file tools and the shell's working dir.")
-    ] = Path("."),
-    hosts: Annotated[
-        Path | None,
-        typer.Option(help='ssh_execute\'s hosts: a JSON file {"NAME": {"hostname": …, "username": …}, …}.'),
-    ] = None,
-    mcp: Annotated[
-        list[str] | None, typer.Option(help="An MCP server command to add tools from (repeatable).")
-    ] = None,
-    mode: Annotated[
-        Literal["auto", "native", "react"], typer.Option(help="Tool calling: auto, native or react.")
-    ] = "auto",
-    instructions: Annotated[str, typer.Option(help="The agent's role / instructions.")] = "",
-    store: Annotated[
-        str | None,
-        typer.Option(help="Where runs are saved: sqlite:///PATH, postgresql://…, file:///DIR, memory:."),
-    ] = None,
+    workspace: WorkspaceOption = Path("."),
+    hosts: HostsOption = None,
+    mcp: McpOption = None,
+    mode: ModeOption = "auto",
+    instructions: InstructionsOption = "",
+    store: StoreOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the events as JSON lines instead of the live view.")
     ] = False,

@@ -274,7 +274,8 @@ async def _resume(
 ) -> int:
     from .._budget import Budget
     from .._resume import load_resumable
-    from ._run import DEFAULT_TOOLS, Printer, build_agent
+    from ._options import DEFAULT_TOOLS
+    from ._run import Printer, build_agent
     from ._view import LiveView, exit_code
 
     store = open_store(store_url)

@@ -13,7 +13,18 @@ from rich.markup import escape
 
 from .._budget import Budget
 from .._errors import ThinkloopError, UserError
-from ._run import DEFAULT_TOOLS, build_agent, cli_metadata, load_model, print_error
+from ._options import (
+    DEFAULT_TOOLS,
+    HostsOption,
+    InstructionsOption,
+    McpOption,
+    ModelOption,
+    ModeOption,
+    StoreOption,
+    ToolsOption,
+    WorkspaceOption,
+)
+from ._run import build_agent, cli_metadata, load_model, print_error
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
@@ -23,24 +34,13 @@ def serve_command(
         str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 8765,
-    model: Annotated[
-        str | None,
-        typer.Option("--model", "-m", help="local, local:0.5b, openai:MODEL, router:A,B or script:FILE."),
-    ] = None,
-    tools: Annotated[
-        str,
-        typer.Option(
-            help="Built-in tools, comma-separated: calculator,shell,ssh_execute,files,analyze_output."
-        ),
-    ] = DEFAULT_TOOLS,
+    model: ModelOption = None,
+    tools: ToolsOption = DEFAULT_TOOLS,
     safety: Annotated[
         Literal["strict", "balanced", "permissive"],
         typer.Option(help="Safety mode: strict, balanced or permissive. Risky calls wait for the page."),
     ] = "balanced",
-    store: Annotated[
-        str | None,
-        typer.Option(help="Where runs are saved: sqlite:///PATH, postgresql://…, file:///DIR, memory:."),
-    ] = None,
+    store: StoreOption = None,
     max_steps: Annotated[
         int, typer.Option(help="Step budget of each run (the most a request may ask).", min=1)
     ] = 16,
@@ -50,20 +50,11 @@ def serve_command(
     approval_timeout: Annotated[
         float, typer.Option(help="Seconds a risky call waits for an answer on the page before it is denied.")
     ] = 600.0,
-    workspace: Annotated[
-        Path, typer.Option(help="Root directory of the file tools and the shell's working dir.")
-    ] = Path("."),
-    hosts: Annotated[
-        Path | None,
-        typer.Option(help='ssh_execute\'s hosts: a JSON file {"NAME": {"hostname": …, "username": …}, …}.'),
-    ] = None,
-    mcp: Annotated[
-        list[str] | None, typer.Option(help="An MCP server command to add tools from (repeatable).")
-    ] = None,
-    mode: Annotated[
-        Literal["auto", "native", "react"], typer.Option(help="Tool calling: auto, native or react.")
-    ] = "auto",
-    instructions: Annotated[str, typer.Option(help="The agent's role / instructions.")] = "",
+    workspace: WorkspaceOption = Path("."),
+    hosts: HostsOption = None,
+    mcp: McpOption = None,
+    mode: ModeOption = "auto",
+    instructions: InstructionsOption = "",
     max_active_runs: Annotated[int, typer.Option(help="The most runs at once.", min=1)] = 8,
 ) -> None:
     """Serve an agent: start runs over HTTP, follow them over WebSocket, approve risky calls on a web page."""

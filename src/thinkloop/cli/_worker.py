@@ -15,7 +15,8 @@ from rich.markup import escape
 from .._budget import Budget
 from .._errors import ThinkloopError, UserError
 from .._events import Done, Event
-from ._run import DEFAULT_TOOLS, build_agent, load_model, print_error
+from ._options import DEFAULT_TOOLS, InstructionsOption, ModelOption, ModeOption, ToolsOption, WorkspaceOption
+from ._run import build_agent, load_model, print_error
 
 QueueOption = Annotated[
     str | None, typer.Option(help="The job queue: a PostgreSQL URL (default $THINKLOOP_QUEUE).")
@@ -35,10 +36,8 @@ def worker_command(
         str | None,
         typer.Option(help="Where runs are saved, shared by all workers (default: the queue's database)."),
     ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", "-m", help="local, openai:MODEL, router:A,B or script:FILE.")
-    ] = None,
-    tools: Annotated[str, typer.Option(help="Built-in tools, comma-separated.")] = DEFAULT_TOOLS,
+    model: ModelOption = None,
+    tools: ToolsOption = DEFAULT_TOOLS,
     safety: Annotated[
         Literal["strict", "balanced", "permissive"],
         typer.Option(help="Safety mode (no one is asked: refused unless --yes)."),
@@ -46,9 +45,9 @@ def worker_command(
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Approve risky calls (never blacklisted ones).")
     ] = False,
-    workspace: Annotated[Path, typer.Option(help="Root directory of the file tools.")] = Path("."),
-    mode: Annotated[Literal["auto", "native", "react"], typer.Option(help="Tool calling mode.")] = "auto",
-    instructions: Annotated[str, typer.Option(help="The agent's role / instructions.")] = "",
+    workspace: WorkspaceOption = Path("."),
+    mode: ModeOption = "auto",
+    instructions: InstructionsOption = "",
     max_steps: Annotated[int, typer.Option(help="Step budget of jobs submitted without one.", min=1)] = 16,
     concurrency: Annotated[int, typer.Option(help="Jobs run at once by this worker.", min=1)] = 4,
     lease: Annotated[
