@@ -89,14 +89,15 @@ def run_command(
         errors.print("[yellow]cancelled[/]")
         code = 130
     except ThinkloopError as exc:
-        print_error(errors, exc)
-        code = 2 if isinstance(exc, UserError) else 1
+        code = print_error(errors, exc)
     raise typer.Exit(code)
 
 
-def print_error(console: Console, exc: BaseException) -> None:
-    """One line on stderr: `error: <what happened and what to do>` (never a traceback)."""
+def print_error(console: Console, exc: BaseException) -> int:
+    """One line on stderr: `error: <what happened and what to do>` (never a traceback); returns the exit
+    code: 2 for a usage mistake (`UserError`), else 1."""
     console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+    return 2 if isinstance(exc, UserError) else 1
 
 
 async def _run(

@@ -18,6 +18,7 @@ from rich.table import Table
 from .._errors import ThinkloopError, UserError
 from .._state import RunState
 from ..stores import RunSummary, Store, open_store
+from ._run import print_error
 
 T = TypeVar("T")
 
@@ -52,8 +53,7 @@ def _with_store(url: str | None, job: Callable[[Store], Awaitable[T]], console: 
     try:
         return asyncio.run(main())
     except ThinkloopError as exc:
-        console.print(f"[bold red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2 if isinstance(exc, UserError) else 1) from None
+        raise typer.Exit(print_error(console, exc)) from None
 
 
 async def _state(store: Store, run_id: str) -> RunState:
@@ -259,8 +259,7 @@ def resume_command(
         console.print("[yellow]cancelled[/]")
         code = 130
     except ThinkloopError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        code = 2 if isinstance(exc, UserError) else 1
+        code = print_error(Console(stderr=True), exc)
     raise typer.Exit(code)
 
 

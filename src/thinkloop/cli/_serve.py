@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._budget import Budget
-from .._errors import ThinkloopError, UserError
+from .._errors import ThinkloopError
 from ._options import (
     DEFAULT_TOOLS,
     HostsOption,
@@ -88,8 +88,7 @@ def serve_command(
         )
         raise typer.Exit(2) from None
     except ThinkloopError as exc:
-        print_error(console, exc)
-        raise typer.Exit(2 if isinstance(exc, UserError) else 1) from None
+        raise typer.Exit(print_error(console, exc)) from None
     except OSError as exc:  # e.g. the port is taken
         console.print(f"[bold red]error:[/] cannot listen on {escape(host)}:{port}: {escape(str(exc))}")
         raise typer.Exit(1) from None

@@ -75,8 +75,7 @@ def worker_command(
             )
         )
     except ThinkloopError as exc:
-        print_error(console, exc)
-        code = 2 if isinstance(exc, UserError) else 1
+        code = print_error(console, exc)
     raise typer.Exit(code)
 
 
@@ -139,8 +138,7 @@ def submit_command(
         url = _queue_url(queue)
         code = asyncio.run(_submit(url, goal, run_id, max_steps, wait, store or url, console))
     except ThinkloopError as exc:
-        print_error(errors, exc)
-        code = 2 if isinstance(exc, UserError) else 1
+        code = print_error(errors, exc)
     raise typer.Exit(code)
 
 
