@@ -68,3 +68,42 @@ def _block_network() -> Iterator[None]:
         patch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
         patch.setattr(socket, "getaddrinfo", _guarded_getaddrinfo)
         yield
+
+
+# ------------------------------------------------------------------------------------ PostgreSQL
+
+PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def postgres_up() -> None:
+    """The tests use the machine's PostgreSQL; when it is not answering, start it (never skip)."""
+    import subprocess
+    from pathlib import Path
+
+    import psycopg
+
+    try:
+        psycopg.connect(PG_DSN, connect_timeout=3).close()
+        return
+    except psycopg.OperationalError:
+        pass
+    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"], check=False, timeout=60
+    )
+    psycopg.connect(PG_DSN, connect_timeout=10).close()
+
+
+def private_schema(prefix: str) -> Iterator[str]:
+    """A DSN whose search path is a new schema (created now, dropped with everything in it afterwards)."""
+    import uuid
+
+    import psycopg
+
+    postgres_up()
+    schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    yield f"{PG_DSN}?options=-csearch_path%3D{schema}"
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -7,13 +7,13 @@ import asyncio
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import private_schema
 from thinkloop import Agent, StopReason, ThinkloopError, UserError, tool
 from thinkloop.distributed import JobQueue, Worker
 from thinkloop.stores import PostgresStore
@@ -21,24 +21,13 @@ from thinkloop.testing import FunctionModel
 
 pytestmark = pytest.mark.postgres
 
-PG = "postgresql://postgres@127.0.0.1:5432/test"
 WORKER = str(Path(__file__).with_name("worker_agent.py"))
 
 
 @pytest.fixture
 def dsn() -> Iterator[str]:
     """A private schema per test (dropped afterwards), so workers of one test see only its jobs."""
-    import psycopg
-
-    from test_stores import _postgres_up
-
-    _postgres_up()
-    schema = f"tl_jobs_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    yield f"{PG}?options=-csearch_path%3D{schema}"
-    with psycopg.connect(PG, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    yield from private_schema("tl_jobs")
 
 
 @pytest.fixture

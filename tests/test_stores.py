@@ -7,13 +7,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import PG_DSN, private_schema
 from thinkloop import Agent, ConcurrencyError, ConfigurationError, RunState, StateError, tool
 from thinkloop._events import Done, Progress, RunResult, RunStarted, Status
 from thinkloop._state import StopReason
@@ -28,40 +28,13 @@ from thinkloop.stores import (
 )
 from thinkloop.testing import ScriptedModel
 
-PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-
-
 # ============================================================================================ fixtures
-
-
-def _postgres_up() -> None:
-    """The tests use the machine's PostgreSQL; when it is not answering, start it (never skip)."""
-    import psycopg
-
-    try:
-        psycopg.connect(PG_DSN, connect_timeout=3).close()
-        return
-    except psycopg.OperationalError:
-        pass
-    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"], check=False, timeout=60
-    )
-    psycopg.connect(PG_DSN, connect_timeout=10).close()
 
 
 @pytest.fixture(scope="session")
 def pg_schema() -> Iterator[str]:
     """A private schema for this test session, so tests never see other data; dropped at the end."""
-    import psycopg
-
-    _postgres_up()
-    schema = f"tl_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    yield f"{PG_DSN}?options=-csearch_path%3D{schema}"
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    yield from private_schema("tl_test")
 
 
 @pytest.fixture
