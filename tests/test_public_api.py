@@ -9,7 +9,7 @@ import types
 import thinkloop
 
 PUBLIC = {
-    "Agent", "Budget", "ConcurrencyError", "ConfigurationError", "ContextManager", "Event", "GuardConfig",
+    "Agent", "Budget", "ConcurrencyError", "ConfigurationError", "ContextManager", "ContextOverflowError", "Event", "GuardConfig",
     "Message", "Model", "ModelError", "ModelRequest", "ModelResponse", "ModelRetryableError", "ModelSettings",
     "Price", "PriceTable", "RiskLevel", "RunError", "RunResult", "RunState", "StateError", "StopReason",
     "ThinkloopError", "TokenCounter", "Tool", "ToolCall", "ToolDefinition", "ToolDiscovery", "ToolExecutionError",
@@ -32,6 +32,8 @@ def test_error_hierarchy() -> None:
     for run_error in (thinkloop.ModelError, thinkloop.StateError, thinkloop.ConcurrencyError, thinkloop.ToolExecutionError):
         assert issubclass(run_error, thinkloop.RunError) and issubclass(run_error, thinkloop.ThinkloopError)
     assert issubclass(thinkloop.ModelRetryableError, thinkloop.ModelError)
+    assert issubclass(thinkloop.ContextOverflowError, thinkloop.ModelError)
+    assert not issubclass(thinkloop.ContextOverflowError, thinkloop.ModelRetryableError)
 
 
 def test_import_does_not_load_heavy_dependencies() -> None:

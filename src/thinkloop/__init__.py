@@ -9,6 +9,7 @@ from ._context import validate_history as validate_history
 from ._discovery import ToolDiscovery as ToolDiscovery
 from ._errors import ConcurrencyError as ConcurrencyError
 from ._errors import ConfigurationError as ConfigurationError
+from ._errors import ContextOverflowError as ContextOverflowError
 from ._errors import ModelError as ModelError
 from ._errors import ModelRetryableError as ModelRetryableError
 from ._errors import RunError as RunError

@@ -5,7 +5,8 @@
     │   └── ConfigurationError      a bad setting, model string, tool definition …
     └── RunError                    something that happened during a run; carries the run state
         ├── ModelError              a model provider failed (scope + provider name)
-        │   └── ModelRetryableError a transient failure (429, 5xx, timeout, connection) a router may retry
+        │   ├── ModelRetryableError a transient failure (429, 5xx, timeout, connection) a router may retry
+        │   └── ContextOverflowError the prompt is longer than the model's context window (the loop shrinks it)
         ├── ToolExecutionError      a tool failed in a way that cannot be told to the model
         ├── StateError              a run state that cannot be loaded or resumed
         └── ConcurrencyError        an event-log append lost the race (`expected_version` mismatch)
@@ -63,6 +64,33 @@ class ModelError(RunError):
 
 class ModelRetryableError(ModelError):
     """A transient model failure (rate limit, server error, timeout, lost connection)."""
+
+
+class ContextOverflowError(ModelError):
+    """The provider rejected the request because the prompt does not fit the model's context window.
+
+    Not transient (the same request fails again), but recoverable: the loop lowers the run's context
+    budget and rebuilds the request (at most twice per step). `limit` is the context window in tokens,
+    `prompt_tokens` the size of the rejected prompt and `completion_tokens` the reply room the request
+    asked for, each when the provider stated it (else None).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        scope: str = "model request",
+        status_code: int | None = None,
+        limit: int | None = None,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        state: RunState | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, scope=scope, status_code=status_code, state=state)
+        self.limit = limit
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
 
 
 class ToolExecutionError(RunError):

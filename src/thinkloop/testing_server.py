@@ -14,8 +14,19 @@ The script is a list answered in order, one item per chat-completion request:
 - `Completion(text=..., tool_calls=[tool_call("add", {"a": 1})], usage=(12, 3))`: a full reply, streamed
   in small pieces (`text_chunk_size`, `arguments_chunk_size`, `byte_chunk_size`) when asked to stream;
 - `Fault(status=429, headers={"Retry-After": "2"})`, `Fault(status=500)`, `Fault(drop=True)` (close the
-  connection without answering), `Fault(delay=5)` (a slow reply): a failure;
+  connection without answering), `Fault(delay=5)` (a slow reply), `Fault(hang=True)` (accept the request and
+  never answer), `Fault(502, body=b"<html>…", headers={"content-type": "text/html"})` (a proxy's error page),
+  `Fault(200, body=b"{not json")` (a malformed body): a failure;
+- `context_overflow(limit=4096, prompt=5000)`: the real "prompt too long" error of OpenAI (HTTP 400,
+  `code: "context_length_exceeded"`), or of vLLM or llama.cpp's server with `style=`;
 - a function of the `RecordedRequest` returning one of the above.
+
+Streams can also break: `Completion(drop_after_bytes=N)` cuts the connection in the middle of an SSE event,
+`Completion(send_done=False)` ends the stream without `data: [DONE]`.
+
+With `context_window=N` the server itself answers the overflow error (in `overflow_style`) to every request
+whose prompt is longer than N tokens — counted as the characters of the messages and tools / 4 + 1, or by
+`count_tokens` — before it looks at the script; `server.overflows` counts those answers.
 
 `server.requests` records every request (path, headers, JSON body). With the script used up the server
 answers `fallback` if set, else HTTP 400 "script exhausted" (a non-retryable error, so tests fail fast).
@@ -36,15 +47,26 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["Completion", "Fault", "OpenAICompatibleServer", "RecordedRequest", "ScriptItem", "tool_call"]
+__all__ = [
+    "Completion",
+    "Fault",
+    "OpenAICompatibleServer",
+    "OverflowStyle",
+    "RecordedRequest",
+    "ScriptItem",
+    "context_overflow",
+    "tool_call",
+]
 
 _REASONS = {
     200: "OK",
     400: "Bad Request",
     401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
+    413: "Payload Too Large",
     408: "Request Timeout",
     422: "Unprocessable Entity",
     429: "Too Many Requests",
@@ -53,7 +75,13 @@ _REASONS = {
     503: "Service Unavailable",
     504: "Gateway Timeout",
 }
-_ERROR_TYPES = {429: "rate_limit_error", 401: "authentication_error", 404: "not_found_error"}
+_ERROR_TYPES = {
+    429: "rate_limit_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+}
+OverflowStyle = Literal["openai", "vllm", "llama.cpp"]
 
 
 def tool_call(name: str, arguments: dict[str, Any] | str, *, id: str | None = None) -> dict[str, Any]:
@@ -78,6 +106,9 @@ class Completion:
         drop_after_events: when streaming, close the connection after this many SSE events.
         error_after_events: when streaming, send an `{"error": ...}` event (of `error_type`) after this
             many SSE events, then end the stream, as OpenAI does when a stream fails on its side.
+        drop_after_bytes: when streaming, close the connection after this many bytes of the SSE body (in the
+            middle of an event).
+        send_done: when streaming, end with `data: [DONE]` (False: the stream just ends).
     """
 
     text: str = ""
@@ -92,6 +123,8 @@ class Completion:
     drop_after_events: int | None = None
     error_after_events: int | None = None
     error_type: str = "server_error"
+    drop_after_bytes: int | None = None
+    send_done: bool = True
 
 
 @dataclass
@@ -99,7 +132,8 @@ class Fault:
     """A scripted failure: an HTTP error status (with headers such as Retry-After), or a dropped connection.
 
     `body` defaults to an OpenAI-style `{"error": {"message": ..., "type": ...}}`; bytes are sent as they
-    are (with `headers={"content-type": "text/event-stream"}`, a hand-written SSE stream).
+    are (with `headers={"content-type": "text/event-stream"}`, a hand-written SSE stream). `hang=True` reads
+    the request and never answers (until the client gives up or the server stops).
     """
 
     status: int = 500
@@ -108,6 +142,50 @@ class Fault:
     body: Any = None
     delay: float = 0.0
     drop: bool = False
+    hang: bool = False
+
+
+def context_overflow(
+    limit: int = 4096, prompt: int = 5000, *, completion: int = 0, style: OverflowStyle = "openai"
+) -> Fault:
+    """The error a server answers when the prompt (`prompt` tokens, plus `completion` tokens of reply room
+    where the server counts it) does not fit its context window of `limit` tokens, in the server's words:
+
+    - `"openai"`: HTTP 400, `code: "context_length_exceeded"`, "This model's maximum context length is …";
+    - `"vllm"`: HTTP 400, "… However, you requested N tokens (P in the messages, C in the completion) …";
+    - `"llama.cpp"`: HTTP 500, `type: "exceed_context_size_error"` with `n_prompt_tokens` and `n_ctx`.
+    """
+    if style == "llama.cpp":
+        error = {
+            "code": 500,
+            "message": "the request exceeds the available context size. try increasing the context size or "
+            "enable context shift",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": prompt,
+            "n_ctx": limit,
+        }
+        return Fault(500, body={"error": error})
+    if style == "vllm":
+        message = (
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the completion). "
+            "Please reduce the length of the messages or completion."
+        )
+        return Fault(
+            400, body={"object": "error", "message": message, "type": "BadRequestError", "code": 400}
+        )
+    if completion:
+        detail = f"you requested {prompt + completion} tokens ({prompt} in the messages, {completion} in the completion)"
+    else:
+        detail = f"your messages resulted in {prompt} tokens"
+    message = f"This model's maximum context length is {limit} tokens. However, {detail}. Please reduce the length of the messages."
+    error = {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+    return Fault(400, body={"error": error})
 
 
 @dataclass
@@ -139,6 +217,12 @@ class OpenAICompatibleServer:
         script: the replies, in order (see the module docstring).
         fallback: what to answer once the script is used up (default: HTTP 400 "script exhausted").
         models: the model names listed by `GET /v1/models`.
+        context_window: when set, a request whose prompt has more tokens than this is answered with the
+            overflow error of `overflow_style` (see `context_overflow`), before the script is consulted.
+        count_tokens: how the server counts a request's prompt tokens (default: characters of the messages
+            and tools / 4 + 1).
+        overflow_style: `"openai"`, `"vllm"` (the reply room `max_tokens` counts against the window, as
+            vLLM does) or `"llama.cpp"`.
     """
 
     def __init__(
@@ -147,10 +231,17 @@ class OpenAICompatibleServer:
         *,
         fallback: ScriptItem | None = None,
         models: Iterable[str] = ("fake-model",),
+        context_window: int | None = None,
+        count_tokens: Callable[[dict[str, Any]], int] | None = None,
+        overflow_style: OverflowStyle = "openai",
     ) -> None:
         self._script: deque[ScriptItem] = deque(script)
         self.fallback = fallback
         self.models = list(models)
+        self.context_window = context_window
+        self.count_tokens = count_tokens or prompt_tokens
+        self.overflow_style: OverflowStyle = overflow_style
+        self.overflows = 0
         self.requests: list[RecordedRequest] = []
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -248,7 +339,7 @@ class OpenAICompatibleServer:
         try:
             while (request := await _read_request(reader)) is not None:
                 self.requests.append(request)
-                await self._answer(request, writer)
+                await self._answer(request, writer, reader)
         except (_Dropped, ConnectionError, asyncio.IncompleteReadError):
             writer.transport.abort()
         finally:
@@ -258,7 +349,9 @@ class OpenAICompatibleServer:
             with contextlib.suppress(Exception):
                 writer.close()
 
-    async def _answer(self, request: RecordedRequest, writer: asyncio.StreamWriter) -> None:
+    async def _answer(
+        self, request: RecordedRequest, writer: asyncio.StreamWriter, reader: asyncio.StreamReader
+    ) -> None:
         if request.method == "GET" and request.path.rstrip("/").endswith("/models"):
             data = [{"id": m, "object": "model", "created": 0, "owned_by": "thinkloop"} for m in self.models]
             await _send_json(writer, 200, {"object": "list", "data": data})
@@ -273,13 +366,30 @@ class OpenAICompatibleServer:
         if not isinstance(body, dict):
             await _send_json(writer, 400, _error_body("the request body is not a JSON object", 400))
             return
-        item = self._next_item(request)
+        overflow = self._overflow(body)
+        item = overflow or self._next_item(request)
+        if isinstance(item, Fault) and item.hang:
+            await reader.read()  # never answer: wait until the client hangs up (or the server stops)
+            raise _Dropped
         if isinstance(item, Fault):
             await _send_fault(writer, item)
         elif body.get("stream"):
             await self._send_stream(writer, item, body)
         else:
             await self._send_completion(writer, item, body)
+
+    def _overflow(self, body: dict[str, Any]) -> Fault | None:
+        """The overflow error when the request does not fit `context_window`, else None."""
+        if self.context_window is None:
+            return None
+        prompt = self.count_tokens(body)
+        completion = 0
+        if self.overflow_style == "vllm":
+            completion = int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
+        if prompt + completion <= self.context_window:
+            return None
+        self.overflows += 1
+        return context_overflow(self.context_window, prompt, completion=completion, style=self.overflow_style)
 
     def _next_item(self, request: RecordedRequest) -> Completion | Fault:
         item = self._script.popleft() if self._script else self.fallback
@@ -334,14 +444,22 @@ class OpenAICompatibleServer:
         if item.error_after_events is not None:
             error = {"error": {"message": "scripted stream error", "type": item.error_type, "code": None}}
             events[item.error_after_events :] = [json.dumps(error)]
-        events.append("[DONE]")
+        if item.send_done:
+            events.append("[DONE]")
         head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         writer.write(head.encode())
+        sent = 0
         for count, event in enumerate(events):
             if item.drop_after_events is not None and count >= item.drop_after_events:
                 await writer.drain()
                 raise _Dropped
-            await _write_chunks(writer, f"data: {event}\n\n".encode(), item.byte_chunk_size)
+            data = f"data: {event}\n\n".encode()
+            if item.drop_after_bytes is not None and sent + len(data) > item.drop_after_bytes:
+                await _write_chunks(writer, data[: item.drop_after_bytes - sent], item.byte_chunk_size)
+                await writer.drain()
+                raise _Dropped
+            await _write_chunks(writer, data, item.byte_chunk_size)
+            sent += len(data)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 
@@ -383,6 +501,12 @@ async def _read_request(reader: asyncio.StreamReader) -> RecordedRequest | None:
     length = int(headers.get("content-length", "0"))
     body = await reader.readexactly(length) if length else b""
     return RecordedRequest(method=method, path=path, headers=headers, body=body)
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The default token count of a request's prompt: characters of its messages and tools / 4 + 1."""
+    text = json.dumps(body.get("messages") or [], ensure_ascii=False) + json.dumps(body.get("tools") or [])
+    return len(text) // 4 + 1
 
 
 def _envelope(item: Completion, body: Any, kind: str) -> dict[str, Any]:

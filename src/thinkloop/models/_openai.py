@@ -15,6 +15,7 @@ import email.utils
 import ipaddress
 import json
 import os
+import re
 import threading
 import time
 import weakref
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
-from .._errors import ConfigurationError, ModelError, ModelRetryableError
+from .._errors import ConfigurationError, ContextOverflowError, ModelError, ModelRetryableError
 from .._messages import (
     FinishReason,
     Message,
@@ -37,6 +38,7 @@ from .._messages import (
     Usage,
 )
 from ._base import Model, ModelCapabilities
+from ._overflow import overflow_error, reply_room_after_overflow
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -64,9 +66,9 @@ _FINISH: dict[str, FinishReason] = {
 }
 _TRANSIENT_TYPES = ("server_error", "rate_limit_error", "rate_limit_exceeded", "overloaded_error", "timeout")
 _HINTS = {
-    401: "check the API key (api_key= or $OPENAI_API_KEY)",
-    403: "the API key may not have access to this model",
-    404: "check the model name and base_url",
+    401: "check the API key (api_key= or $OPENAI_API_KEY) and that it belongs to {where}",
+    403: "the API key may not have access to model {name!r} (or the account or region is not allowed)",
+    404: "check the model name ({name!r}) and base_url ({where}; it usually ends in /v1)",
 }
 
 
@@ -169,16 +171,10 @@ class OpenAIModel(Model):
     # ----------------------------------------------------------------------------------- requests
 
     async def request(self, request: ModelRequest) -> ModelResponse:
-        from openai import OpenAIError
-
+        scope = "chat completion"
         params = self._params(request)
-        try:
-            completion = await (await self._get_client()).chat.completions.create(**params)
-        except OpenAIError as exc:
-            raise self._wrap_error(exc, "chat completion") from exc
-        if not completion.choices:
-            raise self._no_choices_error(completion, "chat completion")
-        return _parse_completion(completion, self.name)
+        completion = await self._create(params, scope)
+        return self._response(completion, scope, _reply_chars(params[self.max_tokens_param]))
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         from openai import OpenAIError
@@ -186,13 +182,18 @@ class OpenAIModel(Model):
         scope = "streaming chat completion"
         params = self._params(request)
         params.update(stream=True, stream_options={"include_usage": True})
+        most = _reply_chars(params[self.max_tokens_param])
+        stream = await self._create(params, scope)
+        content_type = str(
+            getattr(stream, "response", None) and stream.response.headers.get("content-type") or ""
+        )
+        if content_type and "event-stream" not in content_type.lower():  # one JSON reply (or an error page)
+            for piece in await self._unstreamed(stream, scope, most):
+                yield piece
+            return
         assembler = _StreamAssembler(self.name)
-        try:
-            stream = await (await self._get_client()).chat.completions.create(**params)
-        except OpenAIError as exc:
-            raise self._wrap_error(exc, scope) from exc
         async with stream:
-            while True:
+            while assembler.chars <= most:
                 try:
                     chunk = await anext(stream)
                 except StopAsyncIteration:
@@ -202,9 +203,123 @@ class OpenAIModel(Model):
                 except ValueError as exc:  # a chunk that is not JSON, or not a chat-completion chunk
                     message = f"the server sent a malformed stream chunk: {exc}"
                     raise ModelError(message, provider=self.provider, scope=scope) from exc
-                for piece in assembler.feed(chunk):
+                try:
+                    pieces = assembler.feed(chunk)
+                except (AttributeError, TypeError, IndexError) as exc:  # a chunk of the wrong shape
+                    message = f"the server sent a malformed stream chunk ({type(exc).__name__}: {exc})"
+                    raise ModelError(message, provider=self.provider, scope=scope) from exc
+                for piece in pieces:
                     yield piece
-        yield assembler.response()
+        yield self._checked(self._streamed_response(assembler, scope, most), scope)
+
+    def _streamed_response(self, assembler: _StreamAssembler, scope: str, most: int) -> ModelResponse:
+        """The assembled reply of a stream that ended: cut at `most` characters (as if the model had hit
+        its token limit), or an error when the stream was empty or ended before the model finished."""
+        response = assembler.response()
+        if assembler.chars > most:
+            return response.model_copy(update={"text": response.text[:most], "finish_reason": "length"})
+        if not assembler.events:
+            message = (
+                "the server ended the stream without sending anything; check that base_url is an "
+                "OpenAI-compatible API that streams (or set capabilities={'streaming': False})"
+            )
+            raise ModelError(message, provider=self.provider, scope=scope)
+        if assembler.finish is None:
+            message = (
+                "the stream ended before the reply was complete (no finish_reason): the connection was cut"
+            )
+            raise ModelRetryableError(message, provider=self.provider, scope=scope)
+        return response
+
+    async def _unstreamed(self, stream: Any, scope: str, most: int) -> list[StreamChunk]:
+        """The chunks of a streaming request answered with a whole JSON body (a server that ignores `stream`,
+        or an error body with HTTP 200): the reply as one delta, or the error it holds."""
+        from openai.types.chat import ChatCompletion
+
+        try:
+            body = (await stream.response.aread()).decode("utf-8", "replace")
+        finally:
+            await stream.close()
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise self._not_a_completion(body, scope) from None
+        response = self._response(
+            ChatCompletion.construct(**data) if isinstance(data, dict) else data, scope, most
+        )
+        chunks: list[StreamChunk] = [TextDelta(text=response.text)] if response.text else []
+        chunks += [ToolCallDelta(index=i, id=c.id, name=c.name) for i, c in enumerate(response.tool_calls)]
+        return [*chunks, response]
+
+    def _response(self, completion: Any, scope: str, most: int) -> ModelResponse:
+        """The `ModelResponse` of a whole (not streamed) reply, or a `ModelError` saying what is wrong with it."""
+        if not hasattr(completion, "model_dump"):  # the SDK hands back a body that is not a JSON object as is
+            raise self._not_a_completion(completion, scope)
+        if not getattr(completion, "choices", None):
+            raise self._no_choices_error(completion, scope)
+        try:
+            response = _parse_completion(completion, self.name)
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+            message = (
+                f"the server sent a malformed chat completion ({type(exc).__name__}: {exc}); check base_url"
+            )
+            raise ModelError(message, provider=self.provider, scope=scope) from exc
+        if len(response.text) > most:
+            response = response.model_copy(update={"text": response.text[:most], "finish_reason": "length"})
+        return self._checked(response, scope)
+
+    def _checked(self, response: ModelResponse, scope: str) -> ModelResponse:
+        """`response`, unless the provider's content filter withheld all of it."""
+        if (
+            response.finish_reason == "content_filter"
+            and not response.text.strip()
+            and not response.tool_calls
+        ):
+            message = (
+                "the provider's content filter withheld the reply (finish_reason 'content_filter'); "
+                "rephrase the task or the instructions, or check the provider's content policy"
+            )
+            raise ModelError(message, provider=self.provider, scope=scope)
+        return response
+
+    def _not_a_completion(self, body: Any, scope: str) -> ModelError:
+        """A reply that is not a chat completion at all: an HTML page, plain text, a JSON list …"""
+        what = _describe_body(body) if isinstance(body, str) else f"a JSON {type(body).__name__}"
+        where = self.base_url or "api.openai.com"
+        message = (
+            f"{where} did not answer with a chat completion but with {what}; check that base_url is the root "
+            "of an OpenAI-compatible API (it usually ends in /v1)"
+        )
+        return ModelError(message, provider=self.provider, scope=scope)
+
+    async def _create(self, params: dict[str, Any], scope: str) -> Any:
+        """`chat.completions.create(**params)`, errors wrapped. A request whose prompt fits but whose reply
+        room does not (vLLM counts `max_tokens` against the window) is sent once more with less room."""
+        from openai import OpenAIError
+
+        client = await self._get_client()
+        try:
+            return await client.chat.completions.create(**params)
+        except OpenAIError as exc:
+            error = self._wrap_error(exc, scope)
+            room = None
+            if isinstance(error, ContextOverflowError):
+                room = reply_room_after_overflow(error, int(params[self.max_tokens_param]))
+            if room is None:
+                raise error from exc
+        except ValueError as exc:  # a body that is not valid JSON (the SDK's json.loads)
+            raise self._not_json(exc, scope) from exc
+        try:
+            return await client.chat.completions.create(**{**params, self.max_tokens_param: room})
+        except OpenAIError as exc:
+            raise self._wrap_error(exc, scope) from exc
+        except ValueError as exc:
+            raise self._not_json(exc, scope) from exc
+
+    def _not_json(self, exc: ValueError, scope: str) -> ModelError:
+        where = self.base_url or "api.openai.com"
+        message = f"{where} sent a reply that is not valid JSON ({exc}); check that base_url is an OpenAI-compatible API"
+        return ModelError(message, provider=self.provider, scope=scope)
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of `chat.completions.create` for `request`."""
@@ -243,8 +358,15 @@ class OpenAIModel(Model):
             return ModelRetryableError(message, provider=self.provider, scope=scope)
         if isinstance(exc, openai.APIStatusError):
             return self._status_error(exc, scope)
+        if isinstance(exc, openai.APIResponseValidationError):
+            message = f"the server sent a reply that is not a chat completion ({exc.message}); check base_url"
+            return ModelError(message, provider=self.provider, scope=scope, status_code=exc.status_code)
         if isinstance(exc, openai.APIError):  # an error event inside a stream
-            message = f"the server reported an error: {_server_message(exc)}"
+            text = _server_message(exc)
+            overflow = overflow_error(text, provider=self.provider, scope=scope, code=exc.code, body=exc.body)
+            if overflow is not None:
+                return overflow
+            message = f"the server reported an error: {text}"
             transient = exc.type in _TRANSIENT_TYPES or exc.code in _TRANSIENT_TYPES
             kind = ModelRetryableError if transient else ModelError
             return kind(message, provider=self.provider, scope=scope)
@@ -257,7 +379,17 @@ class OpenAIModel(Model):
             message = "the server answered without any choice; check that base_url is a chat-completions API"
             return ModelError(message, provider=self.provider, scope=scope)
         code = error.get("code")
-        message = f"the server answered HTTP 200 with an error: {error.get('message') or error}"
+        text = str(error.get("message") or error)
+        overflow = overflow_error(
+            text,
+            provider=self.provider,
+            scope=scope,
+            status_code=code if isinstance(code, int) else None,
+            body=error,
+        )
+        if overflow is not None:
+            return overflow
+        message = f"the server answered HTTP 200 with an error: {text}"
         transient = (isinstance(code, int) and (code == 429 or code >= 500)) or code in _TRANSIENT_TYPES
         kind = ModelRetryableError if transient else ModelError
         return kind(
@@ -266,7 +398,20 @@ class OpenAIModel(Model):
 
     def _status_error(self, exc: Any, scope: str) -> ModelError:
         status: int = exc.status_code
-        message = f"HTTP {status} from model {self.name!r}: {_server_message(exc)}"
+        text = _server_message(exc)
+        overflow = overflow_error(
+            text, provider=self.provider, scope=scope, status_code=status, code=exc.code, body=exc.body
+        )
+        if overflow is None and status == 413:  # a proxy's "Payload Too Large": a smaller prompt gets through
+            overflow = ContextOverflowError(
+                f"the request is too large for the server (HTTP 413): {text}",
+                provider=self.provider,
+                scope=scope,
+                status_code=status,
+            )
+        if overflow is not None:  # checked first: llama.cpp servers answer it with HTTP 500
+            return overflow
+        message = f"HTTP {status} from model {self.name!r}: {text}"
         if status == 429 or status >= 500 or status == 408:
             retry_after = _retry_after(exc.response.headers)
             if retry_after is not None:
@@ -275,7 +420,7 @@ class OpenAIModel(Model):
                 message, provider=self.provider, scope=scope, status_code=status, retry_after=retry_after
             )
         if status in _HINTS:
-            message += f"; {_HINTS[status]}"
+            message += "; " + _HINTS[status].format(name=self.name, where=self.base_url or "api.openai.com")
         return ModelError(message, provider=self.provider, scope=scope, status_code=status)
 
     # ------------------------------------------------------------------------------------- tokens
@@ -436,8 +581,11 @@ class _StreamAssembler:
         self.calls: dict[int, _PartialCall] = {}
         self.finish: str | None = None
         self.usage = Usage()
+        self.events = 0  # chunks received
+        self.chars = 0  # characters of text and arguments received
 
     def feed(self, chunk: ChatCompletionChunk) -> list[StreamChunk]:
+        self.events += 1
         if chunk.model:
             self.model_name = chunk.model
         if chunk.usage is not None:
@@ -446,11 +594,15 @@ class _StreamAssembler:
             return []
         choice = chunk.choices[0]
         self.finish = choice.finish_reason or self.finish
+        delta = choice.delta
+        if delta is None:
+            return []
         out: list[StreamChunk] = []
-        if choice.delta.content:
-            self.text.append(choice.delta.content)
-            out.append(TextDelta(text=choice.delta.content))
-        for call in choice.delta.tool_calls or []:
+        if delta.content:
+            self.text.append(delta.content)
+            self.chars += len(delta.content)
+            out.append(TextDelta(text=delta.content))
+        for call in delta.tool_calls or []:
             out.append(self._feed_call(call))
         return out
 
@@ -465,6 +617,7 @@ class _StreamAssembler:
         if name and name != partial.name:  # some servers repeat the whole name in every delta
             partial.name += name
         partial.arguments.append(arguments)
+        self.chars += len(arguments)
         return ToolCallDelta(index=index, id=call.id or None, name=name or None, arguments_delta=arguments)
 
     def _index_for(self, call_id: str | None) -> int:
@@ -495,10 +648,40 @@ def _server_message(exc: Any) -> str:
     if isinstance(body, dict):
         error = body.get("error", body)
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])
+            return _clip(str(error["message"]), 2000)
         if isinstance(error, str):
-            return error
+            return _clip(error, 2000)
+    if isinstance(body, str) and body.strip():  # not JSON: a proxy's error page, plain text
+        page = _describe_body(body)
+        return f"the server answered with {page}" + (
+            ", probably from a proxy or gateway" if "HTML" in page else ""
+        )
     return str(getattr(exc, "message", "") or exc)
+
+
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>|<h1[^>]*>(.*?)</h1>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]+>")
+
+
+def _describe_body(text: str) -> str:
+    """A short description of a body that is not JSON: an HTML page (by its title), or the start of the text."""
+    head = text.lstrip()[:2000]
+    if not head:
+        return "an empty body"
+    if head.startswith("<") or "<html" in head.lower():
+        match = _TITLE.search(text[:20_000])
+        title = " ".join(_TAG.sub(" ", match.group(1) or match.group(2)).split()) if match else ""
+        return f"an HTML page ({_clip(title, 120)!r})" if title else "an HTML page"
+    return f"the text {_clip(' '.join(head.split()), 200)!r}"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _reply_chars(max_tokens: Any) -> int:
+    """The most characters read of one reply: 32 per token asked for (a token is about 4), at least 64 Ki."""
+    return max(int(max_tokens or 0) * 32, 65_536)
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
