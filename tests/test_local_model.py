@@ -22,6 +22,7 @@ import pytest
 from thinkloop import (
     Agent,
     ConfigurationError,
+    ContextOverflowError,
     Message,
     ModelError,
     ModelRequest,
@@ -347,13 +348,17 @@ async def test_cancelling_a_request_stops_the_generation_and_frees_the_model() -
     assert fake.pieces_sent < 100  # the cancelled generation stopped early
 
 
-async def test_a_prompt_longer_than_the_context_window_is_a_model_error() -> None:
-    model, _ = _fake_model(["x"], n_ctx=512)
+async def test_a_prompt_longer_than_the_context_window_is_a_context_overflow_error() -> None:
+    model, fake = _fake_model(["x"], n_ctx=512)
     with pytest.raises(
-        ModelError,
+        ContextOverflowError,
         match=r"local: generation failed: the prompt has .* tokens, more than the context window of 512",
-    ):
+    ) as info:
         await model.request(_request("y" * 600))
+    segments = render_chatml([Message.user("y" * 600)], prefill="Thought:")
+    prompt = sum(1 if s.control else len(s.text.encode()) for s in segments)  # the stand-in: a token per byte
+    assert (info.value.limit, info.value.prompt_tokens) == (512, prompt)
+    assert not fake.calls  # nothing was generated
 
 
 async def test_a_llama_cpp_failure_is_a_model_error_and_the_cache_is_reset() -> None:

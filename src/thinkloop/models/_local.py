@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _react
-from .._errors import ConfigurationError, ModelError
+from .._errors import ConfigurationError, ContextOverflowError, ModelError
 from .._messages import (
     FinishReason,
     Message,
@@ -335,11 +335,13 @@ def _generate(runtime: _Runtime, job: _Job, provider: str) -> _Generation:
         tokens = runtime.tokenize(job.segments)
         n_ctx = int(llm.n_ctx())
         if len(tokens) >= n_ctx:
-            raise ModelError(
+            raise ContextOverflowError(
                 f"the prompt has {len(tokens):,} tokens, more than the context window of {n_ctx:,}: "
                 "lower the agent's max_context_tokens or load the model with a larger n_ctx",
                 provider=provider,
                 scope="generation",
+                limit=n_ctx,
+                prompt_tokens=len(tokens),
             )
         result = _Generation(prompt_tokens=len(tokens))
         try:
