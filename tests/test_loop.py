@@ -413,3 +413,72 @@ def test_a_native_final_answer_drops_reasoning_blocks_and_labels(reply: str, ans
     result = Agent(FunctionModel(lambda request: reply)).run_sync("What is 6*7?")
     assert result.stop_reason is StopReason.FINAL_ANSWER
     assert result.output == answer
+
+
+async def test_async_tools_that_wait_are_driven_to_the_end_like_an_await() -> None:
+    """A coroutine tool is started eagerly; one that waits goes on under its deadline, with everything the
+    event loop sends or throws in passed through (results, exceptions after a wait, handled cancellations)."""
+    log: list[str] = []
+
+    @tool
+    async def instant(x: int) -> int:
+        """No wait."""
+        return x * 2
+
+    @tool
+    async def several_waits(n: int) -> str:
+        """Wait n times, with a value passed back each time."""
+        total = 0
+        for i in range(n):
+            await asyncio.sleep(0)
+            total += await asyncio.sleep(0.001, result=i)
+        return f"waited {n}, sum {total}"
+
+    @tool
+    async def fails_later() -> str:
+        """Raise after waiting."""
+        await asyncio.sleep(0.001)
+        raise ValueError("late failure")
+
+    @tool(timeout=0.05)
+    async def stubborn() -> str:
+        """Hang, clean up when abandoned."""
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            log.append("cleaned up")
+            raise
+        return "never"
+
+    model = ScriptedModel([call("instant", x=4), call("several_waits", n=3), call("fails_later"), call("stubborn"), "done"])
+    result = await Agent(model, tools=[instant, several_waits, fails_later, stubborn]).run("go")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs == [
+        "8",
+        "waited 3, sum 3",
+        "Error: fails_later raised ValueError: late failure",
+        "Error: stubborn was abandoned: it timed out after 0.05 s.",
+    ]
+    assert log == ["cleaned up"] and result.output == "done"
+
+
+async def test_cancelling_a_run_reaches_a_waiting_tool() -> None:
+    entered, cancelled = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def wait_forever() -> str:
+        """Wait."""
+        entered.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    task = asyncio.create_task(Agent(ScriptedModel([call("wait_forever")]), tools=[wait_forever]).run("go"))
+    await asyncio.wait_for(entered.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cancelled.is_set()

@@ -329,7 +329,7 @@ class ContextManager:
         self._dropped = 1  # groups[1:_dropped] that are not pinned are dropped
         self._dropped_count = 0
         self._tokens = 0  # of all messages seen
-        self._open_calls: set[str] = set()  # calls of the last assistant message not yet answered
+        self._open_calls: tuple[str, ...] = ()  # calls of the last assistant message not yet answered
         self._valid = True  # every message so far is where a provider expects it (no repair needed)
         self._first_long = -1  # the first group with an observation longer than `old_observation_chars`
         self._prefix: _Prefix | None = None
@@ -362,7 +362,8 @@ class ContextManager:
                 pass
             elif role == "tool":  # the call/result order, as `validate_history` checks it
                 if msg.tool_call_id in open_calls:
-                    open_calls.discard(msg.tool_call_id)
+                    answered = msg.tool_call_id
+                    open_calls = tuple(c for c in open_calls if c != answered) if len(open_calls) > 1 else ()
                     if limit is not None and len(msg.content) > limit and self._first_long < 0:
                         self._first_long = groups - 1
                 else:
@@ -370,8 +371,9 @@ class ContextManager:
             elif open_calls:
                 valid = False
             elif msg.tool_calls:
-                open_calls = {c.id for c in msg.tool_calls}
-                valid = len(open_calls) == len(msg.tool_calls)
+                calls = msg.tool_calls
+                open_calls = (calls[0].id,) if len(calls) == 1 else tuple(c.id for c in calls)
+                valid = len(calls) == 1 or len(set(open_calls)) == len(calls)
         self._open_calls, self._valid = open_calls, valid
         self._group_count, self._last_group_size, self._tokens = groups, size, tokens
         self._seen = len(source)
@@ -601,6 +603,32 @@ class ContextManager:
         if group._lines is None or group._lines[0] != size:
             group._lines = (size, _summarise_group(state, self._clean(group)[0]))
         return group._lines[1]
+
+    # ---------------------------------------------------------------------------------- overflow
+
+    def shrink(self, to_tokens: int | None = None, *, prompt_tokens: int | None = None) -> int:
+        """Lower this run's context budget after the provider rejected the last view as too long (SPEC §7
+        extension); return the new `max_context_tokens`.
+
+        `to_tokens` is the new limit (the model's window minus the reply room), or None when the provider did
+        not say: then the view that was sent is cut by 40 %. `prompt_tokens`, the rejected prompt's size as
+        the provider counted it, recalibrates the token estimate (which counted `last_tokens` for it);
+        without it the limit also goes 25 % below what was sent, so the next view is surely smaller. The
+        limit never goes below 256 tokens and never rises. Steps already dropped stay dropped; the next
+        `view()` drops older steps (whole, so no tool result loses its call) until the view fits.
+
+        Only this manager changes: an agent gives each run its own, sharing only the token counter and the
+        reserve cache (tokens of system prompts and tool lists), which do not depend on the limit.
+        """
+        if prompt_tokens and self.last_tokens > 0:
+            self.scale = max(self.scale, prompt_tokens / self.last_tokens)
+            self._calibrated = True
+        sent = int(self.last_tokens * self.scale) or self.max_context_tokens
+        target = to_tokens if to_tokens is not None else int(sent * 0.6)
+        if not prompt_tokens:
+            target = min(target, int(sent * 0.75))
+        self.max_context_tokens = max(min(target, self.max_context_tokens), 256)
+        return self.max_context_tokens
 
 
 def _summarise_group(state: RunState, messages: list[Message]) -> list[str]:

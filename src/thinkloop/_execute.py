@@ -13,7 +13,8 @@ import contextvars
 import json
 import math
 import time
-from collections.abc import Awaitable
+import types
+from collections.abc import Awaitable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -161,12 +162,12 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     if run.step_saves:  # saved before it runs: a crash now leaves it "started", never run twice unseen
         await run.checkpoint()
     timeout = tool.timeout if tool.timeout is not None else run.config.tool_timeout
-    when, by_run = _deadline(run, timeout)
     started = time.perf_counter()
     try:
-        value = await run.deadlines.within(when, tool.invoke(prepared.arguments))
+        value = await _invoke(run, tool.invoke(prepared.arguments), timeout)
         text, success, kind = _valid_text(render_output(value)), True, None
     except TimeoutError:
+        by_run = _run_out_of_time(run)
         why = "the run's time limit was reached" if by_run else f"it timed out after {timeout:g} s"
         text, success, kind = f"Error: {tool.name} was abandoned: {why}.", False, "timeout"
     except asyncio.CancelledError:
@@ -183,13 +184,54 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     return outcome
 
 
-def _deadline(run: RunContext, timeout: float) -> tuple[float, bool]:
+async def _invoke(run: RunContext, awaitable: Awaitable[T], limit: float) -> T:
+    """Await a tool's invocation under its time limit (seconds) and the run's deadline, whichever comes first.
+
+    A coroutine is started right here: one that finishes without waiting (most async tools) could not
+    have been interrupted by a timer anyway, so it needs none. One that waits goes on under the deadline.
+    """
+    if type(awaitable) is not types.CoroutineType:
+        return await run.deadlines.within(_deadline(run, limit), awaitable)
+    try:
+        waiting_on = awaitable.send(None)
+    except StopIteration as finished:
+        return finished.value  # type: ignore[no-any-return]
+    return await run.deadlines.within(_deadline(run, limit), _resume(awaitable, waiting_on))
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, T], waiting_on: Any) -> Generator[Any, Any, T]:
+    """Go on driving a coroutine started by hand (it is waiting on `waiting_on`), as `await` would:
+    what the task sends or throws in is passed on; the coroutine's result is returned."""
+    while True:
+        try:
+            sent = yield waiting_on
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # a cancellation (or anything else) thrown in by the task
+            try:
+                waiting_on = coro.throw(exc)
+            except StopIteration as finished:
+                return finished.value  # type: ignore[no-any-return]
+        else:
+            try:
+                waiting_on = coro.send(sent)
+            except StopIteration as finished:
+                return finished.value  # type: ignore[no-any-return]
+
+
+def _deadline(run: RunContext, timeout: float) -> float:
     """When the call must end: its own timeout, or the run's deadline if that comes first."""
     own = asyncio.get_running_loop().time() + timeout
     run_deadline = run.deadline
-    if run_deadline is not None and run_deadline < own:
-        return run_deadline, True
-    return own, False
+    return run_deadline if run_deadline is not None and run_deadline < own else own
+
+
+def _run_out_of_time(run: RunContext) -> bool:
+    """Whether the run's own time limit has (about) passed: what ended a call that timed out."""
+    run_deadline = run.deadline
+    return run_deadline is not None and run_deadline <= time.monotonic() + _TIMER_SLACK
 
 
 class Deadlines:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from .._errors import ConcurrencyError
@@ -120,7 +121,7 @@ class InProcessStore(MemoryStore):
     def __init__(self, max_runs: int | None = 1000) -> None:
         super().__init__(max_runs)
         self._live: dict[str, RunState] = {}
-        self._finished: dict[str, None] = {}  # ids of finished runs, oldest first
+        self._finished: OrderedDict[str, None] = OrderedDict()  # ids of finished runs, oldest first
         self._remembered: set[str] = set()
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
@@ -144,8 +145,8 @@ class InProcessStore(MemoryStore):
     def _forget_oldest(self, max_runs: int) -> None:
         """Forget the oldest finished runs beyond `max_runs` (O(1) per run: finished ids are kept in order)."""
         while len(self._live) > max_runs and self._finished:
-            run_id = next(iter(self._finished))
-            del self._finished[run_id]
+            # O(1): finding a plain dict's first key is O(n) once keys before it were deleted
+            run_id, _ = self._finished.popitem(last=False)
             state = self._live.get(run_id)
             if state is not None and state.finished:  # a run resumed since is live again: kept
                 del self._live[run_id]
