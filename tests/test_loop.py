@@ -482,3 +482,28 @@ async def test_cancelling_a_run_reaches_a_waiting_tool() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert cancelled.is_set()
+
+
+async def test_a_listener_that_raises_is_dropped_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[str] = []
+    good: list[str] = []
+
+    def buggy(event: Event) -> None:
+        seen.append(event.type)
+        if event.type == "tool_call":
+            raise RuntimeError("listener bug")
+
+    agent = Agent(ScriptedModel([call("add", a=1, b=2), "3"]), tools=[add], on_event=lambda e: good.append(e.type))
+    with caplog.at_level("ERROR", logger="thinkloop.events"):
+        result = await agent.run("1+2", on_event=buggy)
+    assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "3" and result.tool_calls == 1
+    assert seen[-1] == "tool_call" and "done" not in seen  # called no more after it raised
+    assert good[-1] == "done" and "tool_result" in good  # the other listener got everything
+    assert "listener bug" in caplog.text and "gets no more events" in caplog.text
+
+
+def test_tools_may_be_none_or_a_single_tool_but_not_a_string() -> None:
+    assert Agent(ScriptedModel(["x"]), tools=None).tools.names == []
+    assert Agent(ScriptedModel(["x"]), tools=add).tools.names == ["add"]
+    with pytest.raises(UserError, match="tools must be a list"):
+        Agent(ScriptedModel(["x"]), tools="add")  # type: ignore[arg-type]

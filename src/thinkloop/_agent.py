@@ -58,7 +58,7 @@ class Agent:
         model: a `Model`, or a model string: `"local"` (the default: the embedded local model),
             `"local:0.5b"`, `"openai:gpt-4o-mini"`, `"script:replies.json"`; a list of them (or
             `"router:SPEC,SPEC"`) makes a `RouterModel` with retries and fallback.
-        tools: `Tool`s or plain functions (made into tools with `@tool`).
+        tools: `Tool`s or plain functions (made into tools with `@tool`); None or a single tool are accepted too.
         instructions: the role layer of the system prompt.
         budget: the limits of each run (`Budget(max_steps=16)` by default).
         mode: `"native"` tool calling, `"react"` text, or `"auto"` (native when the model supports tools).
@@ -97,7 +97,7 @@ class Agent:
         self,
         model: str | Model | Sequence[str | Model] | None = None,
         *,
-        tools: Iterable[Tool | Callable[..., Any]] = (),
+        tools: Iterable[Tool | Callable[..., Any]] | Tool | None = (),
         instructions: str = "",
         name: str = "agent",
         budget: Budget | None = None,

@@ -9,6 +9,7 @@ import asyncio
 import contextvars
 import functools
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from .models import Model
 
 EventSink = Callable[[Event], None]
+logger = logging.getLogger("thinkloop.events")
 
 current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("current_run", default=None)
 """The run being driven in this context (set by `Agent` around the loop), for code below the loop."""
@@ -164,7 +166,19 @@ class RunContext:
         if self.logs_events:
             self.pending.append(event)
         for sink in self.sinks:
-            sink(event)
+            try:
+                sink(event)
+            except Exception:  # a listener's bug must not break the run's bookkeeping (SPEC §8.2)
+                self._drop_sink(sink, event)
+
+    def _drop_sink(self, sink: EventSink, event: Event) -> None:
+        """Stop calling a listener that raised (logged once, with its traceback); the run goes on."""
+        logger.exception(
+            "an event listener (%r) raised on the %r event of run %s: it gets no more events of this run",
+            sink, event.type, self.state.run_id,
+        )  # fmt: skip
+        self.sinks = [s for s in self.sinks if s is not sink]
+        self.observed = bool(self.sinks) or self.logs_events
 
     def skip_event(self) -> None:
         """Count an event nobody reads (so `seq` numbers do not depend on who listens)."""

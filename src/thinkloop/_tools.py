@@ -289,8 +289,14 @@ def _add_param_line(line: str, params: dict[str, str], current: str | None) -> s
 class ToolRegistry:
     """Tools by name. Adding two tools of one name is an error."""
 
-    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = ()) -> None:
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] | Tool | None = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        if tools is None:
+            return
+        if isinstance(tools, Tool) or callable(tools):  # one tool, not in a list: taken as it is meant
+            tools = (tools,)
+        if isinstance(tools, str | bytes) or not isinstance(tools, Iterable):
+            raise ConfigurationError(f"tools must be a list of Tools or functions, not {tools!r}")
         for item in tools:
             self.add(item)
 
