@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from . import _react
 from ._budget import Budget, PriceTable
 from ._context import ContextManager
-from ._errors import ModelError, ModelRetryableError, RunError
+from ._errors import ContextOverflowError, ModelError, ModelRetryableError, RunError
 from ._events import (
     AnswerDelta,
     Done,
@@ -320,8 +320,13 @@ async def think(run: RunContext) -> Reply:
         run.skip_event()
     if run.context.summarizer is not None:
         await run.context.prepare(state)  # a model-written summary of dropped steps
-    request = build_request(run)
-    response = await call_model(run, request)
+    while True:
+        request = build_request(run)
+        try:
+            response = await call_model(run, request)
+            break
+        except _ContextShrunk:  # the prompt overflowed the model's window: build it again from a smaller view
+            continue
     reply = _valid_unicode_reply(interpret(run, response, request))
     _record_reply(run, reply)
     return reply
@@ -387,6 +392,11 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
                 streamer = _AnswerStreamer(run, react=run.state.mode == "react")
                 return await _stream_model(run, request, streamer)
             return await run.model.request(request)
+        except ContextOverflowError as exc:
+            if streamer is not None and streamer.started:
+                raise
+            _shrink_context(run, exc)
+            raise _ContextShrunk from exc
         except ModelRetryableError as exc:
             attempt += 1
             started = streamer is not None and streamer.started
@@ -399,6 +409,61 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
                 )
             )
             await asyncio.sleep(delay)
+
+
+MAX_SHRINKS_PER_STEP = 2
+
+
+class _ContextShrunk(Exception):
+    """Private signal from `_call_with_retries` to `think`: the run's context budget was lowered after an
+    overflow, so the request must be built again (from a smaller view)."""
+
+
+def _shrink_context(run: RunContext, error: ContextOverflowError) -> None:
+    """Lower the run's context budget after the model rejected the prompt as too long (at most
+    `MAX_SHRINKS_PER_STEP` times a step); raise the error that ends the run when shrinking cannot help."""
+    state, context = run.state, run.context
+    shrinks: list[dict[str, Any]] = state.metadata.setdefault("context_shrinks", [])
+    done = sum(1 for s in shrinks if s.get("step") == state.step)
+    before, scale = context.max_context_tokens, context.scale
+    to_tokens = None
+    if error.limit:  # the window, minus room for the reply
+        room = error.completion_tokens or run.config.settings.max_output_tokens
+        to_tokens = error.limit - min(room, error.limit // 4)
+    after = before
+    if done < MAX_SHRINKS_PER_STEP:
+        after = context.shrink(to_tokens, prompt_tokens=error.prompt_tokens)
+    if after >= before and context.scale <= scale:  # nothing left to shrink, or shrunk too often already
+        window = f" of {error.limit:,} tokens" if error.limit else ""
+        size = f" (the prompt had {error.prompt_tokens:,} tokens)" if error.prompt_tokens else ""
+        now = context.max_context_tokens
+        times = {1: "once", 2: "twice"}.get(done, f"{done} times")
+        how = f"even after shrinking the run's context {times}, to {now:,} tokens"
+        if not done:
+            how = f"and the run's context cannot shrink below {now:,} tokens"
+        said = str(error).removeprefix(f"{error.provider}: {error.scope} failed: ")
+        raise ContextOverflowError(
+            f"the prompt does not fit the model's context window{window}{size}, {how}: lower "
+            "max_context_tokens or max_output_tokens, shorten the instructions or tool descriptions, or use a "
+            f"model with a larger context window (the provider said: {said})",
+            provider=error.provider,
+            scope=error.scope,
+            status_code=error.status_code,
+            limit=error.limit,
+            prompt_tokens=error.prompt_tokens,
+            completion_tokens=error.completion_tokens,
+        ) from error
+    shrinks.append(
+        {"step": state.step, "from": before, "to": after, "limit": error.limit, "prompt": error.prompt_tokens}
+    )
+    run.emit(
+        ModelAttempt(
+            model=run.model.spec,
+            attempt=done + 1,
+            error=f"{error} (the run's context was shrunk from {before:,} to {after:,} tokens)",
+            next_action="retry",
+        )
+    )
 
 
 def _retries_itself(model: Model) -> bool:

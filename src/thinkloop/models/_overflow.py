@@ -41,7 +41,8 @@ _CODES = frozenset(
 _N = r"(\d[\d,_]*)"
 _DETECT = re.compile(
     r"maximum context length|context[ _]length[ _]exceeded|context[ _]window[ _]exceeded"
-    r"|exceeds? (?:the |its |your )?(?:available |model's |maximum )?context (?:size|length|window)"
+    r"|(?:exceeds?|more than|longer than|larger than) (?:the |its |your )?(?:available |model's |maximum )?"
+    r"context (?:size|length|window)"
     r"|(?:prompt|input) is too long|too long to fit into the model|reduce the length of the (?:messages|prompt|input)"
     r"|input token count .{0,40}exceeds the maximum number of tokens"
     r"|`inputs` tokens \+ `max_new_tokens` must be|range of input length should be",

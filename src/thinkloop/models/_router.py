@@ -10,7 +10,12 @@ For each request the router walks its members in order:
 3. A `ModelRetryableError` (429, 5xx, timeout, lost connection) is retried on the same member after an
    exponential backoff with jitter, or after the provider's `Retry-After` (capped at `max_backoff`),
    up to `retries` times. Any other `ModelError` goes straight to the next member.
-4. When every member has failed, the last error is raised with a message listing each member's failure.
+4. A `ContextOverflowError` (the prompt does not fit the member's window) is not a failure of the member:
+   it is not retried and does not count against its breaker. By default (`overflow_fallback="larger"`) the
+   request goes on to the next member whose declared `context_window` is larger than the window that
+   overflowed; members with a smaller or unknown window are skipped. If none answers, the router raises
+   a `ContextOverflowError` with the first member's numbers, and the loop shrinks the run's context.
+5. When every member has failed, the last error is raised with a message listing each member's failure.
 
 `asyncio.CancelledError` (and the run's deadline) always pass through: nothing is retried after them.
 Each failed attempt is reported as a `ModelAttempt` event of the current run and to `on_attempt`.
@@ -25,12 +30,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .._errors import ConfigurationError, ModelError, ModelRetryableError
+from .._errors import ConfigurationError, ContextOverflowError, ModelError, ModelRetryableError
 from .._events import ModelAttempt
 from .._messages import Message, ModelRequest, ModelResponse, StreamChunk, Usage
 from ._base import Model, ModelCapabilities, estimated_usage
 
 NextAction = Literal["retry", "fallback", "give_up"]
+OverflowFallback = Literal["larger", "any", "never"]
 AttemptHook = Callable[[ModelAttempt], None]
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
@@ -95,6 +101,7 @@ class _Attempt:
     last_error: ModelError | None = None
     spent: Usage = field(default_factory=Usage)
     current: int | None = None
+    overflow: ContextOverflowError | None = None  # the first member's "prompt too long"
 
     def next_member(self) -> Model | None:
         """The member to try now, skipping those whose breaker is open; None when all are used up."""
@@ -116,7 +123,11 @@ class _Attempt:
         """Record a failed attempt, then wait to retry the member or move on to the next one."""
         router = self.router
         breaker = router.breakers[self.candidates[self.index]]
-        breaker.failure(router.clock())
+        if isinstance(exc, ContextOverflowError):
+            breaker.release()  # the member answered: the request was too long, not the member unwell
+            self.overflow = self.overflow or exc
+        else:
+            breaker.failure(router.clock())
         self.last_error = exc
         self.spent.add(_spent_usage(exc))
         action, delay = self._next_action(exc, breaker)
@@ -131,9 +142,33 @@ class _Attempt:
             return
         self.failures.append(f"{member.spec}: {exc} (after {self.attempt} attempt(s))")
         self.index, self.attempt = self.index + 1, 1
+        if isinstance(exc, ContextOverflowError):
+            self._skip_smaller_windows(exc, member)
+
+    def _fits(self, slot: int, exc: ContextOverflowError, member: Model) -> bool:
+        """Whether member `slot` may take a prompt that overflowed `member` (see `overflow_fallback`)."""
+        policy = self.router.overflow_fallback
+        if policy != "larger":
+            return policy == "any"
+        window = self.router.models[slot].capabilities.context_window
+        needed = exc.limit or member.capabilities.context_window
+        return window is not None and (needed is None or window > needed)
+
+    def _skip_smaller_windows(self, exc: ContextOverflowError, member: Model) -> None:
+        while self.index < len(self.candidates) and not self._fits(self.candidates[self.index], exc, member):
+            skipped = self.router.models[self.candidates[self.index]]
+            window = skipped.capabilities.context_window
+            size = f"{window:,} tokens" if window else "unknown"
+            self.failures.append(f"{skipped.spec}: skipped, its context window ({size}) is not larger")
+            self.index += 1
 
     def _next_action(self, exc: ModelError, breaker: CircuitBreaker) -> tuple[NextAction, float]:
         router = self.router
+        if isinstance(exc, ContextOverflowError):  # never retried: the same prompt would not fit again
+            later = self.candidates[self.index + 1 :]
+            member = router.models[self.candidates[self.index]]
+            fits = any(self._fits(slot, exc, member) for slot in later)
+            return ("fallback" if fits else "give_up"), 0.0
         retry = (
             isinstance(exc, ModelRetryableError)
             and self.attempt <= router.retries
@@ -171,6 +206,19 @@ class _Attempt:
                 provider="router",
                 retry_after=self._soonest_retry(),
             )
+        if self.overflow is not None:  # the loop shrinks the context to the first member's window
+            first = self.overflow
+            overflow = ContextOverflowError(
+                message,
+                provider="router",
+                scope=first.scope,
+                status_code=first.status_code,
+                limit=first.limit,
+                prompt_tokens=first.prompt_tokens,
+                completion_tokens=first.completion_tokens,
+            )
+            overflow.__cause__ = first
+            return overflow
         cls = type(last) if isinstance(last, ModelRetryableError) else ModelError
         error = cls(
             message,
@@ -207,6 +255,9 @@ class RouterModel(Model):
         jitter: randomise each backoff delay between 50 % and 100 % of its value (spreads retries).
         breaker_threshold: consecutive failed attempts after which a member is skipped …
         breaker_cooldown: … for this many seconds; then one request probes it.
+        overflow_fallback: where a request goes when its prompt overflows a member's context window:
+            `"larger"` (default) to the next member whose declared `context_window` is larger, `"any"` to
+            the next member, `"never"` nowhere (the loop then shrinks the run's context).
         on_attempt: called with a `ModelAttempt` for every failed attempt (also emitted to the run).
         sleep, clock, rng: injectable for tests (default `asyncio.sleep`, `time.monotonic`, `random`).
 
@@ -226,6 +277,7 @@ class RouterModel(Model):
         jitter: bool = True,
         breaker_threshold: int = 3,
         breaker_cooldown: float = 30.0,
+        overflow_fallback: OverflowFallback = "larger",
         on_attempt: AttemptHook | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.monotonic,
@@ -240,6 +292,11 @@ class RouterModel(Model):
         self.retries, self.backoff, self.max_backoff, self.jitter = retries, backoff, max_backoff, jitter
         self.breakers = [CircuitBreaker(breaker_threshold, breaker_cooldown) for _ in self.models]
         self.on_attempt = on_attempt
+        if overflow_fallback not in ("larger", "any", "never"):
+            raise ConfigurationError(
+                f"overflow_fallback must be 'larger', 'any' or 'never', not {overflow_fallback!r}"
+            )
+        self.overflow_fallback: OverflowFallback = overflow_fallback
         self.sleep, self.clock = sleep, clock
         self.rng = rng or random.Random()
 
