@@ -149,6 +149,41 @@ async def test_a_worker_that_lost_its_lease_stops_the_run(dsn: str, queue: JobQu
         assert worker.completed == []
         status = await queue.status("slowjob")
         assert status is not None and status.worker == "w2" and status.status == "running"
+        state = await store.load_state("slowjob")  # w1 wrote nothing after losing it: w2 resumes it as it was
+        assert state is not None and not state.finished and "interrupted" not in state.metadata
+
+
+async def test_a_worker_stopped_with_interrupt_hands_its_runs_back_resumable(dsn: str, queue: JobQueue) -> None:
+    started = asyncio.Event()
+    effects: list[str] = []
+
+    @tool(idempotent=True)
+    async def fetch(key: str) -> str:
+        """Fetch a value (safe to repeat)."""
+        effects.append(key)
+        if len(effects) == 1:
+            started.set()
+            await asyncio.sleep(30)
+        return f"value of {key}"
+
+    model = FunctionModel(lambda r: {"tool_calls": [{"name": "fetch", "args": {"key": "k"}}]} if r.turn == 0 else "got it")
+    async with PostgresStore(dsn) as store:
+        await queue.submit("fetch k", run_id="handback")
+        first = Worker(Agent(model, tools=[fetch], store=store), queue, name="w1", poll_interval=0.05)
+        serving = asyncio.create_task(first.serve())
+        await asyncio.wait_for(started.wait(), 10)
+        first.stop(interrupt=True)
+        await asyncio.wait_for(serving, 10)  # at once, not after the 30 s tool
+        status = await queue.status("handback")
+        assert status is not None and status.status == "queued" and first.completed == []
+        state = await store.load_state("handback")
+        assert state is not None and not state.finished and state.metadata["interrupted"]["step"] == 1
+
+        second = Worker(Agent(model, tools=[fetch], store=store), queue, name="w2", poll_interval=0.05)
+        await second.serve(until_idle=True)
+        result = await queue.wait("handback", store)
+        assert result.output == "got it" and second.completed == ["handback"]
+        assert effects == ["k", "k"]  # idempotent: the interrupted call was run again on resume
 
 
 def test_workers_in_several_processes_run_every_job_exactly_once(dsn: str, tmp_path: Path) -> None:

@@ -359,3 +359,96 @@ async def test_approvals_given_before_the_crash_are_not_asked_again() -> None:
     assert asked == ["1.0"]  # "approve always" was remembered in the run: 1.1 ran without asking
     assert result.output == "deployed 1.0 then 1.1"
     assert [a.decision for a in result.state.approvals] == ["approved_always", "approved_always"]
+
+
+# ------------------------------------------------------------------------------------------ interrupt
+
+
+def _call(name: str, **args: object) -> dict[str, object]:
+    return {"tool_calls": [{"name": name, "args": args}]}
+
+
+async def _interrupt_when(agent: Agent, run_id: str, started: asyncio.Event, goal: str = "go") -> None:
+    task = asyncio.create_task(agent.run(goal, run_id=run_id))
+    await asyncio.wait_for(started.wait(), 5)
+    assert agent.interrupt(run_id) == [run_id]
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_an_interrupted_run_is_saved_unfinished_and_resumes_where_it_stopped(tmp_path: Path) -> None:
+    """Interrupted while the model thinks: the step that had no reply is taken again on resume."""
+    calls: list[int] = []
+    thinking = asyncio.Event()
+
+    @tool
+    def count(n: int) -> int:
+        """Count a call."""
+        calls.append(n)
+        return n
+
+    class SlowSecondTurn(ScriptedModel):
+        async def request(self, request: Any) -> Any:
+            if request.turn == 1 and not thinking.is_set():
+                thinking.set()
+                await asyncio.sleep(30)
+            return await super().request(request)
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    model = SlowSecondTurn([_call("count", n=1), _call("count", n=2), "done"], by_turn=True)
+    agent = Agent(model, tools=[count], store=store)
+    await _interrupt_when(agent, "r1", thinking)
+    state = await store.load_state("r1")
+    assert state is not None and not state.finished and state.stop_reason is None
+    assert state.step == 1 and state.metadata["interrupted"]["step"] == 1 and calls == [1]
+    assert agent.interrupt("r1") == [] and agent.interrupt() == []  # nothing running any more
+
+    result = await Agent(model, tools=[count], store=store).resume("r1")
+    assert result.output == "done" and result.steps == 3 and result.tool_calls == 2 and calls == [1, 2]
+
+
+async def test_a_tool_running_when_interrupted_is_settled_by_the_ledger(tmp_path: Path) -> None:
+    running = asyncio.Event()
+    effects: list[str] = []
+
+    @tool
+    async def transfer(amount: int) -> str:
+        """Move money (not idempotent)."""
+        effects.append(f"transfer {amount}")
+        running.set()
+        await asyncio.sleep(30)
+        return "sent"
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    script = [_call("transfer", amount=5), "checked"]
+    agent = Agent(ScriptedModel(script, by_turn=True), tools=[transfer], store=store)
+    await _interrupt_when(agent, "r2", running)
+    state = await store.load_state("r2")
+    assert state is not None and not state.finished
+    assert [e.status for e in state.ledger.values()] == ["started"]
+
+    result = await Agent(ScriptedModel(script, by_turn=True), tools=[transfer], store=store).resume("r2")
+    assert effects == ["transfer 5"]  # never run twice
+    observation = next(m.content for m in result.state.messages if m.role == "tool")
+    assert "outcome of transfer is unknown" in observation and result.output == "checked"
+
+
+async def test_interrupt_without_an_id_stops_every_run_of_the_agent_and_cancel_still_ends_them() -> None:
+    agent = Agent(ScriptedModel(["never"] * 3, latency=30))
+    tasks = [asyncio.create_task(agent.run("wait", run_id=f"run{i}")) for i in range(3)]
+    await asyncio.sleep(0.05)
+    assert sorted(agent.interrupt()) == ["run0", "run1", "run2"]
+    for task in tasks:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    for i in range(3):
+        state = await agent.store.load_state(f"run{i}")  # type: ignore[attr-defined]
+        assert state is not None and not state.finished and state.step == 0
+
+    cancelled = asyncio.create_task(agent.run("wait", run_id="run9"))
+    await asyncio.sleep(0.05)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    state = await agent.store.load_state("run9")  # type: ignore[attr-defined]
+    assert state is not None and state.finished and state.stop_reason == "cancelled"

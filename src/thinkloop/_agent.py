@@ -160,6 +160,7 @@ class Agent:
         self.lessons_limit = lessons_limit
         self._learning: set[asyncio.Task[None]] = set()
         self._configs: dict[tuple[Budget, bool], LoopConfig] = {}
+        self._active: dict[str, tuple[RunContext, asyncio.Task[Any] | None]] = {}  # runs being driven
         self._shared_by_model: _Shared | None = None
 
     # ------------------------------------------------------------------------------------- model
@@ -241,6 +242,25 @@ class Agent:
         raise UserError(
             "resume_sync() cannot be called from a running event loop: use `await agent.resume(...)`"
         )
+
+    def interrupt(self, run_id: str | None = None, *, save: bool = True) -> list[str]:
+        """Stop a run now, leaving it resumable: it is saved as it is, unfinished (no stop reason), and
+        `resume()` continues it later — in this process or another one sharing the store. A tool call that
+        was running is settled by the ledger on resume (re-run only if idempotent). Without `run_id`, every
+        run this agent is driving is interrupted. Returns the ids interrupted (a run not running: none).
+
+        The task driving the run is cancelled: `await agent.run(...)` raises `asyncio.CancelledError`.
+        `task.cancel()` instead ends a run for good (`stop_reason="cancelled"`). With `save=False` the run
+        writes nothing more to the store (for a process that lost the run to another one).
+        """
+        interrupted = []
+        for each in list(self._active) if run_id is None else [run_id]:
+            run, task = self._active.get(each, (None, None))
+            if run is not None and task is not None and not task.done():
+                run.interrupted, run.save_interrupted = True, save
+                task.cancel()
+                interrupted.append(each)
+        return interrupted
 
     def _store_for(self, what: str) -> Store:
         if not isinstance(self.store, Store):
@@ -418,12 +438,14 @@ class Agent:
         run.emit(lambda: RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
         await run.checkpoint()  # recorded before the first model call: a crash leaves a resumable run
         token = current_run.set(run)  # lets a router emit its `model_attempt` events to this run
+        self._active[state.run_id] = (run, asyncio.current_task())
         try:
             if resumed:
                 await resume_pending(run)  # tool calls the interruption left without a result
             result = await run_loop(run)
         finally:
             current_run.reset(token)
+            self._active.pop(state.run_id, None)
         if self.experience is not None and result.stop_reason is not StopReason.CANCELLED:
             self._learn_later(result.state)
         return result

@@ -108,6 +108,8 @@ class RunContext:
     discovery: ToolDiscovery | None = None  # runtime tool discovery: which tools the model is shown
     deadlines: Deadlines = field(default_factory=Deadlines)  # the time limits of its tool and model calls
     saved: bool = False  # whether the store has seen this run (a live store needs no more until the end)
+    interrupted: bool = False  # `Agent.interrupt()`: the cancellation that comes leaves the run resumable
+    save_interrupted: bool = True  # False: an interrupted run writes nothing more (another process owns it)
     _shown: dict[tuple[Mode, tuple[str, ...]], tuple[Message, list[ToolDefinition]]] = field(
         default_factory=dict, repr=False
     )
@@ -290,7 +292,10 @@ async def run_loop(run: RunContext) -> RunResult:
             error=run.config.budget.describe(StopReason.TIMEOUT),
         )
     except asyncio.CancelledError:
-        await finish(run, StopReason.CANCELLED, error="the run was cancelled")
+        if run.interrupted:
+            await suspend(run)
+        else:
+            await finish(run, StopReason.CANCELLED, error="the run was cancelled")
         raise
     except RunError as exc:
         return await finish(run, StopReason.ERROR, error=str(exc))
@@ -871,6 +876,22 @@ def _best_known(run: RunContext) -> str:
         if entry.status == "done" and entry.success and entry.output:
             return entry.output
     return ""
+
+
+async def suspend(run: RunContext) -> None:
+    """An interrupted run (`Agent.interrupt`) is saved as it is, unfinished: `Agent.resume()` continues it
+    like a run whose process stopped, with the ledger deciding about a tool call that was running."""
+    run.deadlines.close()
+    state = run.state
+    if not run.save_interrupted:
+        return
+    if state.phase == "thinking" and not (state.messages and state.messages[-1].step == state.step):
+        state.step -= 1  # the step had not got its reply: it is taken again on resume
+    state.metadata["interrupted"] = {"step": state.step, "at": time.time()}
+    try:
+        await run.checkpoint()
+    except Exception as exc:  # e.g. another process took the run over: its state is not ours to save
+        logger.warning("saving interrupted run %s failed (%s: %s)", state.run_id, type(exc).__name__, exc)
 
 
 async def finish(

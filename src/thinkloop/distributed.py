@@ -311,9 +311,19 @@ class Worker:
         self._stopping = asyncio.Event()
         self._running: dict[str, asyncio.Task[None]] = {}
 
-    def stop(self) -> None:
-        """Stop taking jobs; `serve()` returns once the running ones end (they are not interrupted)."""
+    @property
+    def stopping(self) -> bool:
+        """Whether `stop()` was called."""
+        return self._stopping.is_set()
+
+    def stop(self, *, interrupt: bool = False) -> None:
+        """Stop taking jobs; `serve()` returns once the running ones end. With `interrupt`, the running
+        runs are interrupted instead (saved unfinished) and their jobs go back to the queue at once, for
+        another worker to resume."""
         self._stopping.set()
+        if interrupt:
+            for run_id in list(self._running):
+                self.agent.interrupt(run_id)
 
     async def serve(self, *, until_idle: bool = False) -> None:
         """Take and run jobs until `stop()` (or until nothing is left, with `until_idle`)."""
@@ -344,9 +354,15 @@ class Worker:
         run = asyncio.create_task(self._run(job))
         lease = asyncio.create_task(self._keep_lease(job, run))
         try:
-            result = await run
+            result = await asyncio.shield(
+                run
+            )  # a cancelled worker interrupts its runs (below), never ends them
         except asyncio.CancelledError:
-            if not lease.done() or not lease.result():  # cancelled by shutdown, not by a lost lease
+            if not run.done():  # this worker is being cancelled: leave the run resumable by another one
+                self.agent.interrupt(job.run_id)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await run
+            if not lease.done() or not lease.result():  # interrupted here, not lost to another worker
                 await self._settle(self.queue.release(job, self.name))
             raise
         except Exception as exc:  # a failure of the engine, not of the run (those end with a stop reason)
@@ -387,7 +403,8 @@ class Worker:
                 continue
             if not ours:
                 logger.warning("job %s was taken over by another worker; stopping it here", job.run_id)
-                run.cancel()
+                if not self.agent.interrupt(job.run_id, save=False):  # writes nothing: the run is not ours
+                    run.cancel()  # not started yet (loading its state)
                 return True
 
     async def _settle(self, update: Any) -> bool:

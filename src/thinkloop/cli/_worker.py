@@ -108,8 +108,19 @@ async def _serve(
     async with JobQueue(queue_url, lease=lease) as jobs:
         worker = Worker(agent, jobs, concurrency=concurrency)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):  # finish the running jobs, take no new ones
-            loop.add_signal_handler(sig, worker.stop)
+
+        def on_signal() -> (
+            None
+        ):  # the first: finish the running jobs, take no new ones; the second: interrupt them
+            if worker.stopping:
+                console.print("interrupting the running jobs: they go back to the queue, resumable")
+                worker.stop(interrupt=True)
+            else:
+                console.print("stopping: finishing the running jobs (signal again to interrupt them)")
+                worker.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
         console.print(f"worker {worker.name} · queue {jobs.dsn.split('@')[-1]} · {concurrency} at a time")
         try:
             await worker.serve(until_idle=until_idle)
