@@ -22,7 +22,8 @@ The script is a list answered in order, one item per chat-completion request:
 - a function of the `RecordedRequest` returning one of the above.
 
 Streams can also break: `Completion(drop_after_bytes=N)` cuts the connection in the middle of an SSE event,
-`Completion(send_done=False)` ends the stream without `data: [DONE]`.
+`Completion(send_done=False)` ends the stream without `data: [DONE]`, `Completion(stall_after_events=N)`
+stops sending after N events but keeps the connection open.
 
 With `context_window=N` the server itself answers the overflow error (in `overflow_style`) to every request
 whose prompt is longer than N tokens — counted as the characters of the messages and tools / 4 + 1, or by
@@ -109,6 +110,9 @@ class Completion:
         drop_after_bytes: when streaming, close the connection after this many bytes of the SSE body (in the
             middle of an event).
         send_done: when streaming, end with `data: [DONE]` (False: the stream just ends).
+        stall_after_events: when streaming, send this many SSE events, then nothing more while keeping the
+            connection open (a stalled upstream; with `send_done=False` and every event sent, a server that
+            never ends its stream).
     """
 
     text: str = ""
@@ -125,6 +129,7 @@ class Completion:
     error_type: str = "server_error"
     drop_after_bytes: int | None = None
     send_done: bool = True
+    stall_after_events: int | None = None
 
 
 @dataclass
@@ -374,7 +379,7 @@ class OpenAICompatibleServer:
         if isinstance(item, Fault):
             await _send_fault(writer, item)
         elif body.get("stream"):
-            await self._send_stream(writer, item, body)
+            await self._send_stream(writer, item, body, reader)
         else:
             await self._send_completion(writer, item, body)
 
@@ -436,7 +441,9 @@ class OpenAICompatibleServer:
             payload["usage"] = _usage(item.usage)
         await _send_json(writer, 200, payload)
 
-    async def _send_stream(self, writer: asyncio.StreamWriter, item: Completion, body: Any) -> None:
+    async def _send_stream(
+        self, writer: asyncio.StreamWriter, item: Completion, body: Any, reader: asyncio.StreamReader
+    ) -> None:
         if item.delay:
             await asyncio.sleep(item.delay)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -450,6 +457,10 @@ class OpenAICompatibleServer:
         writer.write(head.encode())
         sent = 0
         for count, event in enumerate(events):
+            if item.stall_after_events is not None and count >= item.stall_after_events:
+                await writer.drain()
+                await reader.read()  # send nothing more, keep the connection open until the client hangs up
+                raise _Dropped
             if item.drop_after_events is not None and count >= item.drop_after_events:
                 await writer.drain()
                 raise _Dropped

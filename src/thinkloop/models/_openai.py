@@ -49,6 +49,7 @@ __all__ = ["OpenAIModel"]
 MaxTokensParam = Literal["max_tokens", "max_completion_tokens"]
 
 DEFAULT_TIMEOUT = 120.0
+AFTER_FINISH_WAIT = 5.0  # seconds a stream may stay silent after its finish_reason before it is closed
 LOCAL_API_KEY = "not-needed"  # sent to local servers, which ignore the key
 MAX_STOP_SEQUENCES = 4  # the chat-completions API accepts at most four
 _REASONING_PREFIXES = (
@@ -193,10 +194,17 @@ class OpenAIModel(Model):
             return
         assembler = _StreamAssembler(self.name)
         async with stream:
-            while assembler.chars <= most:
+            while assembler.chars <= most and assembler.events <= most:
                 try:
-                    chunk = await anext(stream)
+                    if assembler.finish is None:
+                        chunk = await anext(stream)
+                    else:  # the reply is complete: wait a little for the usage chunk, not for a lost [DONE]
+                        chunk = await asyncio.wait_for(anext(stream), AFTER_FINISH_WAIT)
                 except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    if assembler.finish is None:
+                        raise
                     break
                 except OpenAIError as exc:
                     raise self._wrap_error(exc, scope) from exc

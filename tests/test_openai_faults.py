@@ -1,0 +1,343 @@
+"""What an OpenAI-compatible server can get wrong, against the loopback server with the real `openai` client:
+every fault ends in a clear `ModelError` (retryable only when transient) or a healed reply — never a raw
+exception out of the adapter or `agent.run`, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from thinkloop import (
+    Agent,
+    ContextOverflowError,
+    Message,
+    ModelError,
+    ModelRequest,
+    ModelRetryableError,
+    ModelSettings,
+    StopReason,
+    ToolDefinition,
+    tool,
+)
+from thinkloop._messages import ModelResponse, TextDelta
+from thinkloop.models import OpenAIModel, _openai
+from thinkloop.testing_server import Completion, Fault, OpenAICompatibleServer, ScriptItem, tool_call
+
+ADD = ToolDefinition(
+    name="add",
+    description="Add two integers.",
+    parameters={"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+)
+NGINX_502 = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>"
+    b"\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n" + b"<!-- padding -->" * 200
+)
+HTML = {"content-type": "text/html"}
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[OpenAICompatibleServer]:
+    async with OpenAICompatibleServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+async def model(server: OpenAICompatibleServer) -> AsyncIterator[OpenAIModel]:
+    m = OpenAIModel("gpt-4o-mini", base_url=server.url, api_key="sk-secret-key", timeout=2.0)
+    yield m
+    await m.aclose()
+
+
+def ask(**settings: Any) -> ModelRequest:
+    return ModelRequest(messages=[Message.user("Hi")], tools=[ADD], settings=ModelSettings(**settings))
+
+
+async def answer(model: OpenAIModel, streaming: bool, **settings: Any) -> ModelResponse:
+    if not streaming:
+        return await model.request(ask(**settings))
+    chunks = [chunk async for chunk in model.stream(ask(**settings))]
+    final = chunks[-1]
+    assert isinstance(final, ModelResponse)
+    return final
+
+
+BOTH = pytest.mark.parametrize("streaming", [False, True], ids=["request", "stream"])
+
+# ========================================================================================= bad bodies
+
+
+@BOTH
+@pytest.mark.parametrize(
+    ("fault", "says"),
+    [
+        (Fault(200, body=b"{not json"), r"(not valid JSON|with the text '\{not json')"),
+        (Fault(200, body=b""), r"(not valid JSON|an empty body)"),
+        (Fault(200, body=b"[1, 2]"), "a JSON list"),
+        (Fault(200, body=b"<html><body>Please log in</body></html>", headers=HTML), "an HTML page"),
+        (
+            Fault(
+                200, body={"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []}
+            ),
+            "answered without any choice",
+        ),
+        (
+            Fault(200, body={"object": "chat.completion", "model": "m", "choices": [{"index": 0}]}),
+            "malformed chat completion",
+        ),
+    ],
+    ids=["malformed-json", "empty-body", "json-list", "html-200", "no-choices", "choice-without-message"],
+)
+async def test_a_body_that_is_not_a_chat_completion_is_a_clear_model_error(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool, fault: Fault, says: str
+) -> None:
+    server.add(fault)
+    with pytest.raises(ModelError, match=says) as info:
+        await answer(model, streaming)
+    assert not isinstance(info.value, ModelRetryableError)  # a misconfigured server: retrying will not help
+    assert "check" in str(info.value) and "sk-secret-key" not in str(info.value)
+
+
+@BOTH
+async def test_a_proxy_error_page_is_summarised_by_its_title(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool
+) -> None:
+    server.add(Fault(502, body=NGINX_502, headers=HTML), Fault(404, body=b"<h1>Not Found</h1>", headers=HTML))
+    with pytest.raises(ModelRetryableError) as bad_gateway:
+        await answer(model, streaming)
+    assert str(bad_gateway.value).endswith(
+        "HTTP 502 from model 'gpt-4o-mini': the server answered with an HTML page ('502 Bad Gateway'), "
+        "probably from a proxy or gateway"
+    )
+    with pytest.raises(ModelError, match=r"an HTML page \('Not Found'\).*check the model name") as missing:
+        await answer(model, streaming)
+    assert not isinstance(missing.value, ModelRetryableError) and len(str(missing.value)) < 400
+
+
+# ================================================================================ statuses, with hints
+
+
+@BOTH
+@pytest.mark.parametrize(
+    ("status", "hint"),
+    [
+        (401, "check the API key (api_key= or $OPENAI_API_KEY) and that it belongs to http://127.0.0.1:"),
+        (403, "the API key may not have access to model 'gpt-4o-mini'"),
+        (404, "check the model name ('gpt-4o-mini') and base_url (http://127.0.0.1:"),
+    ],
+)
+async def test_auth_and_not_found_errors_say_what_to_check_and_are_not_retried(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool, status: int, hint: str
+) -> None:
+    server.add(Fault(status, "nope"))
+    with pytest.raises(ModelError) as info:
+        await answer(model, streaming)
+    assert not isinstance(info.value, ModelRetryableError) and info.value.status_code == status
+    assert hint in str(info.value) and "sk-secret-key" not in str(info.value)
+
+
+async def test_an_agent_does_not_retry_a_401(server: OpenAICompatibleServer, model: OpenAIModel) -> None:
+    server.add(Fault(401, "Incorrect API key provided"), "never reached")
+    result = await Agent(model).run("Hi")
+    assert result.stop_reason is StopReason.ERROR and "check the API key" in (result.error or "")
+    assert len(server.chat_requests) == 1
+
+
+# =========================================================================== replies that are not right
+
+
+@BOTH
+async def test_a_content_filtered_empty_reply_is_an_error_but_a_partial_one_is_kept(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool
+) -> None:
+    server.add(
+        Completion(finish_reason="content_filter"),
+        Completion(text="Part of it", finish_reason="content_filter"),
+    )
+    with pytest.raises(ModelError, match="content filter withheld the reply") as info:
+        await answer(model, streaming)
+    assert not isinstance(info.value, ModelRetryableError)
+    partial = await answer(model, streaming)
+    assert (partial.text, partial.finish_reason) == ("Part of it", "content_filter")
+
+
+@BOTH
+async def test_odd_but_valid_replies_come_back_as_they_are_for_the_loop_to_heal(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool
+) -> None:
+    server.add(
+        Completion(text=""),  # null content, no tool call
+        Completion(tool_calls=[tool_call("", {"a": 1})]),  # an empty tool name
+        Completion(tool_calls=[tool_call("add", '{"a": 1, "b')], finish_reason="length"),  # cut off
+    )
+    empty = await answer(model, streaming)
+    assert (empty.text, empty.tool_calls, empty.finish_reason) == ("", [], "stop")
+    nameless = await answer(model, streaming)
+    assert [(c.name, c.arguments) for c in nameless.tool_calls] == [("", {"a": 1})]
+    cut = await answer(model, streaming)
+    assert cut.finish_reason == "length" and cut.tool_calls[0].raw_arguments == '{"a": 1, "b'
+
+
+# ================================================================================================ streams
+
+
+async def test_a_stream_cut_in_the_middle_of_an_event_is_retryable(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    server.add(Completion(text="hello world " * 10, drop_after_bytes=300))
+    with pytest.raises(ModelRetryableError, match="streaming chat completion failed: could not reach"):
+        await answer(model, True)
+
+
+async def test_a_stream_without_done_is_complete_when_it_finished(
+    server: OpenAICompatibleServer, model: OpenAIModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_openai, "AFTER_FINISH_WAIT", 0.2)
+    server.add(
+        Completion(text="hello", send_done=False),  # ends without [DONE]
+        Completion(text="hi", send_done=False, stall_after_events=4),  # …and never closes the connection
+    )
+    assert (await answer(model, True)).text == "hello"
+    held = await answer(model, True)  # returned after 0.2 s of silence following finish_reason, not 2 s
+    assert (held.text, held.finish_reason, held.usage.input_tokens) == ("hi", "stop", 10)
+
+
+async def test_a_stream_that_ends_before_finishing_or_stalls_is_retryable(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    no_finish = [
+        {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [
+            {"index": 0, "delta": {"content": "The answer is"}, "finish_reason": None}]},
+    ]  # fmt: skip
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in no_finish).encode()
+    server.add(
+        Fault(200, body=body, headers={"content-type": "text/event-stream"}),
+        Fault(200, body=b": keep-alive\n\n", headers={"content-type": "text/event-stream"}),
+        Completion(text="hello there", stall_after_events=2),
+    )
+    with pytest.raises(ModelRetryableError, match="the stream ended before the reply was complete"):
+        await answer(model, True)
+    with pytest.raises(ModelError, match="ended the stream without sending anything") as empty:
+        await answer(model, True)
+    assert not isinstance(empty.value, ModelRetryableError)
+    with pytest.raises(ModelRetryableError, match="no response from .* within 2.0 s"):
+        await answer(model, True)
+
+
+async def test_a_server_that_ignores_stream_and_sends_json_is_healed(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    completion = {
+        "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Plain JSON"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9},
+    }  # fmt: skip
+    server.add(Fault(200, body=completion))
+    chunks = [chunk async for chunk in model.stream(ask())]
+    assert chunks[0] == TextDelta(text="Plain JSON")
+    final = chunks[-1]
+    assert isinstance(final, ModelResponse) and final.usage.input_tokens == 7
+
+
+@BOTH
+async def test_a_huge_reply_is_cut_at_32_characters_per_token_asked_for(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool
+) -> None:
+    server.add(Completion(text="x" * 3_000_000, text_chunk_size=8192))
+    cut = await answer(model, streaming, max_output_tokens=4096)
+    assert (len(cut.text), cut.finish_reason) == (4096 * 32, "length")
+
+
+# ===================================================================================== the connection
+
+
+@BOTH
+async def test_connection_refused_is_retryable(streaming: bool) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = OpenAIModel("m", base_url=f"http://127.0.0.1:{port}/v1")
+    with pytest.raises(
+        ModelRetryableError, match="could not reach .* check base_url and that the server is running"
+    ):
+        await answer(model, streaming)
+    await model.aclose()
+
+
+@BOTH
+async def test_a_server_that_never_answers_times_out(server: OpenAICompatibleServer, streaming: bool) -> None:
+    model = OpenAIModel("m", base_url=server.url, timeout=0.3)
+    server.add(Fault(hang=True))
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(ModelRetryableError, match="no response from .* within 0.3 s"):
+        await answer(model, streaming)
+    assert asyncio.get_running_loop().time() - started < 5
+    await model.aclose()
+
+
+# ===================================================================================== through agent.run
+
+
+@tool
+def add(a: int, b: int = 0) -> int:
+    """Add two integers."""
+    return a + b
+
+
+FAULTS: dict[str, tuple[ScriptItem, StopReason]] = {
+    "malformed-json": (Fault(200, body=b"{not json"), StopReason.ERROR),
+    "no-choices": (Fault(200, body={"object": "chat.completion", "choices": []}), StopReason.ERROR),
+    "html-502": (Fault(502, body=NGINX_502, headers=HTML), StopReason.FINAL_ANSWER),  # transient: retried
+    "401": (Fault(401, "bad key"), StopReason.ERROR),
+    "content-filter": (Completion(finish_reason="content_filter"), StopReason.ERROR),
+    "hang": (Fault(hang=True), StopReason.FINAL_ANSWER),  # timed out, then retried
+    "overflow": (Fault(400, body={"error": {"message": "maximum context length is 100 tokens", "code": "context_length_exceeded"}}), StopReason.FINAL_ANSWER),
+    "empty-name": (Completion(tool_calls=[tool_call("", {"a": 1})]), StopReason.FINAL_ANSWER),
+    "cut-arguments": (Completion(tool_calls=[tool_call("add", '{"a": 1, "b')], finish_reason="length"), StopReason.FINAL_ANSWER),
+    "null-content": (Completion(text=""), StopReason.FINAL_ANSWER),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["run", "stream"])
+@pytest.mark.parametrize("name", list(FAULTS))
+async def test_agent_run_never_raises_on_a_faulty_server(name: str, streaming: bool) -> None:
+    fault, stop = FAULTS[name]
+    async with OpenAICompatibleServer([fault], fallback="The answer.") as server:
+        model = OpenAIModel("gpt-4o-mini", base_url=server.url, api_key="k", timeout=0.5)
+        agent = Agent(model, tools=[add], model_retries=1)
+        if streaming:
+            events = [e async for e in agent.stream("Add 1 and 2")]
+            result = events[-1].result  # type: ignore[attr-defined]
+        else:
+            result = await asyncio.wait_for(agent.run("Add 1 and 2"), 30)
+        await model.aclose()
+    assert result.stop_reason is stop, result.error
+    one = stop is StopReason.ERROR or name == "null-content"  # errors are not retried; an empty reply ends
+    assert len(server.chat_requests) == (1 if one else 2)
+    if stop is StopReason.ERROR:
+        assert result.error and result.error.startswith(
+            ("openai: chat completion failed", "openai: streaming")
+        )
+    elif name == "null-content":
+        assert result.output == ""  # SPEC §4.2: neither text nor tool call ends the run with an empty answer
+    else:
+        assert result.output == "The answer."
+
+
+async def test_an_overflow_error_says_so_through_a_stream(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    error = {
+        "error": {
+            "message": "This model's maximum context length is 100 tokens.",
+            "type": "invalid_request_error",
+        }
+    }
+    server.add(Fault(200, body=error))  # a proxy that wraps the error in a 200
+    with pytest.raises(ContextOverflowError) as info:
+        await answer(model, True)
+    assert info.value.limit == 100
