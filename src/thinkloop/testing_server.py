@@ -58,6 +58,7 @@ __all__ = [
     "RecordedRequest",
     "ScriptItem",
     "context_overflow",
+    "prompt_tokens",
     "tool_call",
 ]
 
