@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -12,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._budget import Budget
-from .._errors import ThinkloopError
+from .._errors import ThinkloopError, UserError
 from ._options import (
     DEFAULT_TOOLS,
     HostsOption,
@@ -27,6 +29,8 @@ from ._options import (
 from ._run import build_agent, cli_metadata, load_model, print_error
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+TOKEN_VARIABLE = "THINKLOOP_SERVER_TOKEN"
+MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 def serve_command(
@@ -56,10 +60,30 @@ def serve_command(
     mode: ModeOption = "auto",
     instructions: InstructionsOption = "",
     max_active_runs: Annotated[int, typer.Option(help="The most runs at once.", min=1)] = 8,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help=f"The token every request must carry (Authorization: Bearer TOKEN). Default: "
+            f"${TOKEN_VARIABLE}. Prefer that or --token-file: other users can see a command line.",
+            show_default=False,
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="Read the token from this file (its first line).", dir_okay=False),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Allow a non-loopback --host without a token (only behind a proxy that authenticates).",
+        ),
+    ] = False,
 ) -> None:
     """Serve an agent: start runs over HTTP, follow them over WebSocket, approve risky calls on a web page."""
     console = Console(stderr=True)
     try:
+        secret = _token(token, token_file, host, insecure, console)
         budget = Budget(max_steps=max_steps, max_tokens=max_tokens, max_cost=max_cost, timeout=timeout)
         options = dict(
             tools=tools, safety=safety, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts,
@@ -75,6 +99,7 @@ def serve_command(
                 store,
                 approval_timeout,
                 max_active_runs,
+                secret,
                 console,
             )
         )
@@ -104,6 +129,7 @@ async def _serve(
     store_url: str | None,
     approval_timeout: float,
     max_active_runs: int,
+    token: str | None,
     console: Console,
 ) -> None:
     import uvicorn
@@ -131,15 +157,23 @@ async def _serve(
         allowed_hosts=[*LOOPBACK_NAMES, "[::1]"] if loopback else None,
         run_metadata={"cli": cli_metadata({**options, "learn": False}, instructions)},
         close_agent=True,
+        token=token,
     )
-    if not loopback:
+    if not loopback and token is None:
         console.print(
-            "[yellow]warning:[/] the server has no authentication and its tools act on this machine: "
-            "put it behind a proxy that checks who is asking"
+            "[yellow]warning:[/] --insecure: the server has no authentication and its tools act on this "
+            "machine; only a proxy in front of it that authenticates every request protects it"
+        )
+    elif not loopback:
+        console.print(
+            "[yellow]note:[/] over http:// the token crosses the network in clear text: put an HTTPS "
+            "proxy in front of the server unless the network is yours"
         )
     where = f"[{host}]" if ":" in host else host
+    access = "the token required" if token is not None else "no token"
     console.print(
-        f"thinkloop serving {escape(model.spec)} at [bold]http://{escape(where)}:{port}/[/] (Ctrl-C stops)"
+        f"thinkloop serving {escape(model.spec)} at [bold]http://{escape(where)}:{port}/[/] "
+        f"({access}; Ctrl-C stops)"
     )
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()
@@ -152,3 +186,55 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _token(given: str | None, path: Path | None, host: str, insecure: bool, console: Console) -> str | None:
+    """The server's token: `--token`, else `--token-file`, else `$THINKLOOP_SERVER_TOKEN`; without one,
+    a non-loopback `--host` is refused unless `--insecure`. The token is never printed."""
+    from ..server._app import check_token
+
+    if given is not None and path is not None:
+        raise UserError("give the token with --token or --token-file, not both")
+    token = given
+    if path is not None:
+        token = _read_token(path, console)
+    if token is None:
+        token = os.environ.get(TOKEN_VARIABLE) or None
+        where = f"${TOKEN_VARIABLE}"
+    else:
+        where = "--token-file" if path is not None else "--token"
+    if token is None:
+        if not _is_loopback(host) and not insecure:
+            raise UserError(
+                f"refusing to serve on {host} without a token: anyone who can reach it could run the "
+                f"agent's tools. Set one: export {TOKEN_VARIABLE}=$({MAKE_TOKEN}) (or --token-file FILE), "
+                "then give it to the page when it asks; or pass --insecure if a proxy in front of the "
+                "server authenticates every request"
+            )
+        return None
+    try:
+        check_token(token)
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+    if len(token) < 16:
+        console.print(
+            f"[yellow]warning:[/] a token of {len(token)} characters can be guessed: use a long random one, "
+            f"e.g. $({MAKE_TOKEN})"
+        )
+    return token
+
+
+def _read_token(path: Path, console: Console) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read the token file {path}: {exc}") from None
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise UserError(f"the token file {path} is empty: put the token on its first line")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        console.print(
+            f"[yellow]warning:[/] other users may read the token file {escape(str(path))}: chmod 600 it"
+        )
+    return token

@@ -7,7 +7,7 @@
 
     agent = Agent("local", tools=[...], store=SQLiteStore("runs.db"),
                   safety=SafetyController("balanced", approval=PendingApprovals()))
-    app = create_app(agent)          # serve it with uvicorn, or run `thinkloop serve`
+    app = create_app(agent, token=os.environ["THINKLOOP_SERVER_TOKEN"])  # or `thinkloop serve`
 
 Needs the `server` extra (FastAPI, uvicorn, websockets). See docs/server.md for the API.
 """

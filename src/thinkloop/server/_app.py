@@ -7,19 +7,27 @@
     GET  /api/runs/{id}/events?after=N        its events with seq > N
     WS   /api/runs/{id}/events?after=N        the same, then the live ones, up to `done`
     POST /api/runs/{id}/cancel                stop a running run (it ends as `cancelled`)
+    POST /api/runs/{id}/resume                resume a run the store has unfinished (e.g. after a crash)
     GET  /api/approvals                       the tool calls waiting for a person (?run_id)
     POST /api/runs/{id}/approvals/{call_id}   answer one: {decision: approve|deny|approve_always, message?}
     GET  /api/info                            the agent: model, tools, safety mode, limits
     GET  /                                    the web page
 
 Errors are JSON: `{"error": "what went wrong and what to do", "details": [...]}` with a 4xx status.
+
+With a token (`create_app(agent, token=...)`), every request but the page and its files needs
+`Authorization: Bearer TOKEN` (else 401); a WebSocket may instead offer the subprotocols
+`thinkloop.events.v1` and `thinkloop.token.BASE64URL(TOKEN)`, as browsers cannot set its headers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from importlib import resources
 from typing import Annotated, Any, Literal
@@ -41,6 +49,7 @@ from ..stores import RunSummary, Store, check_id
 from ._runs import (
     FollowerTooSlowError,
     LiveRun,
+    NotResumableError,
     NotRunningError,
     RunFailedError,
     RunManager,
@@ -60,6 +69,10 @@ _SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+
+
+EVENTS_PROTOCOL = "thinkloop.events.v1"  # the WebSocket subprotocol the server accepts when offered
+TOKEN_PROTOCOL = "thinkloop.token."  # + the token in base64url without padding: a WebSocket's credential
 
 
 class ApiError(Exception):
@@ -124,6 +137,7 @@ def create_app(
     run_metadata: Mapping[str, Any] | None = None,
     shutdown_timeout: float = 10.0,
     close_agent: bool = False,
+    token: str | None = None,
 ) -> FastAPI:
     """The server of an agent: an HTTP + WebSocket API for its runs, and a web page.
 
@@ -138,6 +152,11 @@ def create_app(
         run_metadata: added to every run's `state.metadata`.
         shutdown_timeout: seconds to wait for running runs to save themselves as cancelled on shutdown.
         close_agent: on shutdown, also close the agent's MCP servers and its store.
+        token: when given, every request except the page and its files needs it, as
+            `Authorization: Bearer TOKEN` (else 401); a WebSocket may offer it as the subprotocol
+            `thinkloop.token.BASE64URL(TOKEN)` instead. Use a long random one, e.g.
+            `secrets.token_urlsafe(32)`. None: no authentication (only for a loopback address or
+            behind a proxy that authenticates).
     """
     store = agent.store
     if not isinstance(store, Store) or not getattr(store, "keeps_events", True):
@@ -147,6 +166,7 @@ def create_app(
         )
     if max_active_runs < 1:
         raise ConfigurationError(f"max_active_runs must be at least 1, not {max_active_runs}")
+    secret = None if token is None else check_token(token).encode()
     manager = RunManager(agent, max_active_runs=max_active_runs, metadata=run_metadata)
     approvals = _approvals_of(agent)
 
@@ -162,10 +182,14 @@ def create_app(
     app.state.manager = manager
     app.state.approvals = approvals
     app.add_middleware(_JsonBodies)
+    if secret is not None:
+        app.add_middleware(_TokenAuth, token=secret)
+        _hide_credentials_in_logs()
     if allowed_hosts is not None:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     _add_error_handlers(app)
     _add_run_routes(app, manager)
+    _add_control_routes(app, manager)
     _add_approval_routes(app, manager, approvals)
     _add_stream_route(app, manager)
     _add_page_routes(app, agent, approvals)
@@ -239,6 +263,114 @@ class _JsonBodies:
         await self.app(scope, receive, send)
 
 
+# ============================================================================================== auth
+
+
+def check_token(token: str) -> str:
+    """The token if it can be the server's (`ConfigurationError`, never quoting it, if not)."""
+    if not isinstance(token, str) or not token or not all("!" <= c <= "~" for c in token):
+        raise ConfigurationError(
+            "the server token must be a non-empty string of printable ASCII characters without spaces "
+            "(it travels in an HTTP header), e.g. secrets.token_urlsafe(32)"
+        )
+    return token
+
+
+class _TokenAuth:
+    """Every request except the page and its files needs the token, compared in constant time: HTTP
+    requests in `Authorization: Bearer`, WebSockets there or in a subprotocol (browsers cannot set a
+    WebSocket's headers; a URL's query string would end up in logs and the browser history)."""
+
+    def __init__(self, app: ASGIApp, token: bytes) -> None:
+        self.app = app
+        self._token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or _public(scope):
+            await self.app(scope, receive, send)
+            return
+        given = _presented_token(scope)
+        if given is not None and secrets.compare_digest(given, self._token):
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        logger.info(
+            "refused %s %s from %s: %s token",
+            scope.get("method", "WebSocket"),
+            scope["path"],
+            client[0] if client else "?",
+            "no" if given is None else "a wrong",
+        )
+        problem = "this server needs its access token" if given is None else "the access token is wrong"
+        message = (
+            f"{problem}: send the header `Authorization: Bearer TOKEN` with the token the server was "
+            f"started with (`thinkloop serve --token`); on a WebSocket, the header or the subprotocols "
+            f"`{EVENTS_PROTOCOL}` and `{TOKEN_PROTOCOL}BASE64URL(TOKEN)`"
+        )
+        response = JSONResponse(
+            {"error": message}, status_code=401, headers={"WWW-Authenticate": 'Bearer realm="thinkloop"'}
+        )
+        if scope["type"] == "http":
+            await response(scope, receive, send)
+            return
+        websocket = WebSocket(scope, receive, send)
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await websocket.send_denial_response(response)  # the handshake fails with 401
+        else:
+            await websocket.close(code=1008, reason="the access token is missing or wrong")
+
+
+class _HideCredentials(logging.Filter):
+    """At debug level, `websockets` (under uvicorn: the `uvicorn.error` logger) logs each handshake's
+    headers: the ones carrying a token are logged as `[hidden]`."""
+
+    HIDDEN = frozenset({"authorization", "sec-websocket-protocol", "cookie", "proxy-authorization"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (
+            record.msg == "< %s: %s"
+            and isinstance(args, tuple)
+            and len(args) == 2
+            and str(args[0]).lower() in self.HIDDEN
+        ):
+            record.args = (args[0], "[hidden]")
+        return True
+
+
+def _hide_credentials_in_logs() -> None:
+    for name in ("uvicorn.error", "websockets.server", "websockets"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _HideCredentials) for f in log.filters):
+            log.addFilter(_HideCredentials())
+
+
+def _public(scope: Scope) -> bool:
+    """The page and its files load without the token (they hold no data; the page then asks for it)."""
+    path: str = scope["path"]
+    return (
+        scope["type"] == "http"
+        and scope["method"] in ("GET", "HEAD")
+        and (path == "/" or path.startswith("/static/"))
+    )
+
+
+def _presented_token(scope: Scope) -> bytes | None:
+    """The token a request carries: `Authorization: Bearer T`, or a WebSocket's `thinkloop.token.` subprotocol."""
+    scheme, _, value = Headers(scope=scope).get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip().encode("latin-1")
+    if scope["type"] == "websocket":
+        for protocol in scope.get("subprotocols", ()):
+            if protocol.startswith(TOKEN_PROTOCOL):
+                encoded = protocol[len(TOKEN_PROTOCOL) :]
+                try:
+                    return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+                except (binascii.Error, ValueError):
+                    return b""  # present but not base64url: a wrong token
+    return None
+
+
 # ============================================================================================== runs
 
 
@@ -302,6 +434,8 @@ def _add_run_routes(app: FastAPI, manager: RunManager) -> None:
             "last_seq": events[-1].seq if events else after,
         }
 
+
+def _add_control_routes(app: FastAPI, manager: RunManager) -> None:
     @app.post("/api/runs/{run_id}/cancel", status_code=202)
     async def cancel_run(run_id: str) -> dict[str, Any]:
         run_id = _run_id(run_id)
@@ -312,6 +446,20 @@ def _add_run_routes(app: FastAPI, manager: RunManager) -> None:
                 raise ApiError(404, f"no run {run_id!r}") from None
             raise ApiError(409, f"run {run_id!r} is not running in this server") from None
         return {"run_id": run_id, "status": "cancelling"}
+
+    @app.post("/api/runs/{run_id}/resume", status_code=202)
+    async def resume_run(run_id: str, response: Response) -> dict[str, Any]:
+        run_id = _run_id(run_id)
+        try:
+            await manager.resume(run_id)
+        except UnknownRunError:
+            raise ApiError(404, f"no run {run_id!r}") from None
+        except NotResumableError as exc:
+            raise ApiError(409, str(exc)) from None
+        except TooManyRunsError as exc:
+            raise ApiError(429, str(exc)) from None
+        response.headers["Location"] = f"/api/runs/{run_id}"
+        return {"run_id": run_id, "status": "running"}
 
 
 def _budget(limits: Budget, body: RunRequest) -> Budget:
@@ -375,7 +523,8 @@ def _add_stream_route(app: FastAPI, manager: RunManager) -> None:
         if not _same_origin(websocket):
             await websocket.close(code=1008, reason="cross-origin WebSocket refused")
             return
-        await websocket.accept()
+        offered = websocket.scope.get("subprotocols", ())
+        await websocket.accept(subprotocol=EVENTS_PROTOCOL if EVENTS_PROTOCOL in offered else None)
         try:
             run_id = check_id(run_id)
             if after < 0 or not await manager.exists(run_id):

@@ -5,7 +5,10 @@ every event it emitted (the store only receives them at checkpoints) and hands n
 followers' queues, so a follower gets the run's whole event sequence: the events after `after` that
 already happened, then the live ones, each `seq` exactly once, ending with `done`. A run that is not
 running here (finished, or running in another process sharing the store) is followed from the store's
-event log, polled until its `done` event.
+event log, polled until its `done` event — or, if this server resumes it meanwhile, from then on live.
+
+A run the store has unfinished (its process died) can be resumed here (`resume()`): it continues as a
+live run whose event list starts with the events already logged, so its followers see one sequence.
 
 A follower never slows a run down: events are put on its queue without waiting; a follower that falls
 more than `MAX_QUEUED` events behind is dropped (`FollowerTooSlow`) and may reconnect with `after=`.
@@ -18,7 +21,7 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +43,10 @@ class UnknownRunError(UserError):
 
 class NotRunningError(StateError):
     """The run exists but is not running in this server (it ended, or another process runs it)."""
+
+
+class NotResumableError(StateError):
+    """The run cannot be resumed here: it ended, or it is running in this server already."""
 
 
 class TooManyRunsError(UserError):
@@ -71,7 +78,7 @@ class LiveRun:
     session: str | None
     created_at: float = field(default_factory=time.time)
     task: asyncio.Task[None] | None = None
-    events: list[Event] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)  # a resumed run's start with those already logged
     followers: set[asyncio.Queue[_Item]] = field(default_factory=set)
     in_loop: bool = False  # the run emitted an event past `run_started`: cancelling it now is clean
     cancel_requested: bool = False
@@ -125,25 +132,65 @@ class RunManager:
 
     def start(self, goal: str, *, budget: Budget | None = None, session: str | None = None) -> LiveRun:
         """Start a run in the background and return it at once (its events follow)."""
-        if len(self._live) >= self.max_active_runs:
-            raise TooManyRunsError(
-                f"the server is running {len(self._live)} runs, its limit: try again when one has ended"
-            )
+        self._check_room()
         live = LiveRun(run_id=uuid.uuid4().hex, goal=goal, session=session)
-        self._live[live.run_id] = live
-        live.task = asyncio.create_task(self._drive(live, budget), name=f"thinkloop-run-{live.run_id}")
-        return live
-
-    async def _drive(self, live: LiveRun, budget: Budget | None) -> None:
-        try:
-            await self.agent.run(
-                live.goal,
+        self._launch(
+            live,
+            lambda: self.agent.run(
+                goal,
                 budget=budget,
                 run_id=live.run_id,
                 on_event=live.publish,
                 metadata=dict(self.metadata),
-                session=live.session,
+                session=session,
+            ),
+        )
+        return live
+
+    async def resume(self, run_id: str) -> LiveRun:
+        """Resume in the background a run the store has unfinished, as `agent.resume()` does.
+
+        The run goes on from its last checkpoint with its own budget and metadata; the tool-call
+        ledger settles the calls the interruption cut short (a completed call is never run again).
+        Raises `UnknownRunError`, `NotResumableError` (it ended, or it runs here) or `TooManyRunsError`.
+        """
+        if run_id in self._live:
+            raise NotResumableError(f"run {run_id!r} is running in this server already")
+        state = await self.store.load_state(run_id)
+        if state is None:
+            raise UnknownRunError(f"no run {run_id!r}")
+        if state.finished:
+            reason = state.stop_reason.value if state.stop_reason else state.phase
+            raise NotResumableError(
+                f"run {run_id!r} already ended ({reason}) and cannot be resumed: start a new run instead"
             )
+        logged = await self.store.read_events(run_id)
+        if run_id in self._live:  # resumed by another request while the store was read
+            raise NotResumableError(f"run {run_id!r} is running in this server already")
+        self._check_room()
+        live = LiveRun(
+            run_id=run_id,
+            goal=state.goal,
+            session=state.session,
+            created_at=state.created_at,
+            events=logged,  # a follower from `after=0` gets the logged events, then the new ones
+        )
+        self._launch(live, lambda: self.agent.resume(run_id, on_event=live.publish))
+        return live
+
+    def _check_room(self) -> None:
+        if len(self._live) >= self.max_active_runs:
+            raise TooManyRunsError(
+                f"the server is running {len(self._live)} runs, its limit: try again when one has ended"
+            )
+
+    def _launch(self, live: LiveRun, run: Callable[[], Awaitable[Any]]) -> None:
+        self._live[live.run_id] = live
+        live.task = asyncio.create_task(self._drive(live, run), name=f"thinkloop-run-{live.run_id}")
+
+    async def _drive(self, live: LiveRun, run: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            await run()
         except asyncio.CancelledError:
             if not any(e.type == "done" for e in live.events):
                 logger.warning("run %s was cancelled before its loop started", live.run_id)
@@ -244,6 +291,10 @@ class RunManager:
         if state is None:
             raise UnknownRunError(f"no run {run_id!r}")
         while True:
+            if run_id in self._live:  # resumed in this server meanwhile: its events come live from now on
+                async for event in self.follow(run_id, after):
+                    yield event
+                return
             for event in await self.store.read_events(run_id, after):
                 yield event
                 after = event.seq

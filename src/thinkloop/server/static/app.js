@@ -1,10 +1,16 @@
 // thinkloop's web page: start runs, follow their events live, answer approval requests.
 // Text from runs (goals, model output, tool output) is only ever put in the page as text nodes
 // (`textContent`), never parsed as HTML.
+// With a token, the page asks for it once and keeps it in sessionStorage (this tab only): it goes in the
+// Authorization header of every request, and in a subprotocol of the WebSocket (which has no headers).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const view = { runId: null, socket: null, lastSeq: 0, done: false, approvals: new Map(), retry: null };
+const TOKEN_KEY = "thinkloop.token";
+const EVENTS_PROTOCOL = "thinkloop.events.v1";
+const TOKEN_PROTOCOL = "thinkloop.token.";
+const auth = { token: sessionStorage.getItem(TOKEN_KEY), locked: false };
 
 // ------------------------------------------------------------------------------------------ helpers
 
@@ -41,12 +47,18 @@ async function api(method, path, body) {
     options.headers["Content-Type"] = "application/json";
     options.body = JSON.stringify(body);
   }
+  const sent = auth.token;
+  if (sent) options.headers.Authorization = `Bearer ${sent}`;
   const response = await fetch(path, options);
   let data = null;
   try {
     data = await response.json();
   } catch {
     data = null;
+  }
+  if (response.status === 401) {
+    if (sent === auth.token) lock(sent ? "The server refused this token: check it and enter it again." : "");
+    throw new Error("the server needs its access token");
   }
   if (!response.ok) {
     const message = data && data.error ? data.error : `${response.status} ${response.statusText}`;
@@ -55,9 +67,55 @@ async function api(method, path, body) {
   return data;
 }
 
+// ------------------------------------------------------------------------------------------ the token
+
+function lock(message) {
+  if (auth.locked && !message) return; // another request already asked, maybe with a better message
+  auth.locked = true;
+  auth.token = null;
+  sessionStorage.removeItem(TOKEN_KEY);
+  closeSocket();
+  $("app").hidden = true;
+  $("login").hidden = false;
+  $("token-error").textContent = message;
+  $("token").value = "";
+  $("token").focus();
+}
+
+async function submitToken(event) {
+  event.preventDefault();
+  const token = $("token").value.trim();
+  if (!/^[\x21-\x7e]+$/.test(token)) {
+    $("token-error").textContent = "A token has only printable ASCII characters, without spaces.";
+    return;
+  }
+  auth.token = token;
+  $("token-error").textContent = "";
+  $("token-submit").disabled = true;
+  try {
+    await loadInfo(true);
+  } catch (error) {
+    if (auth.token === token) $("token-error").textContent = error.message; // not a refusal: say why
+    return;
+  } finally {
+    $("token-submit").disabled = false;
+  }
+  sessionStorage.setItem(TOKEN_KEY, token);
+  auth.locked = false;
+  $("login").hidden = true;
+  $("app").hidden = false;
+  $("token").value = "";
+  loadRuns();
+  if (view.runId) selectRun(view.runId);
+}
+
+function base64url(text) {
+  return btoa(text).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
 // ------------------------------------------------------------------------------------------ the agent
 
-async function loadInfo() {
+async function loadInfo(raise = false) {
   try {
     const info = await api("GET", "/api/info");
     const parts = [`model ${info.model}`, `tools: ${info.tools.join(", ") || "none"}`];
@@ -65,13 +123,15 @@ async function loadInfo() {
     parts.push(`max ${info.budget.max_steps} steps`);
     $("agent-info").textContent = parts.join(" · ");
   } catch (error) {
-    $("agent-info").textContent = `cannot reach the server: ${error.message}`;
+    if (raise) throw error;
+    if (!auth.locked) $("agent-info").textContent = `cannot reach the server: ${error.message}`;
   }
 }
 
 // ------------------------------------------------------------------------------------------ runs list
 
 async function loadRuns() {
+  if (auth.locked) return;
   let runs;
   try {
     runs = (await api("GET", "/api/runs?limit=50")).runs;
@@ -81,8 +141,9 @@ async function loadRuns() {
   const list = $("runs");
   list.replaceChildren(
     ...runs.map((run) => {
-      const status = run.active ? "running" : run.stop_reason || run.status;
-      const badge = el("span", `badge ${run.active ? "running" : run.status}`, status);
+      const unfinished = !run.active && run.status === "running"; // interrupted, or running elsewhere
+      const status = run.active ? "running" : unfinished ? "unfinished" : run.stop_reason || run.status;
+      const badge = el("span", `badge ${run.active ? "running" : unfinished ? "unfinished" : run.status}`, status);
       const item = el("li", run.run_id === view.runId ? "selected" : "", el("span", "goal", run.goal), badge,
         el("span", "meta", new Date(run.created_at * 1000).toLocaleString()));
       item.dataset.runId = run.run_id;
@@ -123,17 +184,24 @@ function selectRun(runId) {
   for (const item of $("runs").children) item.classList.toggle("selected", item.dataset.runId === runId);
   $("placeholder").hidden = true;
   $("run-view").hidden = false;
-  for (const id of ["run-goal", "run-status", "answer", "stop-reason"]) $(id).textContent = "";
+  for (const id of ["run-goal", "run-status", "run-note", "answer", "stop-reason"]) $(id).textContent = "";
   $("events").replaceChildren();
   $("approvals").replaceChildren();
   $("answer-box").hidden = true;
   $("cancel").hidden = false;
   $("cancel").disabled = false;
+  $("resume").hidden = true;
   api("GET", `/api/runs/${encodeURIComponent(runId)}`)
     .then((data) => {
       if (view.runId !== runId) return;
       $("run-goal").textContent = data.run.goal;
       if (!data.run.active) $("cancel").hidden = true;
+      if (!data.run.active && data.run.status === "running" && !view.done) {
+        $("resume").hidden = false;
+        $("resume").disabled = false;
+        $("run-note").textContent = "This run did not finish and is not running in this server (its process " +
+          "stopped?). Resume continues it from its last checkpoint; no finished tool call runs again.";
+      }
     })
     .catch((error) => { $("run-status").textContent = error.message; });
   openSocket();
@@ -152,7 +220,9 @@ function openSocket() {
   const runId = view.runId;
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   const url = `${scheme}://${location.host}/api/runs/${encodeURIComponent(runId)}/events?after=${view.lastSeq}`;
-  const socket = new WebSocket(url);
+  const protocols = [EVENTS_PROTOCOL];
+  if (auth.token) protocols.push(TOKEN_PROTOCOL + base64url(auth.token));
+  const socket = new WebSocket(url, protocols);
   view.socket = socket;
   socket.onmessage = (message) => {
     if (view.runId !== runId) return;
@@ -167,9 +237,41 @@ function openSocket() {
     if (close.code === 4404) {
       $("run-status").textContent = "No such run.";
     } else if (!view.done) { // the connection dropped: follow again from the last event seen
-      view.retry = setTimeout(() => { if (view.runId === runId) openSocket(); }, 1000);
+      view.retry = setTimeout(() => reconnect(runId), 1000);
     }
   };
+}
+
+async function reconnect(runId) {
+  if (view.runId !== runId || auth.locked || view.socket) return;
+  if (auth.token) { // a WebSocket refused for its token only says "closed": ask over HTTP, which locks the page
+    try {
+      await api("GET", "/api/info");
+    } catch {
+      if (auth.locked) return;
+    }
+  }
+  if (view.runId === runId && !auth.locked && !view.socket) openSocket();
+}
+
+async function resumeRun() {
+  const runId = view.runId;
+  $("resume").disabled = true;
+  try {
+    await api("POST", `/api/runs/${encodeURIComponent(runId)}/resume`);
+  } catch (error) {
+    $("run-note").textContent = error.message;
+    $("resume").disabled = false;
+    return;
+  }
+  if (view.runId !== runId) return;
+  $("resume").hidden = true;
+  $("run-note").textContent = "Resumed.";
+  $("cancel").hidden = false;
+  $("cancel").disabled = false;
+  closeSocket(); // follow it live from the last event seen
+  openSocket();
+  loadRuns();
 }
 
 async function cancelRun() {
@@ -235,6 +337,7 @@ function finish(result) {
   $("run-status").textContent = `${result.steps} steps · ${result.tool_calls} tool calls · ` +
     `${result.usage.input_tokens + result.usage.output_tokens} tokens · ${seconds(result.duration)}`;
   $("cancel").hidden = true;
+  $("resume").hidden = true;
   for (const callId of view.approvals.keys()) settleApproval(callId, null);
   loadRuns();
 }
@@ -296,6 +399,8 @@ function settleApproval(callId, decision) {
 document.addEventListener("DOMContentLoaded", () => {
   $("start-form").addEventListener("submit", startRun);
   $("cancel").addEventListener("click", cancelRun);
+  $("resume").addEventListener("click", resumeRun);
+  $("token-form").addEventListener("submit", submitToken);
   loadInfo();
   loadRuns();
   setInterval(loadRuns, 3000);
