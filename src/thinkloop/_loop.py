@@ -132,7 +132,7 @@ class RunContext:
 
     def shown(self, mode: Mode) -> tuple[Message, list[ToolDefinition]]:
         """The system message and the tool definitions the model is shown in `mode` (built once per tool set)."""
-        names = tuple(self.tools.names if self.discovery is None else self.visible_names())
+        names = self.tools.key if self.discovery is None else tuple(self.visible_names())
         found = self._shown.get((mode, names))
         if found is None:
             definitions = self.tools.definitions(names)

@@ -291,6 +291,8 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[Tool | Callable[..., Any]] | Tool | None = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._key: tuple[str, ...] = ()
+        self._key_of: dict[str, Tool] | None = None
         if tools is None:
             return
         if isinstance(tools, Tool) or callable(tools):  # one tool, not in a list: taken as it is meant
@@ -322,6 +324,14 @@ class ToolRegistry:
     @property
     def names(self) -> list[str]:
         return list(self._tools)
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The names as a tuple (a cache key for what the model is shown), rebuilt only when they change."""
+        tools = self._tools
+        if tools is not self._key_of or len(tools) != len(self._key):
+            self._key_of, self._key = tools, tuple(tools)
+        return self._key
 
     def definitions(self, names: Iterable[str] | None = None) -> list[ToolDefinition]:
         if names is None:
