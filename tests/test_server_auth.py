@@ -68,7 +68,9 @@ async def test_every_api_request_needs_the_token_and_the_page_does_not() -> None
             assert "nope" not in response.text and TOKEN[:8] not in response.text  # never echoed
 
         assert (await client.get("/api/info", headers=BEARER)).status_code == 200
-        assert (await client.get("/api/info", headers={"authorization": f"bearer {TOKEN}"})).status_code == 200
+        assert (
+            await client.get("/api/info", headers={"authorization": f"bearer {TOKEN}"})
+        ).status_code == 200
         response = await client.post("/api/runs", json={"goal": "What is 6*7?"}, headers=BEARER)
         assert response.status_code == 202
         client.headers.update(BEARER)
@@ -80,7 +82,9 @@ async def test_without_a_token_the_api_is_open() -> None:
     agent, _ = make_agent(ScriptedModel([]))
     async with api(create_app(agent)) as client:
         assert (await client.get("/api/info")).status_code == 200
-        assert (await client.get("/api/info", headers={"Authorization": "Bearer anything"})).status_code == 200
+        assert (
+            await client.get("/api/info", headers={"Authorization": "Bearer anything"})
+        ).status_code == 200
 
 
 @pytest.mark.parametrize("token", ["", "two words", "tab\there", "naïve-token", "new\nline"])
@@ -110,7 +114,9 @@ async def test_the_token_never_reaches_logs_events_or_the_run_state(caplog: pyte
                 await client.post(f"/api/runs/{run_id}/approvals/c0", json={"decision": "approve"})
                 events = await read_until(ws, lambda e: e["type"] == "done")
             listed = (await client.get("/api/runs")).text
-        async with websockets.connect(f"{served.ws}/api/runs/{run_id}/events", additional_headers=BEARER) as ws:
+        async with websockets.connect(
+            f"{served.ws}/api/runs/{run_id}/events", additional_headers=BEARER
+        ) as ws:
             assert (await read_until(ws, lambda e: e["type"] == "done"))[-1] == events[-1]
         async with httpx.AsyncClient(base_url=served.url) as anonymous:  # refusals are logged, not the token
             await anonymous.get("/api/info", headers={"Authorization": f"Bearer {TOKEN}-wrong"})

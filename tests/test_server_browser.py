@@ -6,19 +6,23 @@ Playwright's own browser download is never used (`executable_path`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 
+from test_resume import SCRIPT, Effects, crashing, observed
 from test_server import HOSTILE, serve
+from test_server_resume import interrupt
 from thinkloop import Agent, Budget, RiskLevel, tool
 from thinkloop.safety import PendingApprovals, SafetyController
 from thinkloop.server import create_app
 from thinkloop.stores import MemoryStore
-from thinkloop.testing import FunctionModel, Reply
+from thinkloop.testing import FunctionModel, Reply, ScriptedModel
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (/usr/bin/chromium)")
@@ -37,24 +41,10 @@ def decide(request: Any) -> Reply:
     return f"The answer is 42. {HOSTILE}"
 
 
-@pytest.fixture
-async def page() -> AsyncIterator[tuple[Any, list[str]]]:
-    purged: list[str] = []
-
-    @tool(risk=RiskLevel.HIGH)
-    def purge(target: str) -> str:
-        """Delete everything under a target."""
-        purged.append(target)
-        return f"purged {target} {HOSTILE}"
-
-    agent = Agent(
-        FunctionModel(decide),
-        tools=[purge],
-        store=MemoryStore(),
-        safety=SafetyController("balanced", approval=PendingApprovals()),
-        budget=Budget(max_steps=6),
-    )
-    async with serve(create_app(agent)) as served, async_api.async_playwright() as playwright:
+@contextlib.asynccontextmanager
+async def open_page(app: FastAPI) -> AsyncIterator[Any]:
+    """The app on uvicorn, its page open in headless Chromium; no script error, no dialog, no injection."""
+    async with serve(app) as served, async_api.async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
         try:
             tab = await browser.new_page()
@@ -62,11 +52,34 @@ async def page() -> AsyncIterator[tuple[Any, list[str]]]:
             tab.on("pageerror", lambda exc: errors.append(str(exc)))
             tab.on("dialog", lambda dialog: errors.append(f"dialog: {dialog.message}"))
             await tab.goto(served.url + "/")
-            yield tab, purged
+            yield tab
             assert errors == []
             assert await tab.title() == "thinkloop"  # no injected script ever ran
         finally:
             await browser.close()
+
+
+def purging_agent(purged: list[str]) -> Agent:
+    @tool(risk=RiskLevel.HIGH)
+    def purge(target: str) -> str:
+        """Delete everything under a target."""
+        purged.append(target)
+        return f"purged {target} {HOSTILE}"
+
+    return Agent(
+        FunctionModel(decide),
+        tools=[purge],
+        store=MemoryStore(),
+        safety=SafetyController("balanced", approval=PendingApprovals()),
+        budget=Budget(max_steps=6),
+    )
+
+
+@pytest.fixture
+async def page() -> AsyncIterator[tuple[Any, list[str]]]:
+    purged: list[str] = []
+    async with open_page(create_app(purging_agent(purged))) as tab:
+        yield tab, purged
 
 
 async def test_start_a_run_and_see_its_answer_as_text(page: tuple[Any, list[str]]) -> None:
@@ -130,3 +143,77 @@ async def test_bad_input_shows_the_servers_error(page: tuple[Any, list[str]]) ->
     await tab.fill("#max-steps", "99")
     await tab.click("#start")
     await async_api.expect(tab.locator("#start-error")).to_contain_text("above the server's limit of 6")
+
+
+# ============================================================================ the token and resume
+
+
+TOKEN = "page-Token_0123456789abcdefXYZ"
+
+
+async def test_the_page_asks_for_the_token_once_and_sends_it_on_every_request() -> None:
+    expect = async_api.expect
+    async with open_page(create_app(purging_agent([]), token=TOKEN)) as tab:
+        await expect(tab.locator("#login")).to_be_visible()
+        await expect(tab.locator("#app")).to_be_hidden()
+        await tab.fill("#token", "not-the-token")
+        await tab.click("#token-submit")
+        await expect(tab.locator("#token-error")).to_have_text(
+            "The server refused this token: check it and enter it again."
+        )
+        await expect(tab.locator("#app")).to_be_hidden()
+
+        await tab.fill("#token", TOKEN)
+        await tab.click("#token-submit")
+        await expect(tab.locator("#login")).to_be_hidden()
+        await expect(tab.locator("#agent-info")).to_contain_text("tools: purge")
+        await tab.fill("#goal", "What is 6*7?")
+        await tab.click("#start")  # over HTTP with the header, then the events over the WebSocket
+        await expect(tab.locator("#answer")).to_have_text(f"The answer is 42. {HOSTILE}")
+        await expect(tab.locator("#stop-reason")).to_contain_text("final_answer")
+        await expect(tab.locator("#events li.run_started")).to_have_count(1)
+        assert await tab.evaluate("sessionStorage.getItem('thinkloop.token')") == TOKEN
+
+        await tab.reload()  # the tab keeps the token: no second question
+        await expect(tab.locator("#runs li")).to_have_count(1)
+        await expect(tab.locator("#login")).to_be_hidden()
+
+        await tab.evaluate("sessionStorage.setItem('thinkloop.token', 'changed-since')")
+        await tab.reload()  # e.g. the server restarted with another token
+        await expect(tab.locator("#token-error")).to_contain_text("refused this token")
+        await expect(tab.locator("#app")).to_be_hidden()
+        assert await tab.evaluate("sessionStorage.getItem('thinkloop.token')") is None
+
+
+async def test_resume_an_interrupted_run_with_the_button() -> None:
+    expect = async_api.expect
+    store = crashing(MemoryStore, observed(1), after=True)()
+    effects = Effects()
+    await interrupt(store, effects)  # the process 'died' after step 1: fetch k1 done and saved
+    logged = len(await store.read_events("r"))
+    agent = Agent(ScriptedModel(SCRIPT, by_turn=True), tools=effects.tools, store=store)
+    async with open_page(create_app(agent, token=TOKEN)) as tab:
+        await tab.fill("#token", TOKEN)
+        await tab.click("#token-submit")
+        run = tab.locator("#runs li")
+        await expect(run.locator(".badge")).to_have_text("unfinished")
+        await run.click()
+        await expect(tab.locator("#events li")).to_have_count(logged)
+        await expect(tab.locator("#run-note")).to_contain_text("did not finish")
+        await expect(tab.locator("#cancel")).to_be_hidden()
+
+        await tab.click("#resume")
+        await expect(tab.locator("#answer")).to_have_text("all done")
+        await expect(tab.locator("#stop-reason")).to_contain_text("final_answer")
+        await expect(tab.locator("#resume")).to_be_hidden()
+        await expect(run.locator(".badge")).to_have_text("final_answer")
+        seqs = [
+            int(s)
+            for s in await tab.locator("#events li").evaluate_all(
+                "(items) => items.map((i) => i.dataset.seq)"
+            )
+        ]
+        resumed = await tab.locator("#events li.run_started").all_text_contents()
+    assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > logged  # no gap, no duplicate
+    assert [text.endswith("(resumed)") for text in resumed] == [False, True]
+    assert effects.runs == ["fetch:k1", "send:bob", "fetch:k2"]  # fetch k1 not again
