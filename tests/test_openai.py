@@ -125,6 +125,7 @@ async def test_parallel_tool_calls_become_tool_calls_with_dict_arguments(
         ("[1, 2]", ToolCall(id="c1", name="add", raw_arguments="[1, 2]")),
         ('"text"', ToolCall(id="c1", name="add", raw_arguments='"text"')),
         ("", ToolCall(id="c1", name="add")),
+        (" null ", ToolCall(id="c1", name="add")),
     ],
 )
 async def test_arguments_that_are_not_a_json_object_are_kept_raw(

@@ -65,6 +65,8 @@ def _to_call(raw: Any, turn: int, index: int) -> ToolCall:
         if isinstance(parsed, dict):
             return ToolCall(id=call_id, name=str(raw["name"]), arguments=parsed)
         return ToolCall(id=call_id, name=str(raw["name"]), raw_arguments=args)
+    if args is None:  # no arguments, as models send them for a tool without any
+        return ToolCall(id=call_id, name=str(raw["name"]))
     if not isinstance(args, dict):
         return ToolCall(id=call_id, name=str(raw["name"]), raw_arguments=json.dumps(args))
     return ToolCall(id=call_id, name=str(raw["name"]), arguments=args)

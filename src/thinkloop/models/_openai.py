@@ -530,7 +530,7 @@ def _wire_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
 def _parse_arguments(call_id: str, name: str, raw: str | None) -> ToolCall:
     """A tool call; arguments that are not a JSON object are kept as `raw_arguments`, never raised."""
     text = raw or ""
-    if not text.strip():
+    if not text.strip() or text.strip() == "null":  # no arguments (models send `null` for a tool without any)
         return ToolCall(id=call_id, name=name)
     try:
         arguments = json.loads(text)
