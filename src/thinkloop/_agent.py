@@ -354,7 +354,7 @@ class Agent:
         state.budget = config.budget.as_dict()
         model = self.model
         shared = self._shared(model)
-        return RunContext(
+        run = RunContext(
             state=state,
             model=model,
             tools=shared.tools,
@@ -369,6 +369,11 @@ class Agent:
             sinks=[s for s in (self.on_event, *sinks) if s is not None],
             elapsed_before=state.elapsed,
         )
+        shrinks = state.metadata.get("context_shrinks")
+        if shrinks and isinstance(shrinks[-1], dict) and isinstance(shrinks[-1].get("to"), int):
+            context = run.context  # a resumed run keeps the smaller context its model's window forced on it
+            context.max_context_tokens = max(min(context.max_context_tokens, shrinks[-1]["to"]), 256)
+        return run
 
     def _config(self, budget: Budget, stream: bool) -> LoopConfig:
         """The loop's settings for a run (the same object for runs with the same budget)."""
