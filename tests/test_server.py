@@ -335,7 +335,7 @@ async def test_a_run_just_started_is_listed_before_the_store_has_it() -> None:
         await finished(client, run_id)
 
 
-async def test_shutdown_cancels_running_runs_and_saves_them() -> None:
+async def test_shutdown_interrupts_running_runs_and_leaves_them_resumable() -> None:
     store = MemoryStore()
     agent, _ = make_agent(ScriptedModel(purge_then_answer("x")), store)
     app = create_app(agent)
@@ -344,7 +344,9 @@ async def test_shutdown_cancels_running_runs_and_saves_them() -> None:
         await waiting_approval(client, run_id)
     await app.state.manager.shutdown()
     state = await store.load_state(run_id)
-    assert state is not None and state.stop_reason is not None and state.stop_reason.value == "cancelled"
+    assert state is not None and not state.finished and state.stop_reason is None
+    assert state.metadata["interrupted"]["step"] == 1  # saved while its call waited for approval
+    assert [e.status for e in state.ledger.values()] == ["planned"]  # never ran: asked again on resume
     assert app.state.manager.active() == []
 
 
@@ -560,7 +562,7 @@ async def test_websocket_refuses_unknown_runs_and_other_sites() -> None:
             assert (await read_until(ws, lambda e: e["type"] == "done"))[-1]["result"]["output"] == "ok"
 
 
-async def test_stopping_the_server_cancels_runs_and_closes_streams(tmp_path: Path) -> None:
+async def test_stopping_the_server_interrupts_runs_and_closes_streams(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "runs.db")
     agent, purges = make_agent(ScriptedModel(purge_then_answer("x")), store)
     async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
@@ -571,8 +573,8 @@ async def test_stopping_the_server_cancels_runs_and_closes_streams(tmp_path: Pat
         while True:
             await asyncio.wait_for(ws.recv(), 5)
     state = await store.load_state(run_id)
-    assert state is not None and state.stop_reason is not None and state.stop_reason.value == "cancelled"
-    assert [e.type for e in await store.read_events(run_id)][-1] == "done"
+    assert state is not None and not state.finished  # interrupted: the next server can resume it
+    assert [e.type for e in await store.read_events(run_id)][-1] == "approval_requested"
     assert purges.done == []
     await store.aclose()
 

@@ -150,7 +150,8 @@ def create_app(
         allowed_hosts: the `Host` header values accepted (e.g. `["127.0.0.1", "localhost"]`, which
             stops DNS-rebinding attacks on a local server); None accepts any.
         run_metadata: added to every run's `state.metadata`.
-        shutdown_timeout: seconds to wait for running runs to save themselves as cancelled on shutdown.
+        shutdown_timeout: seconds to wait for running runs to save themselves (interrupted, resumable) on
+            shutdown.
         close_agent: on shutdown, also close the agent's MCP servers and its store.
         token: when given, every request except the page and its files needs it, as
             `Authorization: Bearer TOKEN` (else 401); a WebSocket may offer it as the subprotocol

@@ -225,10 +225,12 @@ class RunManager:
             live.cancel_task()
 
     async def shutdown(self, grace: float = 10.0) -> None:
-        """Cancel every running run and wait (up to `grace` seconds) until they are saved as cancelled."""
+        """Interrupt every running run and wait (up to `grace` seconds) until they are saved, unfinished and
+        resumable (`Agent.interrupt`); a run whose loop had not started yet is cancelled instead."""
         tasks = [live.task for live in self._live.values() if live.task is not None]
         for live in list(self._live.values()):
-            live.cancel_task()
+            if not self.agent.interrupt(live.run_id):
+                live.cancel_task()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace)
             if pending:
