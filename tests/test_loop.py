@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -507,3 +508,75 @@ def test_tools_may_be_none_or_a_single_tool_but_not_a_string() -> None:
     assert Agent(ScriptedModel(["x"]), tools=add).tools.names == ["add"]
     with pytest.raises(UserError, match="tools must be a list"):
         Agent(ScriptedModel(["x"]), tools="add")  # type: ignore[arg-type]
+
+
+async def test_a_tool_calling_sys_exit_is_a_failed_call_not_the_end_of_the_process() -> None:
+    import sys
+
+    @tool
+    def quits() -> str:
+        """Exit."""
+        sys.exit(3)
+
+    @tool
+    async def quits_later() -> str:
+        """Exit after a wait."""
+        await asyncio.sleep(0.001)
+        raise SystemExit("bye")
+
+    result = await Agent(ScriptedModel([call("quits"), call("quits_later"), "still here"]), tools=[quits, quits_later]).run("x")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs == ["Error: quits raised SystemExit: 3", "Error: quits_later raised SystemExit: bye"]
+    assert result.output == "still here"
+
+
+async def test_abandoned_sync_tools_neither_starve_other_threads_nor_block_later_tools() -> None:
+    import threading
+    import time
+
+    release = threading.Event()
+
+    @tool(timeout=0.05)
+    def stuck(n: int) -> str:
+        """Hang until released."""
+        release.wait(30)
+        return "late"
+
+    @tool
+    def quick() -> str:
+        """Answer at once."""
+        return "quick"
+
+    stuck_calls = {"tool_calls": [{"name": "stuck", "args": {"n": i}} for i in range(40)]}  # more than any default pool
+    agent = Agent(ScriptedModel([stuck_calls, call("quick"), "done"]), tools=[stuck, quick])
+    try:
+        started = time.monotonic()
+        result = await agent.run("x")
+        assert time.monotonic() - started < 10
+        outputs = [m.content for m in result.state.messages if m.role == "tool"]
+        assert outputs[:40] == ["Error: stuck was abandoned: it timed out after 0.05 s."] * 40
+        assert outputs[40] == "quick" and result.output == "done"
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 5) == "free"  # the loop's own pool
+    finally:
+        release.set()
+
+
+def test_a_process_whose_tool_hangs_still_exits_after_its_run(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "hang.py"
+    script.write_text(
+        "import time\n"
+        "from thinkloop import Agent, tool\n"
+        "from thinkloop.testing import ScriptedModel\n"
+        "@tool(timeout=0.2)\n"
+        "def hang() -> str:\n"
+        '    """Hang."""\n'
+        "    time.sleep(1000)\n"
+        "    return 'never'\n"
+        "r = Agent(ScriptedModel([{'tool_calls': [{'name': 'hang', 'args': {}}]}, 'gave up']), tools=[hang]).run_sync('x')\n"
+        "print(r.output)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "gave up", done.stderr

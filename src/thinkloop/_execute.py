@@ -172,7 +172,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         text, success, kind = f"Error: {tool.name} was abandoned: {why}.", False, "timeout"
     except asyncio.CancelledError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a tool calling sys.exit() does not end the agent's process
         text, success, kind = f"Error: {tool.name} raised {type(exc).__name__}: {exc}", False, "exception"
     duration = time.perf_counter() - started
     limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length

@@ -7,12 +7,17 @@ the description and per-parameter docs from the docstring. `Tool(...)` builds on
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
+import functools
 import inspect
 import json
+import queue
 import re
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import Any, get_type_hints, overload
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar, get_type_hints, overload
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -23,6 +28,7 @@ from ._messages import ToolDefinition
 from ._risk import RiskLevel
 
 RiskSpec = RiskLevel | Callable[[dict[str, Any]], RiskLevel]
+T = TypeVar("T")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -111,12 +117,64 @@ class Tool:
 
     async def _invoke_sync(self, arguments: dict[str, Any]) -> Any:
         if self.in_thread:
-            result = await asyncio.to_thread(self.function, **arguments)
+            call = functools.partial(contextvars.copy_context().run, self.function, **arguments)
+            result = await asyncio.get_running_loop().run_in_executor(tool_threads(), call)
         else:
             result = self.function(**arguments)
         if inspect.isawaitable(result):
             result = await result
         return result
+
+
+TOOL_THREADS = 64
+
+
+class _ToolThreads(Executor):
+    """The worker threads of sync tools: daemon threads, started on demand up to `max_workers` and reused.
+
+    Not the event loop's default executor (5-36 threads, joined when `asyncio.run` ends) nor a
+    `ThreadPoolExecutor` (joined at interpreter exit): a tool abandoned after its timeout keeps its
+    thread — a thread cannot be stopped — and must neither starve other work nor keep the process from
+    exiting once the run is over.
+    """
+
+    def __init__(self, max_workers: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._max = max_workers
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((future, functools.partial(fn, *args, **kwargs)))
+        with self._lock:
+            if not self._idle.acquire(blocking=False) and self._threads < self._max:
+                self._threads += 1
+                name = f"thinkloop-tool-{self._threads}"
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, job = self._jobs.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = job()
+                except BaseException as exc:  # handed to the awaiting coroutine, like any executor
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            del future, job
+            self._idle.release()
+
+
+_tool_threads = _ToolThreads(TOOL_THREADS)
+
+
+def tool_threads() -> Executor:
+    """The executor sync tools run in (see `_ToolThreads`)."""
+    return _tool_threads
 
 
 def _explain(exc: ValidationError) -> str:

@@ -626,7 +626,7 @@ class _Runner:
                 False,
                 "timeout",
             )
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a tool calling sys.exit() does not end the process
             text, success, kind = f"Error: {tool.name} raised {type(exc).__name__}: {exc}", False, "exception"
         limit = tool.output_max_length or self.output_max_length or DEFAULT_OUTPUT_MAX_LENGTH
         text, _ = truncate_output(text, limit)
