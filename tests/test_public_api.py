@@ -55,7 +55,8 @@ def test_the_feature_modules_export_exactly_their_intended_names() -> None:
             "Learner", "Lesson", "LessonBook", "RunRecord", "ToolUse", "model_distiller", "rule_lessons",
         },
         "thinkloop.tracing": {"OpenTelemetryTracing", "json_lines_provider"},
-        "thinkloop.distributed": {"Job", "JobQueue", "JobStatus", "Worker"},
+        "thinkloop.distributed": {"Job", "JobQueue", "JobStatus", "Worker", "run_or_resume"},
+        "thinkloop.celery": {"AgentTask", "TaskResult", "agent_task", "task_result"},
         "thinkloop.server": {"ApprovalAnswer", "RunManager", "RunRequest", "create_app"},
     }  # fmt: skip
     for name, names in expected.items():

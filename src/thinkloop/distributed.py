@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ._events import RunResult
     from .stores._base import Store
 
-__all__ = ["Job", "JobQueue", "JobStatus", "Worker"]
+__all__ = ["Job", "JobQueue", "JobStatus", "Worker", "run_or_resume"]
 
 logger = logging.getLogger("thinkloop.distributed")
 
@@ -293,16 +293,10 @@ class Worker:
         concurrency: int = 4,
         poll_interval: float = 0.5,
     ) -> None:
-        from .stores._base import Store
-
-        if not isinstance(agent.store, Store) or agent.store.url.startswith("memory:"):
-            raise ConfigurationError(
-                "a Worker's agent needs a shared store, e.g. Agent(store=PostgresStore(dsn))"
-            )
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
         self.agent = agent
-        self.store: Store = agent.store
+        self.store: Store = shared_store(agent, "a Worker's agent")
         self.queue = queue
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.concurrency = concurrency
@@ -377,19 +371,12 @@ class Worker:
             self.completed.append(job.run_id)
 
     async def _run(self, job: Job) -> RunResult:
-        from ._events import RunResult
-
-        state = await self.store.load_state(job.run_id)
-        if state is not None and state.finished:  # done before, but the job was not marked: just mark it
-            return RunResult.from_state(state)
-        if state is not None:
-            logger.info("resuming run %s on %s (attempt %d)", job.run_id, self.name, job.attempt)
-            return await self.agent.resume(job.run_id)
         options = job.options
-        budget = Budget(**options["budget"]) if options.get("budget") else None
-        return await self.agent.run(
-            job.goal, run_id=job.run_id, budget=budget, metadata=options.get("metadata") or None,
-            session=options.get("session"),
+        if job.attempt > 1:
+            logger.info("job %s taken by %s (attempt %d)", job.run_id, self.name, job.attempt)
+        return await run_or_resume(
+            self.agent, job.run_id, job.goal, budget=options.get("budget"),
+            metadata=options.get("metadata") or None, session=options.get("session"),
         )  # fmt: skip
 
     async def _keep_lease(self, job: Job, run: asyncio.Task[RunResult]) -> bool:
@@ -414,3 +401,45 @@ class Worker:
         except Exception as exc:
             logger.warning("updating the job queue failed: %s", exc)
             return False
+
+
+# ------------------------------------------------------------------------ shared by every engine's worker
+
+
+def shared_store(agent: Agent, who: str) -> Store:
+    """The agent's store, if every worker can share it (not this process's memory); else a clear error."""
+    from .stores._base import Store
+
+    if not isinstance(agent.store, Store) or agent.store.url.startswith("memory:"):
+        raise ConfigurationError(f"{who} needs a shared store, e.g. Agent(store=PostgresStore(dsn))")
+    return agent.store
+
+
+async def run_or_resume(
+    agent: Agent,
+    run_id: str,
+    goal: str,
+    *,
+    budget: Budget | dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    session: str | None = None,
+) -> RunResult:
+    """Drive run `run_id` to its end, whatever became of it before — the body of a job on any queue that
+    may deliver a job twice (a worker died, a message was redelivered).
+
+    A run the agent's store has finished is not run again: its result is returned. A run the store has
+    unfinished is resumed from its checkpoint (`Agent.resume`: a completed tool call is never re-run).
+    A run the store does not have starts (`Agent.run` with this `run_id`, `budget`, `metadata`, `session`).
+    """
+    from ._events import RunResult
+
+    store = shared_store(agent, "running a job: the agent")
+    state = await store.load_state(check_id(run_id))
+    if state is not None and state.finished:
+        return RunResult.from_state(state)
+    if state is not None:
+        logger.info("resuming run %s from its checkpoint (step %d)", run_id, state.step)
+        return await agent.resume(run_id)
+    if isinstance(budget, dict):
+        budget = Budget(**budget)
+    return await agent.run(goal, run_id=run_id, budget=budget, metadata=metadata, session=session)

@@ -1,0 +1,323 @@
+"""Scale-out on Celery (SPEC §13.4): thinkloop runs as Celery tasks, resumed when a worker dies.
+
+`agent_task(app, make_agent)` registers a task on your Celery app that drives one run, its task id
+being the run id. Each worker process builds its agent once (`make_agent()`, on the process's own
+event loop, in a background thread) and runs its tasks with it; every worker's agent saves its runs
+in one shared store (`PostgresStore`, or `SQLiteStore` for the processes of one machine).
+
+The task is idempotent per run id — a run the store has finished returns its result, an unfinished one
+is resumed from its checkpoint (a completed tool call is never run again), a new one starts — and it
+is acknowledged only once the run has ended (`acks_late`, `reject_on_worker_lost`, one message
+prefetched at a time), so the broker redelivers it when its worker dies and another worker resumes
+the run. A warm shutdown of a `threads` or `solo` worker interrupts its runs (saved unfinished) and
+hands their messages back at once.
+
+    app = Celery("agents", broker="redis://127.0.0.1:6379/0", backend="redis://127.0.0.1:6379/0")
+    run_agent = agent_task(app, lambda: Agent("openai:gpt-4o-mini", store=PostgresStore(DSN)))
+    ...                                                  # celery -A tasks worker --pool threads
+    job = run_agent.submit("Summarise yesterday's incidents")     # a Celery AsyncResult
+    print(job.get(timeout=600)["output"])                # the JSON summary of the RunResult
+
+Needs the `celery` extra (`pip install 'thinkloop[celery]'`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+
+from ._errors import ConfigurationError, UserError
+from .distributed import run_or_resume, shared_store
+from .stores._base import check_id
+
+try:
+    from celery import signals
+    from celery.exceptions import Reject
+except ImportError:  # pragma: no cover - the extra is not installed
+    raise ImportError("thinkloop.celery needs Celery: pip install 'thinkloop[celery]'") from None
+
+if TYPE_CHECKING:
+    from ._agent import Agent
+    from ._budget import Budget
+    from ._events import RunResult
+
+__all__ = ["AgentTask", "TaskResult", "agent_task", "task_result"]
+
+logger = logging.getLogger("thinkloop.celery")
+
+T = TypeVar("T")
+AgentFactory = Callable[[], "Agent | Awaitable[Agent]"]
+
+# Set on the app unless its configuration already says otherwise.
+_APP_DEFAULTS = {
+    "worker_prefetch_multiplier": 1,  # a worker reserves no run it is not driving yet
+    "worker_cancel_long_running_tasks_on_connection_loss": True,  # the broker redelivers them anyway
+}
+# Set on the task unless `agent_task(**options)` says otherwise.
+_TASK_DEFAULTS = {
+    "acks_late": True,  # acknowledged when the run has ended, not when it starts
+    "reject_on_worker_lost": True,  # a pool process that dies hands its message back
+    "track_started": True,  # AsyncResult.state is STARTED while a worker drives the run
+}
+
+
+class TaskResult(TypedDict):
+    """What the task returns through Celery's result backend: a JSON summary of the `RunResult` (the
+    full state — messages, ledger, events — stays in the thinkloop store, under `run_id`)."""
+
+    run_id: str
+    output: str
+    stop_reason: str
+    ok: bool
+    steps: int
+    tool_calls: int
+    duration: float
+    forced_final: bool
+    error: str | None
+    usage: dict[str, Any]
+
+
+def task_result(result: RunResult) -> TaskResult:
+    """The JSON summary of a run's result that the Celery task returns."""
+    return TaskResult(
+        run_id=result.run_id,
+        output=result.output,
+        stop_reason=result.stop_reason.value,
+        ok=result.ok,
+        steps=result.steps,
+        tool_calls=result.tool_calls,
+        duration=result.duration,
+        forced_final=result.forced_final,
+        error=result.error,
+        usage=result.usage.model_dump(mode="json"),
+    )
+
+
+class _Interrupted(Exception):
+    """The run was interrupted by the worker's shutdown: saved unfinished, to be resumed elsewhere."""
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The body of a process's loop thread: run the loop until it is stopped, then close it."""
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+class _AgentHost:
+    """A worker process's agent and the event loop it lives on (a daemon thread), made on first use.
+
+    Celery tasks are synchronous; an agent's store, model clients and MCP connections belong to one event
+    loop. So each process gets one loop, in its own thread, and one agent built on it; every task of the
+    process (one at a time with `prefork` and `solo`, several with `threads`) runs its run there. A forked
+    child never inherits the parent's loop: it builds its own.
+    """
+
+    def __init__(self, make_agent: AgentFactory) -> None:
+        self._make_agent = make_agent
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._agent: Agent | None = None
+        self._runs: dict[str, asyncio.Task[Any]] = {}
+        self.stopping = False
+
+    def call(self, work: Callable[[Agent], Coroutine[Any, Any, T]]) -> T:
+        """Run `work(agent)` on the process's loop and wait for its result (from a task's thread)."""
+        loop, agent = self._started()
+        return asyncio.run_coroutine_threadsafe(work(agent), loop).result()
+
+    def _started(self) -> tuple[asyncio.AbstractEventLoop, Agent]:
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this process (or a fork of the one that had it)
+                self._loop, self._agent, self._runs, self.stopping = None, None, {}, False
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=_serve, args=(loop,), name="thinkloop-celery", daemon=True).start()
+                try:
+                    agent = asyncio.run_coroutine_threadsafe(self._build(), loop).result()
+                except BaseException:
+                    loop.call_soon_threadsafe(loop.stop)
+                    raise
+                self._pid, self._loop, self._agent = os.getpid(), loop, agent
+            assert self._loop is not None and self._agent is not None
+            return self._loop, self._agent
+
+    async def _build(self) -> Agent:
+        from ._agent import Agent
+
+        made = self._make_agent()
+        agent = await made if inspect.isawaitable(made) else made
+        if not isinstance(agent, Agent):
+            raise ConfigurationError(
+                f"make_agent() must return an Agent (or an awaitable of one), not {type(agent).__name__}"
+            )
+        shared_store(agent, "an agent run by Celery workers")
+        return agent
+
+    async def drive(self, agent: Agent, run_id: str, goal: str, options: dict[str, Any]) -> RunResult:
+        """The run, to its end — or `_Interrupted` when the worker shuts down meanwhile."""
+        if self.stopping:
+            raise _Interrupted
+        task = asyncio.current_task()
+        assert task is not None
+        self._runs[run_id] = task
+        try:
+            return await run_or_resume(agent, run_id, goal, **options)
+        except asyncio.CancelledError:
+            if self.stopping:  # interrupted by `interrupt_all`: the run was saved unfinished
+                raise _Interrupted from None
+            raise
+        finally:
+            self._runs.pop(run_id, None)
+
+    def interrupt_all(self) -> None:
+        """Interrupt every run of this process (safe from a signal handler): they are saved unfinished."""
+        if self._loop is None or self._pid != os.getpid():
+            return  # no run in this process (e.g. the parent of prefork children)
+        self.stopping = True
+        self._loop.call_soon_threadsafe(self._interrupt)
+
+    def _interrupt(self) -> None:
+        assert self._agent is not None
+        for run_id, task in list(self._runs.items()):
+            if not self._agent.interrupt(run_id):  # not driving it yet (loading its state): stop that
+                task.cancel()
+        if self._runs:
+            logger.warning("worker shutting down: interrupted run(s) %s", ", ".join(self._runs))
+
+    def close(self) -> None:
+        """Close the agent and its store, and stop the loop (the process is exiting)."""
+        with self._lock:
+            loop, agent = self._loop, self._agent
+            if loop is None or agent is None or self._pid != os.getpid():
+                return
+            self._loop = self._agent = None
+            self._pid = 0
+
+        async def closing() -> None:
+            await agent.aclose()
+            with contextlib.suppress(Exception):
+                await shared_store(agent, "closing").aclose()
+
+        try:
+            asyncio.run_coroutine_threadsafe(closing(), loop).result(timeout=10)
+        except Exception as exc:
+            logger.warning("closing the agent of this worker failed: %s", exc)
+        loop.call_soon_threadsafe(loop.stop)
+
+
+class AgentTask:
+    """A Celery task running thinkloop runs (made by `agent_task`): `submit()` them, get their results.
+
+    `task` is the Celery task itself (for `.s()`, canvas, routing); `host` the agent of this process.
+    """
+
+    def __init__(self, task: Any, host: _AgentHost) -> None:
+        self.task = task
+        self.host = host
+        self.name: str = task.name
+
+    def submit(
+        self,
+        goal: str,
+        *,
+        run_id: str | None = None,
+        budget: Budget | None = None,
+        metadata: dict[str, Any] | None = None,
+        session: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Send a run to the workers; returns its Celery `AsyncResult` (its id is the run id), whose
+        `get()` gives the `TaskResult`. Submitting a run id again is safe: a finished run returns its
+        result, an unfinished one is resumed. `options` go to `apply_async` (queue, countdown, …)."""
+        if not isinstance(goal, str) or not goal.strip():
+            raise UserError(f"the goal must be a non-empty string, got {goal!r}")
+        run_id = check_id(run_id) if run_id is not None else uuid.uuid4().hex
+        kwargs = {
+            "budget": budget.as_dict() if budget is not None else None,
+            "metadata": metadata,
+            "session": check_id(session, "session id") if session is not None else None,
+        }
+        return self.task.apply_async(args=(goal,), kwargs=kwargs, task_id=run_id, **options)
+
+    def result(self, run_id: str) -> Any:
+        """The Celery `AsyncResult` of a run submitted earlier (from any process)."""
+        return self.task.AsyncResult(check_id(run_id))
+
+    def __repr__(self) -> str:
+        return f"AgentTask({self.name!r})"
+
+
+def agent_task(
+    app: Any,
+    make_agent: AgentFactory,
+    *,
+    name: str = "thinkloop.run",
+    interrupt_on_shutdown: bool = True,
+    **options: Any,
+) -> AgentTask:
+    """Register on the Celery `app` a task that drives thinkloop runs with the agent `make_agent()` builds.
+
+    Args:
+        app: your `celery.Celery` application (workers must import the module that calls this).
+        make_agent: builds the agent, once per worker process, on that process's event loop (a function
+            or an async function). Its store must be shared by all workers (`PostgresStore`, or
+            `SQLiteStore` for one machine); tools with side effects should say whether they are
+            idempotent (`@tool(idempotent=True)`), since a resumed run re-runs an interrupted call only then.
+        name: the task's name.
+        interrupt_on_shutdown: on a warm shutdown of a worker whose tasks run in its main process
+            (`--pool threads` or `solo`), interrupt the runs (saved unfinished) and put their messages
+            back for another worker, instead of waiting for them to end. A `prefork` worker's warm
+            shutdown waits for its runs (Celery's own behaviour).
+        options: more task options (`time_limit`, `rate_limit`, `autoretry_for` …); they may override the
+            defaults `acks_late=True`, `reject_on_worker_lost=True`, `track_started=True`.
+
+    The app's `worker_prefetch_multiplier` is set to 1 and `worker_cancel_long_running_tasks_on_connection_loss`
+    to True unless its configuration sets them. With Redis as broker, set `broker_transport_options=
+    {"visibility_timeout": …}` above your longest run (the default is one hour): a message not
+    acknowledged by then is delivered again, and two workers would drive the same run.
+    """
+    if not callable(make_agent):
+        raise ConfigurationError(f"make_agent must be a function that builds an Agent, not {make_agent!r}")
+    for key, value in _APP_DEFAULTS.items():
+        if key not in app.conf.changes:
+            app.conf[key] = value
+    host = _AgentHost(make_agent)
+
+    def run(
+        self: Any, goal: str, budget: Any = None, metadata: Any = None, session: Any = None
+    ) -> TaskResult:
+        run_id = check_id(str(self.request.id))
+        options = {"budget": budget, "metadata": metadata, "session": session}
+        try:
+            result = host.call(lambda agent: host.drive(agent, run_id, goal, options))
+        except _Interrupted:
+            raise Reject(f"run {run_id} interrupted by the worker's shutdown", requeue=True) from None
+        return task_result(result)
+
+    run.__doc__ = (
+        "Drive a thinkloop run (task id = run id) to its end: start it, resume it, or return its result."
+    )
+    task = app.task(bind=True, name=name, **{**_TASK_DEFAULTS, **options})(run)
+
+    if interrupt_on_shutdown:
+
+        def on_shutting_down(**_: Any) -> None:
+            host.interrupt_all()
+
+        signals.worker_shutting_down.connect(on_shutting_down, weak=False)
+
+    def on_process_exit(**_: Any) -> None:
+        host.close()
+
+    signals.worker_process_shutdown.connect(on_process_exit, weak=False)
+    signals.worker_shutdown.connect(on_process_exit, weak=False)
+    return AgentTask(task, host)

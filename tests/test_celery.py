@@ -1,0 +1,292 @@
+"""Scale-out on Celery (SPEC §13.4): thinkloop runs as Celery tasks on real `celery worker` processes,
+with the real Redis and RabbitMQ brokers and PostgreSQL store of this machine; workers SIGKILLed mid-run
+and shut down warm, their runs redelivered by the broker and resumed without repeating a side effect."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from conftest import private_schema
+from thinkloop import Agent, ConfigurationError, StopReason, UserError, tool
+from thinkloop.celery import agent_task, task_result
+from thinkloop.stores import PostgresStore, SQLiteStore
+from thinkloop.testing import FunctionModel
+
+pytestmark = pytest.mark.postgres
+
+TESTS = Path(__file__).resolve().parent
+BROKERS = {"redis": "redis://127.0.0.1:6379/0", "amqp": "amqp://guest:guest@127.0.0.1:5672//"}
+
+
+def reachable(url: str) -> None:
+    """Skip (with the reason) when the broker is not listening; CI has both."""
+    port = 6379 if url.startswith("redis") else 5672
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError as exc:
+        pytest.skip(f"no broker at {url} ({exc}): start Redis / RabbitMQ on loopback to run this test")
+
+
+class Cluster:
+    """Celery workers (subprocesses, each in its own process group) sharing a queue, a store, an effects file."""
+
+    def __init__(self, broker: str, dsn: str, tmp: Path, **env: str) -> None:
+        self.broker, self.dsn, self.tmp = broker, dsn, tmp
+        self.tag = uuid.uuid4().hex[:10]
+        self.queue = f"tl_celery_{self.tag}"
+        self.effects = tmp / "effects.txt"
+        self.env = {**os.environ, "TL_BROKER": broker, "TL_QUEUE": self.queue, "TL_DSN": dsn,
+                    "TL_EFFECTS": str(self.effects), **env}  # fmt: skip
+        self.workers: list[subprocess.Popen[bytes]] = []
+        import celery_agent
+
+        self.app, self.run_agent = celery_agent.make_app(broker, self.queue)
+
+    def worker(self, name: str, *, pool: str = "prefork", concurrency: int = 1, **env: str) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - the worker writes it until it ends
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "celery_agent", "worker", "--pool", pool, "-c", str(concurrency),
+             "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"],
+            cwd=TESTS, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        self.workers.append(proc)
+        return proc
+
+    def id(self, name: str) -> str:
+        """A run id of this test alone (the result backend outlives the test)."""
+        return f"{name}-{self.tag}"
+
+    def log(self, name: str) -> str:
+        path = self.tmp / f"{name}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def lines(self) -> list[str]:
+        return self.effects.read_text().splitlines() if self.effects.exists() else []
+
+    def wait_for(self, prefix: str, timeout: float = 20) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [line for line in self.lines() if line.startswith(prefix)]
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no effect {prefix!r} within {timeout} s: {self.lines()}")
+
+    def close(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        with self.app.connection_for_write() as conn:  # the test's queue goes with it
+            conn.default_channel.queue_delete(self.queue)
+
+
+@pytest.fixture
+def dsn() -> Iterator[str]:
+    yield from private_schema("tl_celery")
+
+
+@pytest.fixture
+def cluster(dsn: str, tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+
+    def make(broker: str = "redis", **env: str) -> Cluster:
+        reachable(BROKERS[broker])
+        reachable(BROKERS["redis"])  # the result backend
+        made.append(Cluster(BROKERS[broker], dsn, tmp_path, **env))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.close()
+
+
+def load(dsn: str, run_id: str) -> Any:
+    import asyncio
+
+    async def get() -> Any:
+        async with PostgresStore(dsn) as store:
+            return await store.load_state(run_id)
+
+    return asyncio.run(get())
+
+
+# ================================================================================ real workers
+
+
+def test_workers_run_submitted_runs_and_a_finished_run_is_not_run_again(cluster: Callable[..., Cluster]) -> None:
+    c = cluster("redis")
+    jobs = [c.run_agent.submit(f"goal-{n}", run_id=c.id(f"job{n}"), metadata={"n": n}) for n in range(3)]
+    c.worker("w1", concurrency=2)
+    results = [job.get(timeout=30) for job in jobs]
+    assert [r["output"] for r in results] == ["done goal-0", "done goal-1", "done goal-2"]
+    assert [r["run_id"] for r in results] == [c.id("job0"), c.id("job1"), c.id("job2")] == [job.id for job in jobs]
+    assert all(r["stop_reason"] == "final_answer" and r["ok"] and r["steps"] == 3 and r["tool_calls"] == 2 for r in results)
+    assert json.loads(json.dumps(results)) == results  # what the result backend carries is plain JSON
+    assert sorted(line.rsplit(":", 1)[0] for line in c.lines() if line.startswith("record")) == [
+        "record:goal-0", "record:goal-1", "record:goal-2",
+    ]  # fmt: skip
+    state = load(c.dsn, c.id("job1"))  # the full run is in the thinkloop store
+    assert state.finished and state.metadata["n"] == 1 and state.answer == "done goal-1"
+
+    again = c.run_agent.submit("goal-0", run_id=c.id("job0")).get(timeout=30)  # delivered twice: not run twice
+    assert again == results[0]
+    assert len([line for line in c.lines() if line.startswith("record:goal-0:")]) == 1
+    assert c.run_agent.result(c.id("job2")).get(timeout=5)["output"] == "done goal-2"
+
+
+@pytest.mark.parametrize("broker", ["redis", "amqp"])
+def test_a_killed_workers_run_is_redelivered_and_resumed_without_repeating_its_side_effect(
+    broker: str, cluster: Callable[..., Cluster]
+) -> None:
+    c = cluster(broker, TL_SLOW="60", TL_VISIBILITY="1")
+    job = c.run_agent.submit("doomed", run_id=c.id("doomed"))
+    first = c.worker("w1")
+    started = c.wait_for("slow-start:doomed:")  # in the slow tool, after `record` completed
+    os.killpg(first.pid, signal.SIGKILL)  # the whole worker: main process and pool
+    assert first.wait(10) == -signal.SIGKILL
+    if broker == "redis":
+        time.sleep(1.2)  # the message becomes visible again after the visibility timeout (1 s here)
+    c.worker("w2")  # RabbitMQ redelivers at once: the dead worker's connection closed
+    result = job.get(timeout=30)
+    assert result["output"] == "done doomed" and result["stop_reason"] == "final_answer", c.log("w2")
+    lines = c.lines()
+    pid1 = started.rsplit(":", 1)[1]
+    assert [line for line in lines if line.startswith("record:")] == [f"record:doomed:{pid1}"]  # never again
+    restarted = [line for line in lines if line.startswith("slow-start:")]
+    assert len(restarted) == 2 and restarted[1] != started  # the interrupted idempotent call re-ran on w2
+    state = load(c.dsn, c.id("doomed"))
+    assert state.finished and state.step == 3 and [e.name for e in state.ledger.values()] == ["record", "slow"]
+    assert f"resuming run {c.id('doomed')}" in c.log("w2")
+
+
+def test_a_dead_pool_process_hands_its_run_back_to_its_worker(cluster: Callable[..., Cluster]) -> None:
+    c = cluster("redis", TL_SLOW="60")
+    job = c.run_agent.submit("orphan", run_id=c.id("orphan"))
+    worker = c.worker("w1", concurrency=1)
+    started = c.wait_for("slow-start:orphan:")
+    os.kill(int(started.rsplit(":", 1)[1]), signal.SIGKILL)  # only the pool process running the task
+    result = job.get(timeout=30)  # reject_on_worker_lost: the worker requeued it, a new pool process resumed it
+    assert result["output"] == "done orphan", c.log("w1")
+    assert worker.poll() is None  # the worker itself lives on
+    assert len([line for line in c.lines() if line.startswith("record:")]) == 1
+    pids = {line.rsplit(":", 1)[1] for line in c.lines() if line.startswith("slow-start:")}
+    assert len(pids) == 2  # two pool processes
+
+
+def test_a_warm_shutdown_interrupts_the_runs_and_hands_them_back(cluster: Callable[..., Cluster]) -> None:
+    c = cluster("redis", TL_SLOW="60")
+    job = c.run_agent.submit("paused", run_id=c.id("paused"))
+    first = c.worker("w1", pool="threads", concurrency=2)
+    c.wait_for("slow-start:paused:")
+    began = time.monotonic()
+    first.send_signal(signal.SIGTERM)  # warm shutdown
+    assert first.wait(20) == 0, c.log("w1")
+    assert time.monotonic() - began < 15  # not after the 60 s tool
+    assert f"interrupted run(s) {c.id('paused')}" in c.log("w1")
+    state = load(c.dsn, c.id("paused"))
+    assert state is not None and not state.finished and state.metadata["interrupted"]["step"] == 2
+    assert job.state != "SUCCESS"
+
+    c.worker("w2", pool="threads")  # the message was put back: another worker resumes the run
+    assert job.get(timeout=30)["output"] == "done paused", c.log("w2")
+    assert len([line for line in c.lines() if line.startswith("record:")]) == 1
+    assert len([line for line in c.lines() if line.startswith("slow:")]) == 1  # the interrupted one never ended
+
+
+# =============================================================================== in this process
+
+
+@tool
+def write(note: str) -> str:
+    """Write a note (a side effect)."""
+    WRITTEN.append(note)
+    return f"wrote {note}"
+
+
+WRITTEN: list[str] = []
+
+
+def _model() -> FunctionModel:
+    return FunctionModel(lambda r: {"tool_calls": [{"name": "write", "args": {"note": r.messages[1].content}}]} if r.turn == 0 else "written")
+
+
+def test_the_task_starts_a_new_run_resumes_an_unfinished_one_and_returns_a_finished_one(tmp_path: Path) -> None:
+    import asyncio
+
+    db = tmp_path / "runs.db"
+    app = Celery("local", broker="memory://", backend="cache+memory://")
+    app.conf.task_store_eager_result = True
+    run_agent = agent_task(app, lambda: Agent(_model(), tools=[write], store=SQLiteStore(db)), name="local.run")
+    WRITTEN.clear()
+    try:
+        fresh = run_agent.task.apply(args=("one",), task_id="r1").get()
+        assert fresh["output"] == "written" and WRITTEN == ["one"]
+        assert run_agent.task.apply(args=("one",), task_id="r1").get() == fresh and WRITTEN == ["one"]
+
+        async def leave_unfinished() -> None:  # a run whose worker stopped after its tool call
+            thinking = asyncio.Event()
+
+            async def stall() -> str:
+                thinking.set()
+                await asyncio.sleep(60)
+                return "never"
+
+            stopper = FunctionModel(lambda r: {"tool_calls": [{"name": "write", "args": {"note": "two"}}]} if r.turn == 0 else stall())
+            async with SQLiteStore(db) as store:
+                agent = Agent(stopper, tools=[write], store=store)
+                task = asyncio.create_task(agent.run("two", run_id="r2"))
+                await asyncio.wait_for(thinking.wait(), 10)
+                assert agent.interrupt("r2") == ["r2"]
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+        asyncio.run(leave_unfinished())
+        resumed = run_agent.task.apply(args=("two",), task_id="r2").get()
+        assert resumed["output"] == "written" and resumed["steps"] == 2 and WRITTEN == ["one", "two"]
+    finally:
+        run_agent.host.close()
+
+
+def test_agent_task_configures_redelivery_and_checks_its_input(tmp_path: Path) -> None:
+    app = Celery("cfg", broker="memory://")
+    run_agent = agent_task(app, lambda: Agent(_model(), tools=[write]), name="cfg.run", rate_limit="10/s")
+    task = run_agent.task
+    assert (task.acks_late, task.reject_on_worker_lost, task.track_started, task.rate_limit) == (True, True, True, "10/s")
+    assert app.conf.worker_prefetch_multiplier == 1 and app.conf.worker_cancel_long_running_tasks_on_connection_loss
+    mine = Celery("mine", broker="memory://")
+    mine.conf.worker_prefetch_multiplier = 4
+    assert agent_task(mine, lambda: Agent(_model()), acks_late=False).task.acks_late is False
+    assert mine.conf.worker_prefetch_multiplier == 4  # the user's own setting is kept
+    with pytest.raises(UserError, match="non-empty"):
+        run_agent.submit("  ")
+    with pytest.raises(ConfigurationError, match="run id"):
+        run_agent.submit("x", run_id="../etc")
+    with pytest.raises(ConfigurationError, match="shared store"):  # the default store is this process's memory
+        run_agent.task.apply(args=("x",), task_id="m1").get()
+    run_agent.host.close()
+    wrong = agent_task(Celery("wrong", broker="memory://"), lambda: "an agent", name="wrong.run")
+    with pytest.raises(ConfigurationError, match="must return an Agent"):
+        wrong.task.apply(args=("x",), task_id="w1").get()
+
+
+def test_the_task_result_is_the_json_summary_of_the_run_result(tmp_path: Path) -> None:
+    result = Agent(_model(), tools=[write]).run_sync("three")
+    summary = task_result(result)
+    assert json.loads(json.dumps(summary)) == summary
+    assert summary["output"] == "written" and summary["stop_reason"] == StopReason.FINAL_ANSWER.value
+    assert summary["run_id"] == result.run_id and summary["usage"]["requests"] == result.usage.requests == 2
