@@ -188,10 +188,11 @@ def test_a_dead_pool_process_hands_its_run_back_to_its_worker(cluster: Callable[
     assert len(pids) == 2  # two pool processes
 
 
-def test_a_warm_shutdown_interrupts_the_runs_and_hands_them_back(cluster: Callable[..., Cluster]) -> None:
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_a_warm_shutdown_interrupts_the_runs_and_hands_them_back(pool: str, cluster: Callable[..., Cluster]) -> None:
     c = cluster("redis", TL_SLOW="60")
     job = c.run_agent.submit("paused", run_id=c.id("paused"))
-    first = c.worker("w1", pool="threads", concurrency=2)
+    first = c.worker("w1", pool=pool, concurrency=2 if pool == "threads" else 1)
     c.wait_for("slow-start:paused:")
     began = time.monotonic()
     first.send_signal(signal.SIGTERM)  # warm shutdown
@@ -202,7 +203,7 @@ def test_a_warm_shutdown_interrupts_the_runs_and_hands_them_back(cluster: Callab
     assert state is not None and not state.finished and state.metadata["interrupted"]["step"] == 2
     assert job.state != "SUCCESS"
 
-    c.worker("w2", pool="threads")  # the message was put back: another worker resumes the run
+    c.worker("w2", pool=pool)  # the message was put back: another worker resumes the run
     assert job.get(timeout=30)["output"] == "done paused", c.log("w2")
     assert len([line for line in c.lines() if line.startswith("record:")]) == 1
     assert len([line for line in c.lines() if line.startswith("slow:")]) == 1  # the interrupted one never ended
