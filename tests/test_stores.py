@@ -319,6 +319,51 @@ async def test_sqlite_is_in_wal_mode_and_refuses_a_newer_database(tmp_path: Path
             await store.get_memory("s")
 
 
+async def test_a_file_that_is_not_a_sqlite_database_is_a_clear_error_and_is_left_alone(tmp_path: Path) -> None:
+    db = tmp_path / "notes.db"
+    db.write_text("my notes, not a database\n" * 100)
+    before = db.read_bytes()
+    agent = Agent(ScriptedModel(["hi"]), store=SQLiteStore(db))
+    with pytest.raises(StateError, match=r"notes\.db failed: file is not a database; the file is not a thinkloop"):
+        await agent.run("x")
+    assert db.read_bytes() == before
+
+
+async def test_a_full_disk_is_a_clear_error(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    async with SQLiteStore(db) as store:
+        await store.add_memory("s", "user", "x")
+        with sqlite3.connect(db) as conn:  # a database that may not grow (as on a full disk)
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {pages}")
+        store_conn = store._fast if store._fast is not None else store._conn
+        assert store_conn is not None
+        store_conn.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(StateError, match="failed: database or disk is full; free some disk space"):
+            await store.add_memory("s", "user", "y" * 200_000)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [
+        ("postgresql://bob:s3cr@t@db.example:5432/runs", "postgresql://bob:***@db.example:5432/runs"),
+        ("postgresql://bob@db.example/runs", "postgresql://bob@db.example/runs"),
+        ("host=h user=u password=secret dbname=d", "host=h user=u password=*** dbname=d"),
+        ("password='a b' host=x", "password=*** host=x"),
+        ("postgresql://db.example/runs?password=zzz", "postgresql://db.example/runs?password=***"),
+    ],
+)
+def test_a_postgres_store_never_shows_its_password(dsn: str, shown: str) -> None:
+    assert PostgresStore(dsn).url == shown
+
+
+async def test_an_unreachable_postgres_server_is_a_clear_error_without_the_password() -> None:
+    agent = Agent(ScriptedModel(["hi"]), store=PostgresStore("postgresql://bob:hunter2@127.0.0.1:1/runs"))
+    with pytest.raises(StateError, match=r"PostgreSQL store postgresql://bob:\*\*\*@127.0.0.1:1/runs failed") as info:
+        await agent.run("x")
+    assert "hunter2" not in str(info.value) and "check that the server is running" in str(info.value)
+
+
 # ========================================================================================= concurrency
 
 WRITER = textwrap.dedent(

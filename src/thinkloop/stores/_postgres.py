@@ -9,8 +9,10 @@ and protected by the `(run_id, seq)` primary key, so of two writers at the same 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from .._errors import ConcurrencyError, ConfigurationError, StateError
@@ -70,7 +72,7 @@ class PostgresStore(Store):
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
-        self.url = dsn
+        self.url = redacted_dsn(dsn)  # shown in messages: without the password
         self._conn: Any = None
         self._lock = asyncio.Lock()
 
@@ -86,6 +88,24 @@ class PostgresStore(Store):
             await _migrate(conn)
             self._conn = conn
         return self._conn
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[Any]:
+        """The connection, for one operation at a time; a lost or refused connection is a `StateError`
+        saying where and what to check (the next operation connects again)."""
+        import psycopg
+
+        async with self._lock:
+            try:
+                yield await self._connection()
+            except psycopg.OperationalError as exc:
+                if self._conn is not None and self._conn.closed:
+                    self._conn = None
+                reason = " ".join(str(exc).split())
+                raise StateError(
+                    f"the PostgreSQL store {self.url} failed: {reason}; check that the server is running "
+                    "and reachable and that the database and user in the DSN exist"
+                ) from exc
 
     async def aclose(self) -> None:
         if self._conn is not None:
@@ -122,8 +142,7 @@ class PostgresStore(Store):
     ) -> None:
         import psycopg
 
-        async with self._lock:
-            conn = await self._connection()
+        async with self._session() as conn:
             try:
                 async with conn.transaction(), conn.cursor() as cur:
                     await cur.execute(_VERSION_SQL, (run_id,))
@@ -173,8 +192,7 @@ class PostgresStore(Store):
 
     async def add_memory(self, session: str, role: MemoryRole, content: str) -> None:
         row = (check_id(session, "session id"), check_role(role), content, time.time())
-        async with self._lock:
-            conn = await self._connection()
+        async with self._session() as conn:
             await conn.execute(_MEMORY_SQL, row)
 
     async def get_memory(self, session: str, limit: int | None = None) -> list[MemoryEntry]:
@@ -189,14 +207,12 @@ class PostgresStore(Store):
     # ----------------------------------------------------------------------------------- helpers
 
     async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
-        async with self._lock:
-            conn = await self._connection()
+        async with self._session() as conn:
             cur = await conn.execute(sql, params)
             return await cur.fetchone()
 
     async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        async with self._lock:
-            conn = await self._connection()
+        async with self._session() as conn:
             cur = await conn.execute(sql, params)
             return list(await cur.fetchall())
 
@@ -217,3 +233,9 @@ async def _migrate(conn: Any) -> None:
             for sql in _SCHEMA:
                 await conn.execute(sql)
             await conn.execute("INSERT INTO thinkloop_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+
+
+def redacted_dsn(dsn: str) -> str:
+    """A PostgreSQL DSN (URL or key=value form) with its password replaced by `***`."""
+    dsn = re.sub(r"(://[^/@:]*:)[^/]*@", r"\1***@", dsn)  # to the last `@` of the authority
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn, flags=re.IGNORECASE)

@@ -102,7 +102,26 @@ class SQLiteStore(Store):
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(conn, *args)`: inline when the database is free (no thread hop: a checkpoint costs
-        ~0.1 ms), else in the worker thread, which waits for other processes' locks."""
+        ~0.1 ms), else in the worker thread, which waits for other processes' locks. A failure of SQLite
+        itself (a corrupt or foreign file, a full disk, a lock held too long) is a `StateError` saying so."""
+        try:
+            return await self._call_sqlite(fn, *args)
+        except sqlite3.Error as exc:
+            raise self._failure(exc) from exc
+
+    def _failure(self, exc: sqlite3.Error) -> StateError:
+        text = str(exc)
+        if "not a database" in text or "malformed" in text or "encrypted" in text:
+            hint = "the file is not a thinkloop SQLite database or is damaged: move it away, or use another store"
+        elif "locked" in text or "busy" in text:
+            hint = f"another process held the database for more than busy_timeout ({self.busy_timeout:g} s)"
+        elif "full" in text:
+            hint = "free some disk space"
+        else:
+            hint = "check that the file and its directory are writable"
+        return StateError(f"the SQLite store {self.path} failed: {text}; {hint}")
+
+    async def _call_sqlite(self, fn: Callable[..., T], *args: Any) -> T:
         if self._fast_ok and self._fast_lock.acquire(blocking=False):
             try:
                 if self._fast is None:
