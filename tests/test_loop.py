@@ -580,3 +580,29 @@ def test_a_process_whose_tool_hangs_still_exits_after_its_run(tmp_path: Path) ->
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "gave up", done.stderr
+
+
+async def test_a_native_call_with_a_near_miss_tool_name_runs_the_tool_it_meant() -> None:
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    @tool
+    def get_Weather(city: str) -> str:  # two tools that differ only by case
+        """Another weather tool."""
+        return "other"
+
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "functions.add", "args": {"a": 1, "b": 2}}]},
+            {"tool_calls": [{"name": " Add ", "args": {"a": 2, "b": 2}}]},
+            {"tool_calls": [{"name": "GET-WEATHER", "args": {"city": "Oslo"}}]},  # ambiguous: not guessed
+            "done",
+        ]
+    )
+    result = await Agent(model, tools=[add, get_weather, get_Weather]).run("x")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs[:2] == ["3", "4"]
+    assert outputs[2].startswith("Error: there is no tool named 'GET-WEATHER'")
+    assert result.tool_calls == 3 and result.output == "done"

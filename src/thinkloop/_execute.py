@@ -124,7 +124,7 @@ async def _prepare(
 
 def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Prepared | ToolOutcome:
     """Lookup, argument checks and risk; a failed check is the outcome."""
-    tool = (run.tools if tools is None else tools).get(call.name)
+    tool = (run.tools if tools is None else tools).resolve(call.name)
     if tool is None:
         names = run.visible_names() if tools is None else tools.names
         return _failed(call, "unknown_tool", _unknown_tool_message(call.name, names))

@@ -83,7 +83,7 @@ async def _settle(run: RunContext, call: ToolCall) -> ToolOutcome | None:
         return None
     if entry.status == "done":
         return _recorded(call, entry)
-    tool = run.tools.get(call.name)
+    tool = run.tools.resolve(call.name)
     if tool is not None and tool.idempotent:
         return None
     text = unknown_outcome_message(call)

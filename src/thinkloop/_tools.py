@@ -370,6 +370,16 @@ class ToolRegistry:
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 
+    def resolve(self, name: str) -> Tool | None:
+        """The tool a model meant by `name`: the exact name, else the one it matches ignoring case,
+        surrounding spaces and quotes, `-` for `_`, and a namespace prefix (`functions.add`, `tools:add`)."""
+        found = self._tools.get(name)
+        if found is not None or not name:
+            return found
+        wanted = _plain_name(name)
+        matches = [t for n, t in self._tools.items() if _plain_name(n) == wanted]
+        return matches[0] if len(matches) == 1 else None
+
     def __contains__(self, name: object) -> bool:
         return name in self._tools
 
@@ -395,6 +405,11 @@ class ToolRegistry:
         if names is None:
             return [t.definition for t in self._tools.values()]
         return [self._tools[n].definition for n in names if n in self._tools]
+
+
+def _plain_name(name: str) -> str:
+    name = name.strip().strip("`'\"").strip().lower().replace("-", "_")
+    return re.split(r"[.:/]", name)[-1].strip()
 
 
 def as_tool(item: Tool | Callable[..., Any]) -> Tool:
