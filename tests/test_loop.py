@@ -606,3 +606,35 @@ async def test_a_native_call_with_a_near_miss_tool_name_runs_the_tool_it_meant()
     assert outputs[:2] == ["3", "4"]
     assert outputs[2].startswith("Error: there is no tool named 'GET-WEATHER'")
     assert result.tool_calls == 3 and result.output == "done"
+
+
+async def test_arguments_a_small_model_gets_slightly_wrong_are_understood() -> None:
+    @tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    @tool
+    def square(n: int) -> int:
+        """Square a number."""
+        return n * n
+
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "weather", "args": "Paris"}]},  # bare text for a one-parameter tool
+            {"tool_calls": [{"name": "weather", "args": '"Oslo"'}]},  # a JSON string
+            {"tool_calls": [{"name": "square", "args": "7"}]},  # a JSON number
+            {"tool_calls": [{"name": "add", "args": {"arguments": {"a": 1, "b": 2}}}]},  # wrapped
+            {"tool_calls": [{"name": "add", "args": "3 4"}]},  # two parameters: not guessed
+            {"tool_calls": [{"name": "weather", "args": '{"city": "Ro'}]},  # a broken object: not guessed
+            {"tool_calls": [{"name": "add", "args": {"input": {"a": "x"}}}]},  # wrapped, still invalid
+            "done",
+        ]
+    )
+    result = await Agent(model, tools=[weather, square, add]).run("x")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs[:4] == ["sunny in Paris", "sunny in Oslo", "49", "3"]
+    assert outputs[4].startswith("Error: the arguments of add were not a JSON object: '3 4'")
+    assert outputs[5].startswith("Error: the arguments of weather were not a JSON object")
+    assert outputs[6].startswith("Error: invalid arguments for add: ")
+    assert result.output == "done"

@@ -128,13 +128,50 @@ def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Pr
     if tool is None:
         names = run.visible_names() if tools is None else tools.names
         return _failed(call, "unknown_tool", _unknown_tool_message(call.name, names))
-    if call.malformed:
+    given = call.arguments if not call.malformed else _as_sole_argument(tool, call.raw_arguments or "")
+    if given is None:
         return _failed(call, "invalid_arguments", _bad_json_message(call, tool))
     try:
-        arguments = tool.validate(call.arguments)
+        arguments = tool.validate(given)
     except ToolArgumentsError as exc:
-        return _failed(call, "invalid_arguments", _invalid_args_message(tool, str(exc)))
+        retried = _validated_unwrapped(tool, given)
+        if retried is None:
+            return _failed(call, "invalid_arguments", _invalid_args_message(tool, str(exc)))
+        arguments = retried
     return _Prepared(call, tool, arguments, tool.risk_for(arguments))
+
+
+_WRAPPERS = frozenset({"arguments", "args", "parameters", "params", "input", "kwargs", "action_input"})
+
+
+def _as_sole_argument(tool: Tool, raw: str) -> dict[str, Any] | None:
+    """Arguments that are not a JSON object, for a tool of one parameter: that parameter's value
+    (`Action Input: Paris` for `weather(city)`); None when the tool takes more, or the text is a broken
+    object or list (the model is then told to send a JSON object)."""
+    properties = tool.parameters.get("properties") or {}
+    text = raw.strip()
+    if len(properties) != 1 or not text or text[0] in "{[":
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = text.strip("`'\"").strip()
+    return None if isinstance(value, dict | list) else {next(iter(properties)): value}
+
+
+def _validated_unwrapped(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """`{"arguments": {...}}` (and alike) sent instead of the arguments themselves: the inner object,
+    validated; None when the arguments are not so wrapped or the inner object is not valid either."""
+    if len(arguments) != 1:
+        return None
+    key, value = next(iter(arguments.items()))
+    properties = tool.parameters.get("properties") or {}
+    if not (isinstance(value, dict) and key.lower() in _WRAPPERS and key not in properties):
+        return None
+    try:
+        return tool.validate(value)
+    except ToolArgumentsError:
+        return None
 
 
 def _decided(
