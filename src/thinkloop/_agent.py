@@ -18,6 +18,7 @@ from ._execute import AllowAll, ToolGate
 from ._guards import GuardConfig, Guards
 from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, current_run, run_loop
 from ._messages import Message, ModelSettings
+from ._output import OutputSpec
 from ._prompt import DEFAULT_RULES
 from ._resume import load_resumable, memory_messages, resume_pending
 from ._state import Mode, RunState, StopReason
@@ -91,6 +92,9 @@ class Agent:
             prompt, and every finished run is handed to it in the background to learn from
             (`await agent.wait_for_learning()` waits for that; `run_sync` does it before returning).
         lessons_limit: the most lessons put into one run's prompt.
+        output_type: what the final answer must be — a pydantic model, a dataclass, a TypedDict or a type
+            such as `list[str]`: the model is told its JSON Schema, the answer is validated (one that does
+            not validate goes back to the model with the errors) and `result.parsed` holds the value.
     """
 
     def __init__(
@@ -122,6 +126,7 @@ class Agent:
         mcp_servers: Sequence[MCPServer] = (),
         experience: Learner | None = None,
         lessons_limit: int = 3,
+        output_type: Any = None,
     ) -> None:
         if mode not in ("auto", "native", "react"):
             raise ConfigurationError(f"mode must be 'auto', 'native' or 'react', not {mode!r}")
@@ -158,6 +163,7 @@ class Agent:
         self.mcp_servers = list(mcp_servers)
         self.experience = experience
         self.lessons_limit = lessons_limit
+        self.output = OutputSpec.of(output_type)
         self._learning: set[asyncio.Task[None]] = set()
         self._configs: dict[tuple[Budget, bool], LoopConfig] = {}
         self._active: dict[str, tuple[RunContext, asyncio.Task[Any] | None]] = {}  # runs being driven
@@ -365,6 +371,7 @@ class Agent:
             _shown=shared.shown,
             prompt_layers=shared.prompt_layers,
             gate=shared.gate,
+            output=self.output,
             store=self.store,
             sinks=[s for s in (self.on_event, *sinks) if s is not None],
             elapsed_before=state.elapsed,
@@ -416,7 +423,7 @@ class Agent:
                 prompt_layers={
                     "role": self.instructions,
                     "environment": self.environment,
-                    "rules": self.rules,
+                    "rules": self.rules if self.output is None else (*self.rules, self.output.rule),
                 },
                 gate=self.safety or AllowAll(),
             )

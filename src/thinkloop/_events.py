@@ -239,6 +239,7 @@ class RunResult(Data):
     duration: float
     forced_final: bool = False
     error: str | None = None
+    parsed: Any = None  # with `Agent(output_type=T)`: the final answer as a validated T (else None)
     state: RunState
 
     @property

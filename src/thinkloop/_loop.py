@@ -40,6 +40,7 @@ from ._events import (
 from ._execute import AllowAll, Deadlines, ToolGate, ToolOutcome, execute_calls
 from ._guards import Guards
 from ._messages import Message, ModelRequest, ModelResponse, ModelSettings, TextDelta, ToolCall
+from ._output import OutputSpec
 from ._prompt import final_answer_prompt, system_prompt
 from ._state import LedgerEntry, Mode, RunState, StopReason
 from ._tools import ToolRegistry
@@ -108,6 +109,8 @@ class RunContext:
     discovery: ToolDiscovery | None = None  # runtime tool discovery: which tools the model is shown
     deadlines: Deadlines = field(default_factory=Deadlines)  # the time limits of its tool and model calls
     saved: bool = False  # whether the store has seen this run (a live store needs no more until the end)
+    output: OutputSpec | None = None  # `Agent(output_type=…)`: what the final answer must be
+    parsed: Any = None  # the final answer validated against `output`
     interrupted: bool = False  # `Agent.interrupt()`: the cancellation that comes leaves the run resumable
     save_interrupted: bool = True  # False: an interrupted run writes nothing more (another process owns it)
     _shown: dict[tuple[Mode, tuple[str, ...]], tuple[Message, list[ToolDefinition]]] = field(
@@ -259,7 +262,8 @@ async def run_loop(run: RunContext) -> RunResult:
     2. Think: send the context view to the model and record its reply.
     3. A reply that cannot be understood is healed: the model is told what was wrong, then back to 1
        (more than `max_heals` bad replies in a row stop the run with `error`).
-    4. A reply without tool calls is the final answer: stop.
+    4. A reply without tool calls is the final answer: stop. With an output type, an answer that does not
+       validate goes back to the model with the errors instead (counted as a heal, like 3).
     5. Act: run the tool calls — screened for loops, validated, risk-checked, timed out, truncated.
     6. Observe: record the results, update the guards, add a checkpoint hint, save; back to 1.
     A hard stop (budget, loop, no progress) makes one last call for a best-effort final answer.
@@ -281,7 +285,13 @@ async def run_loop(run: RunContext) -> RunResult:
                     error=f"the model's replies could not be understood: {reply.problem}",
                 )
             if not reply.calls:
-                return await finish(run, StopReason.FINAL_ANSWER, answer=reply.text)
+                problem = check_output(run, reply.text)
+                if problem is None:
+                    return await finish(run, StopReason.FINAL_ANSWER, answer=reply.text)
+                if not ask_output_again(run, problem):
+                    error = f"the final answer did not match the output type: {problem}"
+                    return await finish(run, StopReason.ERROR, answer=reply.text, error=error)
+                continue
             outcomes = await act(run, reply.calls)
             await observe(run, outcomes)
     except TimeoutError:
@@ -703,6 +713,23 @@ def heal(run: RunContext, reply: Reply) -> bool:
     return True
 
 
+def check_output(run: RunContext, answer: str) -> str | None:
+    """With an output type: validate the final answer (kept in `run.parsed`); what is wrong, or None."""
+    if run.output is None:
+        return None
+    run.parsed, problem = run.output.parse(answer)
+    return problem
+
+
+def ask_output_again(run: RunContext, problem: str) -> bool:
+    """Tell the model why its final answer cannot be used; False when that has failed too often."""
+    if run.guards.note_heal(run.state, malformed=True):
+        return False
+    text = f"Your final answer cannot be used: {problem}"
+    run.state.messages.append(Message.user(text, kind="correction", step=run.state.step))
+    return True
+
+
 async def act(run: RunContext, calls: list[ToolCall]) -> list[ToolOutcome]:
     """Run one reply's tool calls; repeats the guards block are answered without running."""
     state = run.state
@@ -797,6 +824,8 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
         facts=_known_facts(run),
         failures=_failed_calls(run),
     )
+    if run.output is not None:
+        prompt = f"{prompt}\n{run.output.rule}"
     state.messages.append(Message.user(prompt, kind="final_prompt", step=state.step))
     try:
         request = build_request(run, final=True)
@@ -812,6 +841,7 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
             run, reason, answer=_best_known(run), error=f"{why} The final-answer call failed: {exc}"
         )
     answer = _forced_answer(run, response)
+    check_output(run, answer)  # a best effort: kept as `parsed` when it validates, never asked again
     state.messages.append(Message.assistant(answer, step=state.step))
     state.forced_final = True
     return await finish(run, reason, answer=answer, error=why)
@@ -909,6 +939,7 @@ async def finish(
     if reason is StopReason.ERROR:
         run.emit(ErrorEvent(message=error or "error"))
     result = RunResult.from_state(state)
+    result.parsed = run.parsed
     run.emit(lambda: Done(result=result))
     await run.checkpoint()
     return result
