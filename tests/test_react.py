@@ -72,7 +72,10 @@ def test_empty_thought_is_an_error() -> None:
 
 
 def test_transcript_rendering_merges_observations() -> None:
-    calls = [ToolCall(id="a", name="search", arguments={"q": 1}), ToolCall(id="b", name="search", arguments={"q": 2})]
+    calls = [
+        ToolCall(id="a", name="search", arguments={"q": 1}),
+        ToolCall(id="b", name="search", arguments={"q": 2}),
+    ]
     history = [
         Message.user("task"),
         Message.assistant("looking", calls),
@@ -157,7 +160,9 @@ def test_arguments_example_of_nested_optional_and_enum_schemas() -> None:
             "where": {"$ref": "#/$defs/Place"},
         },
         "required": ["mode", "where"],
-        "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+        "$defs": {
+            "Place": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+        },
     }
     example, complete = arguments_example(schema)
     assert example == (
@@ -187,3 +192,144 @@ def test_the_default_final_answer_prompt_restates_the_task_after_the_facts_witho
     assert text.index("add({}) -> 3") < text.index("The task: Sum it.")
     custom = final_answer_prompt("Stopped: {reason} Task: {goal}", reason="R.", goal="G", facts=["f -> 1"])
     assert custom.startswith("Stopped: R. Task: G") and custom.endswith("- f -> 1")
+
+
+@pytest.mark.parametrize(
+    ("answer", "copied"),
+    [
+        ("How far is Ann Lee's home town from Lyon?", True),  # the example's question
+        ("I know the answer, give it directly and stop.", True),  # a rule, reworded a little
+        ("Ann Lee's home town, Turin, is 212 km from Lyon.", True),  # the example's answer
+        ("The result is 395.", False),
+        ("Paris", False),  # too short to tell
+        ("The capital of France is Paris.", False),
+        ("Reverse the string 'thinkloop' is done: poolkniht", False),  # restates the task
+    ],
+)
+def test_an_answer_made_of_lines_of_the_instructions_is_told_apart(answer: str, copied: bool) -> None:
+    from thinkloop._prompt import system_prompt
+    from thinkloop._react import copied_answer
+
+    system = system_prompt(tools=tools_prompt(ToolRegistry([calculator]).definitions()))
+    assert copied_answer(answer, [system], ["Reverse the string 'thinkloop'."]) is copied
+
+
+def test_lines_echoing_the_final_answer_prompt_are_dropped_unless_nothing_else_is_left() -> None:
+    from thinkloop._prompt import final_answer_prompt
+    from thinkloop._react import drop_copied_lines
+
+    prompt = final_answer_prompt(
+        None,
+        reason="",
+        goal="Reverse the string 'thinkloop'.",
+        facts=['reverse_text({"text": "thinkloop"}) -> poolkniht'],
+    )
+    echo = (
+        "The tool called that worked, with their results:\n"
+        '- reverse_text({"text": "thinkloop"}) -> poolkniht\n\n'
+        "The task: Reverse the string 'thinkloop'.\nThe best final answer is: poolkniht"
+    )
+    assert drop_copied_lines(echo, prompt) == "The best final answer is: poolkniht"
+    only_echo = '- reverse_text({"text": "thinkloop"}) -> poolkniht'
+    assert drop_copied_lines(only_echo, prompt) == only_echo
+    assert drop_copied_lines("It is poolkniht.\n\nDone.", prompt) == "It is poolkniht.\n\nDone."
+
+
+async def test_a_react_answer_copied_from_the_instructions_is_corrected_once() -> None:
+    from thinkloop import Agent
+    from thinkloop.testing import ScriptedModel
+
+    copied = "Thought: How far is Ann Lee's home town from Lyon?"
+    model = ScriptedModel(
+        [
+            'Thought: x\nAction: calculator\nAction Input: {"expression": "17*23+4"}',
+            copied,
+            "Thought: 395 answers it.\nFinal Answer: 395",
+        ],
+        tools=False,
+    )
+    result = await Agent(model, tools=[calculator]).run("What is 17*23+4?")
+    assert result.output == "395"
+    corrections = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert len(corrections) == 1 and "repeated a line of your instructions" in corrections[0]
+    assert corrections[0].count("The task: What is 17*23+4?") == 1  # restated, so the next reply can answer
+
+    twice = ScriptedModel([copied, copied], tools=False)  # once corrected, the same kind of answer stands
+    result = await Agent(twice, tools=[calculator]).run("Where is Ann Lee from?")
+    assert result.output == "How far is Ann Lee's home town from Lyon?"
+    assert [m.kind for m in result.state.messages].count("correction") == 1
+
+
+async def test_a_forced_final_answer_loses_the_lines_that_echo_its_prompt() -> None:
+    from thinkloop import Agent, Budget
+    from thinkloop.testing import FunctionModel
+
+    def reply(request):  # type: ignore[no-untyped-def]
+        if request.messages[-1].kind == "final_prompt":
+            return "The tool calls that worked, with their results:\nThe best answer is 395."
+        return (
+            f'Thought: again\nAction: calculator\nAction Input: {{"expression": "17*23+{request.turn - 1}"}}'
+        )
+
+    model = FunctionModel(reply, tools=False)
+    result = await Agent(model, tools=[calculator], budget=Budget(max_steps=1)).run("What is 17*23+4?")
+    assert result.forced_final and result.output == "The best answer is 395."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Thought: To find the cost in USD, we multiply the unit price by the exchange rate.",
+        "Thought: The price is 8.40 EUR. I need to convert it to USD.",
+        "Thought: Let's compute the total.",
+        "Thought: It is 395. I will now round it.",
+    ],
+)
+def test_a_thought_that_only_says_what_comes_next_is_an_error_not_the_answer(text: str) -> None:
+    from thinkloop._react import PLAN_ONLY
+
+    step = parse(text)
+    assert step.final is None and step.call is None and step.error == PLAN_ONLY
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Thought: The capital of France is Paris.",
+        "Thought: I need the word. It is 'buenos días'.",  # the plan comes before the answer
+        "Thought: I will bring no umbrella: it is sunny.",  # no tool-like step announced
+    ],
+)
+def test_a_thought_that_answers_is_still_the_final_answer(text: str) -> None:
+    step = parse(text)
+    assert step.error is None and step.final is not None
+
+
+async def test_a_plan_without_action_is_corrected_once_then_taken_as_the_answer() -> None:
+    from thinkloop import Agent
+    from thinkloop.testing import ScriptedModel
+
+    plan = "Thought: To find the total, we multiply the price by 4."
+    model = ScriptedModel(
+        [plan, 'Thought: x\nAction: calculator\nAction Input: {"expression": "8.4*4"}', "Final Answer: 33.6"],
+        tools=False,
+    )
+    result = await Agent(model, tools=[calculator]).run("How much do 4 gadgets at 8.40 cost?")
+    assert result.output == "33.6"
+    corrections = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert len(corrections) == 1 and "neither an Action nor a Final Answer" in corrections[0]
+    assert "The task: How much do 4 gadgets at 8.40 cost?" in corrections[0]  # the chain restarted without it
+
+    stubborn = ScriptedModel([plan, plan], tools=False)  # told once, the same kind of reply is the answer
+    result = await Agent(stubborn, tools=[calculator]).run("How much?")
+    assert result.output == "To find the total, we multiply the price by 4."
+    assert [m.kind for m in result.state.messages].count("correction") == 1
+
+
+def test_a_final_answer_label_in_the_middle_of_a_line_still_separates_the_answer() -> None:
+    step = parse("Thought: I have found what the task needs. Final Answer: The gizmo costs 16.99 EUR.")
+    assert step.final == "The gizmo costs 16.99 EUR." and step.thought == "I have found what the task needs."
+    acting = parse(
+        'Thought: then the final answer: soon\nAction: calculator\nAction Input: {"expression": "1"}'
+    )
+    assert acting.call is not None and acting.final is None  # only without an Action

@@ -569,10 +569,17 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     """Turn a raw response into a `Reply`: native tool calls, or a parsed ReAct step."""
     if run.state.mode == "react" and not response.tool_calls:
         step = _react.parse_react(response.text, run.tools.names, call_id=f"react_{run.state.step}")
+        if step.error == _react.PLAN_ONLY and _react.told(run.state.messages, _react.PLAN_ONLY):
+            return Reply(text=step.thought)  # once told, a reply that only says what comes next is the answer
         if step.error:
             return Reply(text=response.text, problem=step.error)
         if step.call is not None:
             return Reply(text=step.thought, calls=[step.call])
+        if step.final and _react.copied_final(step.final, request.messages, run.state):
+            return Reply(
+                text=response.text,
+                problem=f"It {_react.COPIED} instead of answering the task. The task: {run.state.goal}",
+            )
         return Reply(text=step.final or "")
     calls = _unique_ids(response.tool_calls, run.state.step)
     if not calls and response.text and run.tools.names:
@@ -704,8 +711,9 @@ def heal(run: RunContext, reply: Reply) -> bool:
     if run.guards.note_heal(run.state, malformed=True):
         return False
     names = ", ".join(run.visible_names())
+    task = f" The task: {run.state.goal}" if reply.problem == _react.PLAN_ONLY else ""
     text = (
-        f"Your last reply could not be understood: {reply.problem} Reply either with\n"
+        f"Your last reply could not be understood: {reply.problem}{task} Reply either with\n"
         f"Thought: ...\nAction: one of [{names}]\nAction Input: {{JSON arguments}}\n"
         "or with\nFinal Answer: your answer"
     )
@@ -858,7 +866,8 @@ def _forced_answer(run: RunContext, response: ModelResponse) -> str:
     acting = _react._ACTION_RE.search(text) or _react._bare_json_call(text, run.tools.names, "final")
     if response.tool_calls or not text or acting:
         return _best_known(run) or text
-    return text
+    prompt = next((m.content for m in reversed(run.state.messages) if m.kind == "final_prompt"), "")
+    return _react.drop_copied_lines(text, prompt) if prompt else text
 
 
 def _known_facts(run: RunContext, limit: int = 12) -> list[str]:

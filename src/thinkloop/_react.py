@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._messages import Message, ToolCall, ToolDefinition
+
+if TYPE_CHECKING:
+    from ._state import RunState
 
 OBSERVATION = "Observation:"
 STOP_SEQUENCES = ["\nObservation:", "Observation:"]
@@ -183,6 +186,7 @@ _ACTION_RE = re.compile(_LABEL.format(label=r"action(?![ \t_]*input)"))
 _INPUT_RE = re.compile(_LABEL.format(label=r"action[ \t_]*input"))
 _FINAL_RE = re.compile(_LABEL.format(label=r"final[ \t_]*answer"))
 _OBS_RE = re.compile(_LABEL.format(label=r"observation"))
+_INLINE_FINAL_RE = re.compile(r"(?i)\bfinal answer[ \t]*[:：][ \t]*")  # "... so I answer. Final Answer: 5"
 _CALL_SYNTAX_RE = re.compile(r"^([A-Za-z_][\w.-]*)\s*\((.*)\)\s*$", re.DOTALL)
 
 
@@ -195,7 +199,7 @@ def parse_react(text: str, tool_names: list[str], *, call_id: str) -> ReactStep:
     """
     text = _cut_invented_observation(text.strip())
     action = _ACTION_RE.search(text)
-    final = _FINAL_RE.search(text)
+    final = _FINAL_RE.search(text) or (None if action else _INLINE_FINAL_RE.search(text))
     if action is None:
         action_input = _INPUT_RE.search(text)
         if action_input and (not final or action_input.start() < final.start()):
@@ -225,7 +229,21 @@ def parse_react(text: str, tool_names: list[str], *, call_id: str) -> ReactStep:
             error=f"You said you would use {intended} but did not call it. Write 'Action: {intended}' and "
             "'Action Input: {...}' on their own lines, or 'Final Answer: ...' if you already know the answer.",
         )
+    if _PLAN_RE.search(re.split(r"(?<=[.!?])\s+|\n", body.strip())[-1]):
+        return ReactStep(thought=body, error=PLAN_ONLY)
     return ReactStep(thought="", final=body)
+
+
+_ACT = r"(?:use|call|compute|calculate|multiply|add|subtract|divide|convert|look|check|find|get|search|round)"
+_PLAN_RE = re.compile(
+    rf"\b(?:I|we)(?:\s+(?:need|have|must|should|am going|are going)\s+to\b|(?:\s+(?:will|can|shall)|'ll)"
+    rf"(?:\s+now|\s+then)?\s+{_ACT}\b|\s+(?:now\s+)?{_ACT}\b)|\blet'?s\b",
+    re.IGNORECASE,
+)
+PLAN_ONLY = (
+    "The reply said what to do next but had neither an Action nor a Final Answer. If a tool does that next "
+    "step, write 'Action:' and 'Action Input:'; if you already have the answer, write 'Final Answer:' and it."
+)
 
 
 _INTENT = r"\b(?:use|using|call|calling|invoke|run|query|check)\b[^.\n]{{0,40}}?`?\b{name}\b"
@@ -422,3 +440,60 @@ def render_transcript(messages: list[Message]) -> list[Message]:
         else:
             out.append(msg)
     return out
+
+
+# ------------------------------------------------------------------------ answers copied from the prompt
+
+_WORD_RE = re.compile(r"[^\W_]+")
+COPIED = "repeated a line of your instructions"  # in the correction, so a second copy is accepted
+
+
+def _trigrams(text: str) -> list[tuple[str, ...]]:
+    words = _WORD_RE.findall(text.lower())
+    return [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+
+
+def is_copied(text: str, sources: list[str], *, share: float = 0.8) -> bool:
+    """Whether `text` (4 words or more) is mostly copied from `sources`: at least `share` of its word
+    trigrams occur there. Small models answer with a line of their instructions (the worked example's
+    question, a rule, a guard hint, a tool's description) instead of the answer."""
+    grams = _trigrams(text)
+    if len(grams) < 2:
+        return False
+    known = {g for source in sources for g in _trigrams(source)}
+    return sum(g in known for g in grams) >= share * len(grams)
+
+
+def copied_answer(answer: str, instructions: list[str], own: list[str]) -> bool:
+    """Whether a final answer is made of lines of the `instructions` only (each line mostly copied), and
+    not of the task or the observations (`own`: a quoted tool result or the task restated is fine)."""
+    lines = [line for line in answer.splitlines() if line.strip()]
+    if not lines or not all(is_copied(line, instructions) for line in lines):
+        return False
+    return not any(is_copied(line, own) for line in lines)
+
+
+def told(history: list[Message], marker: str) -> bool:
+    """Whether a correction containing `marker` was already sent in this run."""
+    return any(m.kind == "correction" and marker in m.content for m in history)
+
+
+def copied_final(answer: str, request: list[Message], state: RunState) -> bool:
+    """A final answer that only repeats the system prompt or a hint of this `request` (the worked example's
+    question, a rule), not the task or a tool result of the run — once per run: after one correction about
+    it, a second such answer stands."""
+    if told(state.messages, COPIED):
+        return False
+    instructions = [m.content for m in request if m.role == "system" or m.kind in ("hint", "correction")]
+    own = [state.goal, *(m.content for m in state.messages if m.role == "tool")]
+    return copied_answer(answer, instructions, own)
+
+
+def drop_copied_lines(answer: str, prompt: str) -> str:
+    """The answer without the lines that echo `prompt` (half their trigrams or more: a forced final answer
+    that begins by repeating the listing it was shown); unchanged when nothing or everything would go."""
+    lines = answer.splitlines()
+    kept = [line for line in lines if line.strip() and not is_copied(line, [prompt], share=0.5)]
+    if not kept or len(kept) == len([line for line in lines if line.strip()]):
+        return answer
+    return "\n".join(kept).strip()

@@ -2,6 +2,8 @@
 
 No `eval` of arbitrary code: only numbers, the operators `+ - * / // % **`, parentheses, the constants
 `pi`, `e`, `tau` and a fixed set of math functions are accepted; huge powers and factorials are refused.
+Percentages as people (and small models) write them are read too: a `%` right after a number and
+before no operand means "/100" (`86.4 * 15%` is 12.96, `15% of 86.4` too); `10 % 3` stays the remainder.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +47,14 @@ class CalculatorError(ValueError):
     """An expression the calculator refuses or cannot evaluate; the message says why."""
 
 
+_PERCENT_OF_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%\s*of\b", re.IGNORECASE)
+_PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%(?!\s*[\w.(])")
+
+
 def evaluate(expression: str) -> int | float:
     """Evaluate an arithmetic expression safely. Raises `CalculatorError` with a clear message."""
     text = expression.strip().replace("^", "**").replace("×", "*").replace("÷", "/")
+    text = _PERCENT_RE.sub(r"(\1/100)", _PERCENT_OF_RE.sub(r"(\1/100)*", text))
     if not text:
         raise CalculatorError("the expression is empty")
     if len(text) > _MAX_LENGTH:
@@ -125,8 +133,9 @@ class _Arguments(BaseModel):
 calculator = Tool(
     name="calculator",
     description=(
-        "Evaluate an arithmetic expression exactly, e.g. '17*23+4' or 'sqrt(2)*10'. Supports + - * / // % **, "
-        "parentheses, pi, e and functions such as sqrt, log, sin, round, min, max, factorial."
+        "Evaluate an arithmetic expression exactly, keeping its parentheses, e.g. '(2 + 3) * 4', '15% of 80' "
+        "or 'sqrt(2) / 7'. Supports + - * / // % **, parentheses, pi, e and functions such as sqrt, log, "
+        "sin, round, min, max, factorial."
     ),
     parameters={
         "type": "object",
