@@ -13,7 +13,7 @@ PUBLIC = {
     "Message", "Model", "ModelError", "ModelRequest", "ModelResponse", "ModelRetryableError", "ModelSettings",
     "Price", "PriceTable", "RiskLevel", "RunError", "RunResult", "RunState", "StateError", "StopReason",
     "ThinkloopError", "TokenCounter", "Tool", "ToolCall", "ToolDefinition", "ToolDiscovery", "ToolExecutionError",
-    "ToolRegistry", "Usage", "UserError", "tool", "validate_history",
+    "ToolContext", "ToolRegistry", "Usage", "UserError", "tool", "validate_history",
 }  # fmt: skip
 
 

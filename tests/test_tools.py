@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-from thinkloop import ConfigurationError, RiskLevel, Tool, ToolRegistry, tool
+from thinkloop import Agent, ConfigurationError, RiskLevel, Tool, ToolContext, ToolRegistry, tool
 from thinkloop._tools import ToolArgumentsError, render_output, truncate_output
+from thinkloop.testing import FunctionModel
 from thinkloop.tools.calculator import CalculatorError, calculator, evaluate, format_number
 
 
@@ -233,3 +237,55 @@ def test_a_hand_written_validator_gives_its_fields_by_name() -> None:
     t = Tool("head", "First lines of a file.", Args.model_json_schema(), lambda path, lines: None, validator=Args)
     assert t.validate({"file": "a.txt", "lines": "3"}) == {"path": "a.txt", "lines": 3}  # coerced, by name
     assert t.validate({"path": "b.txt", "other": 1}) == {"path": "b.txt", "lines": 10}  # extras are not arguments
+
+
+# ------------------------------------------------------------------------------------- ToolContext
+
+
+@dataclass
+class Shop:
+    user: str
+    orders: dict[str, str]
+
+
+async def test_a_tool_context_brings_each_run_its_own_deps_and_is_hidden_from_the_model() -> None:
+    seen: list[tuple[str, str, int, str]] = []
+
+    @tool
+    async def order_status(ctx: ToolContext[Shop], order_id: str) -> str:
+        """The status of one of the user's orders."""
+        seen.append((ctx.run_id, ctx.call_id, ctx.step, ctx.goal))
+        return f"{ctx.deps.user}: {ctx.deps.orders.get(order_id, 'no such order')}"
+
+    @tool
+    def whoami(context: ToolContext) -> str:  # type: ignore[type-arg]
+        """Who is asking (a sync tool, a bare annotation)."""
+        return str(context.deps.user)
+
+    assert order_status.parameters["properties"].keys() == {"order_id"}
+    assert whoami.parameters["properties"] == {} and whoami.context_param == "context"
+
+    def reply(request: Any) -> Any:
+        if request.turn == 0:
+            return {"tool_calls": [{"name": "order_status", "args": {"order_id": "A1"}}, {"name": "whoami", "args": {}}]}
+        return "done"
+
+    agent = Agent(FunctionModel(reply), tools=[order_status, whoami])
+    ada, bob = Shop("ada", {"A1": "shipped"}), Shop("bob", {"A1": "lost"})
+    first, second = await asyncio.gather(
+        agent.run("status of A1", deps=ada, run_id="run-ada"), agent.run("status of A1", deps=bob, run_id="run-bob")
+    )
+    outputs = {r.run_id: [m.content for m in r.state.messages if m.role == "tool"] for r in (first, second)}
+    assert outputs == {"run-ada": ["ada: shipped", "ada"], "run-bob": ["bob: lost", "bob"]}
+    assert sorted(seen) == [("run-ada", "call_0_0", 1, "status of A1"), ("run-bob", "call_0_0", 1, "status of A1")]
+    tools_shown = agent.model.requests[0].tools  # type: ignore[attr-defined]
+    assert all("ctx" not in json.dumps(t.parameters) and "context" not in t.parameters["properties"] for t in tools_shown)
+
+
+def test_two_tool_context_parameters_are_refused() -> None:
+    def twice(a: ToolContext, b: ToolContext) -> str:  # type: ignore[type-arg]
+        """Two contexts."""
+        return ""
+
+    with pytest.raises(ConfigurationError, match="2 ToolContext parameters"):
+        tool(twice)

@@ -32,6 +32,7 @@ from ._state import RunState as RunState
 from ._state import StopReason as StopReason
 from ._tokens import TokenCounter as TokenCounter
 from ._tools import Tool as Tool
+from ._tools import ToolContext as ToolContext
 from ._tools import ToolRegistry as ToolRegistry
 from ._tools import tool as tool
 from .models import Model as Model

@@ -213,20 +213,28 @@ class Agent:
         on_event: EventSink | None = None,
         metadata: dict[str, Any] | None = None,
         session: str | None = None,
+        deps: Any = None,
     ) -> RunResult:
         """Run the agent on `goal` until a final answer or a stop condition; the result is always returned.
 
         With `session`, the session's earlier turns (from the store's conversation memory) come before
-        the goal, and the goal and the answer are added to it when the run ends.
+        the goal, and the goal and the answer are added to it when the run ends. `deps` is handed to
+        the tools that take a `ToolContext` (it is not saved: give it again to `resume()`).
         """
         run = self._new_run(
             goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[on_event], stream=False
         )
         run.state.session = self._session(session)
+        run.deps = deps
         return await self._drive(run)
 
     async def resume(
-        self, run_id: str, *, budget: Budget | None = None, on_event: EventSink | None = None
+        self,
+        run_id: str,
+        *,
+        budget: Budget | None = None,
+        on_event: EventSink | None = None,
+        deps: Any = None,
     ) -> RunResult:
         """Continue a run from its last checkpoint, exactly where it stopped (SPEC §9.2).
 
@@ -237,6 +245,7 @@ class Agent:
         """
         state = await load_resumable(self._store_for("resume a run"), check_id(run_id))
         run = self._context(state, budget=budget, sinks=[on_event], stream=False)
+        run.deps = deps
         return await self._drive(run, resumed=True)
 
     def resume_sync(self, run_id: str, **kwargs: Any) -> RunResult:
@@ -301,6 +310,7 @@ class Agent:
         run_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         session: str | None = None,
+        deps: Any = None,
     ) -> AsyncIterator[Event]:
         """Run the agent, yielding its events live; the last event is `Done`, carrying the result.
 
@@ -311,6 +321,7 @@ class Agent:
             goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[queue.put_nowait], stream=True
         )
         run.state.session = self._session(session)
+        run.deps = deps
         task = asyncio.create_task(self._drive(run))
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:

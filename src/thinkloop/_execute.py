@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
 from ._risk import RiskLevel
-from ._tools import Tool, ToolArgumentsError, ToolRegistry, render_output, truncate_output
+from ._tools import Tool, ToolArgumentsError, ToolContext, ToolRegistry, render_output, truncate_output
 
 if TYPE_CHECKING:
     from ._loop import RunContext
@@ -201,7 +201,10 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     timeout = tool.timeout if tool.timeout is not None else run.config.tool_timeout
     started = time.perf_counter()
     try:
-        value = await _invoke(run, tool.invoke(prepared.arguments), timeout)
+        arguments = prepared.arguments
+        if tool.context_param is not None:
+            arguments = {**arguments, tool.context_param: _tool_context(run, call)}
+        value = await _invoke(run, tool.invoke(arguments), timeout)
         text, success, kind = _valid_text(render_output(value)), True, None
     except TimeoutError:
         by_run = _run_out_of_time(run)
@@ -256,6 +259,14 @@ def _resume(coro: Coroutine[Any, Any, T], waiting_on: Any) -> Generator[Any, Any
                 waiting_on = coro.send(sent)
             except StopIteration as finished:
                 return finished.value  # type: ignore[no-any-return]
+
+
+def _tool_context(run: RunContext, call: ToolCall) -> ToolContext[Any]:
+    state = run.state
+    return ToolContext(
+        run_id=state.run_id, call_id=call.id, step=state.step, goal=state.goal, deps=run.deps,
+        metadata=state.metadata,
+    )  # fmt: skip
 
 
 def _deadline(run: RunContext, timeout: float) -> float:

@@ -111,6 +111,7 @@ class RunContext:
     saved: bool = False  # whether the store has seen this run (a live store needs no more until the end)
     output: OutputSpec | None = None  # `Agent(output_type=…)`: what the final answer must be
     parsed: Any = None  # the final answer validated against `output`
+    deps: Any = None  # `agent.run(..., deps=…)`: handed to tools that take a `ToolContext`
     interrupted: bool = False  # `Agent.interrupt()`: the cancellation that comes leaves the run resumable
     save_interrupted: bool = True  # False: an interrupted run writes nothing more (another process owns it)
     _shown: dict[tuple[Mode, tuple[str, ...]], tuple[Message, list[ToolDefinition]]] = field(

@@ -17,7 +17,7 @@ import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
-from typing import Any, TypeVar, get_type_hints, overload
+from typing import Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -36,6 +36,26 @@ class ToolArgumentsError(ValueError):
     """Arguments that do not match a tool's schema; the message is written for the model to read."""
 
 
+D = TypeVar("D")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolContext(Generic[D]):
+    """What a tool may know of the run calling it. Declare a parameter of this type — any name,
+    `ctx: ToolContext[MyDeps]` — and it is passed in; the model never sees it.
+
+    `deps` is what the run was given (`agent.run(goal, deps=...)`): a database session, the user's
+    identity, a client — per run, so one agent serves many users without globals.
+    """
+
+    run_id: str
+    call_id: str
+    step: int
+    goal: str
+    deps: D
+    metadata: dict[str, Any]
+
+
 class Tool:
     """A tool an agent can call.
 
@@ -52,6 +72,8 @@ class Tool:
             one, required properties and basic JSON types are checked against `parameters`.
         in_thread: run a sync function in a worker thread (the default, so a blocking function never
             stalls other runs); `False` calls it directly — only for quick, non-blocking functions.
+        context_param: the function's parameter that receives the call's `ToolContext` (set by `@tool`
+            for a parameter annotated `ToolContext`); it is not part of `parameters`.
     """
 
     def __init__(
@@ -67,6 +89,7 @@ class Tool:
         output_max_length: int | None = None,
         validator: type[BaseModel] | None = None,
         in_thread: bool = True,
+        context_param: str | None = None,
     ) -> None:
         if not _NAME_RE.match(name):
             raise ConfigurationError(
@@ -82,6 +105,7 @@ class Tool:
         self.output_max_length = output_max_length
         self.validator = validator
         self.in_thread = in_thread
+        self.context_param = context_param  # the parameter that receives the `ToolContext`, if any
         self._is_async = inspect.iscoroutinefunction(function)
         self.definition = ToolDefinition(name=name, description=self.description, parameters=self.parameters)
 
@@ -257,7 +281,8 @@ def tool(
 
     def build(fn: Callable[..., Any]) -> Tool:
         summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
-        validator = _validator_for(fn, param_docs)
+        context_param = _context_param(fn)
+        validator = _validator_for(fn, param_docs, skip=context_param)
         return Tool(
             name=name or fn.__name__,
             description=description or summary or fn.__name__.replace("_", " "),
@@ -269,12 +294,31 @@ def tool(
             output_max_length=output_max_length,
             validator=validator,
             in_thread=in_thread,
+            context_param=context_param,
         )
 
     return build(function) if function is not None else build
 
 
-def _validator_for(fn: Callable[..., Any], docs: dict[str, str]) -> type[BaseModel]:
+def _context_param(fn: Callable[..., Any]) -> str | None:
+    """The parameter annotated `ToolContext` (or `ToolContext[...]`), if the function has one."""
+    try:
+        hints = get_type_hints(fn)
+    except Exception:
+        return None  # reported by `_validator_for`
+    found = [
+        n for n, h in hints.items() if n != "return" and (h is ToolContext or get_origin(h) is ToolContext)
+    ]
+    if len(found) > 1:
+        raise ConfigurationError(
+            f"tool function {fn.__name__!r} has {len(found)} ToolContext parameters; one is enough"
+        )
+    return found[0] if found else None
+
+
+def _validator_for(
+    fn: Callable[..., Any], docs: dict[str, str], *, skip: str | None = None
+) -> type[BaseModel]:
     try:
         hints = get_type_hints(fn)
     except Exception as exc:
@@ -283,6 +327,8 @@ def _validator_for(fn: Callable[..., Any], docs: dict[str, str]) -> type[BaseMod
         ) from exc
     fields: dict[str, Any] = {}
     for param in inspect.signature(fn).parameters.values():
+        if param.name == skip:
+            continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigurationError(
                 f"tool function {fn.__name__!r} takes *{param.name}: tools need named parameters only"

@@ -56,6 +56,7 @@ from ._risk import RiskLevel
 from ._tools import (
     Tool,
     ToolArgumentsError,
+    ToolContext,
     ToolRegistry,
     _check_against_schema,
     render_output,
@@ -612,6 +613,9 @@ class _Runner:
         kind: ErrorKind | None = None
         try:
             valid = tool.validate(arguments)
+            if tool.context_param is not None:  # outside a run: no run id, no deps
+                context = ToolContext(run_id="", call_id=task.id, step=0, goal="", deps=None, metadata={})
+                valid = {**valid, tool.context_param: context}
             async with asyncio.timeout(timeout):
                 text, success = render_output(await tool.invoke(valid)), True
         except ToolArgumentsError as exc:
