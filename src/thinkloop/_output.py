@@ -47,10 +47,7 @@ class OutputSpec:
     def rule(self) -> str:
         """The system-prompt rule that tells the model the answer's format."""
         schema = json.dumps(self.schema, ensure_ascii=False, separators=(",", ":"))
-        return (
-            "Give your final answer as JSON only (no other text), matching this JSON Schema: "
-            f"{schema}"
-        )
+        return f"Give your final answer as JSON only (no other text), matching this JSON Schema: {schema}"
 
     def parse(self, text: str) -> tuple[Any, str | None]:
         """The validated value of a final answer, or `(None, what is wrong)` to tell the model."""
