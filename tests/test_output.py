@@ -120,3 +120,35 @@ def test_a_type_pydantic_cannot_handle_is_a_configuration_error() -> None:
 
     with pytest.raises(ConfigurationError, match="output_type .* cannot be used"):
         Agent(ScriptedModel(["x"]), output_type=Opaque)
+
+
+class Invoice(BaseModel):
+    items: list[int]
+    total: int
+
+
+def total_matches(invoice: Invoice) -> Invoice:
+    if sum(invoice.items) != invoice.total:
+        raise ValueError(f"the total {invoice.total} is not the sum of the items ({sum(invoice.items)}).")
+    return invoice
+
+
+async def test_an_output_validator_checks_what_a_schema_cannot_and_its_message_goes_to_the_model() -> None:
+    model = ScriptedModel(['{"items": [2, 3], "total": 6}', '{"items": [2, 3], "total": 5}'])
+    result = await Agent(model, output_type=Invoice, output_validator=total_matches).run("Bill 2 and 3.")
+    assert result.parsed == Invoice(items=[2, 3], total=5)
+    (correction,) = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert "the total 6 is not the sum of the items (5). Give the final answer again." in correction
+
+
+async def test_an_output_validator_on_plain_text_answers_can_also_change_them() -> None:
+    def no_shouting(text: str) -> str:
+        if not text.strip():
+            raise ValueError("the answer is empty.")
+        return text.strip().lower()
+
+    model = ScriptedModel(["   ", "  YES  "])
+    agent = Agent(model, output_validator=no_shouting)
+    result = await agent.run("?")
+    assert result.parsed == "yes" and result.output == "  YES  "
+    assert "JSON Schema" not in model.requests[0].messages[0].content  # no format rule for text

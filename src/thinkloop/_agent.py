@@ -95,6 +95,9 @@ class Agent:
         output_type: what the final answer must be — a pydantic model, a dataclass, a TypedDict or a type
             such as `list[str]`: the model is told its JSON Schema, the answer is validated (one that does
             not validate goes back to the model with the errors) and `result.parsed` holds the value.
+        output_validator: a function of the final answer (the `output_type` value, or the text) that
+            returns it (possibly changed) or raises `ValueError`, whose message goes back to the model
+            (a heal) — checks a schema cannot express, e.g. "the total must equal the sum of the items".
     """
 
     def __init__(
@@ -127,6 +130,7 @@ class Agent:
         experience: Learner | None = None,
         lessons_limit: int = 3,
         output_type: Any = None,
+        output_validator: Callable[[Any], Any] | None = None,
     ) -> None:
         if mode not in ("auto", "native", "react"):
             raise ConfigurationError(f"mode must be 'auto', 'native' or 'react', not {mode!r}")
@@ -163,7 +167,7 @@ class Agent:
         self.mcp_servers = list(mcp_servers)
         self.experience = experience
         self.lessons_limit = lessons_limit
-        self.output = OutputSpec.of(output_type)
+        self.output = OutputSpec.of(output_type, output_validator)
         self._learning: set[asyncio.Task[None]] = set()
         self._configs: dict[tuple[Budget, bool], LoopConfig] = {}
         self._active: dict[str, tuple[RunContext, asyncio.Task[Any] | None]] = {}  # runs being driven
@@ -434,7 +438,9 @@ class Agent:
                 prompt_layers={
                     "role": self.instructions,
                     "environment": self.environment,
-                    "rules": self.rules if self.output is None else (*self.rules, self.output.rule),
+                    "rules": self.rules
+                    if self.output is None or not self.output.rule
+                    else (*self.rules, self.output.rule),
                 },
                 gate=self.safety or AllowAll(),
             )

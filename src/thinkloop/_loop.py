@@ -833,7 +833,7 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
         facts=_known_facts(run),
         failures=_failed_calls(run),
     )
-    if run.output is not None:
+    if run.output is not None and run.output.rule:
         prompt = f"{prompt}\n{run.output.rule}"
     state.messages.append(Message.user(prompt, kind="final_prompt", step=state.step))
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,11 +28,14 @@ class OutputSpec:
     type: Any
     adapter: TypeAdapter[Any]
     schema: dict[str, Any]
+    check: Callable[[Any], Any] | None = None
 
     @classmethod
-    def of(cls, output_type: Any) -> OutputSpec | None:
-        """The spec of `output_type`; None for `str` (any text is a valid answer)."""
-        if output_type is None or output_type is str:
+    def of(cls, output_type: Any, check: Callable[[Any], Any] | None = None) -> OutputSpec | None:
+        """The spec of `output_type` and an extra `check` of the value; None when any text will do."""
+        if output_type is None:
+            output_type = str
+        if output_type is str and check is None:
             return None
         try:
             adapter: TypeAdapter[Any] = TypeAdapter(output_type)
@@ -41,29 +45,44 @@ class OutputSpec:
                 f"output_type {output_type!r} cannot be used: {exc} — use a pydantic model, a dataclass, a "
                 "TypedDict or a type such as list[str] or int"
             ) from None
-        return cls(type=output_type, adapter=adapter, schema=schema)
+        return cls(type=output_type, adapter=adapter, schema=schema, check=check)
 
     @property
-    def rule(self) -> str:
-        """The system-prompt rule that tells the model the answer's format."""
+    def rule(self) -> str | None:
+        """The system-prompt rule that tells the model the answer's format (None for plain text)."""
+        if self.type is str:
+            return None
         schema = json.dumps(self.schema, ensure_ascii=False, separators=(",", ":"))
         return f"Give your final answer as JSON only (no other text), matching this JSON Schema: {schema}"
 
     def parse(self, text: str) -> tuple[Any, str | None]:
         """The validated value of a final answer, or `(None, what is wrong)` to tell the model."""
+        if self.type is str:
+            return self._checked(text)
         candidates = _json_candidates(text)
         if not candidates:
             return None, "the final answer was empty: give it as JSON matching the schema."
         errors: list[str] = []
         for candidate in candidates:
             try:
-                return self.adapter.validate_python(candidate), None
+                value = self.adapter.validate_python(candidate)
             except ValidationError as exc:
                 errors.append(_explain(exc))
+            else:
+                return self._checked(value)
         return None, (
             f"the final answer does not match the required format: {errors[0]}. "
             "Give the final answer again as JSON only, matching the schema."
         )
+
+    def _checked(self, value: Any) -> tuple[Any, str | None]:
+        """The value through the agent's `output_validator`: its `ValueError` message goes to the model."""
+        if self.check is None:
+            return value, None
+        try:
+            return self.check(value), None
+        except ValueError as exc:
+            return None, f"{exc} Give the final answer again."
 
 
 def _json_candidates(text: str) -> list[Any]:
