@@ -302,6 +302,8 @@ def test_checkpoint_hints_are_user_messages_and_events() -> None:
     hints = [e for e in events if isinstance(e, Hint)]
     assert [(h.step, h.reason) for h in hints] == [(8, "summarise"), (12, "answer_now")]
     assert "only 4 step(s) left" in hints[1].text
+    goal = result.state.goal
+    assert f"The task: {goal} If the results so far answer it" in hints[0].text  # the task restated halfway
     hint_messages = [m for m in result.state.messages if m.kind == "hint"]
     assert [(m.role, m.step, m.content) for m in hint_messages] == [("user", h.step, h.text) for h in hints]
 

@@ -52,9 +52,9 @@ DEFAULT_HINTS: dict[str, str] = {
         "Checkpoint: your last {count} steps failed with the same error. Repeating the call will not help: "
         "read the error, then change the arguments or the tool, or answer with what you already know."
     ),
-    "summarise": (
-        "Checkpoint: you are halfway through your step budget. Summarise what you have found so far. "
-        "If you can already answer the task, give the final answer now."
+    "summarise": (  # restates the task: asked to "summarise", small models gave the summary as the answer
+        "Checkpoint: you are halfway through your step budget. The task: {goal} "
+        "If the results so far answer it, give the final answer now; otherwise go on with the next step."
     ),
     "answer_now": (
         "Checkpoint: only {remaining} step(s) left. Do not start new tool calls: give your final answer now "
@@ -381,7 +381,7 @@ class Guards:
         if key is None:
             return None
         g.hints_given.append(state.step)
-        text = self.config.hint(key, remaining=max(max_steps - state.step, 0), count=errors)
+        text = self.config.hint(key, remaining=max(max_steps - state.step, 0), count=errors, goal=state.goal)
         return text, key
 
     def _checkpoint_key(self, state: RunState, max_steps: int) -> str | None:
