@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from ._errors import ConfigurationError
+from ._react import first_json_span
 
 _FENCE_RE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 
@@ -113,25 +114,10 @@ def _json_candidates(text: str) -> list[Any]:
 
 
 def _first_bracketed(text: str) -> str | None:
-    """The first balanced `{…}` or `[…]` in the text (strings respected), if any."""
-    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
-    if start < 0:
-        return None
-    depth, quoted, escaped = 0, False, False
-    for index in range(start, len(text)):
-        char = text[index]
-        if quoted:
-            escaped, quoted = (False, quoted) if escaped else (char == "\\", char != '"')
-            continue
-        if char == '"':
-            quoted = True
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-            if depth == 0:
-                return text[start : index + 1]
-    return None  # cut off: not repaired (closing it could make a wrong answer look valid)
+    """The first complete `{…}` or `[…]` in the text; None for a cut-off one (closing it could make a
+    wrong answer look valid)."""
+    span = first_json_span(text, "{[")
+    return span[0] if span is not None and span[1] else None
 
 
 def _repaired(text: str) -> Any:

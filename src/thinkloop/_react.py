@@ -351,9 +351,17 @@ def _unfence(text: str) -> str:
 
 def _first_json_object(text: str) -> str | None:
     """The first balanced `{...}` in `text` (strings and escapes respected), or an unclosed tail."""
-    start = text.find("{")
+    span = first_json_span(text)
+    return span[0] if span else None
+
+
+def first_json_span(text: str, openers: str = "{") -> tuple[str, bool] | None:
+    """The first JSON object (or array, with `openers="{["`) in `text`, strings and escapes respected,
+    and whether it closes; an unclosed one is the tail from its start. None when there is none."""
+    start = min((i for i in (text.find(o) for o in openers) if i >= 0), default=-1)
     if start < 0:
         return None
+    closers = {"{": "}", "[": "]"}
     depth, in_string, escaped = 0, False, False
     for i in range(start, len(text)):
         ch = text[i]
@@ -364,13 +372,13 @@ def _first_json_object(text: str) -> str | None:
             continue
         if ch == '"':
             in_string = True
-        elif ch == "{":
+        elif ch in openers:
             depth += 1
-        elif ch == "}":
+        elif ch in (closers[o] for o in openers):
             depth -= 1
             if depth == 0:
-                return text[start : i + 1]
-    return text[start:]
+                return text[start : i + 1], True
+    return text[start:], False
 
 
 _NAME_KEYS = ("name", "tool", "action", "tool_name", "function")
