@@ -429,7 +429,8 @@ def order_status(order_id: str) -> str:
 @tool
 def unit_price(item: str) -> str:
     """The unit price in EUR of a catalogue item."""
-    return PRICES.get(item.strip().lower().rstrip("s"), f"no item named {item!r}")
+    found = PRICES.get(item.strip().lower().rstrip("s"))
+    return found or f"no item named {item!r}; the catalogue has: {', '.join(PRICES)}"  # as a good tool says
 
 
 @pytest.fixture(scope="session")
@@ -468,7 +469,7 @@ async def test_real_lookup_task(agent: Agent) -> None:
 @needs_15b
 async def test_real_two_step_task(agent: Agent) -> None:
     result = await agent.run(
-        "How much do 4 gadgets cost? Look up the unit price first, then use the calculator."
+        "What do 4 gadgets cost in all? Look up the unit price of a gadget, then use the calculator."
     )
     assert "33.6" in result.output  # 4 x 8.40
     calls = [(c.name, c.arguments) for m in result.state.messages for c in m.tool_calls]
