@@ -376,6 +376,48 @@ def test_tool_calls_written_as_text_are_run_and_switch_to_react() -> None:
     assert [e.to_mode for e in events if isinstance(e, ModeSwitched)] == ["react"]
 
 
+@pytest.mark.parametrize(
+    "written",
+    [
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17*23"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*2"}}\n</tool_call>',
+        'Thought: two sums\n{"name": "calculator", "arguments": {"expression": "17*23"}}\n'
+        '{"name": "calculator", "arguments": {"expression": "2*2"}}',
+    ],
+)
+def test_several_calls_written_as_text_by_a_native_model_all_run(written: str) -> None:
+    """A server without a tool-call parser hands back the model's calls as text: each one runs."""
+
+    def reply(request: ModelRequest) -> object:
+        if request.messages[-1].role == "tool":
+            return "Final Answer: 391 and 4"
+        return written
+
+    model = FunctionModel(reply)
+    result, _ = run(Agent(model, tools=[calculator], mode="native"))
+    assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "391 and 4"
+    assert [(e.name, e.arguments, e.output) for e in result.state.ledger.values()] == [
+        ("calculator", {"expression": "17*23"}, "391"),
+        ("calculator", {"expression": "2*2"}, "4"),
+    ]
+    assistant, *answers = result.state.messages[1:4]
+    assert [m.tool_call_id for m in answers] == [c.id for c in assistant.tool_calls]  # each answered by id
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        'Thought: compute\nAction: calculator\nAction Input: {"expression": "17*23"}',
+        'calculator(expression="17*23")',
+    ],
+)
+def test_a_react_step_or_a_code_call_written_by_a_native_model_runs(written: str) -> None:
+    model = FunctionModel(lambda r: "Final Answer: 391" if r.messages[-1].role == "tool" else written)
+    result, _ = run(Agent(model, tools=[calculator], mode="native"))
+    assert result.output == "391" and result.tool_calls == 1
+    assert [e.output for e in result.state.ledger.values()] == ["391"]
+
+
 # ============================================================================================== resume
 
 
@@ -433,7 +475,9 @@ async def test_the_same_reasoning_repeated_with_varying_calls_is_a_loop() -> Non
         return {"text": thought, "tool_calls": [{"name": "calculator", "args": {"expression": expression}}]}
 
     events: list[Event] = []
-    result = await Agent(FunctionModel(reply), tools=[calculator]).run("What is 17 * 23?", on_event=events.append)
+    result = await Agent(FunctionModel(reply), tools=[calculator]).run(
+        "What is 17 * 23?", on_event=events.append
+    )
     assert result.stop_reason is StopReason.DANGEROUS_LOOP
     assert result.steps == 4 and result.output == "17 * 23 = 391"
     assert [e.reason for e in events if e.type == "hint"] == ["repeated_thought"]  # type: ignore[union-attr]

@@ -72,7 +72,10 @@ async def test_native_tool_call_then_answer_transcript() -> None:
 
 async def test_react_mode_for_models_without_tools() -> None:
     model = ScriptedModel(
-        ['Thought: I need to add.\nAction: add\nAction Input: {"a": 2, "b": 3}', "Thought: done\nFinal Answer: 5"],
+        [
+            'Thought: I need to add.\nAction: add\nAction Input: {"a": 2, "b": 3}',
+            "Thought: done\nFinal Answer: 5",
+        ],
         tools=False,
     )
     result = await Agent(model, tools=[add]).run("What is 2+3?")
@@ -106,11 +109,22 @@ async def test_parallel_calls_run_concurrently_and_each_is_answered() -> None:
         return f"value-{key}"
 
     model = ScriptedModel(
-        [{"tool_calls": [{"name": "fetch", "args": {"key": "a"}}, {"name": "fetch", "args": {"key": "b"}}]}, "done"]
+        [
+            {
+                "tool_calls": [
+                    {"name": "fetch", "args": {"key": "a"}},
+                    {"name": "fetch", "args": {"key": "b"}},
+                ]
+            },
+            "done",
+        ]
     )
     result = await Agent(model, tools=[fetch]).run("fetch a and b")
     tool_msgs = [m for m in result.state.messages if m.role == "tool"]
-    assert [(m.tool_call_id, m.content) for m in tool_msgs] == [("call_0_0", "value-a"), ("call_0_1", "value-b")]
+    assert [(m.tool_call_id, m.content) for m in tool_msgs] == [
+        ("call_0_0", "value-a"),
+        ("call_0_1", "value-b"),
+    ]
     assert result.tool_calls == 2
 
 
@@ -147,7 +161,10 @@ async def test_tool_exception_and_timeout_become_observations() -> None:
     model = ScriptedModel([call("boom"), call("slow"), "gave up"])
     result = await Agent(model, tools=[boom, slow]).run("try")
     outputs = [m.content for m in result.state.messages if m.role == "tool"]
-    assert outputs == ["Error: boom raised RuntimeError: disk on fire", "Error: slow was abandoned: it timed out after 0.05 s."]
+    assert outputs == [
+        "Error: boom raised RuntimeError: disk on fire",
+        "Error: slow was abandoned: it timed out after 0.05 s.",
+    ]
     assert result.output == "gave up"
 
 
@@ -157,9 +174,13 @@ async def test_long_output_is_truncated_keeping_head_and_tail() -> None:
         """Dump."""
         return "HEAD" + "x" * 50_000 + "TAIL"
 
-    result = await Agent(ScriptedModel([call("dump"), "ok"]), tools=[dump], output_max_length=1000).run("dump")
+    result = await Agent(ScriptedModel([call("dump"), "ok"]), tools=[dump], output_max_length=1000).run(
+        "dump"
+    )
     out = next(m.content for m in result.state.messages if m.role == "tool")
-    assert len(out) <= 1000 and out.startswith("HEAD") and out.endswith("TAIL") and "truncated of 50008" in out
+    assert (
+        len(out) <= 1000 and out.startswith("HEAD") and out.endswith("TAIL") and "truncated of 50008" in out
+    )
 
 
 async def test_empty_reply_ends_with_empty_answer() -> None:
@@ -182,7 +203,9 @@ async def test_max_steps_gets_a_best_effort_final_answer() -> None:
 
 async def test_final_answer_call_can_be_disabled() -> None:
     model = FunctionModel(lambda r: call("add", a=r.turn, b=1))
-    result = await Agent(model, tools=[add], budget=Budget(max_steps=2), final_answer_on_stop=False).run("loop")
+    result = await Agent(model, tools=[add], budget=Budget(max_steps=2), final_answer_on_stop=False).run(
+        "loop"
+    )
     assert result.stop_reason is StopReason.MAX_STEPS and not result.forced_final
     assert result.output == "2"  # the last useful observation (1 + 1) is kept as the answer
 
@@ -264,7 +287,9 @@ async def test_stream_consumer_that_stops_cancels_the_run_cleanly() -> None:
 
 
 async def test_react_streams_only_the_final_answer() -> None:
-    agent = Agent(ScriptedModel(["Thought: easy\nFinal Answer: forty-two"], tools=False, stream_chunk=3), tools=[add])
+    agent = Agent(
+        ScriptedModel(["Thought: easy\nFinal Answer: forty-two"], tools=False, stream_chunk=3), tools=[add]
+    )
     deltas = [e.text async for e in agent.stream("q") if e.type == "answer_delta"]  # type: ignore[union-attr]
     assert "".join(deltas).strip() == "forty-two"
 
@@ -406,7 +431,10 @@ async def test_test_doubles_can_run_without_keeping_a_request_log() -> None:
         ("<think>6 times 7 is 42, let me double-check… yes.</think>\n\n42", "42"),
         ("6 times 7, so 42.</think>\nThe answer is 42.", "The answer is 42."),  # opening tag in the template
         ("<THINK>hmm</THINK>Final answer: 42", "42"),
-        ("<think>still reasoning about 6*7 when the reply was cut", "still reasoning about 6*7 when the reply was cut"),
+        (
+            "<think>still reasoning about 6*7 when the reply was cut",
+            "still reasoning about 6*7 when the reply was cut",
+        ),
         ("Final Answer:", "Final Answer:"),  # a label with nothing after it is kept as written
     ],
 )
@@ -451,7 +479,9 @@ async def test_async_tools_that_wait_are_driven_to_the_end_like_an_await() -> No
             raise
         return "never"
 
-    model = ScriptedModel([call("instant", x=4), call("several_waits", n=3), call("fails_later"), call("stubborn"), "done"])
+    model = ScriptedModel(
+        [call("instant", x=4), call("several_waits", n=3), call("fails_later"), call("stubborn"), "done"]
+    )
     result = await Agent(model, tools=[instant, several_waits, fails_later, stubborn]).run("go")
     outputs = [m.content for m in result.state.messages if m.role == "tool"]
     assert outputs == [
@@ -485,7 +515,9 @@ async def test_cancelling_a_run_reaches_a_waiting_tool() -> None:
     assert cancelled.is_set()
 
 
-async def test_a_listener_that_raises_is_dropped_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_listener_that_raises_is_dropped_and_the_run_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     seen: list[str] = []
     good: list[str] = []
 
@@ -494,7 +526,9 @@ async def test_a_listener_that_raises_is_dropped_and_the_run_goes_on(caplog: pyt
         if event.type == "tool_call":
             raise RuntimeError("listener bug")
 
-    agent = Agent(ScriptedModel([call("add", a=1, b=2), "3"]), tools=[add], on_event=lambda e: good.append(e.type))
+    agent = Agent(
+        ScriptedModel([call("add", a=1, b=2), "3"]), tools=[add], on_event=lambda e: good.append(e.type)
+    )
     with caplog.at_level("ERROR", logger="thinkloop.events"):
         result = await agent.run("1+2", on_event=buggy)
     assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "3" and result.tool_calls == 1
@@ -524,7 +558,9 @@ async def test_a_tool_calling_sys_exit_is_a_failed_call_not_the_end_of_the_proce
         await asyncio.sleep(0.001)
         raise SystemExit("bye")
 
-    result = await Agent(ScriptedModel([call("quits"), call("quits_later"), "still here"]), tools=[quits, quits_later]).run("x")
+    result = await Agent(
+        ScriptedModel([call("quits"), call("quits_later"), "still here"]), tools=[quits, quits_later]
+    ).run("x")
     outputs = [m.content for m in result.state.messages if m.role == "tool"]
     assert outputs == ["Error: quits raised SystemExit: 3", "Error: quits_later raised SystemExit: bye"]
     assert result.output == "still here"
@@ -547,7 +583,9 @@ async def test_abandoned_sync_tools_neither_starve_other_threads_nor_block_later
         """Answer at once."""
         return "quick"
 
-    stuck_calls = {"tool_calls": [{"name": "stuck", "args": {"n": i}} for i in range(40)]}  # more than any default pool
+    stuck_calls = {
+        "tool_calls": [{"name": "stuck", "args": {"n": i}} for i in range(40)]
+    }  # more than any default pool
     agent = Agent(ScriptedModel([stuck_calls, call("quick"), "done"]), tools=[stuck, quick])
     try:
         started = time.monotonic()
@@ -638,3 +676,52 @@ async def test_arguments_a_small_model_gets_slightly_wrong_are_understood() -> N
     assert outputs[5].startswith("Error: the arguments of weather were not a JSON object")
     assert outputs[6].startswith("Error: invalid arguments for add: ")
     assert result.output == "done"
+
+
+# ====================================================================== answers handed in as a tool call
+
+
+@pytest.mark.parametrize("mode", ["native", "react"])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"tool_calls": [{"name": "final_answer", "args": {"answer": "391"}}]},  # smolagents' habit
+        {"tool_calls": [{"name": "Final_Answer", "args": "391"}]},  # raw text arguments
+        {"tool_calls": [{"name": "finish", "args": {"result": 391}}]},
+        {"text": '{"name": "final_answer", "arguments": {"answer": "391"}}'},
+        {"text": '```json\n{"action": "Final Answer", "action_input": "391"}\n```'},
+        {"text": "Thought: I know it.\nAction: Final Answer\nAction Input: 391"},
+        {"text": 'Thought: done\nAction: final_answer\nAction Input: {"answer": "391"}'},
+    ],
+)
+async def test_an_answer_handed_in_through_a_tool_that_does_not_exist_is_the_final_answer(
+    reply: dict[str, object], mode: str
+) -> None:
+    model = ScriptedModel([reply, "not asked"])
+    result = await Agent(model, tools=[calculator], mode=mode).run("What is 17*23?")
+    assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "391"
+    assert result.steps == 1 and result.tool_calls == 0
+
+
+async def test_an_answer_call_beside_real_calls_is_dropped_and_a_real_answer_tool_is_called() -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "calculator", "args": {"expression": "17*23"}}, {"name": "final_answer", "args": {"answer": "guess"}}]},
+            "391",
+        ]
+    )  # fmt: skip
+    result = await Agent(model, tools=[calculator]).run("What is 17*23?")
+    assert result.output == "391" and result.tool_calls == 1
+    assert [c.name for c in result.state.messages[1].tool_calls] == ["calculator"]  # every call answered
+
+    @tool
+    def submit(answer: str) -> str:
+        """Submit the answer to the grader."""
+        return f"submitted {answer}"
+
+    model = ScriptedModel([{"tool_calls": [{"name": "submit", "args": {"answer": "391"}}]}, "done"])
+    result = await Agent(model, tools=[submit]).run("Submit 391.")
+    assert result.output == "done" and result.tool_calls == 1  # a real tool of that name is a real call
+    empty = ScriptedModel([{"tool_calls": [{"name": "final_answer", "args": {}}]}, "391"])
+    result = await Agent(empty, tools=[calculator]).run("What is 17*23?")
+    assert result.output == "391" and result.steps == 2  # nothing handed in: answered as an unknown tool

@@ -13,7 +13,7 @@ PUBLIC = {
     "Message", "Model", "ModelError", "ModelRequest", "ModelResponse", "ModelRetryableError", "ModelSettings",
     "Price", "PriceTable", "RiskLevel", "RunError", "RunResult", "RunState", "StateError", "StopReason",
     "ThinkloopError", "TokenCounter", "Tool", "ToolCall", "ToolDefinition", "ToolDiscovery", "ToolExecutionError",
-    "ToolContext", "ToolRegistry", "Usage", "UserError", "tool", "validate_history",
+    "ToolContext", "ToolRegistry", "ToolsUnsupportedError", "Usage", "UserError", "tool", "validate_history",
 }  # fmt: skip
 
 
@@ -34,6 +34,8 @@ def test_error_hierarchy() -> None:
     assert issubclass(thinkloop.ModelRetryableError, thinkloop.ModelError)
     assert issubclass(thinkloop.ContextOverflowError, thinkloop.ModelError)
     assert not issubclass(thinkloop.ContextOverflowError, thinkloop.ModelRetryableError)
+    assert issubclass(thinkloop.ToolsUnsupportedError, thinkloop.ModelError)
+    assert not issubclass(thinkloop.ToolsUnsupportedError, thinkloop.ModelRetryableError)
 
 
 def test_import_does_not_load_heavy_dependencies() -> None:

@@ -6,7 +6,15 @@ import pytest
 
 from thinkloop import Message, ToolCall
 from thinkloop._messages import ToolDefinition
-from thinkloop._react import arguments_example, parse_react, render_transcript, tools_prompt
+from thinkloop._react import (
+    arguments_example,
+    call_syntax,
+    parse_arguments,
+    parse_react,
+    render_transcript,
+    text_calls,
+    tools_prompt,
+)
 from thinkloop._tools import ToolRegistry
 from thinkloop.tools.calculator import calculator
 
@@ -333,3 +341,93 @@ def test_a_final_answer_label_in_the_middle_of_a_line_still_separates_the_answer
         'Thought: then the final answer: soon\nAction: calculator\nAction Input: {"expression": "1"}'
     )
     assert acting.call is not None and acting.final is None  # only without an Action
+
+
+# ============================================================================ calls written as text
+
+
+def test_text_calls_reads_every_tagged_block_and_keeps_the_text_before() -> None:
+    text = (
+        "I will compute both.\n"
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17*23"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>'
+    )
+    before, calls = text_calls(text, TOOLS, "t1")
+    assert before == "I will compute both."
+    assert [(c.id, c.name, c.arguments) for c in calls] == [
+        ("t1", "calculator", {"expression": "17*23"}),
+        ("t1_1", "search", {"query": "x"}),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "calculator", "arguments": {"expression": "1+1"}}\n{"name": "search", "arguments": {"query": "q"}}',
+        '[{"name": "calculator", "arguments": {"expression": "1+1"}}, {"name": "search", "parameters": {"query": "q"}}]',
+        '```json\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n```\n'
+        '```json\n{"name": "search", "arguments": {"query": "q"}}\n```',
+    ],
+)
+def test_text_calls_reads_several_json_calls_in_a_row(text: str) -> None:
+    _, calls = text_calls(text, TOOLS, "t")
+    assert [(c.id, c.name, c.arguments) for c in calls] == [
+        ("t", "calculator", {"expression": "1+1"}),
+        ("t_1", "search", {"query": "q"}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "thought", "arguments"),
+    [
+        (
+            'Thought: compute it\nAction: calculator\nAction Input: {"expression": "2+2"}',
+            "compute it",
+            {"expression": "2+2"},
+        ),
+        ('calculator(expression="2+2")', "", {"expression": "2+2"}),
+        ("```python\ncalculator(expression='2+2')\n```", "", {"expression": "2+2"}),
+        ("Calculator(expression=2+2)", "", {"expression": "2+2"}),  # not a literal: its source text
+        ('search(query="x", limit=3)', "", {"query": "x", "limit": 3}),
+    ],
+)
+def test_text_calls_reads_react_lines_and_code_syntax(
+    text: str, thought: str, arguments: dict[str, object]
+) -> None:
+    before, calls = text_calls(text, TOOLS, "t")
+    assert before == thought
+    assert len(calls) == 1 and calls[0].arguments == arguments and not calls[0].malformed
+
+
+def test_a_positional_argument_in_code_syntax_is_kept_raw_for_the_executor() -> None:
+    _, calls = text_calls('calculator("17*23")', TOOLS, "t")
+    assert [(c.name, c.arguments, c.raw_arguments) for c in calls] == [("calculator", {}, '"17*23"')]
+    assert call_syntax("calculator(1, 2)", TOOLS, "t") == ToolCall(
+        id="t", name="calculator", raw_arguments="[1, 2]"
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The answer is 4.",
+        "sqrt(16) is 4",  # not a tool
+        "print(calculator(expression='1'))",  # code around the call: not only a call
+        'calculator(**{"expression": "1"})',
+        '{"name": "Ada", "age": 36}',  # JSON that names no tool
+        "Use the calculator(expression) tool to do it.",
+        "",
+    ],
+)
+def test_text_without_a_call_stays_text(text: str) -> None:
+    assert text_calls(text, TOOLS, "t") == (text, [])
+
+
+def test_keyword_arguments_written_as_code_are_read_as_arguments() -> None:
+    assert parse_arguments('expression="17*23+4"') == ({"expression": "17*23+4"}, None)
+    assert parse_arguments("query='a b', limit=2") == ({"query": "a b", "limit": 2}, None)
+    assert parse_arguments("x == 2")[1] == "x == 2"  # a comparison is no keyword argument
+    step = parse('Thought: x\nAction: calculator(expression="2*3")')
+    assert step.call == ToolCall(id="c1", name="calculator", arguments={"expression": "2*3"})
+    step = parse('calculator(expression="2*3")')  # a ReAct reply that is only the call
+    assert step.call == ToolCall(id="c1", name="calculator", arguments={"expression": "2*3"})

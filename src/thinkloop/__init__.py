@@ -16,6 +16,7 @@ from ._errors import RunError as RunError
 from ._errors import StateError as StateError
 from ._errors import ThinkloopError as ThinkloopError
 from ._errors import ToolExecutionError as ToolExecutionError
+from ._errors import ToolsUnsupportedError as ToolsUnsupportedError
 from ._errors import UserError as UserError
 from ._events import Event as Event
 from ._events import RunResult as RunResult

@@ -93,6 +93,16 @@ class ContextOverflowError(ModelError):
         self.completion_tokens = completion_tokens
 
 
+class ToolsUnsupportedError(ModelError):
+    """The model (or the server in front of it) does not take tool definitions: Ollama's "does not support
+    tools", vLLM without `--enable-auto-tool-choice`, a llama.cpp server without `--jinja` …
+
+    Recoverable: the loop switches the run to text ReAct (the tools are described in the prompt) and sends
+    the request again; the OpenAI adapter then marks the model as without native tools, so later runs start
+    in ReAct.
+    """
+
+
 class ToolExecutionError(RunError):
     """A tool failed in a way that cannot be reported to the model as an observation."""
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from . import _react
 from ._budget import Budget, PriceTable
 from ._context import ContextManager
-from ._errors import ContextOverflowError, ModelError, ModelRetryableError, RunError
+from ._errors import ContextOverflowError, ModelError, ModelRetryableError, RunError, ToolsUnsupportedError
 from ._events import (
     AnswerDelta,
     Done,
@@ -341,7 +341,7 @@ async def think(run: RunContext) -> Reply:
         try:
             response = await call_model(run, request)
             break
-        except _ContextShrunk:  # the prompt overflowed the model's window: build it again from a smaller view
+        except _Rebuild:  # the context was shrunk, or the mode switched: build the request again
             continue
     reply = _valid_unicode_reply(interpret(run, response, request))
     _record_reply(run, reply)
@@ -412,7 +412,12 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
             if streamer is not None and streamer.started:
                 raise
             _shrink_context(run, exc)
-            raise _ContextShrunk from exc
+            raise _Rebuild from exc
+        except ToolsUnsupportedError as exc:
+            if run.state.mode != "native" or (streamer is not None and streamer.started):
+                raise
+            switch_mode(run, "react", f"the model does not take tool definitions ({exc})")
+            raise _Rebuild from exc
         except ModelRetryableError as exc:
             attempt += 1
             started = streamer is not None and streamer.started
@@ -430,9 +435,10 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
 MAX_SHRINKS_PER_STEP = 2
 
 
-class _ContextShrunk(Exception):
-    """Private signal from `_call_with_retries` to `think`: the run's context budget was lowered after an
-    overflow, so the request must be built again (from a smaller view)."""
+class _Rebuild(Exception):
+    """Private signal from `_call_with_retries` to `think`: the request must be built again — the run's
+    context budget was lowered after an overflow, or the run switched to ReAct because the model takes no
+    tool definitions."""
 
 
 def _shrink_context(run: RunContext, error: ContextOverflowError) -> None:
@@ -575,24 +581,46 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         if step.error:
             return Reply(text=response.text, problem=step.error)
         if step.call is not None:
-            return Reply(text=step.thought, calls=[step.call])
+            reply = Reply(text=step.thought, calls=[step.call])
+            return reply if step.call.name in run.tools else _answer_calls(run, reply)
         if step.final and _react.copied_final(step.final, request.messages, run.state):
             return Reply(
                 text=response.text,
                 problem=f"It {_react.COPIED} instead of answering the task. The task: {run.state.goal}",
             )
-        return Reply(text=step.final or "")
+        final = step.final or ""
+        return Reply(text=_react.json_answer(final, run.tools.names) or final if final[:1] in "{`" else final)
     calls = _unique_ids(response.tool_calls, run.state.step)
     if not calls and response.text and run.tools.names:
-        text_call = _react._bare_json_call(response.text, run.tools.names, f"text_{run.state.step}")
-        if text_call is not None:  # a native model that wrote its tool call as text
+        answer = _react.json_answer(response.text, run.tools.names)  # {"name": "final_answer", ...} as text
+        if answer is not None:
+            return Reply(text=answer)
+        thought, text_calls = _react.text_calls(response.text, run.tools.names, f"text_{run.state.step}")
+        if text_calls:  # a native model (or a server without a tool-call parser) wrote its calls as text
             _note_malformed_native(run)
-            return Reply(text="", calls=[text_call])
+            return _answer_calls(run, Reply(text=thought, calls=text_calls))
     for call in calls:
         if call.raw_arguments is not None:  # malformed
             _note_malformed_native(run)
             break
-    return Reply(text=response.text if calls else native_answer(response.text), calls=calls)
+    reply = Reply(text=response.text if calls else native_answer(response.text), calls=calls)
+    for call in calls:
+        if call.name not in run.tools:  # perhaps a `final_answer` call
+            return _answer_calls(run, reply)
+    return reply
+
+
+def _answer_calls(run: RunContext, reply: Reply) -> Reply:
+    """Calls of a tool that does not exist but hands in the answer (`final_answer(answer=…)`, `Action: Final
+    Answer`): alone, they are the final answer; beside real calls they are dropped (an answer given before
+    the results it needs is premature)."""
+    answers = [c for c in reply.calls if _react.is_answer_call(c, run.tools.names)]
+    if not answers:
+        return reply
+    if len(answers) == len(reply.calls):
+        return Reply(text=_react.answer_of(answers[0]))
+    reply.calls = [c for c in reply.calls if all(c is not a for a in answers)]
+    return reply
 
 
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)

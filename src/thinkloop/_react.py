@@ -8,6 +8,7 @@ switch mode mid-way and the history stays valid for every provider.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from ._messages import Message, ToolCall, ToolDefinition
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from ._state import RunState
 
 OBSERVATION = "Observation:"
@@ -222,6 +225,9 @@ def parse_react(text: str, tool_names: list[str], *, call_id: str) -> ReactStep:
     body = _strip_label(text, _THOUGHT_RE)
     if not body:
         return ReactStep(error="The reply had an empty Thought and no Action or Final Answer.")
+    written = call_syntax(_unfence(body).strip(), tool_names, call_id)  # `calculator(expression="2+3")`
+    if written is not None:
+        return ReactStep(thought="", call=written)
     intended = _intended_tool(body, tool_names)
     if intended is not None:
         return ReactStep(
@@ -321,7 +327,12 @@ def _clean_name(name_text: str, tool_names: list[str]) -> str:
     for known in sorted(tool_names, key=len, reverse=True):  # "use the calculator tool" → calculator
         if re.search(rf"\b{re.escape(known)}\b", name, re.IGNORECASE):
             return known
+    if re.sub(r"[\s-]+", "_", name.lower()) in ANSWER_TOOLS:  # "Action: Final Answer": kept whole
+        return name
     return name.split()[0] if name.split() else ""
+
+
+_KWARGS_RE = re.compile(r"\s*[A-Za-z_]\w*\s*=(?!=)")
 
 
 def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
@@ -329,6 +340,10 @@ def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
     body = _unfence(text).strip()
     if not body or body.lower() in ("none", "null", "{}", "n/a"):
         return {}, None
+    if _KWARGS_RE.match(body):  # `expression="2+3", digits=2`: keyword arguments written as code
+        parsed = _literal_call(body)
+        if parsed is not None and parsed[1] and not parsed[0]:
+            return parsed[1], None
     body = _first_json_object(body) or body
     try:
         value = json.loads(body)
@@ -407,6 +422,184 @@ def _bare_json_call(text: str, tool_names: list[str], call_id: str) -> ToolCall 
     if not isinstance(inner, dict):
         return ToolCall(id=call_id, name=name, raw_arguments=json.dumps(inner))
     return ToolCall(id=call_id, name=name, arguments=inner)
+
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+MAX_TEXT_CALLS = 16
+
+
+def text_calls(text: str, tool_names: list[str], call_id: str) -> tuple[str, list[ToolCall]]:
+    """Tool calls a model wrote as text instead of sending them natively (a server without a tool-call
+    parser, a small model): `(text before the calls, calls)`, or `(text, [])` when the text is no call.
+
+    Read, in this order: `<tool_call>` blocks (all of them); JSON objects naming a known tool (several
+    in a row, or a list of them, are several calls); a ReAct `Action:` / `Action Input:` pair; a reply
+    that is only `tool_name(arg=value, ...)`. The first call keeps `call_id`, the next get `_1`, `_2` ….
+    """
+    ids = (call_id if i == 0 else f"{call_id}_{i}" for i in range(MAX_TEXT_CALLS))
+    blocks = _TOOL_CALL_RE.findall(text)
+    if blocks:
+        found = (_block_call(body, tool_names, next(ids, call_id)) for body in blocks[:MAX_TEXT_CALLS])
+        calls = [call for call in found if call is not None]
+        return (text[: text.find("<tool_call>")].strip(), calls) if calls else (text, [])
+    if not tool_names or not text.strip():
+        return text, []
+    calls = _json_calls(text, tool_names, ids)
+    if calls:
+        return "", calls
+    if _ACTION_RE.search(text):
+        step = parse_react(text, tool_names, call_id=call_id)
+        known = step.call is not None and step.call.name in tool_names
+        if step.call is not None and (known or _INPUT_RE.search(text)):
+            return step.thought, [step.call]
+    call = call_syntax(_unfence(text).strip(), tool_names, call_id)
+    return ("", [call]) if call is not None else (text, [])
+
+
+def _block_call(body: str, tool_names: list[str], call_id: str) -> ToolCall | None:
+    """The call in one `<tool_call>` block; an unknown tool's call is kept (the loop explains the error)."""
+    call = _bare_json_call(body, tool_names, call_id) or call_syntax(body.strip(), tool_names, call_id)
+    if call is not None:
+        return call
+    obj, raw = parse_arguments(body)
+    name = obj.get("name")
+    if raw is not None or not isinstance(name, str):
+        return ToolCall(id=call_id, name="unknown", raw_arguments=body) if body.strip() else None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        args, raw = parse_arguments(args)
+    if not isinstance(args, dict):
+        return ToolCall(id=call_id, name=name, raw_arguments=json.dumps(args))
+    return ToolCall(id=call_id, name=name, arguments=args, raw_arguments=raw)
+
+
+def _json_calls(text: str, tool_names: list[str], ids: Iterator[str]) -> list[ToolCall]:
+    """Every JSON object of `text` (outside strings, one after another) that names a known tool."""
+    calls: list[ToolCall] = []
+    rest = _unfence(text) if text.count("```") == 2 else text.replace("```json", "").replace("```", "")
+    while len(calls) < MAX_TEXT_CALLS:
+        span = first_json_span(rest)
+        if span is None:
+            break
+        chunk, closed = span
+        call = _bare_json_call(chunk, tool_names, "")
+        if call is not None:
+            call.id = next(ids, f"text_{len(calls)}")
+            calls.append(call)
+        if not closed:
+            break
+        rest = rest[rest.find(chunk) + len(chunk) :]
+    return calls
+
+
+def call_syntax(text: str, tool_names: list[str], call_id: str) -> ToolCall | None:
+    """A call written as code, `calculator(expression="2+3")`, when `text` is only that and names a
+    known tool. Keyword arguments must be literals; one positional argument is kept raw (the executor
+    gives it to a tool of one parameter)."""
+    match = _CALL_SYNTAX_RE.match(text)
+    if match is None:
+        return None
+    lowered = {n.lower(): n for n in tool_names}
+    name = lowered.get(match.group(1).lower())
+    if name is None:
+        return None
+    parsed = _literal_call(match.group(2))
+    if parsed is None:
+        return None
+    positional, keywords = parsed
+    if not positional:
+        return ToolCall(id=call_id, name=name, arguments=keywords)
+    if len(positional) == 1 and not keywords:
+        value = positional[0]
+        if isinstance(value, dict):
+            return ToolCall(id=call_id, name=name, arguments=value)
+        return ToolCall(id=call_id, name=name, raw_arguments=json.dumps(value, ensure_ascii=False))
+    return ToolCall(id=call_id, name=name, raw_arguments=json.dumps(positional, ensure_ascii=False))
+
+
+def _literal_call(args: str) -> tuple[list[Any], dict[str, Any]] | None:
+    """The literal positional and keyword arguments of `f(<args>)`, or None (not literals, not Python)."""
+    if len(args) > 20_000:
+        return None
+    source = f"f({args})"
+    try:
+        node = ast.parse(source, mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    if not isinstance(node, ast.Call) or any(k.arg is None for k in node.keywords):  # not f(...), **kwargs
+        return None
+
+    def value(expr: ast.expr) -> Any:  # a literal, else its source text (`expression=17*23+4`)
+        try:
+            return ast.literal_eval(expr)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return ast.get_source_segment(source, expr)
+
+    return [value(a) for a in node.args], {str(k.arg): value(k.value) for k in node.keywords}
+
+
+ANSWER_TOOLS = frozenset(
+    {"final_answer", "finalanswer", "final", "answer", "finish", "submit", "submit_answer", "respond"}
+    | {"final_response", "give_answer", "return_answer", "provide_answer"}
+)
+"""Names models give a tool that does not exist to hand in their answer (smolagents' `final_answer`, …)."""
+_ANSWER_KEYS = (
+    "answer",
+    "final_answer",
+    "response",
+    "result",
+    "text",
+    "output",
+    "content",
+    "message",
+    "value",
+)
+
+
+def is_answer_call(call: ToolCall, tool_names: list[str]) -> bool:
+    """Whether `call` hands in the answer through a tool that does not exist (`final_answer(answer=…)`,
+    `Action: Final Answer`), with something to hand in."""
+    name = re.sub(r"[\s-]+", "_", call.name.strip().lower())
+    if name not in ANSWER_TOOLS or call.name.lower() in {n.lower() for n in tool_names}:
+        return False
+    return bool(answer_of(call).strip())
+
+
+def answer_of(call: ToolCall) -> str:
+    """The answer an answer call carries: its `answer` (or alike) argument, its only argument, or the text."""
+    if call.raw_arguments is not None:
+        return call.raw_arguments.strip().strip("`'\"").strip()
+    args = call.arguments
+    for key in _ANSWER_KEYS:
+        value = args.get(key)
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            return str(value)
+    if len(args) == 1:
+        value = next(iter(args.values()))
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return json.dumps(args, ensure_ascii=False) if args else ""
+
+
+def json_answer(text: str, tool_names: list[str]) -> str | None:
+    """The answer in a reply that is only a JSON answer call, `{"name": "final_answer", "arguments": {…}}`."""
+    body = _unfence(text).strip()
+    if not body.startswith("{"):
+        return None
+    span = first_json_span(body)
+    if span is None or not span[1] or span[0] != body:
+        return None
+    obj, raw = parse_arguments(body)
+    if raw is not None:
+        return None
+    name = next((obj[k] for k in _NAME_KEYS if isinstance(obj.get(k), str)), None)
+    inner: Any = next((obj[k] for k in _ARGS_KEYS if k in obj), {})
+    if name is None:
+        return None
+    if isinstance(inner, str):
+        call = ToolCall(id="", name=name, raw_arguments=inner)
+    else:
+        call = ToolCall(id="", name=name, arguments=inner if isinstance(inner, dict) else {"answer": inner})
+    return answer_of(call) if is_answer_call(call, tool_names) else None
 
 
 # ---------------------------------------------------------------------------- native → ReAct transcript

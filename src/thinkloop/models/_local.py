@@ -21,7 +21,6 @@ import atexit
 import contextlib
 import json
 import os
-import re
 import threading
 import uuid
 import weakref
@@ -189,40 +188,11 @@ def prompt_text(segments: Sequence[Segment]) -> str:
 
 # ============================================================================================ tool calls
 
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
-
 
 def parse_tool_calls(text: str, tool_names: Sequence[str]) -> tuple[str, list[ToolCall]]:
-    """Native-mode reply → (text before the calls, tool calls), tolerating missing tags and string args.
-
-    Calls are read from `<tool_call>` blocks; a reply without any is a call only when it is (fenced or
-    bare) JSON naming a known tool.
-    """
-    names = list(tool_names)
-    blocks = _TOOL_CALL_RE.findall(text)
-    if not blocks:
-        call = _react._bare_json_call(text, names, _call_id()) if names else None
-        return (text, []) if call is None else ("", [call])
-    calls = [c for c in (_block_call(b, names) for b in blocks) if c is not None]
-    if not calls:  # only empty <tool_call> blocks: keep the reply as it was written
-        return text, []
-    return text[: text.find("<tool_call>")].strip(), calls
-
-
-def _block_call(body: str, names: list[str]) -> ToolCall | None:
-    call = _react._bare_json_call(body, names, _call_id())
-    if call is not None:
-        return call
-    obj, raw = _react.parse_arguments(body)  # an unknown tool name: let the loop explain it
-    name = obj.get("name")
-    if raw is not None or not isinstance(name, str):
-        return ToolCall(id=_call_id(), name="unknown", raw_arguments=body) if body.strip() else None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        args, raw = _react.parse_arguments(args)
-    if not isinstance(args, dict):
-        return ToolCall(id=_call_id(), name=name, raw_arguments=json.dumps(args))
-    return ToolCall(id=_call_id(), name=name, arguments=args, raw_arguments=raw)
+    """Native-mode reply → (text before the calls, tool calls), tolerating missing tags and string args
+    (`<tool_call>` blocks, or a reply that is a JSON call of a known tool: see `_react.text_calls`)."""
+    return _react.text_calls(text, list(tool_names), _call_id())
 
 
 def _call_id() -> str:

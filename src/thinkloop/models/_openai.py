@@ -14,6 +14,7 @@ import dataclasses
 import email.utils
 import ipaddress
 import json
+import logging
 import os
 import re
 import threading
@@ -24,7 +25,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
-from .._errors import ConfigurationError, ContextOverflowError, ModelError, ModelRetryableError
+from .._errors import (
+    ConfigurationError,
+    ContextOverflowError,
+    ModelError,
+    ModelRetryableError,
+    ToolsUnsupportedError,
+)
 from .._messages import (
     FinishReason,
     Message,
@@ -39,6 +46,7 @@ from .._messages import (
 )
 from ._base import Model, ModelCapabilities
 from ._overflow import overflow_error, reply_room_after_overflow
+from ._unsupported import tools_unsupported, unsupported_param
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -71,6 +79,9 @@ _HINTS = {
     403: "the API key may not have access to model {name!r} (or the account or region is not allowed)",
     404: "check the model name ({name!r}) and base_url ({where}; it usually ends in /v1)",
 }
+
+
+logger = logging.getLogger("thinkloop.models")
 
 
 class OpenAIModel(Model):
@@ -118,6 +129,7 @@ class OpenAIModel(Model):
             "max_completion_tokens" if reasoning else "max_tokens"
         )
         self.send_temperature = not reasoning
+        self.unsupported_params: set[str] = set()  # optional parameters the server refused (never sent again)
         self._clients: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, tuple[AsyncOpenAI, AsyncGenerator[None, None]]
         ] = weakref.WeakKeyDictionary()
@@ -174,8 +186,9 @@ class OpenAIModel(Model):
     async def request(self, request: ModelRequest) -> ModelResponse:
         scope = "chat completion"
         params = self._params(request)
+        most = _reply_chars(params[self.max_tokens_param])
         completion = await self._create(params, scope)
-        return self._response(completion, scope, _reply_chars(params[self.max_tokens_param]))
+        return self._response(completion, scope, most)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         from openai import OpenAIError
@@ -301,28 +314,61 @@ class OpenAIModel(Model):
         return ModelError(message, provider=self.provider, scope=scope)
 
     async def _create(self, params: dict[str, Any], scope: str) -> Any:
-        """`chat.completions.create(**params)`, errors wrapped. A request whose prompt fits but whose reply
-        room does not (vLLM counts `max_tokens` against the window) is sent once more with less room."""
-        from openai import OpenAIError
+        """`chat.completions.create(**params)`, errors wrapped. A request the server refuses for one of its
+        parts is adapted (in `params`) and sent again, once per part: a reply room that does not fit the
+        window (vLLM counts `max_tokens` against it), an optional parameter the server does not take (see
+        `_unsupported`). Tools the server does not take raise `ToolsUnsupportedError`."""
+        from openai import APIStatusError, OpenAIError
 
         client = await self._get_client()
-        try:
-            return await client.chat.completions.create(**params)
-        except OpenAIError as exc:
-            error = self._wrap_error(exc, scope)
-            room = None
-            if isinstance(error, ContextOverflowError):
-                room = reply_room_after_overflow(error, int(params[self.max_tokens_param]))
-            if room is None:
-                raise error from exc
-        except ValueError as exc:  # a body that is not valid JSON (the SDK's json.loads)
-            raise self._not_json(exc, scope) from exc
-        try:
-            return await client.chat.completions.create(**{**params, self.max_tokens_param: room})
-        except OpenAIError as exc:
-            raise self._wrap_error(exc, scope) from exc
-        except ValueError as exc:
-            raise self._not_json(exc, scope) from exc
+        adapted: set[str] = set()
+        while True:
+            try:
+                return await client.chat.completions.create(**params)
+            except OpenAIError as exc:
+                error = self._wrap_error(exc, scope)
+                if not isinstance(exc, APIStatusError) or not self._adapt(params, exc, error, adapted):
+                    raise error from exc
+            except ValueError as exc:  # a body that is not valid JSON (the SDK's json.loads)
+                raise self._not_json(exc, scope) from exc
+
+    def _adapt(self, params: dict[str, Any], exc: Any, error: ModelError, adapted: set[str]) -> bool:
+        """Change `params` after the server refused them with `exc`; False when nothing can be changed.
+        Raises `ToolsUnsupportedError` when the refused part is the tool definitions."""
+        if isinstance(error, ContextOverflowError):
+            room = reply_room_after_overflow(error, int(params[self.max_tokens_param]))
+            if room is None or "room" in adapted:
+                return False
+            adapted.add("room")
+            params[self.max_tokens_param] = room
+            return True
+        if isinstance(error, ModelRetryableError) and exc.status_code != 500:  # llama.cpp: 500 for --jinja
+            return False
+        text = _server_message(exc)
+        if "tools" in params and tools_unsupported(text, exc.body):
+            self.capabilities = dataclasses.replace(self.capabilities, tools=False)  # later runs: ReAct
+            raise ToolsUnsupportedError(
+                f"{error} — the run goes on in text ReAct (tools described in the prompt); to start there, "
+                "pass capabilities={'tools': False} or mode='react'",
+                provider=self.provider,
+                scope=error.scope,
+                status_code=error.status_code,
+            ) from exc
+        name = unsupported_param(text, params, exc.body)
+        if name is None or name in adapted or exc.status_code >= 500:
+            return False
+        adapted.add(name)
+        value = params.pop(name)
+        if name in ("max_tokens", "max_completion_tokens"):  # the same limit under the other name
+            other: MaxTokensParam = "max_completion_tokens" if name == "max_tokens" else "max_tokens"
+            params[other] = value
+            self.max_tokens_param = other
+        else:
+            self.unsupported_params.add(name)
+        logger.warning(
+            "%s: %s refused %r (%s); sending requests without it", self.provider, self.name, name, text
+        )
+        return True
 
     def _not_json(self, exc: ValueError, scope: str) -> ModelError:
         where = self.base_url or "api.openai.com"
@@ -338,13 +384,14 @@ class OpenAIModel(Model):
             "messages": _wire_messages(request.messages, prefill),
             self.max_tokens_param: settings.max_output_tokens,
         }
-        if self.send_temperature:
+        if self.send_temperature and "temperature" not in self.unsupported_params:
             params["temperature"] = settings.temperature
-        if settings.stop:
+        if settings.stop and "stop" not in self.unsupported_params:
             params["stop"] = settings.stop[:MAX_STOP_SEQUENCES]
         if request.tools and self.capabilities.tools:
             params["tools"] = _wire_tools(request.tools)
-            params["parallel_tool_calls"] = self.capabilities.parallel_tool_calls
+            if "parallel_tool_calls" not in self.unsupported_params:
+                params["parallel_tool_calls"] = self.capabilities.parallel_tool_calls
         if self.extra_body:
             params["extra_body"] = self.extra_body
         return params
@@ -659,12 +706,26 @@ def _server_message(exc: Any) -> str:
             return _clip(str(error["message"]), 2000)
         if isinstance(error, str):
             return _clip(error, 2000)
+        detail = body.get("detail")
+        if isinstance(detail, list) and detail:  # a FastAPI/pydantic server's validation errors
+            return _clip("; ".join(_validation_issue(d) for d in detail[:10]), 2000)
+        if isinstance(detail, str):
+            return _clip(detail, 2000)
     if isinstance(body, str) and body.strip():  # not JSON: a proxy's error page, plain text
         page = _describe_body(body)
         return f"the server answered with {page}" + (
             ", probably from a proxy or gateway" if "HTML" in page else ""
         )
     return str(getattr(exc, "message", "") or exc)
+
+
+def _validation_issue(item: Any) -> str:
+    """`body.tools: Extra inputs are not permitted` from `{"loc": ["body", "tools"], "msg": "Extra …"}`."""
+    if not isinstance(item, dict):
+        return str(item)
+    where = ".".join(str(part) for part in item.get("loc") or ())
+    message = str(item.get("msg") or item.get("message") or item)
+    return f"{where}: {message}" if where else message
 
 
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>|<h1[^>]*>(.*?)</h1>", re.IGNORECASE | re.DOTALL)

@@ -30,7 +30,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .._errors import ConfigurationError, ContextOverflowError, ModelError, ModelRetryableError
+from .._errors import (
+    ConfigurationError,
+    ContextOverflowError,
+    ModelError,
+    ModelRetryableError,
+    ToolsUnsupportedError,
+)
 from .._events import ModelAttempt
 from .._messages import Message, ModelRequest, ModelResponse, StreamChunk, Usage
 from ._base import Model, ModelCapabilities, estimated_usage
@@ -102,6 +108,7 @@ class _Attempt:
     spent: Usage = field(default_factory=Usage)
     current: int | None = None
     overflow: ContextOverflowError | None = None  # the first member's "prompt too long"
+    no_tools: bool = False  # a member refused the tool definitions (the loop can go on in ReAct)
 
     def next_member(self) -> Model | None:
         """The member to try now, skipping those whose breaker is open; None when all are used up."""
@@ -123,9 +130,12 @@ class _Attempt:
         """Record a failed attempt, then wait to retry the member or move on to the next one."""
         router = self.router
         breaker = router.breakers[self.candidates[self.index]]
-        if isinstance(exc, ContextOverflowError):
-            breaker.release()  # the member answered: the request was too long, not the member unwell
-            self.overflow = self.overflow or exc
+        if isinstance(exc, ContextOverflowError | ToolsUnsupportedError):
+            breaker.release()  # the member answered: the request did not suit it, the member is not unwell
+            if isinstance(exc, ContextOverflowError):
+                self.overflow = self.overflow or exc
+            else:
+                self.no_tools = True
         else:
             breaker.failure(router.clock())
         self.last_error = exc
@@ -220,6 +230,8 @@ class _Attempt:
             overflow.__cause__ = first
             return overflow
         cls = type(last) if isinstance(last, ModelRetryableError) else ModelError
+        if self.no_tools:  # the loop switches the run to ReAct and asks the members again, without tools
+            cls = ToolsUnsupportedError
         error = cls(
             message,
             provider="router",
