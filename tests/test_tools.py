@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
+import enum
+import functools
 import json
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from thinkloop import Agent, ConfigurationError, RiskLevel, Tool, ToolContext, ToolRegistry, tool
 from thinkloop._tools import ToolArgumentsError, render_output, truncate_output
-from thinkloop.testing import FunctionModel
+from thinkloop.testing import FunctionModel, ScriptedModel
 from thinkloop.tools.calculator import CalculatorError, calculator, evaluate, format_number
 
 
@@ -60,7 +66,10 @@ def test_validation_coerces_and_explains() -> None:
 
 def test_hand_written_tool_checks_schema() -> None:
     echo = Tool(
-        "echo", "Echo text.", {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}, str
+        "echo",
+        "Echo text.",
+        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        str,
     )
     assert echo.validate({"text": "hi"}) == {"text": "hi"}
     with pytest.raises(ToolArgumentsError, match="missing required argument"):
@@ -70,7 +79,13 @@ def test_hand_written_tool_checks_schema() -> None:
 
 
 def test_dynamic_risk_and_failing_risk_function() -> None:
-    t = Tool("rm", "", None, lambda path: path, risk=lambda args: RiskLevel.CRITICAL if args["path"] == "/" else RiskLevel.LOW)
+    t = Tool(
+        "rm",
+        "",
+        None,
+        lambda path: path,
+        risk=lambda args: RiskLevel.CRITICAL if args["path"] == "/" else RiskLevel.LOW,
+    )
     assert t.risk_for({"path": "/"}) is RiskLevel.CRITICAL
     assert t.risk_for({"path": "x"}) is RiskLevel.LOW
     assert t.risk_for({}) is RiskLevel.HIGH  # the risk function raised: rated high, never low
@@ -127,7 +142,14 @@ def test_render_and_truncate() -> None:
 
 @pytest.mark.parametrize(
     ("expr", "expected"),
-    [("17*23+4", "395"), ("2^10", "1024"), ("sqrt(16)", "4"), ("0.1+0.2", "0.3"), ("-(3-5)*2", "4"), ("10/4", "2.5")],
+    [
+        ("17*23+4", "395"),
+        ("2^10", "1024"),
+        ("sqrt(16)", "4"),
+        ("0.1+0.2", "0.3"),
+        ("-(3-5)*2", "4"),
+        ("10/4", "2.5"),
+    ],
 )
 def test_calculator(expr: str, expected: str) -> None:
     assert format_number(evaluate(expr)) == expected
@@ -218,7 +240,9 @@ async def test_deadlines_of_one_run_share_a_timer_and_each_await_gets_its_own_li
 
     # a long limit arms the timer first; a shorter one set later must still be honoured, and a quick
     # await under a long limit is untouched
-    results = await asyncio.gather(limited(1.0, 5.0), limited(1.0, 0.05), limited(0.01, 5.0), limited(0.3, 0.15))
+    results = await asyncio.gather(
+        limited(1.0, 5.0), limited(1.0, 0.05), limited(0.01, 5.0), limited(0.3, 0.15)
+    )
     assert results[0] == "done" and results[2] == "done"
     assert results[1].startswith("timeout") and float(results[1].split()[-1]) < 0.5
     assert results[3].startswith("timeout") and 0.1 <= float(results[3].split()[-1]) < 0.6
@@ -234,9 +258,14 @@ def test_a_hand_written_validator_gives_its_fields_by_name() -> None:
         path: str = Field(alias="file")
         lines: int = 10
 
-    t = Tool("head", "First lines of a file.", Args.model_json_schema(), lambda path, lines: None, validator=Args)
+    t = Tool(
+        "head", "First lines of a file.", Args.model_json_schema(), lambda path, lines: None, validator=Args
+    )
     assert t.validate({"file": "a.txt", "lines": "3"}) == {"path": "a.txt", "lines": 3}  # coerced, by name
-    assert t.validate({"path": "b.txt", "other": 1}) == {"path": "b.txt", "lines": 10}  # extras are not arguments
+    assert t.validate({"path": "b.txt", "other": 1}) == {
+        "path": "b.txt",
+        "lines": 10,
+    }  # extras are not arguments
 
 
 # ------------------------------------------------------------------------------------- ToolContext
@@ -267,19 +296,31 @@ async def test_a_tool_context_brings_each_run_its_own_deps_and_is_hidden_from_th
 
     def reply(request: Any) -> Any:
         if request.turn == 0:
-            return {"tool_calls": [{"name": "order_status", "args": {"order_id": "A1"}}, {"name": "whoami", "args": {}}]}
+            return {
+                "tool_calls": [
+                    {"name": "order_status", "args": {"order_id": "A1"}},
+                    {"name": "whoami", "args": {}},
+                ]
+            }
         return "done"
 
     agent = Agent(FunctionModel(reply), tools=[order_status, whoami])
     ada, bob = Shop("ada", {"A1": "shipped"}), Shop("bob", {"A1": "lost"})
     first, second = await asyncio.gather(
-        agent.run("status of A1", deps=ada, run_id="run-ada"), agent.run("status of A1", deps=bob, run_id="run-bob")
+        agent.run("status of A1", deps=ada, run_id="run-ada"),
+        agent.run("status of A1", deps=bob, run_id="run-bob"),
     )
     outputs = {r.run_id: [m.content for m in r.state.messages if m.role == "tool"] for r in (first, second)}
     assert outputs == {"run-ada": ["ada: shipped", "ada"], "run-bob": ["bob: lost", "bob"]}
-    assert sorted(seen) == [("run-ada", "call_0_0", 1, "status of A1"), ("run-bob", "call_0_0", 1, "status of A1")]
+    assert sorted(seen) == [
+        ("run-ada", "call_0_0", 1, "status of A1"),
+        ("run-bob", "call_0_0", 1, "status of A1"),
+    ]
     tools_shown = agent.model.requests[0].tools  # type: ignore[attr-defined]
-    assert all("ctx" not in json.dumps(t.parameters) and "context" not in t.parameters["properties"] for t in tools_shown)
+    assert all(
+        "ctx" not in json.dumps(t.parameters) and "context" not in t.parameters["properties"]
+        for t in tools_shown
+    )
 
 
 def test_two_tool_context_parameters_are_refused() -> None:
@@ -289,3 +330,107 @@ def test_two_tool_context_parameters_are_refused() -> None:
 
     with pytest.raises(ConfigurationError, match="2 ToolContext parameters"):
         tool(twice)
+
+
+# ====================================================================== any callable, any return value
+
+
+class Point(BaseModel):
+    x: int
+    y: int
+
+
+@dataclasses.dataclass
+class Box:
+    w: float
+    h: float
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+def test_rich_return_values_render_as_json_and_bytes_as_text() -> None:
+    value = {
+        "p": Point(x=1, y=2),
+        "b": Box(w=1, h=2.5),
+        "c": Color.RED,
+        "d": datetime.date(2026, 1, 2),
+        "s": {3},
+    }
+    assert json.loads(render_output(value)) == {
+        "p": {"x": 1, "y": 2},
+        "b": {"w": 1.0, "h": 2.5},
+        "c": "red",
+        "d": "2026-01-02",
+        "s": [3],
+    }
+    assert render_output(b"caf\xc3\xa9 \xff") == "café \ufffd"
+    assert render_output(["line 1", "line 2"]) == "line 1\nline 2"
+    assert render_output([1, "a"]) == '[1, "a"]'
+
+
+async def test_generator_tools_give_their_items() -> None:
+    @tool
+    def lines(n: int) -> Iterator[str]:
+        """Yield lines."""
+        for i in range(n):
+            yield f"line {i}"
+
+    @tool
+    async def numbers(n: int) -> AsyncIterator[int]:
+        """Yield numbers."""
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+
+    assert render_output(await lines.invoke({"n": 2})) == "line 0\nline 1"
+    assert render_output(await numbers.invoke({"n": 3})) == "[0, 1, 2]"
+    model = ScriptedModel([{"tool_calls": [{"name": "numbers", "args": {"n": 2}}]}, "done"])
+    result = await Agent(model, tools=[numbers]).run("count")
+    assert [e.output for e in result.state.ledger.values()] == ["[0, 1]"]
+
+
+async def test_partials_callable_objects_and_methods_are_tools() -> None:
+    def scale(x: float, factor: float) -> float:
+        """Multiply x by a factor."""
+        return x * factor
+
+    class Greeter:
+        """Greets people."""
+
+        def __init__(self, greeting: str) -> None:
+            self.greeting = greeting
+
+        async def __call__(self, name: str) -> str:
+            return f"{self.greeting}, {name}"
+
+        def shout(self, text: str) -> str:
+            """Upper-case the text."""
+            return text.upper()
+
+    double = tool(functools.partial(scale, factor=2.0))
+    assert (double.name, double.description) == ("scale", "Multiply x by a factor.")
+    assert list(double.parameters["properties"]) == ["x", "factor"] and double.parameters["required"] == ["x"]
+    assert await double.invoke({"x": 4}) == 8.0
+    greet = tool(Greeter("Hello"))
+    assert (greet.name, greet.description, greet.parameters["required"]) == (
+        "Greeter",
+        "Greets people.",
+        ["name"],
+    )
+    assert await greet.invoke({"name": "Ada"}) == "Hello, Ada"
+    shout = tool(Greeter("x").shout)
+    assert (shout.name, await shout.invoke({"text": "hi"})) == ("shout", "HI")
+
+
+def test_callables_without_a_usable_name_or_signature_say_what_to_do() -> None:
+    with pytest.raises(ConfigurationError, match=r"a lambda has no name.*tool\(name="):
+        tool(lambda x: x)
+    assert tool(name="echo")(lambda x: x).name == "echo"
+
+    def kw(**options: int) -> None:
+        """Options."""
+
+    with pytest.raises(ConfigurationError, match=r"'kw' takes \*\*options"):
+        tool(kw)

@@ -575,21 +575,7 @@ def _account(
 def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -> Reply:
     """Turn a raw response into a `Reply`: native tool calls, or a parsed ReAct step."""
     if run.state.mode == "react" and not response.tool_calls:
-        step = _react.parse_react(response.text, run.tools.names, call_id=f"react_{run.state.step}")
-        if step.error == _react.PLAN_ONLY and _react.told(run.state.messages, _react.PLAN_ONLY):
-            return Reply(text=step.thought)  # once told, a reply that only says what comes next is the answer
-        if step.error:
-            return Reply(text=response.text, problem=step.error)
-        if step.call is not None:
-            reply = Reply(text=step.thought, calls=[step.call])
-            return reply if step.call.name in run.tools else _answer_calls(run, reply)
-        if step.final and _react.copied_final(step.final, request.messages, run.state):
-            return Reply(
-                text=response.text,
-                problem=f"It {_react.COPIED} instead of answering the task. The task: {run.state.goal}",
-            )
-        final = step.final or ""
-        return Reply(text=_react.json_answer(final, run.tools.names) or final if final[:1] in "{`" else final)
+        return _interpret_react(run, response, request)
     calls = _unique_ids(response.tool_calls, run.state.step)
     if not calls and response.text and run.tools.names:
         answer = _react.json_answer(response.text, run.tools.names)  # {"name": "final_answer", ...} as text
@@ -608,6 +594,26 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         if call.name not in run.tools:  # perhaps a `final_answer` call
             return _answer_calls(run, reply)
     return reply
+
+
+def _interpret_react(run: RunContext, response: ModelResponse, request: ModelRequest) -> Reply:
+    step = _react.parse_react(response.text, run.tools.names, call_id=f"react_{run.state.step}")
+    if step.error == _react.PLAN_ONLY and _react.told(run.state.messages, _react.PLAN_ONLY):
+        return Reply(text=step.thought)  # once told, a reply that only says what comes next is the answer
+    if step.error:
+        return Reply(text=response.text, problem=step.error)
+    if step.call is not None:
+        reply = Reply(text=step.thought, calls=[step.call])
+        return reply if step.call.name in run.tools else _answer_calls(run, reply)
+    final = step.final or ""
+    if final and _react.copied_final(final, request.messages, run.state):
+        return Reply(
+            text=response.text,
+            problem=f"It {_react.COPIED} instead of answering the task. The task: {run.state.goal}",
+        )
+    if final.startswith(("{", "`")):  # {"name": "final_answer", "arguments": {...}} written as the answer
+        final = _react.json_answer(final, run.tools.names) or final
+    return Reply(text=final)
 
 
 def _answer_calls(run: RunContext, reply: Reply) -> Reply:

@@ -106,7 +106,10 @@ class Tool:
         self.validator = validator
         self.in_thread = in_thread
         self.context_param = context_param  # the parameter that receives the `ToolContext`, if any
-        self._is_async = inspect.iscoroutinefunction(function)
+        self._is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+            getattr(function, "__call__", None)  # noqa: B004  # a callable object with an async __call__
+        )
+        self._collects = inspect.isasyncgenfunction(function)  # an async generator: its items are the output
         self.definition = ToolDefinition(name=name, description=self.description, parameters=self.parameters)
 
     def __repr__(self) -> str:
@@ -137,17 +140,33 @@ class Tool:
         thread unless `in_thread=False`; an awaitable a sync function returns is awaited too."""
         if self._is_async:
             return self.function(**arguments)  # type: ignore[no-any-return]  # its coroutine, not started
+        if self._collects:
+            return _collect(self.function(**arguments))
         return self._invoke_sync(arguments)
 
     async def _invoke_sync(self, arguments: dict[str, Any]) -> Any:
         if self.in_thread:
-            call = functools.partial(contextvars.copy_context().run, self.function, **arguments)
+            call = functools.partial(
+                contextvars.copy_context().run, _call_and_drain, self.function, arguments
+            )
             result = await asyncio.get_running_loop().run_in_executor(tool_threads(), call)
         else:
-            result = self.function(**arguments)
+            result = _call_and_drain(self.function, arguments)
         if inspect.isawaitable(result):
             result = await result
+        if inspect.isasyncgen(result):
+            result = await _collect(result)
         return result
+
+
+def _call_and_drain(function: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+    """Call a sync tool function; a generator it returns is run to its end (its items are the output)."""
+    result = function(**arguments)
+    return list(result) if inspect.isgenerator(result) else result
+
+
+async def _collect(items: Any) -> list[Any]:
+    return [item async for item in items]
 
 
 TOOL_THREADS = 64
@@ -280,12 +299,13 @@ def tool(
     """
 
     def build(fn: Callable[..., Any]) -> Tool:
-        summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
+        label = name or _function_name(fn)
+        summary, param_docs = _parse_docstring(_function_doc(fn))
         context_param = _context_param(fn)
-        validator = _validator_for(fn, param_docs, skip=context_param)
+        validator = _validator_for(fn, param_docs, skip=context_param, label=label)
         return Tool(
-            name=name or fn.__name__,
-            description=description or summary or fn.__name__.replace("_", " "),
+            name=label,
+            description=description or summary or label.replace("_", " "),
             parameters=_schema_of(validator),
             function=fn,
             risk=risk,
@@ -300,10 +320,38 @@ def tool(
     return build(function) if function is not None else build
 
 
+def _hinted(fn: Callable[..., Any]) -> Any:
+    """What holds the type hints of `fn`: the function a `functools.partial` wraps, a callable object's
+    `__call__`, else `fn` itself."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isbuiltin(fn)) and callable(fn):
+        return type(fn).__call__
+    return fn
+
+
+def _function_name(fn: Callable[..., Any]) -> str:
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    found = getattr(target, "__name__", None) or type(target).__name__
+    if found == "<lambda>":
+        raise ConfigurationError("a lambda has no name to give the model: use tool(name='...')(the_lambda)")
+    return str(found)
+
+
+def _function_doc(fn: Callable[..., Any]) -> str:
+    hinted = _hinted(fn)
+    doc = inspect.getdoc(hinted) or ""
+    if not doc and hinted is not fn and not isinstance(fn, functools.partial):  # a callable object's class
+        doc = inspect.getdoc(type(fn)) or ""
+    return doc
+
+
 def _context_param(fn: Callable[..., Any]) -> str | None:
     """The parameter annotated `ToolContext` (or `ToolContext[...]`), if the function has one."""
     try:
-        hints = get_type_hints(fn)
+        hints = get_type_hints(_hinted(fn))
     except Exception:
         return None  # reported by `_validator_for`
     found = [
@@ -311,36 +359,36 @@ def _context_param(fn: Callable[..., Any]) -> str | None:
     ]
     if len(found) > 1:
         raise ConfigurationError(
-            f"tool function {fn.__name__!r} has {len(found)} ToolContext parameters; one is enough"
+            f"tool function {getattr(_hinted(fn), '__name__', fn)!r} has {len(found)} ToolContext parameters; one is enough"
         )
     return found[0] if found else None
 
 
 def _validator_for(
-    fn: Callable[..., Any], docs: dict[str, str], *, skip: str | None = None
+    fn: Callable[..., Any], docs: dict[str, str], *, skip: str | None = None, label: str | None = None
 ) -> type[BaseModel]:
+    label = label or _function_name(fn)
     try:
-        hints = get_type_hints(fn)
+        hints = get_type_hints(_hinted(fn))
     except Exception as exc:
-        raise ConfigurationError(
-            f"cannot read the type hints of tool function {fn.__name__!r}: {exc}"
-        ) from exc
+        raise ConfigurationError(f"cannot read the type hints of tool function {label!r}: {exc}") from exc
     fields: dict[str, Any] = {}
     for param in inspect.signature(fn).parameters.values():
         if param.name == skip:
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            stars = "*" if param.kind is param.VAR_POSITIONAL else "**"
             raise ConfigurationError(
-                f"tool function {fn.__name__!r} takes *{param.name}: tools need named parameters only"
+                f"tool function {label!r} takes {stars}{param.name}: tools need named parameters only"
             )
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, FieldInfo(default=default, description=docs.get(param.name)))
     config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
     try:
-        return create_model(f"{fn.__name__}_arguments", __config__=config, **fields)
+        return create_model(f"{label}_arguments", __config__=config, **fields)
     except Exception as exc:
-        raise ConfigurationError(f"cannot build a schema for tool function {fn.__name__!r}: {exc}") from exc
+        raise ConfigurationError(f"cannot build a schema for tool function {label!r}: {exc}") from exc
 
 
 def _schema_of(validator: type[BaseModel]) -> dict[str, Any]:
@@ -471,19 +519,29 @@ def as_tool(item: Tool | Callable[..., Any]) -> Tool:
 
 
 def render_output(value: Any) -> str:
-    """Turn what a tool returned into observation text."""
+    """Turn what a tool returned into observation text: text as it is; bytes decoded (invalid UTF-8
+    replaced); the items of a generator tool one per line when they are text; anything else as JSON, with
+    pydantic models, dataclasses, enums, dates, sets … inside it serialised as pydantic would."""
     if isinstance(value, str):
         return value
     if type(value) is int:
         return str(value)
     if value is None:
         return "(no output)"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        return "\n".join(value)
     if isinstance(value, BaseModel) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
         return pydantic_core.to_json(value, fallback=str).decode()
     try:
-        return json.dumps(value, ensure_ascii=False, default=str)
+        return json.dumps(value, ensure_ascii=False, default=_jsonable)
     except (TypeError, ValueError):
         return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    return pydantic_core.to_jsonable_python(value, fallback=str)
 
 
 def truncate_output(text: str, limit: int) -> tuple[str, bool]:
