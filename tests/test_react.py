@@ -416,6 +416,7 @@ def test_a_positional_argument_in_code_syntax_is_kept_raw_for_the_executor() -> 
         'calculator(**{"expression": "1"})',
         '{"name": "Ada", "age": 36}',  # JSON that names no tool
         "Use the calculator(expression) tool to do it.",
+        "The fix is simple.\nAction: search the archives before you restart.",  # prose, no Action Input
         "",
     ],
 )

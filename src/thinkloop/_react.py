@@ -447,10 +447,11 @@ def text_calls(text: str, tool_names: list[str], call_id: str) -> tuple[str, lis
     calls = _json_calls(text, tool_names, ids)
     if calls:
         return "", calls
-    if _ACTION_RE.search(text):
+    action = _ACTION_RE.search(text)
+    if action:  # a ReAct step: `Action Input:` too, or an Action line that is exactly a tool's name
         step = parse_react(text, tool_names, call_id=call_id)
-        known = step.call is not None and step.call.name in tool_names
-        if step.call is not None and (known or _INPUT_RE.search(text)):
+        line = text[action.end() :].split("\n", 1)[0].strip().strip("`*_'\"").strip()
+        if step.call is not None and (_INPUT_RE.search(text) or line in tool_names):
             return step.thought, [step.call]
     call = call_syntax(_unfence(text).strip(), tool_names, call_id)
     return ("", [call]) if call is not None else (text, [])
