@@ -128,7 +128,9 @@ def test_trace_writes_the_runs_spans_as_json_lines(cli: Cli) -> None:
     r = cli("run", "What is 17*23?", "--model", model, "--trace", "trace.jsonl")
     assert r.code == 0, r.stderr
     spans = [json.loads(line) for line in (cli.dir / "trace.jsonl").read_text().splitlines()]
-    names = sorted(s["name"].split(" ")[0] + (" calculator" if "calculator" in s["name"] else "") for s in spans)
+    names = sorted(
+        s["name"].split(" ")[0] + (" calculator" if "calculator" in s["name"] else "") for s in spans
+    )
     assert names == ["chat", "chat", "execute_tool calculator", "invoke_agent"]
     run = next(s for s in spans if s["name"] == "invoke_agent agent")
     assert run["attributes"]["thinkloop.stop_reason"] == "final_answer"
@@ -242,6 +244,7 @@ def test_model_error_exits_1(cli: Cli) -> None:
         (["--model", "script:broken.json"], "error: script file 'broken.json' is not valid JSON"),
         (["--model", "script:object.json"], "must hold a JSON list of replies"),
         (["--model", "nope:x"], "error: unknown model 'nope:x'"),
+        (["--model", "script:adir"], "error: cannot read the model 'script:adir': Is a directory"),
         (["--store", "nope://x"], "error: unknown store URL 'nope://x'"),
         (["--timeout", "0"], "error: Budget.timeout must be positive"),
         (["--max-cost", "-1"], "error: Budget.max_cost must be positive"),
@@ -258,6 +261,7 @@ def test_bad_options_exit_2_with_one_clear_line(cli: Cli, args: list[str], messa
     (cli.dir / "broken.json").write_text("[{", encoding="utf-8")
     (cli.dir / "object.json").write_text('{"text": "hi"}', encoding="utf-8")
     (cli.dir / "bad-hosts.json").write_text('{"web1": {"hostname": "h", "bogus": 1}}', encoding="utf-8")
+    (cli.dir / "adir").mkdir()
     model = cli.script([text("unused")])
     r = cli("run", "x", "--model", model, *args)
     assert r.code == 2, r.stdout + r.stderr
@@ -297,6 +301,26 @@ def test_help_lists_the_commands_and_options(cli: Cli) -> None:
     run = cli("run", "--help")
     for option in ("--model", "--max-steps", "--tools", "--safety", "--yes", "--mcp", "--json", "--hosts"):
         assert option in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "store"),
+    [
+        (["run", "x", "--model", "script:script.json"], "file:///{dir}/a-file"),
+        (["run", "x", "--model", "script:script.json"], "sqlite:///{dir}/a-file/runs.db"),
+        (["runs", "list"], "sqlite:///{dir}/a-file/runs.db"),
+        (["runs", "show", "0" * 32], "file:///{dir}/a-file"),
+    ],
+)
+def test_a_store_path_of_the_wrong_kind_is_one_clear_error(cli: Cli, command: list[str], store: str) -> None:
+    """An OS error no command expected (here from the store) is one line on stderr, never a traceback."""
+    cli.script([text("unused")])
+    (cli.dir / "a-file").write_text("not a directory", encoding="utf-8")
+    r = cli(*command, "--store", store.format(dir=cli.dir))
+    assert r.code == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    (line,) = [line for line in r.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: ") and f"'{cli.dir / 'a-file'}" in line and "check the path" in line
 
 
 # ========================================================================================= approvals

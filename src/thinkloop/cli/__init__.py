@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
+from ._fail import report_unexpected
 from ._run import run_command
 
 app = typer.Typer(
@@ -52,5 +55,8 @@ _add_serve()
 
 
 def main() -> None:
-    """Entry point of the `thinkloop` script."""
-    app()
+    """Entry point of the `thinkloop` script: an error no command handled ends in one paragraph, exit 1."""
+    try:
+        app()
+    except Exception as exc:  # the commands map thinkloop's errors; this is an OS error or a bug
+        sys.exit(report_unexpected(exc))

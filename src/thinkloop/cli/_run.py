@@ -22,6 +22,7 @@ from .._errors import ConfigurationError, ThinkloopError, UserError
 from .._events import Done, Event
 from .._loop import EventSink
 from ..models import Model, resolve_model
+from ._fail import describe_os_error
 from ._options import (
     DEFAULT_TOOLS,
     HostsOption,
@@ -187,8 +188,13 @@ def _stdout_to_devnull() -> None:
 
 
 async def load_model(spec: str | None, console: Console) -> Model:
-    """Resolve the model; a model that loads slowly (the local one) loads here, behind a progress spinner."""
-    model = resolve_model(spec)
+    """Resolve the model; a model that loads slowly (the local one) loads here, behind a progress spinner.
+
+    A file the spec names that cannot be read (`script:DIR`, `script:` with no name) is a usage error."""
+    try:
+        model = resolve_model(spec)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the model {spec!r}: {describe_os_error(exc)}") from None
     load = getattr(model, "load", None)
     if load is not None:
         with console.status(f"Loading {model.spec} (first use assembles and maps the weights)…"):
