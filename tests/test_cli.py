@@ -295,6 +295,46 @@ def test_empty_goal_is_a_usage_error(cli: Cli) -> None:
     assert r.stderr.strip() == "error: the goal must be a non-empty string, got '  '"
 
 
+def run_with_stdin(cli: Cli, data: bytes, *args: str) -> Result:
+    proc = subprocess.run(
+        [*CLI, *args], cwd=cli.dir, env=cli.env, input=data, capture_output=True, timeout=120
+    )
+    return Result(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["run", "ab\udcffc"], b"", "error: the goal is not UTF-8 text (byte 0xff at character 3)"),
+        (["run", "x", "--instructions", "\udce9t\udce9"], b"", "error: --instructions is not UTF-8 text"),
+        (["run", "-"], b"caf\xe9", "error: the goal read from stdin is not UTF-8 text (byte 0xe9 at byte 4)"),
+        (["run", "-"], b" \n", "error: the goal must be a non-empty string"),
+        (["submit", "\udcff"], b"", "error: the goal is not UTF-8 text"),
+    ],
+)
+def test_a_goal_that_is_not_utf8_text_is_a_usage_error(
+    cli: Cli, args: list[str], stdin: bytes, message: str
+) -> None:
+    """Bytes that are not UTF-8 (on argv Python keeps them as surrogates) never reach the run."""
+    r = run_with_stdin(
+        cli, stdin, *args, *(["--model", cli.script([text("unused")])] if args[0] == "run" else [])
+    )
+    assert r.code == 2, r.stdout + r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    (line,) = [line for line in r.stderr.splitlines() if line.strip()]
+    assert line.startswith(message), line
+    assert cli("runs", "list", "--json").stdout == ""  # no run was started
+
+
+def test_the_goal_can_come_from_stdin_however_long(cli: Cli) -> None:
+    goal = "Summarise: " + "données 🎉 " * 100_000  # 1.3 MB: more than one argv string may hold
+    r = run_with_stdin(cli, goal.encode(), "run", "-", "--model", cli.script([text("ok")]), "--json")
+    assert r.code == 0, r.stderr
+    assert r.events()[0]["goal"] == goal
+    (saved,) = [json.loads(line) for line in cli("runs", "list", "--json").stdout.splitlines()]
+    assert saved["goal"] == goal and saved["stop_reason"] == "final_answer"
+
+
 def test_help_lists_the_commands_and_options(cli: Cli) -> None:
     top = cli("--help")
     assert top.code == 0 and " run " in top.stdout and " runs " in top.stdout

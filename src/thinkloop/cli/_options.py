@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+
+from .._errors import UserError
 
 DEFAULT_TOOLS = "calculator"
 
@@ -35,3 +38,36 @@ StoreOption = Annotated[
     str | None,
     typer.Option(help="Where runs are saved: sqlite:///PATH, postgresql://…, file:///DIR, memory:."),
 ]
+
+
+def read_goal(goal: str) -> str:
+    """The goal argument, checked before anything loads: `-` reads it from stdin (a long goal, a file);
+    it must be UTF-8 text and not blank. A `UserError` (exit code 2) says what is wrong."""
+    if goal == "-":
+        goal = _read_stdin()
+    check_text("the goal", goal)
+    if not goal.strip():
+        raise UserError(f"the goal must be a non-empty string, got {goal[:40]!r}")
+    return goal
+
+
+def check_text(what: str, value: str) -> None:
+    """A command-line argument Python decoded with `surrogateescape` held bytes that are not UTF-8."""
+    bad = next((i for i, ch in enumerate(value) if "\udc80" <= ch <= "\udcff"), None)
+    if bad is not None:
+        byte = ord(value[bad]) - 0xDC00
+        raise UserError(
+            f"{what} is not UTF-8 text (byte 0x{byte:02x} at character {bad + 1}): pass it as UTF-8 — "
+            "check the encoding of the terminal or of the file it comes from (e.g. iconv -f latin1 -t utf-8)"
+        )
+
+
+def _read_stdin() -> str:
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"the goal read from stdin is not UTF-8 text (byte 0x{data[exc.start]:02x} at byte {exc.start + 1}): "
+            "convert it first, e.g. iconv -f latin1 -t utf-8"
+        ) from None

@@ -33,6 +33,8 @@ from ._options import (
     StoreOption,
     ToolsOption,
     WorkspaceOption,
+    check_text,
+    read_goal,
 )
 from ._view import LiveView, exit_code
 
@@ -40,7 +42,7 @@ T = TypeVar("T")
 
 
 def run_command(
-    goal: Annotated[str, typer.Argument(help="What the agent should do or answer.")],
+    goal: Annotated[str, typer.Argument(help="What the agent should do or answer; - reads it from stdin.")],
     model: ModelOption = None,
     max_steps: Annotated[int, typer.Option(help="Step budget.", min=1)] = 16,
     max_tokens: Annotated[int | None, typer.Option(help="Token budget (input + output).", min=1)] = None,
@@ -80,6 +82,8 @@ def run_command(
     console = Console(stderr=as_json)
     errors = Console(stderr=True)
     try:
+        goal = read_goal(goal)
+        check_text("--instructions", instructions)
         budget = Budget(max_steps=max_steps, max_tokens=max_tokens, max_cost=max_cost, timeout=timeout)
         options = dict(
             tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts,

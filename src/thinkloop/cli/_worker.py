@@ -15,7 +15,15 @@ from rich.markup import escape
 from .._budget import Budget
 from .._errors import ThinkloopError, UserError
 from .._events import Done, Event
-from ._options import DEFAULT_TOOLS, InstructionsOption, ModelOption, ModeOption, ToolsOption, WorkspaceOption
+from ._options import (
+    DEFAULT_TOOLS,
+    InstructionsOption,
+    ModelOption,
+    ModeOption,
+    ToolsOption,
+    WorkspaceOption,
+    read_goal,
+)
 from ._run import build_agent, load_model, print_error
 
 QueueOption = Annotated[
@@ -132,7 +140,7 @@ async def _serve(
 
 
 def submit_command(
-    goal: Annotated[str, typer.Argument(help="What the agent should do or answer.")],
+    goal: Annotated[str, typer.Argument(help="What the agent should do or answer; - reads it from stdin.")],
     queue: QueueOption = None,
     run_id: Annotated[str | None, typer.Option(help="The run's id (default: a new one).")] = None,
     max_steps: Annotated[int | None, typer.Option(help="Step budget (default: the worker's).", min=1)] = None,
@@ -146,6 +154,7 @@ def submit_command(
     console = Console()
     errors = Console(stderr=True)
     try:
+        goal = read_goal(goal)
         url = _queue_url(queue)
         code = asyncio.run(_submit(url, goal, run_id, max_steps, wait, store or url, console))
     except ThinkloopError as exc:
