@@ -245,6 +245,8 @@ def test_model_error_exits_1(cli: Cli) -> None:
         (["--model", "script:object.json"], "must hold a JSON list of replies"),
         (["--model", "nope:x"], "error: unknown model 'nope:x'"),
         (["--model", "script:adir"], "error: cannot read the model 'script:adir': Is a directory"),
+        (["--model", ""], "error: --model is empty (''): name a model"),
+        (["--model", " "], "error: --model is empty (' '): name a model"),
         (["--store", "nope://x"], "error: unknown store URL 'nope://x'"),
         (["--timeout", "0"], "error: Budget.timeout must be positive"),
         (["--max-cost", "-1"], "error: Budget.max_cost must be positive"),

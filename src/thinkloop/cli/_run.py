@@ -194,7 +194,13 @@ def _stdout_to_devnull() -> None:
 async def load_model(spec: str | None, console: Console) -> Model:
     """Resolve the model; a model that loads slowly (the local one) loads here, behind a progress spinner.
 
-    A file the spec names that cannot be read (`script:DIR`, `script:` with no name) is a usage error."""
+    A file the spec names that cannot be read (`script:DIR`, `script:` with no name) is a usage error, and
+    so is an empty `--model ""` (it would silently mean the default, the local model)."""
+    if spec is not None and not spec.strip():
+        raise ConfigurationError(
+            f"--model is empty ({spec!r}): name a model — local, openai:MODEL, router:A,B, script:FILE — "
+            "or leave the option out for $THINKLOOP_MODEL, else the local model"
+        )
     try:
         model = resolve_model(spec)
     except OSError as exc:
