@@ -657,6 +657,29 @@ def test_runs_list_show_and_export_after_a_run(cli: Cli) -> None:
     assert missing.code == 2 and "no run" in missing.stdout + missing.stderr
 
 
+@pytest.mark.parametrize("command", ["show", "replay", "export", "resume"])
+def test_runs_commands_refuse_unknown_and_malformed_ids_with_exit_2(cli: Cli, command: str) -> None:
+    for run_id, message in [
+        ("0" * 32, "no run '00000000000000000000000000000000' in "),
+        ("../x", "invalid run id '../x'"),
+        ("", "invalid run id ''"),
+    ]:
+        r = cli("runs", command, run_id)
+        assert r.code == 2, (run_id, r.stdout + r.stderr)
+        (line,) = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+        assert line.startswith("error: ") and message in line, line
+
+
+def test_resuming_a_run_that_ended_is_a_usage_error(cli: Cli) -> None:
+    run = cli("run", "x", "--model", cli.script([text("done")]), "--json")
+    run_id = run.events()[0]["run_id"]
+    r = cli("runs", "resume", run_id)
+    assert r.code == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == (
+        f"error: run '{run_id}' already ended (final_answer) and cannot be resumed: start a new run instead"
+    )
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_a_closed_stdout_stops_the_printing_not_the_run(cli: Cli, as_json: bool) -> None:
     """`thinkloop run … | head -1`: no traceback, the run still finishes and is saved."""

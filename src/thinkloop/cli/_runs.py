@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .._errors import ThinkloopError, UserError
+from .._errors import StateError, ThinkloopError, UserError
 from .._state import RunState
 from ..stores import RunSummary, Store, open_store
 from ._run import print_error
@@ -278,10 +278,10 @@ async def _resume(
     from ._view import LiveView, exit_code
 
     store = open_store(store_url)
-    try:
-        state = await load_resumable(
-            store, run_id
-        )  # refuses an unknown or finished run before loading a model
+    try:  # refuses an unknown or finished run before loading a model: the user named the wrong run (exit 2)
+        state = await load_resumable(store, run_id)
+    except StateError as exc:
+        raise UserError(str(exc)) from None
     finally:
         await store.aclose()
     raw = state.metadata.get("cli")
