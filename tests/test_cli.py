@@ -664,10 +664,22 @@ def test_runs_commands_refuse_unknown_and_malformed_ids_with_exit_2(cli: Cli, co
         ("../x", "invalid run id '../x'"),
         ("", "invalid run id ''"),
     ]:
-        r = cli("runs", command, run_id)
+        r = cli("runs", command, run_id, *(["--json"] if command in ("replay", "resume") else []))
         assert r.code == 2, (run_id, r.stdout + r.stderr)
-        (line,) = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+        assert r.stdout == ""  # errors go to stderr: with --json, stdout holds only JSON lines
+        (line,) = [line for line in r.stderr.splitlines() if line.strip()]
         assert line.startswith("error: ") and message in line, line
+
+
+@pytest.mark.parametrize(
+    "args", [["--store", "nope://x"], ["--status", "finished"], ["--store", "sqlite:///{dir}/corrupt.db"]]
+)
+def test_runs_list_json_errors_go_to_stderr(cli: Cli, args: list[str]) -> None:
+    (cli.dir / "corrupt.db").write_bytes(b"not a database" * 300)
+    r = cli("runs", "list", "--json", *[a.format(dir=cli.dir) for a in args])
+    assert r.code in (1, 2) and r.stdout == ""
+    (line,) = [line for line in r.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: ")
 
 
 def test_resuming_a_run_that_ended_is_a_usage_error(cli: Cli) -> None:

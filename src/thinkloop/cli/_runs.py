@@ -40,8 +40,9 @@ StoreOption = Annotated[
 RunId = Annotated[str, typer.Argument(help="The run's id (see `thinkloop runs list`).")]
 
 
-def _with_store(url: str | None, job: Callable[[Store], Awaitable[T]], console: Console) -> T:
-    """Open the store, run `job` on it, close it; thinkloop errors end the command with a clear message."""
+def _with_store(url: str | None, job: Callable[[Store], Awaitable[T]]) -> T:
+    """Open the store, run `job` on it, close it; thinkloop errors end the command with a clear message
+    on stderr (stdout holds only the command's output: with --json, only JSON lines)."""
 
     async def main() -> T:
         store = open_store(url)
@@ -53,7 +54,7 @@ def _with_store(url: str | None, job: Callable[[Store], Awaitable[T]], console: 
     try:
         return asyncio.run(main())
     except ThinkloopError as exc:
-        raise typer.Exit(print_error(console, exc)) from None
+        raise typer.Exit(print_error(Console(stderr=True), exc)) from None
 
 
 async def _state(store: Store, run_id: str) -> RunState:
@@ -76,9 +77,9 @@ def list_command(
     """List saved runs, most recently updated first."""
     console = Console()
     if status not in (None, "running", "done", "error"):
-        console.print(f"[bold red]error:[/] --status must be running, done or error, not {status!r}")
-        raise typer.Exit(2)
-    runs = _with_store(store, lambda s: s.list_runs(limit, status=status), console)  # type: ignore[arg-type]
+        error = UserError(f"--status must be running, done or error, not {status!r}")
+        raise typer.Exit(print_error(Console(stderr=True), error))
+    runs = _with_store(store, lambda s: s.list_runs(limit, status=status))  # type: ignore[arg-type]
     if as_json:
         for run in runs:
             sys.stdout.write(run.model_dump_json() + "\n")
@@ -112,7 +113,7 @@ def _runs_table(runs: list[RunSummary]) -> Table:
 def show_command(run_id: RunId, store: StoreOption = None) -> None:
     """Show a run: its state, steps, tool calls, stop reason and usage."""
     console = Console()
-    state = _with_store(store, lambda s: _state(s, run_id), console)
+    state = _with_store(store, lambda s: _state(s, run_id))
     _print_state(console, state)
 
 
@@ -173,7 +174,7 @@ def replay_command(
         await _state(s, run_id)
         return await s.read_events(run_id)
 
-    for event in _with_store(store, job, console):
+    for event in _with_store(store, job):
         if as_json:
             sys.stdout.write(event.model_dump_json() + "\n")
         elif event.type == "answer_delta":
@@ -205,7 +206,7 @@ def export_command(
         }
         return json.dumps(body, ensure_ascii=False, indent=2)
 
-    text = _with_store(store, job, console)
+    text = _with_store(store, job)
     if output is None:
         sys.stdout.write(text + "\n")
     else:
