@@ -8,7 +8,9 @@ The real-model tests are skipped only when llama-cpp-python or the assembled wei
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
+import os
 import subprocess
 import sys
 import threading
@@ -280,7 +282,7 @@ class FakeLlama:
 
 def _fake_model(reply: list[str], **kwargs: Any) -> tuple[LocalModel, FakeLlama]:
     fake = FakeLlama(reply, **kwargs)
-    model = LocalModel()
+    model = LocalModel(prompt_cache=False)  # the stand-in has no KV state to keep (the real tests cover it)
     model._runtime = _local._Runtime(fake, Path("fake.gguf"))
     return model, fake
 
@@ -553,13 +555,27 @@ def test_real_guards_end_the_small_models_loop_with_the_answer_it_has(tmp_path: 
     import sys
 
     goal = "What is 17 * 23? Use the calculator."
-    cmd = [sys.executable, "-m", "thinkloop.cli", "run", goal, "--model", "local:0.5b", "--json", "--store", "memory:"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "thinkloop.cli",
+        "run",
+        goal,
+        "--model",
+        "local:0.5b",
+        "--json",
+        "--store",
+        "memory:",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
     events = [json.loads(line) for line in proc.stdout.splitlines()]
     result = events[-1]["result"]
     calls = [e["call"]["arguments"] for e in events if e["type"] == "tool_call"]
     assert calls and str(calls[0].get("expression", "")).replace(" ", "") == "17*23"  # the right first call
-    assert result["stop_reason"] != "max_steps" and result["steps"] <= 8, (result["stop_reason"], result["steps"])
+    assert result["stop_reason"] != "max_steps" and result["steps"] <= 8, (
+        result["stop_reason"],
+        result["steps"],
+    )
     assert "391" in result["output"], result["output"]
 
 
@@ -570,3 +586,74 @@ async def test_a_reply_is_capped_at_the_models_max_output_tokens() -> None:
     assert fake.calls[-1]["max_tokens"] == 64
     with pytest.raises(ConfigurationError, match="max_output_tokens must be at least 16"):
         LocalModel(max_output_tokens=0)
+
+
+# ============================================================================= prompt cache across processes
+
+_CHILD = """
+import asyncio, logging, sys
+logging.basicConfig(level=logging.DEBUG, format="%(message)s", stream=sys.stderr)
+from thinkloop import Message, ModelRequest, ModelSettings
+from thinkloop.models._local import LocalModel
+
+async def main():
+    model = LocalModel(prompt_cache=sys.argv[1])
+    request = ModelRequest(
+        messages=[Message.system("You are terse. " * 40), Message.user("Say the word 'blue'.")],
+        settings=ModelSettings(temperature=0.0, max_output_tokens=12),
+    )
+    print((await model.request(request)).text)
+
+asyncio.run(main())
+"""
+
+
+def _child_request(cache: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD, str(cache)], capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+@real
+@needs_15b
+def test_real_prompt_cache_restores_the_system_prompt_in_a_new_process_with_the_same_reply(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "kv"
+    first = _child_request(cache)
+    assert first.returncode == 0, first.stderr
+    assert "prompt cache: read" in first.stderr and "restored" not in first.stderr
+    files = list(cache.glob("*.kv"))
+    assert len(files) == 1 and files[0].stat().st_size > 1_000_000  # the KV state of the system prompt
+
+    second = _child_request(cache)
+    assert second.returncode == 0, second.stderr
+    assert "prompt cache: restored" in second.stderr
+    assert second.stdout == first.stdout and second.stdout.strip()  # the state is exactly what reading gives
+
+    files[0].write_bytes(files[0].read_bytes()[:1000])  # damaged (a crash mid-write, a full disk …)
+    third = _child_request(cache)
+    assert third.returncode == 0, third.stderr
+    assert "unusable" in third.stderr and "prompt cache: read" in third.stderr
+    assert third.stdout == first.stdout
+    assert [f.stat().st_size for f in cache.glob("*.kv")] == [files[0].stat().st_size] and files[
+        0
+    ].stat().st_size > 1_000_000
+
+
+def test_prompt_cache_files_are_checked_and_the_oldest_evicted(tmp_path: Path) -> None:
+    from thinkloop.models._prompt_cache import _MAGIC, PromptCache, _checked_payload
+
+    payload = b"state" * 100
+    good = _MAGIC + hashlib.sha256(payload).digest() + payload
+    assert _checked_payload(good) == payload
+    assert _checked_payload(good[:-1]) is None and _checked_payload(b"other" + good[5:]) is None
+    cache = PromptCache(tmp_path, max_files=2)
+    for i in range(4):
+        path = tmp_path / f"{i}.kv"
+        path.write_bytes(good)
+        os.utime(path, (1000 + i, 1000 + i))
+    cache._evict()
+    assert sorted(p.name for p in tmp_path.glob("*.kv")) == ["2.kv", "3.kv"]
+    assert LocalModel(prompt_cache=False).prompt_cache is None
+    assert LocalModel(prompt_cache=tmp_path).prompt_cache.directory == tmp_path  # type: ignore[union-attr]
