@@ -1,10 +1,16 @@
-"""The calculator tool: percentages as people write them, and a description small models can copy."""
+"""The calculator tool: percentages as people write them, a description small models can copy, and
+hostile expressions (DoS, escapes) refused fast with a reason."""
 
 from __future__ import annotations
 
+import re
+import sys
+
 import pytest
 
-from thinkloop.tools.calculator import calculator, evaluate, format_number
+from thinkloop import Agent
+from thinkloop.testing import ScriptedModel
+from thinkloop.tools.calculator import CalculatorError, calculator, evaluate, format_number
 
 
 @pytest.mark.parametrize(
@@ -32,3 +38,109 @@ def test_the_description_shows_parentheses_and_a_percentage_but_no_task_like_exp
     assert "keeping its parentheses" in description and "'(2 + 3) * 4'" in description
     assert format_number(evaluate("15% of 80")) == "12"  # the example in the description works
     assert "17*23+4" not in description  # a small model copied the example instead of its own task
+
+
+# ------------------------------------------------------------------- hostile input: fast, clear refusals
+# The calculator runs on the event loop (in_thread=False): an expression that computed for minutes would
+# freeze every run of the process, so each of these must be refused before it is computed.
+
+
+async def calculate(expression: str) -> str:
+    result = await calculator.invoke(calculator.validate({"expression": expression}))
+    assert isinstance(result, str)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("expr", "problem"),
+    [
+        ("9**9**9", "exponent 387420489 is too large"),
+        ("10**100000000", "exponent 100000000 is too large"),
+        ("(10**10000)**10000", "the result would have about 99,999,154 digits"),  # hung the event loop
+        ("(9**9999)**9999", "digits, more than the calculator allows"),
+        ("factorial(1000)**10000", "digits, more than the calculator allows"),
+        ("pow(10**10000, 10**10000)", "exponent 1e+10000 is too large"),  # pow() skipped the checks
+        ("pow(10**500, 10000)", "digits, more than the calculator allows"),
+        ("pow(3, 10**5000, 10**5000 + 7)", "pow(a, b, m) with numbers this large is too costly"),
+        ("10**10000 * 10**10000 * 10**10000 * 10**10000", "digits, more than the calculator allows"),
+        ("factorial(10**10)", "factorial argument is too large"),
+        ("1/0", "division by zero"),
+        ("1 % 0", "division by zero"),
+        ("1e308 * 10", "not a finite number (inf)"),  # was answered "inf"
+        ("1e999 - 1e999", "too large for a float"),  # was answered "nan"
+        ("exp(1000)", "too large"),
+        ("sqrt(-1)", "math domain error"),
+        ("(-8) ** (1/3)", "is not a real number"),
+        ("(" * 300 + "1" + ")" * 199, "cannot parse"),
+        ("1+" * 300 + "1", "longer than 500 characters"),
+        ("１２３ + 1", "cannot parse"),
+        ("٣ + 1", "cannot parse"),
+        ("().__class__", "only arithmetic is allowed"),
+        ("abs.__self__", "only arithmetic is allowed"),
+        ("x", "only arithmetic is allowed"),
+        ("lambda: 1", "only arithmetic is allowed"),
+        ("[x for x in (1, 2)]", "only arithmetic is allowed"),
+        ("__import__('os')", "unknown function '__import__'"),
+        ("'a' * 10", "only arithmetic is allowed"),
+        ("True + 1", "only arithmetic is allowed"),
+        ("1 << 100000", "only arithmetic is allowed"),
+        ("", "empty"),
+    ],
+)
+async def test_hostile_expressions_are_refused_with_a_reason(expr: str, problem: str) -> None:
+    with pytest.raises(CalculatorError, match=re.escape(problem)):
+        await calculate(expr)
+
+
+async def test_a_refusal_is_an_error_observation_and_the_run_goes_on() -> None:
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "calculator", "args": {"expression": "(10**10000)**10000"}}]}, "too big"]
+    )
+    result = await Agent(model, tools=[calculator]).run("compute it")
+    observation = [m for m in result.state.messages if m.role == "tool"][0].content
+    assert observation.startswith("Error: calculator raised CalculatorError: the result would have about")
+    assert result.output == "too big"
+
+
+@pytest.mark.parametrize("exponent", [4300, 5000, 10_000])
+async def test_integers_too_long_to_print_whole_are_shown_in_scientific_notation(exponent: int) -> None:
+    # they used to fail with Python's "Exceeds the limit (4300 digits) for integer string conversion"
+    shown = await calculate(f"7 * 10**{exponent} + 123")
+    assert shown == f"7e+{exponent} (an integer of {exponent + 1} digits, shown rounded down)"
+    assert (
+        await calculate(f"-(10**{exponent})")
+        == f"-1e+{exponent} (an integer of {exponent + 1} digits, shown rounded down)"
+    )
+
+
+def test_the_scientific_form_keeps_the_leading_digits_exactly() -> None:
+    value = 3**20000  # 9,543 digits
+    previous = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        digits = str(value)
+    finally:
+        sys.set_int_max_str_digits(previous)
+    mantissa = f"{digits[0]}.{digits[1:13]}".rstrip("0")
+    assert (
+        format_number(value)
+        == f"{mantissa}e+{len(digits) - 1} (an integer of {len(digits)} digits, shown rounded down)"
+    )
+    assert format_number(10**3999) == "1" + "0" * 3999  # short enough: shown whole
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("2**10000 // 2**9998", "4"),
+        ("10**10000 // 7**10000 % 1000", None),
+        ("pow(2, 10000) // pow(2, 9999)", "2"),
+        ("pow(3, 10**1000, 7)", "4"),
+        ("factorial(1000) // factorial(999)", "1000"),
+        ("2**-10000", "0"),
+        ("1e308 + 1e307", "1.1e+308"),
+    ],
+)
+async def test_large_but_bounded_computations_still_work(expr: str, expected: str | None) -> None:
+    shown = await calculate(expr)
+    assert shown == (expected if expected is not None else format_number(evaluate(expr)))

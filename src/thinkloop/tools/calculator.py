@@ -1,7 +1,11 @@
 """A safe calculator tool: arithmetic and common math functions, evaluated from a parsed AST.
 
 No `eval` of arbitrary code: only numbers, the operators `+ - * / // % **`, parentheses, the constants
-`pi`, `e`, `tau` and a fixed set of math functions are accepted; huge powers and factorials are refused.
+`pi`, `e`, `tau` and a fixed set of math functions are accepted. Every step is bounded, because the tool
+runs on the event loop and a model may write `(10**10000)**10000`: an integer that would exceed
+`_MAX_BITS` bits (about 30,000 digits), an exponent above 10,000, a factorial above 1,000 and a costly
+modular power are refused before they are computed. Infinite and NaN results are refused too, and an
+integer too long to print whole is shown in scientific notation.
 Percentages as people (and small models) write them are read too: a `%` right after a number and
 before no operand means "/100" (`86.4 * 15%` is 12.96, `15% of 86.4` too); `10 % 3` stays the remainder.
 """
@@ -41,6 +45,9 @@ _CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
 _MAX_EXPONENT = 10_000
 _MAX_FACTORIAL = 1_000
 _MAX_LENGTH = 500
+_MAX_BITS = 100_000  # 10**10000 fits; a product or power of such numbers costs milliseconds
+_MAX_MODPOW_WORK = 1 << 24  # bits of exponent x bits of modulus: pow(a, b, m) under ~0.3 s
+_MAX_DIGITS_SHOWN = 4_000  # below Python's int-to-str limit (4,300 digits)
 
 
 class CalculatorError(ValueError):
@@ -61,7 +68,9 @@ def evaluate(expression: str) -> int | float:
         raise CalculatorError(f"the expression is longer than {_MAX_LENGTH} characters")
     try:
         tree = ast.parse(text, mode="eval")
-    except SyntaxError:
+    except (RecursionError, MemoryError):
+        raise CalculatorError("the expression is nested too deeply: simplify it") from None
+    except (SyntaxError, ValueError):
         raise CalculatorError(
             f"cannot parse {expression!r}: use numbers, + - * / ** ( ) and functions like sqrt(x)"
         ) from None
@@ -71,12 +80,18 @@ def evaluate(expression: str) -> int | float:
         raise CalculatorError("division by zero") from None
     except (OverflowError, MemoryError):
         raise CalculatorError("the result is too large") from None
+    except RecursionError:
+        raise CalculatorError("the expression is nested too deeply: simplify it") from None
     except (TypeError, ValueError) as exc:
         if isinstance(exc, CalculatorError):
             raise
         raise CalculatorError(f"math error: {exc}") from None
     if isinstance(value, complex) or not isinstance(value, int | float):
         raise CalculatorError(f"the result {value!r} is not a real number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CalculatorError(
+            f"the result is not a finite number ({value}): a value overflowed the float range (about 1.8e308)"
+        )
     return value
 
 
@@ -86,13 +101,19 @@ def _eval(node: ast.expr) -> Any:
         and isinstance(node.value, int | float)
         and not isinstance(node.value, bool)
     ):
+        if not math.isfinite(node.value):
+            raise CalculatorError(
+                "a number in the expression is too large for a float (the limit is about 1.8e308)"
+            )
         return node.value
     if isinstance(node, ast.Name) and node.id in _CONSTANTS:
         return _CONSTANTS[node.id]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
-            raise CalculatorError(f"exponent {right} is too large (limit {_MAX_EXPONENT})")
+        if isinstance(node.op, ast.Pow):
+            _check_power(left, right)
+        if isinstance(node.op, ast.Mult):
+            _check_bits(_bits(left) + _bits(right))
         return _BINARY[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
@@ -108,16 +129,66 @@ def _call(node: ast.Call) -> Any:
     args = [_eval(a) for a in node.args]
     if node.func.id == "factorial" and args and abs(args[0]) > _MAX_FACTORIAL:
         raise CalculatorError(f"factorial argument is too large (limit {_MAX_FACTORIAL})")
+    if node.func.id == "pow" and len(args) == 2:
+        _check_power(*args)
+    if node.func.id == "pow" and len(args) == 3 and _bits(args[1]) * _bits(args[2]) > _MAX_MODPOW_WORK:
+        raise CalculatorError(
+            "pow(a, b, m) with numbers this large is too costly: use a smaller exponent or modulus"
+        )
     return _FUNCTIONS[node.func.id](*args)
 
 
+def _bits(value: Any) -> int:
+    """The size in bits of an integer operand (0 for floats: their range is bounded by themselves)."""
+    return abs(value).bit_length() if isinstance(value, int) else 0
+
+
+def _check_bits(bits: int) -> None:
+    if bits > _MAX_BITS:
+        raise CalculatorError(
+            f"the result would have about {int(bits * math.log10(2)):,} digits, more than the calculator "
+            f"allows ({int(_MAX_BITS * math.log10(2)):,}): use smaller numbers or floats (e.g. 1e300)"
+        )
+
+
+def _short(value: int | float) -> str:
+    text = format_number(value).split(" (")[0]
+    return text if len(text) <= 40 else f"{text[:40]}…"
+
+
+def _check_power(base: Any, exponent: Any) -> None:
+    """Refuse a power whose exponent or integer result is too large, before computing it."""
+    if isinstance(exponent, int | float) and abs(exponent) > _MAX_EXPONENT:
+        raise CalculatorError(f"exponent {_short(exponent)} is too large (limit {_MAX_EXPONENT})")
+    if isinstance(base, int) and isinstance(exponent, int) and exponent > 0 and abs(base) > 1:
+        _check_bits((abs(base).bit_length() - 1) * exponent)
+
+
 def format_number(value: int | float) -> str:
-    """Integers as integers; floats without float noise (12 significant digits), whole floats as ints."""
+    """Integers as integers; floats without float noise (12 significant digits), whole floats as ints.
+
+    An integer of more than `_MAX_DIGITS_SHOWN` digits is shown as `d.ddd…e+N (an integer of M digits)`.
+    """
     if isinstance(value, float):
         if math.isfinite(value) and value.is_integer() and abs(value) < 1e15:
             return str(int(value))
         return f"{value:.12g}"
-    return str(value)
+    digits = _digit_count(value)
+    return _scientific(value, digits) if digits > _MAX_DIGITS_SHOWN else str(value)
+
+
+def _digit_count(value: int) -> int:
+    """The number of decimal digits of `value`, without converting it to a string."""
+    digits = max(int(abs(value).bit_length() * math.log10(2)), 1)  # the true count is this or one more
+    return digits + 1 if abs(value) >= 10**digits else digits
+
+
+def _scientific(value: int, digits: int) -> str:
+    """A long integer as `1.23456789012e+4300 (an integer of 4301 digits)`, without converting it whole."""
+    lead = abs(value) // 10 ** (digits - 13)  # the first 13 digits
+    mantissa = f"{lead // 10**12}.{lead % 10**12:012d}".rstrip("0").rstrip(".")
+    sign = "-" if value < 0 else ""
+    return f"{sign}{mantissa}e+{digits - 1} (an integer of {digits} digits, shown rounded down)"
 
 
 def _calculate(expression: str) -> str:
