@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from thinkloop import (
     tool,
 )
 from thinkloop._events import Done, Event, ModelCalled
+from thinkloop.stores import SQLiteStore
 from thinkloop.testing import FunctionModel, ScriptedModel
 from thinkloop.tools.calculator import calculator
 
@@ -725,3 +727,85 @@ async def test_an_answer_call_beside_real_calls_is_dropped_and_a_real_answer_too
     empty = ScriptedModel([{"tool_calls": [{"name": "final_answer", "args": {}}]}, "391"])
     result = await Agent(empty, tools=[calculator]).run("What is 17*23?")
     assert result.output == "391" and result.steps == 2  # nothing handed in: answered as an unknown tool
+
+
+# =============================================================================== stores and models that fail
+
+
+class _FailingStore(SQLiteStore):
+    """A real SQLite store whose checkpoints fail from the `fail_from`-th on (`times` of them)."""
+
+    def __init__(
+        self, path: Path, fail_from: int, times: int = 1_000, error: Exception | None = None
+    ) -> None:
+        super().__init__(path)
+        self.calls, self.fail_from, self.times = 0, fail_from, times
+        self.error = error or StateError("disk full (simulated)")
+
+    async def checkpoint(self, state: RunState, events: Any) -> None:
+        self.calls += 1
+        if self.fail_from <= self.calls < self.fail_from + self.times:
+            raise self.error
+        await super().checkpoint(state, events)
+
+
+def _two_step_model() -> ScriptedModel:
+    return ScriptedModel(
+        [
+            {"tool_calls": [{"name": "record", "args": {"item": "a"}}]},
+            {"tool_calls": [{"name": "record", "args": {"item": "b"}}]},
+            "done",
+        ]
+    )
+
+
+async def test_a_store_that_fails_mid_run_stops_it_before_the_unsaved_call_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    effects: list[str] = []
+
+    @tool
+    def record(item: str) -> str:
+        """Record an item (a side effect)."""
+        effects.append(item)
+        return f"recorded {item}"
+
+    # checkpoints: 1 run started; 2 'a' started, 3 'a' done, 4 observations; 5 'b' started -> fails
+    store = _FailingStore(tmp_path / "runs.db", fail_from=5)
+    with pytest.raises(
+        StateError, match=r"disk full.*final state could not be saved.*error's `state`"
+    ) as caught:
+        await Agent(_two_step_model(), tools=[record], store=store).run("Record a then b.")
+    assert effects == ["a"]  # 'b' never ran: its start could not be saved
+    state = caught.value.state
+    assert state is not None and state.stop_reason is StopReason.ERROR and "disk full" in (state.error or "")
+    assert [e.status for e in state.ledger.values()] == ["done", "started"]
+
+    for error in (OSError(28, "No space left on device"), KeyError("boom")):  # a store of the user's making
+        store = _FailingStore(tmp_path / f"{type(error).__name__}.db", fail_from=2, error=error)
+        with pytest.raises(StateError, match=r"the store _FailingStore could not save run .*(No space|boom)"):
+            await Agent(_two_step_model(), tools=[record], store=store).run("Record a then b.")
+
+
+async def test_events_of_a_failed_checkpoint_are_saved_by_the_next_one(tmp_path: Path) -> None:
+    @tool
+    def record(item: str) -> str:
+        """Record an item."""
+        return f"recorded {item}"
+
+    store = _FailingStore(tmp_path / "runs.db", fail_from=3, times=1)  # one failure, then the store is back
+    result = await Agent(_two_step_model(), tools=[record], store=store).run("Record a then b.")
+    assert result.stop_reason is StopReason.ERROR and "disk full" in (result.error or "")
+    events = await store.read_events(result.run_id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))  # no gap where the failure was
+    assert events[-1].type == "done" and (await store.load_state(result.run_id)).finished  # type: ignore[union-attr]
+
+
+async def test_a_model_that_raises_something_unexpected_ends_the_run_with_an_error() -> None:
+    class Buggy(FunctionModel):
+        async def request(self, request: ModelRequest) -> Any:
+            raise KeyError("choices")
+
+    result = await Agent(Buggy(lambda r: "x"), tools=[calculator]).run("What is 1+1?")
+    assert result.stop_reason is StopReason.ERROR
+    assert result.error is not None and "the model raised KeyError: 'choices'" in result.error

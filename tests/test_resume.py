@@ -310,7 +310,7 @@ def test_runs_list_show_resume_replay_export(interrupted: tuple[str, Path]) -> N
     assert resumed.exit_code == 0, resumed.output
     assert "(resumed)" in resumed.output and "It is 42." in resumed.output
 
-    assert _cli("resume", "cli-run", "--store", url).exit_code == 1  # it ended: not resumed again
+    assert _cli("resume", "cli-run", "--store", url).exit_code == 2  # it ended: not resumed again (a usage error)
     replay = _cli("replay", "cli-run", "--store", url)
     assert replay.exit_code == 0
     assert (

@@ -21,7 +21,14 @@ from pydantic import BaseModel
 from . import _react
 from ._budget import Budget, PriceTable
 from ._context import ContextManager
-from ._errors import ContextOverflowError, ModelError, ModelRetryableError, RunError, ToolsUnsupportedError
+from ._errors import (
+    ContextOverflowError,
+    ModelError,
+    ModelRetryableError,
+    RunError,
+    StateError,
+    ToolsUnsupportedError,
+)
 from ._events import (
     AnswerDelta,
     Done,
@@ -196,8 +203,15 @@ class RunContext:
             return
         if not self.state.finished:  # a finished run's time was fixed by `finish` (and its `done` event)
             self.state.elapsed = self.elapsed
-        events, self.pending = self.pending, []
-        await self.store.checkpoint(self.state, events)
+        events = self.pending
+        try:
+            await self.store.checkpoint(self.state, events)
+            self.pending = []  # kept after a failure: the next checkpoint carries them
+        except RunError:
+            raise
+        except Exception as exc:  # a store of the user's making: its failure is a StateError all the same
+            name = type(self.store).__name__
+            raise StateError(f"the store {name} could not save run {self.state.run_id}: {exc!r}") from exc
         self.saved = True
 
     async def ledger_started(self, call: ToolCall) -> None:
@@ -430,6 +444,14 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
                 )
             )
             await asyncio.sleep(delay)
+        except (ModelError, TimeoutError):
+            raise
+        except Exception as exc:  # a model of the user's making raised something else: still a model error
+            raise ModelError(
+                f"the model raised {type(exc).__name__}: {exc}",
+                provider=run.model.provider,
+                scope="model request",
+            ) from exc
 
 
 MAX_SHRINKS_PER_STEP = 2
@@ -985,5 +1007,12 @@ async def finish(
     result = RunResult.from_state(state)
     result.parsed = run.parsed
     run.emit(lambda: Done(result=result))
-    await run.checkpoint()
+    try:
+        await run.checkpoint()
+    except StateError as exc:  # the store failed: nothing is lost, the final state goes with the error
+        raise StateError(
+            f"{exc} — the run ended ({reason.value}) but its final state could not be saved: it is in this "
+            "error's `state` (RunResult.from_state(error.state) gives the result)",
+            state=state,
+        ) from exc
     return result
