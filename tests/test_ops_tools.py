@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from thinkloop.tools import (
     load_hosts,
     shell_tool,
 )
+from thinkloop.tools._shell import ShellCommandError
 
 
 async def shell(tool: Tool, command: str) -> dict[str, Any]:
@@ -74,6 +77,61 @@ async def test_shell_returns_when_the_command_detaches_a_background_job(tmp_path
         assert _alive(child, grace=0)  # a properly detached job is left running
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+async def test_shell_timeout_returns_while_the_command_floods_its_output(tmp_path: Path) -> None:
+    # `yes` filled the PIPE transport, which was paused when the readers were cancelled at the timeout:
+    # process.wait() then waited forever for a pipe nobody read (the call hung past any timeout)
+    tool = shell_tool(cwd=tmp_path, timeout=0.5, output_limit=1_000)
+    result = await asyncio.wait_for(shell(tool, "yes"), 60)  # hang guard only
+    assert result["timed_out"] is True and result["exit_code"] is None
+    assert result["stdout"].startswith("y\ny\n") and len(result["stdout"]) <= 1_000
+
+
+async def test_shell_timeout_kills_background_children_after_the_shell_exited(tmp_path: Path) -> None:
+    # the shell exits at once, its background child keeps stdout open: the group was not killed because
+    # the shell (its leader) had already exited, so `sleep` outlived the call
+    tool = shell_tool(cwd=tmp_path, timeout=0.5)
+    result = await asyncio.wait_for(shell(tool, "sleep 60 & echo $!"), 60)
+    child = int(result["stdout"])
+    assert result["timed_out"] is True and result["exit_code"] is None
+    assert "The shell had exited (code 0), but a background process kept its output open" in result["stderr"]
+    assert "cmd >cmd.log 2>&1 &" in result["stderr"]  # what to do instead
+    assert not _alive(child)
+
+
+@pytest.mark.parametrize(
+    ("command", "problem"),
+    [
+        ("", "the command is empty: give a shell command to run"),
+        ("  \n\t", "the command is empty"),
+        ("echo a\x00b", "contains a NUL character"),
+        ("echo \ud800", "contains invalid Unicode"),
+        ("echo " + "a" * 200_000, "the command is 200,005 bytes long, more than the 131,071 bytes"),
+    ],
+)
+async def test_shell_commands_that_cannot_run_are_refused_with_a_reason(
+    tmp_path: Path, command: str, problem: str
+) -> None:
+    with pytest.raises(ShellCommandError, match=re.escape(problem)):
+        await shell(shell_tool(cwd=tmp_path), command)
+
+
+async def test_a_refused_command_is_an_error_observation(tmp_path: Path) -> None:
+    model = ScriptedModel([{"tool_calls": [{"name": "shell", "args": {"command": ""}}]}, "ok"])
+    result = await Agent(model, tools=[shell_tool(cwd=tmp_path)]).run("run nothing")
+    observation = [m for m in result.state.messages if m.role == "tool"][0].content
+    assert observation == (
+        "Error: shell raised ShellCommandError: the command is empty: give a shell command to run, e.g. 'ls -la'"
+    )
+
+
+async def test_shell_output_of_hundreds_of_megabytes_is_streamed_not_kept(tmp_path: Path) -> None:
+    tool = shell_tool(cwd=tmp_path, timeout=120, output_limit=2_000)
+    result = await shell(tool, "head -c 300000000 /dev/zero | tr '\\0' x; printf '\\377END'")
+    assert result["exit_code"] == 0 and len(result["stdout"]) <= 2_000
+    assert result["stdout"].startswith("xxx") and result["stdout"].endswith("\ufffdEND")  # invalid UTF-8 kept
+    assert "bytes not kept" in result["stdout"]
 
 
 def _alive(pid: int, grace: int = 200) -> bool:

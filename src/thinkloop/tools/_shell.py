@@ -1,7 +1,9 @@
 """The `shell` tool (SPEC §3.7): run a command locally with `/bin/sh -c`.
 
 The command runs in its own process group, in a fixed working directory, with only the allow-listed
-environment variables; on timeout (or when the call is cancelled) the whole group is killed. The
+environment variables; on timeout (or when the call is cancelled) the whole group is killed, even if
+the shell itself has exited and only a background child still holds its output. An empty command, a NUL
+character or a command over the system's argument limit is refused with `ShellCommandError`. The
 result is a JSON object: `exit_code`, `stdout`, `stderr` (each cut to the output limit, head and tail
 kept), `duration` and `timed_out`. Its risk comes from the command classifier.
 """
@@ -92,49 +94,163 @@ def shell_tool(
 async def run_command(
     command: str, *, cwd: Path | None, env: dict[str, str], seconds: float, limit: int
 ) -> dict[str, Any]:
-    """Run `command` with `/bin/sh -c`; kill its process group on timeout or cancellation."""
+    """Run `command` with `/bin/sh -c`; kill its process group on timeout or cancellation.
+
+    The call ends when the shell has exited and its stdout and stderr are closed — by the shell and by
+    every background child that inherited them — or after `seconds`, when the whole process group is
+    killed, even if the shell itself had already exited.
+    """
+    _check_command(command)
     started = time.perf_counter()
-    process = await asyncio.create_subprocess_exec(
-        "/bin/sh",
-        "-c",
-        command,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
-    assert process.stdout is not None and process.stderr is not None
-    stdout, stderr = _Capture(limit), _Capture(limit)
-    timed_out = False
+    stdout, stderr = await _PipeReader.open(limit), await _PipeReader.open(limit)
+    finished = False
     try:
-        async with asyncio.timeout(seconds):
-            await asyncio.gather(stdout.drain(process.stdout), stderr.drain(process.stderr), process.wait())
-    except TimeoutError:
-        timed_out = True
+        process = await _start(command, cwd, env, stdout, stderr)
+        try:
+            async with asyncio.timeout(seconds):
+                await process.wait()
+                await asyncio.gather(stdout.closed, stderr.closed)
+            finished = True
+        except TimeoutError:
+            pass
+        finally:
+            if not finished:  # timed out or cancelled: nothing of the command may outlive the call
+                shell_exit = process.returncode
+                await _kill_group(process)
     finally:
-        if process.returncode is None:
-            await _kill_group(process)
+        stdout.close()
+        stderr.close()
+    note = "" if finished else _timeout_note(seconds, shell_exit)
     return {
-        "exit_code": None if timed_out else process.returncode,
-        "stdout": stdout.text(),
-        "stderr": stderr.text() + (f"\n[killed: timed out after {seconds:g} s]" if timed_out else ""),
+        "exit_code": process.returncode if finished else None,
+        "stdout": stdout.capture.text(),
+        "stderr": stderr.capture.text() + note,
         "duration": round(time.perf_counter() - started, 3),
-        "timed_out": timed_out,
+        "timed_out": not finished,
     }
+
+
+class ShellCommandError(ValueError):
+    """A command that cannot be run at all (empty, a NUL byte, too long); the message says what to do."""
+
+
+_MAX_COMMAND_BYTES = 131_071  # Linux's limit for one argument (MAX_ARG_STRLEN, 128 KiB with the NUL)
+
+
+def _check_command(command: str) -> None:
+    if not command.strip():
+        raise ShellCommandError("the command is empty: give a shell command to run, e.g. 'ls -la'")
+    if "\x00" in command:
+        raise ShellCommandError(
+            "the command contains a NUL character (\\x00), which a command cannot hold: remove it"
+        )
+    try:
+        size = len(command.encode("utf-8", errors="surrogateescape"))
+    except UnicodeEncodeError:
+        raise ShellCommandError(
+            "the command contains invalid Unicode (a lone surrogate such as \\ud800): write the text as UTF-8"
+        ) from None
+    if size > _MAX_COMMAND_BYTES:
+        raise ShellCommandError(
+            f"the command is {size:,} bytes long, more than the {_MAX_COMMAND_BYTES:,} bytes the system accepts: "
+            "write long data to a file first (write_file) and refer to the file in the command"
+        )
+
+
+async def _start(
+    command: str, cwd: Path | None, env: dict[str, str], stdout: _PipeReader, stderr: _PipeReader
+) -> asyncio.subprocess.Process:
+    """Start the shell in a new session (its own process group) writing into our two pipes."""
+    try:
+        return await asyncio.create_subprocess_exec(
+            "/bin/sh",
+            "-c",
+            command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=stdout.write_fd,
+            stderr=stderr.write_fd,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as exc:  # E2BIG when the environment plus the command exceed the system's limit …
+        raise ShellCommandError(f"could not start /bin/sh: {exc.strerror or exc}") from None
+    finally:
+        stdout.close_write_end()  # the child has its copies: the pipes close when it (and its children) do
+        stderr.close_write_end()
+
+
+def _timeout_note(seconds: float, shell_exit: int | None) -> str:
+    note = f"\n[killed: timed out after {seconds:g} s]"
+    if shell_exit is not None:
+        note += (
+            f" The shell had exited (code {shell_exit}), but a background process kept its output open; "
+            "redirect a background job's output (cmd >cmd.log 2>&1 &) so the call can return."
+        )
+    return note
 
 
 async def _kill_group(process: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)  # the group outlives its leader while a member lives
     with contextlib.suppress(ProcessLookupError):
         process.kill()
     await asyncio.shield(process.wait())
 
 
+class _PipeReader(asyncio.Protocol):
+    """The read end of a pipe given to the command as stdout or stderr, captured as it arrives.
+
+    Our own pipe rather than `asyncio.subprocess.PIPE`: the call can close it whenever it wants, and
+    nothing pauses reading (an abandoned paused `PIPE` transport made `process.wait()` hang forever
+    after a timeout with a command like `yes`).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.capture = _Capture(limit)
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.write_fd = -1
+        self.transport: asyncio.BaseTransport | None = None
+
+    @classmethod
+    async def open(cls, limit: int) -> _PipeReader:
+        reader = cls(limit)
+        read_fd, reader.write_fd = os.pipe()
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_read_pipe(lambda: reader, os.fdopen(read_fd, "rb", buffering=0))
+        except BaseException:
+            os.close(read_fd)
+            reader.close_write_end()
+            raise
+        return reader
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.capture.add(data)
+
+    def eof_received(self) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof_received()
+
+    def close_write_end(self) -> None:
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def close(self) -> None:
+        self.close_write_end()
+        if self.transport is not None:
+            self.transport.close()
+
+
 class _Capture:
-    """Reads a stream to its end, keeping at most about `limit` characters (head and tail)."""
+    """Keeps at most about `limit` characters of a stream (head and tail), however much arrives."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -142,15 +258,14 @@ class _Capture:
         self.tail = bytearray()
         self.total = 0
 
-    async def drain(self, stream: asyncio.StreamReader) -> None:
+    def add(self, chunk: bytes) -> None:
         half = self.limit // 2 + 1
-        while chunk := await stream.read(65_536):
-            self.total += len(chunk)
-            room = max(half - len(self.head), 0)
-            self.head += chunk[:room]
-            self.tail += chunk[room:]
-            if len(self.tail) > 2 * half:
-                del self.tail[: len(self.tail) - half]
+        self.total += len(chunk)
+        room = max(half - len(self.head), 0)
+        self.head += chunk[:room]
+        self.tail += chunk[room:]
+        if len(self.tail) > 2 * half:
+            del self.tail[: len(self.tail) - half]
 
     def text(self) -> str:
         head = self.head.decode(errors="replace")
