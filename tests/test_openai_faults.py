@@ -26,6 +26,7 @@ from thinkloop import (
 )
 from thinkloop._messages import ModelResponse, TextDelta
 from thinkloop.models import OpenAIModel, _openai
+from thinkloop.testing import FunctionModel
 from thinkloop.testing_server import Completion, Fault, OpenAICompatibleServer, ScriptItem, tool_call
 
 ADD = ToolDefinition(
@@ -341,3 +342,66 @@ async def test_an_overflow_error_says_so_through_a_stream(
     with pytest.raises(ContextOverflowError) as info:
         await answer(model, True)
     assert info.value.limit == 100
+
+
+# ====================================================================== wire shapes other servers send
+
+
+def completion_body(message: dict[str, Any], finish: str = "stop") -> Fault:
+    body = {
+        "id": "x", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }  # fmt: skip
+    return Fault(200, body=body)
+
+
+def sse(*deltas: dict[str, Any], finish: str = "stop") -> Fault:
+    chunks = [
+        {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        for delta in deltas
+    ]  # fmt: skip
+    chunks.append({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                   "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})  # fmt: skip
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    return Fault(200, body=body.encode(), headers={"content-type": "text/event-stream"})
+
+
+CALL = {"name": "add", "arguments": '{"a": 2, "b": 3}'}
+
+
+@pytest.mark.parametrize(
+    ("reply", "text", "calls"),
+    [
+        (completion_body({"role": "assistant", "content": [{"type": "text", "text": "It is "}, {"type": "text", "text": "5."}]}), "It is 5.", []),
+        (completion_body({"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]}, "tool_calls"), "", [("add", {"a": 2, "b": 3})]),
+        (completion_body({"role": "assistant", "content": None, "function_call": CALL}, "function_call"), "", [("add", {"a": 2, "b": 3})]),
+        (completion_body({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "add", "arguments": "{}"}}]}, "tool_calls"), "", [("add", {})]),
+        (completion_body({"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": None, "arguments": "{}"}}]}, "tool_calls"), "", [("", {})]),
+        (sse({"content": [{"type": "text", "text": "It is 5."}]}), "It is 5.", []),
+        (sse({"function_call": {"name": "add", "arguments": '{"a": 2,'}}, {"function_call": {"arguments": ' "b": 3}'}}, finish="function_call"), "", [("add", {"a": 2, "b": 3})]),
+        (sse({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]}, finish="tool_calls"), "", [("add", {"a": 2, "b": 3})]),
+    ],
+    ids=["content-parts", "arguments-object", "legacy-function-call", "no-id-no-type", "no-name",
+         "stream-content-parts", "stream-legacy-function-call", "stream-arguments-object"],
+)  # fmt: skip
+async def test_other_servers_wire_shapes_are_read(
+    server: OpenAICompatibleServer, model: OpenAIModel, reply: Fault, text: str, calls: list[Any]
+) -> None:
+    server.add(reply)
+    streaming = reply.headers.get("content-type") == "text/event-stream"
+    response = await answer(model, streaming)
+    assert response.text == text
+    assert [(c.name, c.arguments) for c in response.tool_calls] == calls
+    assert all(c.id for c in response.tool_calls)
+
+
+async def test_a_model_returning_something_else_than_a_response_ends_the_run_with_an_error() -> None:
+    class Odd(FunctionModel):
+        async def request(self, request: ModelRequest) -> Any:
+            return ModelResponse(text=["not", "text"])  # type: ignore[arg-type]
+
+    result = await Agent(Odd(lambda r: "x"), tools=[add]).run("Add 2 and 3.")
+    assert result.stop_reason is StopReason.ERROR
+    assert "the model returned a ModelResponse whose text is a list" in (result.error or "")

@@ -400,6 +400,12 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
         response = await _call_with_retries(run, request)
     else:
         response = await run.deadlines.within(deadline, _call_with_retries(run, request))
+    if not isinstance(response, ModelResponse) or type(response.text) is not str:
+        raise ModelError(
+            f"the model returned {_describe(response)}, not a ModelResponse with text",
+            provider=run.model.provider,
+            scope="model request",
+        )
     if (
         request.prefill
         and response.text
@@ -452,6 +458,12 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
                 provider=run.model.provider,
                 scope="model request",
             ) from exc
+
+
+def _describe(response: object) -> str:
+    if isinstance(response, ModelResponse):
+        return f"a ModelResponse whose text is a {type(response.text).__name__}"
+    return f"a {type(response).__name__}"
 
 
 MAX_SHRINKS_PER_STEP = 2

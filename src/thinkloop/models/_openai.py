@@ -574,8 +574,14 @@ def _wire_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
 # ================================================================================ from the wire format
 
 
-def _parse_arguments(call_id: str, name: str, raw: str | None) -> ToolCall:
-    """A tool call; arguments that are not a JSON object are kept as `raw_arguments`, never raised."""
+def _parse_arguments(call_id: str, name: str | None, raw: Any) -> ToolCall:
+    """A tool call; arguments that are not a JSON object are kept as `raw_arguments`, never raised. Some
+    servers send the arguments as an object rather than JSON text: taken as they are."""
+    name = name if isinstance(name, str) else ""  # no name: answered as an unknown tool
+    if isinstance(raw, dict):
+        return ToolCall(id=call_id, name=name, arguments=raw)
+    if raw is not None and not isinstance(raw, str):
+        return ToolCall(id=call_id, name=name, raw_arguments=json.dumps(raw, ensure_ascii=False, default=str))
     text = raw or ""
     if not text.strip() or text.strip() == "null":  # no arguments (models send `null` for a tool without any)
         return ToolCall(id=call_id, name=name)
@@ -603,21 +609,49 @@ def _finish_reason(reason: str | None, has_calls: bool) -> FinishReason:
     return _FINISH.get(reason, "unknown")
 
 
+def _content_text(content: Any) -> str:
+    """Message content as text: a string, or a list of content parts (`[{"type": "text", "text": …}]`,
+    which some servers send) joined; anything else is no text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [
+            part.get("text") if isinstance(part, dict) else getattr(part, "text", None) for part in content
+        ]
+        return "".join(t for t in texts if isinstance(t, str))
+    return ""
+
+
 def _parse_completion(completion: ChatCompletion, name: str) -> ModelResponse:
     choice = completion.choices[0]
+    message = choice.message
     calls = []
-    for index, call in enumerate(choice.message.tool_calls or []):
+    for index, call in enumerate(message.tool_calls or []):
         function = getattr(call, "function", None)
         if function is None:  # a non-function ("custom") tool call: not something thinkloop sends
             continue
         calls.append(_parse_arguments(call.id or f"call_{index}", function.name, function.arguments))
+    legacy = getattr(
+        message, "function_call", None
+    )  # the pre-tools `functions` API, still sent by some servers
+    if not calls and legacy is not None and getattr(legacy, "name", None):
+        calls.append(_parse_arguments("call_0", legacy.name, getattr(legacy, "arguments", None)))
     return ModelResponse(
-        text=choice.message.content or getattr(choice.message, "refusal", None) or "",
+        text=_content_text(message.content) or _content_text(getattr(message, "refusal", None)),
         tool_calls=calls,
         usage=_parse_usage(completion.usage),
         model_name=completion.model or name,
         finish_reason=_finish_reason(choice.finish_reason, bool(calls)),
     )
+
+
+@dataclass
+class _LegacyDelta:
+    """A streamed `function_call` delta, shaped like a tool-call delta (index 0, no id)."""
+
+    function: Any
+    index: int = 0
+    id: str | None = None
 
 
 @dataclass
@@ -653,20 +687,26 @@ class _StreamAssembler:
         if delta is None:
             return []
         out: list[StreamChunk] = []
-        if delta.content:
-            self.text.append(delta.content)
-            self.chars += len(delta.content)
-            out.append(TextDelta(text=delta.content))
+        content = _content_text(delta.content)
+        if content:
+            self.text.append(content)
+            self.chars += len(content)
+            out.append(TextDelta(text=content))
         for call in delta.tool_calls or []:
             out.append(self._feed_call(call))
+        legacy = getattr(delta, "function_call", None)  # the pre-tools `functions` API: one call, index 0
+        if legacy is not None and not delta.tool_calls:
+            out.append(self._feed_call(_LegacyDelta(function=legacy)))
         return out
 
     def _feed_call(self, call: Any) -> ToolCallDelta:
         index = call.index if call.index is not None else self._index_for(call.id)
         partial = self.calls.setdefault(index, _PartialCall())
         function = call.function
-        name = function.name if function is not None else None
+        name = function.name if function is not None and isinstance(function.name, str) else None
         arguments = (function.arguments if function is not None else None) or ""
+        if not isinstance(arguments, str):  # an object where a piece of JSON text belongs
+            arguments = json.dumps(arguments, ensure_ascii=False, default=str)
         if call.id:
             partial.id = call.id
         if name and name != partial.name:  # some servers repeat the whole name in every delta
