@@ -305,8 +305,92 @@ async def test_large_and_binary_files(tmp_path: Path) -> None:
     (tmp_path / "bin.dat").write_bytes(b"\x00\x01\x02" * 10)
     tools = {t.name: t for t in file_tools(tmp_path, max_read=100)}
     big = await invoke(tools["read_file"], path="big.txt")
-    assert big.startswith("x" * 100) and "showing 100 of 500 characters" in big
+    assert big == "x" * 100 + "\n… [file truncated: showing the first 100 characters of 500 bytes]"
     assert "binary file of 30 bytes" in await invoke(tools["read_file"], path="bin.dat")
+
+
+async def test_a_2_gb_file_is_not_loaded_whole(tmp_path: Path) -> None:
+    # it was read whole (2.1 GB resident, 13 s) to show 100,000 characters of it
+    (tmp_path / "huge.log").write_bytes(b"first line\n" * 1_000)
+    os.truncate(tmp_path / "huge.log", 2 * 1024**3)  # sparse: costs no disk
+    (tmp_path / "zeros.img").touch()
+    os.truncate(tmp_path / "zeros.img", 2 * 1024**3)
+    tools = {t.name: t for t in file_tools(tmp_path, max_read=50)}
+    shown = await invoke(tools["read_file"], path="huge.log")
+    assert shown == "first line\n" * 4 + "first " + (
+        "\n… [file truncated: showing the first 50 characters of 2147483648 bytes]"
+    )
+    assert await invoke(tools["read_file"], path="zeros.img") == (
+        "(zeros.img is a binary file of 2147483648 bytes; not shown)"
+    )
+
+
+async def test_non_utf8_text_is_shown_with_replacement_characters(tmp_path: Path) -> None:
+    (tmp_path / "latin1.txt").write_bytes("café naïve".encode("latin-1"))
+    (tmp_path / "日本語 ü.txt").write_text("unicode name")
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    assert await invoke(tools["read_file"], path="latin1.txt") == "caf\ufffd na\ufffdve"
+    assert await invoke(tools["read_file"], path="日本語 ü.txt") == "unicode name"
+    await invoke(tools["write_file"], path="新しい/ü.txt", content="é")
+    assert (tmp_path / "新しい" / "ü.txt").read_text() == "é"
+
+
+async def test_fifos_are_refused_instead_of_blocking_forever(tmp_path: Path) -> None:
+    # reading a FIFO with no writer blocked a worker thread forever (so did writing with no reader)
+    os.mkfifo(tmp_path / "pipe")
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    for name, args in [("read_file", {"path": "pipe"}), ("write_file", {"path": "pipe", "content": "x"})]:
+        with pytest.raises(WorkspaceError, match=r"'pipe' is a named pipe \(FIFO\), not a regular file"):
+            await asyncio.wait_for(invoke(tools[name], **args), 60)  # hang guard only
+
+
+async def test_symlink_loops_and_bad_names_are_clear_errors(tmp_path: Path) -> None:
+    # a loop raised RuntimeError('Symlink loop from ...'), a long name a raw OSError (errno 36)
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    (tmp_path / "self").symlink_to("self")
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    for name, args in [
+        ("read_file", {"path": "loop1"}),
+        ("read_file", {"path": "self/x"}),
+        ("write_file", {"path": "loop2", "content": "x"}),
+        ("list_dir", {"path": "self"}),
+    ]:
+        with pytest.raises(WorkspaceError, match="loop of symbolic links"):
+            await invoke(tools[name], **args)
+    for path in ["a" * 300, "/".join(["b" * 200] * 30)]:
+        for name, args in [("read_file", {"path": path}), ("write_file", {"path": path, "content": "x"})]:
+            with pytest.raises(WorkspaceError, match="the name is too long"):
+                await invoke(tools[name], **args)
+    with pytest.raises(WorkspaceError, match="a path cannot contain a NUL character"):
+        await invoke(tools["read_file"], path="a\x00b")
+    assert "loop1 -> loop2" in await invoke(tools["list_dir"])  # listing the links themselves works
+
+
+async def test_write_errors_say_why_and_lose_nothing(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("keep me")
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    with pytest.raises(WorkspaceError, match="cannot write 'afile/child.txt': a part of the path is a file"):
+        await invoke(tools["write_file"], path="afile/child.txt", content="x")  # was FileExistsError
+    with pytest.raises(WorkspaceError, match="invalid Unicode at character 3 .* nothing was written"):
+        await invoke(tools["write_file"], path="afile", content="new\ud800")
+    assert (tmp_path / "afile").read_text() == "keep me"  # it used to be truncated before the error
+    with pytest.raises(WorkspaceError, match="'afile' is a file, not a directory: use read_file"):
+        await invoke(tools["list_dir"], path="afile")
+    with pytest.raises(WorkspaceError, match="no such directory: 'nope'"):
+        await invoke(tools["list_dir"], path="nope")
+    with pytest.raises(WorkspaceError, match="'' is a directory: use list_dir"):
+        await invoke(tools["read_file"], path="")
+
+
+async def test_list_dir_of_a_huge_directory_shows_the_first_names_in_order(tmp_path: Path) -> None:
+    for i in reversed(range(3_000)):
+        (tmp_path / f"f{i:04}").touch()
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    lines = (await invoke(tools["list_dir"])).splitlines()
+    assert lines[0] == ".: 3000 entries"
+    assert lines[1:501] == [f"f{i:04}  0 bytes" for i in range(500)]
+    assert lines[501:] == ["… and 2500 more entries"]
 
 
 def test_workspace_root_must_exist(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 Every path is resolved (`..` collapsed, symlinks followed) and must stay inside the workspace root:
 `../x`, absolute paths elsewhere and symlinks pointing out of the root are refused with an error the
-model can act on. A symlink whose target is inside the root is fine.
+model can act on. A symlink whose target is inside the root is fine. Only regular files are read or
+written (a FIFO would block forever, a device never end); `read_file` reads at most 4 bytes per character
+it shows, so a 2 GB file is never loaded whole; every `OSError` becomes a `WorkspaceError` saying why.
 
 Known limit: the check happens before the file is opened, so a process racing to swap a directory for
 a symlink between the check and the open is not stopped; run untrusted workloads in a container.
@@ -10,7 +12,12 @@ a symlink between the check and the open is not stopped; run untrusted workloads
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import heapq
 import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from .._errors import ConfigurationError
@@ -37,8 +44,13 @@ class Workspace:
     def resolve(self, path: str) -> Path:
         """The real path of `path` (relative to the root), or `WorkspaceError` if it leaves the root."""
         if not isinstance(path, str) or "\x00" in path:
-            raise WorkspaceError(f"invalid path {path!r}")
-        target = (self.root / (path or ".")).resolve()
+            raise WorkspaceError(f"invalid path {path!r}: a path cannot contain a NUL character")
+        try:
+            target = (self.root / (path or ".")).resolve()
+        except RuntimeError:  # a symlink loop (Python 3.11 and 3.12; 3.13 raises OSError ELOOP)
+            raise WorkspaceError(f"cannot use {path!r}: {_REASONS[errno.ELOOP]}") from None
+        except OSError as exc:
+            raise _os_error("use", path, exc) from None
         if not target.is_relative_to(self.root):
             raise WorkspaceError(
                 f"the path {path!r} is outside the workspace ({self.root}): it resolves to {target}. "
@@ -52,39 +64,131 @@ class Workspace:
     # ----------------------------------------------------------------------------------- operations
 
     def read(self, path: str, max_chars: int = DEFAULT_MAX_READ) -> str:
+        """At most `max_chars` characters of a regular file; reads at most 4 bytes per character shown."""
         target = self.resolve(path)
-        if not target.exists():
-            raise WorkspaceError(f"no such file: {path!r} (use list_dir to see what exists)")
-        if target.is_dir():
-            raise WorkspaceError(f"{path!r} is a directory: use list_dir to see its contents")
-        data = target.read_bytes()
+        try:
+            fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block
+        except FileNotFoundError:
+            raise WorkspaceError(f"no such file: {path!r} (use list_dir to see what exists)") from None
+        except OSError as exc:
+            raise _os_error("read", path, exc) from None
+        try:
+            size = _regular_size(os.fstat(fd), path, "read_file reads")
+            data = _read_at_most(fd, 4 * max_chars + 4)
+        except OSError as exc:
+            raise _os_error("read", path, exc) from None
+        finally:
+            os.close(fd)
         if b"\x00" in data[:8192]:
-            return f"({path} is a binary file of {len(data)} bytes; not shown)"
+            return f"({path} is a binary file of {size} bytes; not shown)"
         text = data.decode("utf-8", errors="replace")
-        if len(text) > max_chars:
-            return text[:max_chars] + f"\n… [file truncated: showing {max_chars} of {len(text)} characters]"
+        if len(text) > max_chars or len(data) < size:
+            shown = text[:max_chars]
+            return shown + f"\n… [file truncated: showing the first {len(shown)} characters of {size} bytes]"
         return text
 
     def write(self, path: str, content: str, append: bool = False) -> str:
         target = self.resolve(path)
-        if target == self.root or target.is_dir():
-            raise WorkspaceError(f"{path!r} is a directory: give a file path")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with target.open("a" if append else "w", encoding="utf-8") as handle:
-            handle.write(content)
+        try:
+            data = content.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise WorkspaceError(
+                f"the content has invalid Unicode at character {exc.start} (a lone surrogate such as "
+                "\\ud800): nothing was written; send valid text"
+            ) from None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO must not block
+        flags |= os.O_APPEND if append else os.O_TRUNC
+        try:
+            if target == self.root or target.is_dir():
+                raise WorkspaceError(f"{path!r} is a directory: give a file path")
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                _regular_size(os.stat(target), path, "write_file writes")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with os.fdopen(os.open(target, flags, 0o666), "wb") as handle:
+                handle.write(data)
+        except OSError as exc:
+            raise _os_error("write", path, exc) from None
         verb = "appended" if append else "wrote"
         return f"{verb} {len(content)} characters to {self.relative(target)}"
 
     def list(self, path: str = ".") -> str:
         target = self.resolve(path)
-        if not target.is_dir():
-            raise WorkspaceError(f"{path!r} is not a directory")
-        entries = sorted(target.iterdir(), key=lambda p: p.name)
-        lines = [_describe(entry) for entry in entries[:MAX_LIST_ENTRIES]]
-        if len(entries) > MAX_LIST_ENTRIES:
-            lines.append(f"… and {len(entries) - MAX_LIST_ENTRIES} more entries")
-        header = f"{self.relative(target)}: {len(entries)} entries"
+        try:
+            if not target.is_dir():
+                if target.exists():
+                    raise WorkspaceError(f"{path!r} is a file, not a directory: use read_file to read it")
+                raise WorkspaceError(f"no such directory: {path!r} (use list_dir('.') to see what exists)")
+            names, count = _first_names(target, MAX_LIST_ENTRIES)
+        except OSError as exc:
+            raise _os_error("list", path, exc) from None
+        lines = [_describe(target / name) for name in names]
+        if count > MAX_LIST_ENTRIES:
+            lines.append(f"… and {count - MAX_LIST_ENTRIES} more entries")
+        header = f"{self.relative(target)}: {count} entries"
         return "\n".join([header, *lines]) if lines else f"{header} (empty)"
+
+
+_REASONS = {
+    errno.EACCES: "permission denied (this process may not access it)",
+    errno.EPERM: "operation not permitted",
+    errno.ENAMETOOLONG: "the name is too long (at most 255 bytes per name, 4,096 for the whole path)",
+    errno.ELOOP: "it is a loop of symbolic links (a link that leads back to itself)",
+    errno.ENOTDIR: "a part of the path is a file, not a directory",
+    errno.EEXIST: "a part of the path is a file, not a directory",
+    errno.EISDIR: "it is a directory: give a file path",
+    errno.ENOSPC: "the disk is full",
+    errno.EROFS: "the file system is read-only",
+    errno.ENXIO: "it is a special file with nothing connected to it",
+}
+_KINDS = {
+    stat.S_IFIFO: "a named pipe (FIFO)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def _os_error(action: str, path: str, exc: OSError) -> WorkspaceError:
+    reason = _REASONS.get(exc.errno or 0) or exc.strerror or str(exc)
+    return WorkspaceError(f"cannot {action} {path!r}: {reason}")
+
+
+def _regular_size(info: os.stat_result, path: str, what: str) -> int:
+    """The size of a regular file; for anything else a `WorkspaceError` naming what it is."""
+    mode = info.st_mode
+    if stat.S_ISREG(mode):
+        return info.st_size
+    kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+    hint = (
+        ": use list_dir to see its contents"
+        if stat.S_ISDIR(mode)
+        else f", not a regular file: {what} regular files only"
+    )
+    raise WorkspaceError(f"{path!r} is {kind}{hint}")
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = limit
+    while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 20))):
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _first_names(directory: Path, limit: int) -> tuple[list[str], int]:
+    """The first `limit` names of `directory` in sorted order and how many it has, in O(limit) memory."""
+    count = 0
+
+    def names() -> Iterator[str]:
+        nonlocal count
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                count += 1
+                yield entry.name
+
+    return heapq.nsmallest(limit, names()), count
 
 
 def _describe(entry: Path) -> str:
