@@ -17,6 +17,7 @@ from thinkloop import Agent, ConfigurationError, RiskLevel, Tool
 from thinkloop.testing import ScriptedModel
 from thinkloop.tools import (
     BUILTIN_TOOL_NAMES,
+    ShellCommandError,
     Workspace,
     WorkspaceError,
     analyze_output,
@@ -26,7 +27,6 @@ from thinkloop.tools import (
     load_hosts,
     shell_tool,
 )
-from thinkloop.tools._shell import ShellCommandError
 
 
 async def shell(tool: Tool, command: str) -> dict[str, Any]:

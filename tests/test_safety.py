@@ -592,6 +592,7 @@ def test_public_names_of_the_safety_and_tools_packages() -> None:
         "SSHExecutor",
         "SSHHost",
         "SSHToolError",
+        "ShellCommandError",
         "Workspace",
         "WorkspaceError",
         "analyze_output",

@@ -21,6 +21,7 @@ from ._files import Workspace as Workspace
 from ._files import WorkspaceError as WorkspaceError
 from ._files import file_tools as file_tools
 from ._shell import DEFAULT_ENV_ALLOWLIST as DEFAULT_ENV_ALLOWLIST
+from ._shell import ShellCommandError as ShellCommandError
 from ._shell import shell_tool as shell_tool
 from ._ssh import SSHExecutor as SSHExecutor
 from ._ssh import SSHHost as SSHHost
@@ -104,6 +105,7 @@ __all__ = [
     "SSHExecutor",
     "SSHHost",
     "SSHToolError",
+    "ShellCommandError",
     "Workspace",
     "WorkspaceError",
     "analyze_output",
