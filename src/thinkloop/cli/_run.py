@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -23,6 +23,8 @@ from .._events import Done, Event
 from .._loop import EventSink
 from ..models import Model, resolve_model
 from ._fail import describe_os_error
+from ._interrupt import EXIT_CODE as INTERRUPTED
+from ._interrupt import Interrupts
 from ._options import (
     DEFAULT_TOOLS,
     HostsOption,
@@ -89,13 +91,25 @@ def run_command(
             tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts,
             learn=learn, trace=trace,
         )  # fmt: skip
-        code = asyncio.run(_run(goal, model, budget, options, instructions, store, as_json, console))
-    except KeyboardInterrupt:
-        errors.print("[yellow]cancelled[/]")
-        code = 130
     except ThinkloopError as exc:
-        code = print_error(errors, exc)
+        raise typer.Exit(print_error(errors, exc)) from None
+    code = drive(_run(goal, model, budget, options, instructions, store, as_json, console), errors)
     raise typer.Exit(code)
+
+
+def drive(main: Coroutine[Any, Any, int], errors: Console) -> int:
+    """Run a command's coroutine with the CLI's Ctrl-C handling (see `Interrupts`); returns its exit
+    code — 130, with `cancelled` on stderr, when Ctrl-C stopped it."""
+    with Interrupts() as interrupts:
+        try:
+            code = asyncio.run(interrupts.run(main))
+        except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C before the run started, or after
+            code = INTERRUPTED
+        except ThinkloopError as exc:
+            code = print_error(errors, exc)
+    if code == INTERRUPTED:
+        errors.print("[yellow]cancelled[/]")
+    return code
 
 
 def print_error(console: Console, exc: BaseException) -> int:

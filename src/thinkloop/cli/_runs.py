@@ -18,7 +18,7 @@ from rich.table import Table
 from .._errors import StateError, ThinkloopError, UserError
 from .._state import RunState
 from ..stores import RunSummary, Store, open_store
-from ._run import print_error
+from ._run import drive, print_error
 
 T = TypeVar("T")
 
@@ -254,14 +254,7 @@ def resume_command(
     """Continue an interrupted run from its last checkpoint, with the live view."""
     console = Console(stderr=as_json)
     options = {"tools": tools, "safety": safety, "yes": yes, "workspace": workspace}
-    try:
-        code = asyncio.run(_resume(run_id, store, model, options, as_json, console))
-    except KeyboardInterrupt:
-        console.print("[yellow]cancelled[/]")
-        code = 130
-    except ThinkloopError as exc:
-        code = print_error(Console(stderr=True), exc)
-    raise typer.Exit(code)
+    raise typer.Exit(drive(_resume(run_id, store, model, options, as_json, console), Console(stderr=True)))
 
 
 async def _resume(

@@ -1,0 +1,78 @@
+"""Ctrl-C during a command that runs an agent (`run`, `runs resume`).
+
+asyncio's own handling cancels the main task on the first SIGINT and raises `KeyboardInterrupt` wherever
+the program is on the second — possibly in the middle of saving the cancelled run, ending the process by
+the signal (exit status -2, a traceback at times). Instead:
+
+1. the first SIGINT cancels the command's task: the run stops at once and is saved as `cancelled`;
+2. the second, while that is under way, only says so (the save takes a moment);
+3. the third exits at once with 130 — the run keeps its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from types import FrameType, TracebackType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+EXIT_CODE = 130
+
+
+class Interrupts:
+    """Installs the SIGINT handler for the `with` block; `run(coro)` is the task the first Ctrl-C cancels."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._previous: Any = None
+
+    def __enter__(self) -> Interrupts:
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # once interrupted, the command is ending with 130: a late Ctrl-C must not raise KeyboardInterrupt
+        # in its last lines (a traceback, or death by the signal)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if self.count else self._previous)
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        try:
+            return await coro
+        finally:
+            self._task = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count == 1:
+            if self._task is None or self._loop is None:  # before the task started: nothing to save yet
+                raise KeyboardInterrupt
+            self._task.cancel()  # as asyncio.Runner does: at once, then wake the loop up
+            self._loop.call_soon_threadsafe(lambda: None)
+        elif self.count == 2:
+            _say(
+                "stopping: the run is being saved (Ctrl-C once more quits at once, keeping its last checkpoint)"
+            )
+        else:
+            _say("quit")
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+            os._exit(EXIT_CODE)
+
+
+def _say(text: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
