@@ -752,6 +752,21 @@ def test_resuming_a_run_that_ended_is_a_usage_error(cli: Cli) -> None:
     )
 
 
+@pytest.mark.parametrize("columns", ["20", "80", "200"])
+def test_run_ids_are_never_cut_whatever_the_width(cli: Cli, columns: str) -> None:
+    cli.env["COLUMNS"] = columns
+    run = cli("run", "What is\n17*23?", "--model", cli.script([text("391")]))
+    assert run.code == 0, run.stderr
+    lines = run.stdout.splitlines()
+    run_id = RUN_ID.search(lines[0])
+    assert run_id is not None, run.stdout  # the first line holds the whole run id
+    assert lines[-1].endswith(f"run {run_id.group()}")  # and so does the last
+    listed = cli("runs", "list")
+    assert listed.code == 0
+    (line,) = [line for line in listed.stdout.splitlines() if run_id.group() in line]
+    assert "done" in line and "What is 17*23?" in line  # one line: the goal's newline does not break it
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_a_closed_stdout_stops_the_printing_not_the_run(cli: Cli, as_json: bool) -> None:
     """`thinkloop run … | head -1`: no traceback, the run still finishes and is saved."""

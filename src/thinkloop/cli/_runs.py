@@ -84,26 +84,46 @@ def list_command(
         for run in runs:
             sys.stdout.write(run.model_dump_json() + "\n")
         return
-    console.print(_runs_table(runs))
+    if console.width >= TABLE_WIDTH:
+        console.print(_runs_table(runs))
+        return
+    for r in runs:  # too narrow for the table: one line each, never cut (the run id is what you copy)
+        console.print(
+            f"{r.run_id}  [{_STATUS_STYLE.get(r.status, 'yellow')}]{r.status}[/] {r.stop_reason or ''}  "
+            f"{r.step} steps  {_when(r.updated_at)}  {escape(_one_line(r.goal))}",
+            soft_wrap=True,
+        )
+
+
+TABLE_WIDTH = 120
+_STATUS_STYLE = {"done": "green", "error": "red"}
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
 def _runs_table(runs: list[RunSummary]) -> Table:
     table = Table(show_lines=False)
-    for name in ("run id", "status", "stop reason", "steps", "tools", "tokens", "updated", "goal"):
+    table.add_column("run id", no_wrap=True, min_width=32)  # whole: it is what you copy
+    for name in ("status", "stop reason", "steps", "tools", "tokens", "updated", "goal"):
         table.add_column(name, overflow="fold" if name == "goal" else "ellipsis")
     for r in runs:
-        style = {"done": "green", "error": "red"}.get(r.status, "yellow")
         table.add_row(
             r.run_id,
-            f"[{style}]{r.status}[/]",
+            f"[{_STATUS_STYLE.get(r.status, 'yellow')}]{r.status}[/]",
             r.stop_reason or "",
             str(r.step),
             str(r.tool_calls),
             str(r.usage.total_tokens),
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at)),
-            escape(r.goal[:80]),
+            _when(r.updated_at),
+            escape(_one_line(r.goal)),
         )
     return table
+
+
+def _one_line(text: str, limit: int = 80) -> str:
+    return " ".join(text.split())[:limit]
 
 
 # ================================================================================================ show

@@ -35,7 +35,9 @@ def render_event(console: Console, event: Event) -> None:
 
 def _run_started(console: Console, e: Any) -> None:
     resumed = " (resumed)" if e.resumed else ""
-    console.print(f"[bold]run[/] {e.run_id}{resumed} · model [cyan]{escape(e.model)}[/] · mode {e.mode}")
+    console.print(  # soft-wrapped: the run id is never split over two lines (narrow terminal, log file)
+        f"[bold]run[/] {e.run_id}{resumed} · model [cyan]{escape(e.model)}[/] · mode {e.mode}", soft_wrap=True
+    )
 
 
 def _thought(console: Console, e: Any) -> None:
@@ -98,7 +100,8 @@ def _done(console: Console, e: Any) -> None:
     cost = f" · ${u.cost:.4f}" if u.cost else ""
     console.print(
         f"[dim]stop reason {r.stop_reason.value} · {r.steps} steps · {r.tool_calls} tool calls · "
-        f"{u.input_tokens}+{u.output_tokens} tokens{cost} · {r.duration:.1f} s · run {r.state.run_id}[/]"
+        f"{u.input_tokens}+{u.output_tokens} tokens{cost} · {r.duration:.1f} s · run {r.state.run_id}[/]",
+        soft_wrap=True,
     )
 
 
