@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from thinkloop import Agent, ConfigurationError, RiskLevel, Tool
-from thinkloop.testing import ScriptedModel
+from thinkloop import Agent, Budget, ConfigurationError, ModelRequest, RiskLevel, Tool
+from thinkloop.testing import FunctionModel, ScriptedModel
 from thinkloop.tools import (
     BUILTIN_TOOL_NAMES,
     ShellCommandError,
@@ -305,7 +305,10 @@ async def test_large_and_binary_files(tmp_path: Path) -> None:
     (tmp_path / "bin.dat").write_bytes(b"\x00\x01\x02" * 10)
     tools = {t.name: t for t in file_tools(tmp_path, max_read=100)}
     big = await invoke(tools["read_file"], path="big.txt")
-    assert big == "x" * 100 + "\n… [file truncated: showing the first 100 characters of 500 bytes]"
+    assert big == "x" * 100 + (
+        "\n… [file truncated: showing the first 100 characters of 500 bytes; "
+        "call read_file with offset=100 to read on]"
+    )
     assert "binary file of 30 bytes" in await invoke(tools["read_file"], path="bin.dat")
 
 
@@ -318,11 +321,138 @@ async def test_a_2_gb_file_is_not_loaded_whole(tmp_path: Path) -> None:
     tools = {t.name: t for t in file_tools(tmp_path, max_read=50)}
     shown = await invoke(tools["read_file"], path="huge.log")
     assert shown == "first line\n" * 4 + "first " + (
-        "\n… [file truncated: showing the first 50 characters of 2147483648 bytes]"
+        "\n… [file truncated: showing the first 50 characters of 2147483648 bytes; "
+        "call read_file with offset=50 to read on]"
     )
     assert await invoke(tools["read_file"], path="zeros.img") == (
         "(zeros.img is a binary file of 2147483648 bytes; not shown)"
     )
+
+
+def _next_offset(page: str) -> int | None:
+    match = re.search(r"call read_file with offset=(\d+) to read on\]$", page)
+    return int(match.group(1)) if match else None
+
+
+def _page_text(page: str) -> str:
+    return re.sub(r"\n… \[(file truncated|end of file): [^\]]*\]$", "", page)
+
+
+# multi-byte characters across the 1 MiB chunks, bytes that are not UTF-8, an ASCII run to skip fast
+_MIXED = ("a" * (1 << 20) + "é€😀\n") * 2 + "ü" * 700_000 + "tail"
+
+
+@pytest.mark.parametrize(
+    ("content", "max_read"),
+    [
+        ("".join(f"line {i}\n" for i in range(3_000)), 1_000),
+        ("naïve 日本語 😀\n" * 500, 333),
+        ("exactly ten", 10),
+        ("short", 8_000),
+    ],
+)
+async def test_read_file_pages_through_a_file_without_losing_or_repeating_text(
+    tmp_path: Path, content: str, max_read: int
+) -> None:
+    (tmp_path / "f.txt").write_text(content, encoding="utf-8")
+    tool = {t.name: t for t in file_tools(tmp_path, max_read=max_read)}["read_file"]
+    pages, offset = [], 0
+    while offset is not None:
+        page = await invoke(tool, path="f.txt", offset=offset)
+        pages.append(_page_text(page))
+        offset = _next_offset(page)
+    assert "".join(pages) == content
+    assert len(pages) == max(1, -(-len(content) // max_read))
+
+
+async def test_read_file_offsets_count_characters_across_chunks_and_bad_bytes(tmp_path: Path) -> None:
+    data = _MIXED.encode("utf-8")
+    data = data[:100] + b"\xff\xfe" + data[100:]  # two bytes that are not UTF-8: one U+FFFD each
+    (tmp_path / "m.txt").write_bytes(data)
+    text = data.decode("utf-8", errors="replace")
+    tool = {t.name: t for t in file_tools(tmp_path, max_read=50)}["read_file"]
+    for offset in (0, 99, 101, (1 << 20) + 100, (1 << 20) + 102, 2 * (1 << 20) + 5, len(text) - 3):
+        page = await invoke(tool, path="m.txt", offset=offset, limit=7)
+        assert _page_text(page) == text[offset : offset + 7], offset
+        assert _next_offset(page) == (offset + 7 if offset + 7 < len(text) else None)
+
+
+async def test_read_file_limit_is_capped_at_max_read_and_the_last_page_says_so(tmp_path: Path) -> None:
+    (tmp_path / "f.txt").write_text("0123456789" * 3)
+    tool = {t.name: t for t in file_tools(tmp_path, max_read=12)}["read_file"]
+    assert await invoke(tool, path="f.txt", limit=5) == "01234" + (
+        "\n… [file truncated: showing the first 5 characters of 30 bytes; call read_file with offset=5 to read on]"
+    )
+    assert await invoke(tool, path="f.txt", offset=5, limit=1_000) == "567890123456" + (
+        "\n… [file truncated: showing characters 5 to 16 of 30 bytes; call read_file with offset=17 to read on]"
+    )
+    assert await invoke(tool, path="f.txt", offset=25) == "56789\n… [end of file: showed characters 25 to 29]"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            {"offset": 30},
+            "offset 30 is at or past the end of 'f.txt', which has 30 characters: ask for an offset below 30",
+        ),
+        (
+            {"offset": 10**12},
+            "offset 1000000000000 is at or past the end of 'f.txt', which has 30 characters",
+        ),
+        ({"offset": -1}, "offset must be a whole number of characters, 0 or more (got -1)"),
+        ({"limit": 0}, "limit must be a whole number of characters, 1 or more (got 0)"),
+        ({"path": "empty.txt", "offset": 3}, "'empty.txt' is empty: there is nothing to read at offset 3"),
+    ],
+)
+async def test_read_file_offsets_that_cannot_be_read_say_what_to_ask_for(
+    tmp_path: Path, args: dict[str, Any], message: str
+) -> None:
+    (tmp_path / "f.txt").write_text("0123456789" * 3)
+    (tmp_path / "empty.txt").touch()
+    tool = {t.name: t for t in file_tools(tmp_path)}["read_file"]
+    with pytest.raises(WorkspaceError, match=re.escape(message)):
+        await invoke(tool, **{"path": "f.txt", **args})
+    assert await invoke(tool, path="empty.txt") == ""
+
+
+async def test_read_file_skips_to_a_large_offset_in_bounded_memory(tmp_path: Path) -> None:
+    import tracemalloc
+
+    size = 256 * 1024**2
+    (tmp_path / "big.log").write_bytes(b"first line\n" * 1_000)
+    os.truncate(tmp_path / "big.log", size)  # sparse: costs no disk
+    with (tmp_path / "big.log").open("r+b") as handle:
+        handle.seek(size - 5)
+        handle.write(b"END\xc3\xa9")  # "ENDé" at the very end
+    tool = {t.name: t for t in file_tools(tmp_path)}["read_file"]
+    tracemalloc.start()
+    try:
+        page = await invoke(tool, path="big.log", offset=size - 6)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert page == f"\x00ENDé\n… [end of file: showed characters {size - 6} to {size - 2}]"
+    assert peak < 16 * 1024**2, f"peak {peak} bytes: the file was held whole"
+
+
+async def test_an_agent_pages_through_a_file_and_sees_every_page_whole(tmp_path: Path) -> None:
+    content = "".join(f"{i:06d} some log text\n" for i in range(2_000))  # 44,000 characters
+    (tmp_path / "app.log").write_text(content)
+
+    def reader(request: ModelRequest) -> Any:
+        last = request.messages[-1]
+        offset = 0 if last.role != "tool" else _next_offset(last.content)
+        if offset is None:
+            return "read it all"
+        return {"tool_calls": [{"name": "read_file", "args": {"path": "app.log", "offset": offset}}]}
+
+    result = await Agent(FunctionModel(reader), tools=file_tools(tmp_path), budget=Budget(max_steps=20)).run(
+        "read app.log"
+    )
+    pages = [m.content for m in result.state.messages if m.role == "tool"]
+    assert "".join(_page_text(p) for p in pages) == content  # the agent's 10,000 limit cut no page
+    assert len(pages) == 6 and result.output == "read it all"
 
 
 async def test_non_utf8_text_is_shown_with_replacement_characters(tmp_path: Path) -> None:

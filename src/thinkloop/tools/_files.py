@@ -3,8 +3,10 @@
 Every path is resolved (`..` collapsed, symlinks followed) and must stay inside the workspace root:
 `../x`, absolute paths elsewhere and symlinks pointing out of the root are refused with an error the
 model can act on. A symlink whose target is inside the root is fine. Only regular files are read or
-written (a FIFO would block forever, a device never end); `read_file` reads at most 4 bytes per character
-it shows, so a 2 GB file is never loaded whole; every `OSError` becomes a `WorkspaceError` saying why.
+written (a FIFO would block forever, a device never end). `read_file` pages through a long file by
+character `offset` and `limit`: it skips to the offset in 1 MiB chunks and then reads at most 4 bytes per
+character it shows, so a 2 GB file is never loaded whole; every `OSError` becomes a `WorkspaceError`
+saying why.
 
 Known limit: the check happens before the file is opened, so a process racing to swap a directory for
 a symlink between the check and the open is not stopped; run untrusted workloads in a container.
@@ -12,6 +14,7 @@ a symlink between the check and the open is not stopped; run untrusted workloads
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import heapq
@@ -24,7 +27,8 @@ from .._errors import ConfigurationError
 from .._risk import RiskLevel
 from .._tools import Tool
 
-DEFAULT_MAX_READ = 100_000
+DEFAULT_MAX_READ = 8_000  # one page fits the agent's default output limit (10,000) with its note
+_NOTE_ROOM = 200  # the paging note after a page: the agent must not cut it off
 MAX_LIST_ENTRIES = 500
 
 
@@ -63,8 +67,16 @@ class Workspace:
 
     # ----------------------------------------------------------------------------------- operations
 
-    def read(self, path: str, max_chars: int = DEFAULT_MAX_READ) -> str:
-        """At most `max_chars` characters of a regular file; reads at most 4 bytes per character shown."""
+    def read(
+        self, path: str, max_chars: int = DEFAULT_MAX_READ, offset: int = 0, limit: int | None = None
+    ) -> str:
+        """At most `limit` (capped at `max_chars`) characters of a regular file, from character `offset`.
+
+        The characters before `offset` are skipped in 1 MiB chunks, never held together; after it, at
+        most 4 bytes per character shown are read. When more follows, a last line says which offset to
+        ask for next.
+        """
+        count = _check_paging(offset, limit, max_chars)
         target = self.resolve(path)
         try:
             fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block
@@ -74,18 +86,18 @@ class Workspace:
             raise _os_error("read", path, exc) from None
         try:
             size = _regular_size(os.fstat(fd), path, "read_file reads")
-            data = _read_at_most(fd, 4 * max_chars + 4)
+            if b"\x00" in os.pread(fd, 8192, 0):
+                return f"({path} is a binary file of {size} bytes; not shown)"
+            reader = _CharReader(fd)
+            start = reader.skip(offset)
+            shown, more = reader.take(count)
         except OSError as exc:
             raise _os_error("read", path, exc) from None
         finally:
             os.close(fd)
-        if b"\x00" in data[:8192]:
-            return f"({path} is a binary file of {size} bytes; not shown)"
-        text = data.decode("utf-8", errors="replace")
-        if len(text) > max_chars or len(data) < size:
-            shown = text[:max_chars]
-            return shown + f"\n… [file truncated: showing the first {len(shown)} characters of {size} bytes]"
-        return text
+        if start < offset or (offset and not shown):
+            raise WorkspaceError(_past_end(path, offset, start))
+        return shown + _paging_note(offset, len(shown), size, more)
 
     def write(self, path: str, content: str, append: bool = False) -> str:
         target = self.resolve(path)
@@ -168,13 +180,81 @@ def _regular_size(info: os.stat_result, path: str, what: str) -> int:
     raise WorkspaceError(f"{path!r} is {kind}{hint}")
 
 
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    remaining = limit
-    while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 20))):
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+_CHUNK = 1 << 20
+
+
+class _CharReader:
+    """A file's UTF-8 text read in chunks; a byte that is not UTF-8 counts as one character (U+FFFD)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.eof = False
+        self.pending = ""  # text decoded past the position reached by `skip`
+
+    def _read(self, max_bytes: int) -> str:
+        data = os.read(self.fd, max_bytes)
+        self.eof = not data
+        return self.decoder.decode(data, final=self.eof)
+
+    def skip(self, count: int) -> int:
+        """Skip `count` characters (fewer at the end of the file); return how many were skipped."""
+        skipped = 0
+        while skipped < count and not self.eof:
+            if self.decoder.getstate()[0] == b"":  # nothing half-decoded: ASCII needs no decoding
+                data = os.read(self.fd, _CHUNK)
+                self.eof = not data
+                if data.isascii() and len(data) <= count - skipped:
+                    skipped += len(data)
+                    continue
+                text = self.decoder.decode(data, final=self.eof)
+            else:
+                text = self._read(_CHUNK)
+            if skipped + len(text) >= count:
+                self.pending = text[count - skipped :]
+                return count
+            skipped += len(text)
+        return skipped
+
+    def take(self, count: int) -> tuple[str, bool]:
+        """The next `count` characters, and whether any follow."""
+        parts, have = [self.pending], len(self.pending)
+        while have <= count and not self.eof:
+            text = self._read(min(_CHUNK, 4 * (count + 1 - have) + 4))
+            parts.append(text)
+            have += len(text)
+        text = "".join(parts)
+        return text[:count], len(text) > count
+
+
+def _check_paging(offset: object, limit: object, max_chars: int) -> int:
+    """How many characters to show; a `WorkspaceError` for an offset or limit that is not usable."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise WorkspaceError(f"offset must be a whole number of characters, 0 or more (got {offset!r})")
+    if limit is None:
+        return max_chars
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise WorkspaceError(f"limit must be a whole number of characters, 1 or more (got {limit!r})")
+    return min(limit, max_chars)
+
+
+def _past_end(path: str, offset: int, total: int) -> str:
+    if total == 0:
+        return f"{path!r} is empty: there is nothing to read at offset {offset}"
+    return (
+        f"offset {offset} is at or past the end of {path!r}, which has {total} characters: "
+        f"ask for an offset below {total} (offset=0 reads from the start)"
+    )
+
+
+def _paging_note(offset: int, shown: int, size: int, more: bool) -> str:
+    if not more:
+        return f"\n… [end of file: showed characters {offset} to {offset + shown - 1}]" if offset else ""
+    where = f"the first {shown} characters" if offset == 0 else f"characters {offset} to {offset + shown - 1}"
+    return (
+        f"\n… [file truncated: showing {where} of {size} bytes; "
+        f"call read_file with offset={offset + shown} to read on]"
+    )
 
 
 def _first_names(directory: Path, limit: int) -> tuple[list[str], int]:
@@ -204,11 +284,19 @@ def _describe(entry: Path) -> str:
 
 
 def file_tools(root: str | os.PathLike[str], *, max_read: int = DEFAULT_MAX_READ) -> list[Tool]:
-    """`read_file` (LOW risk), `write_file` (MEDIUM) and `list_dir` (LOW), confined to `root`."""
+    """`read_file` (LOW risk), `write_file` (MEDIUM) and `list_dir` (LOW), confined to `root`.
+
+    `read_file` shows at most `max_read` characters per call (a page); its output limit is set to hold a
+    whole page and its paging note, so an agent's output limit never cuts out the middle of a page.
+    """
+    if isinstance(max_read, bool) or not isinstance(max_read, int) or max_read < 1:
+        raise ConfigurationError(
+            f"max_read must be a whole number of characters, 1 or more (got {max_read!r})"
+        )
     space = Workspace(root)
 
-    def read_file(path: str) -> str:
-        return space.read(path, max_read)
+    def read_file(path: str, offset: int = 0, limit: int | None = None) -> str:
+        return space.read(path, max_read, offset, limit)
 
     def write_file(path: str, content: str, append: bool = False) -> str:
         return space.write(path, content, append)
@@ -221,11 +309,29 @@ def file_tools(root: str | os.PathLike[str], *, max_read: int = DEFAULT_MAX_READ
     return [
         Tool(
             "read_file",
-            f"Read a text file in {where}.",
-            _object({"path": path_doc}, ["path"]),
+            f"Read a text file in {where}: at most {max_read} characters per call. When a file is longer, "
+            "the output ends with the offset to pass to read the next part.",
+            _object(
+                {
+                    "path": path_doc,
+                    "offset": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "default": 0,
+                        "description": "The character to start at (0 is the start of the file).",
+                    },
+                    "limit": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "description": f"At most this many characters (at most {max_read}, the default).",
+                    },
+                },
+                ["path"],
+            ),
             read_file,
             risk=RiskLevel.LOW,
             idempotent=True,
+            output_max_length=max_read + _NOTE_ROOM,
         ),
         Tool(
             "write_file",
