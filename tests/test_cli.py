@@ -542,7 +542,7 @@ def test_terminal_approval_prompt(cli: Cli, answer: str, runs: bool) -> None:
     assert ("medium · approved" if runs else "medium · denied") in screen
 
 
-def test_ctrl_c_at_the_approval_prompt_cancels_at_once(cli: Cli) -> None:
+def test_ctrl_c_at_the_approval_prompt_interrupts_at_once_and_the_run_resumes(cli: Cli) -> None:
     (cli.dir / "ws").mkdir()
     model = shell_script(cli, "touch x")
     with terminal(
@@ -551,16 +551,19 @@ def test_ctrl_c_at_the_approval_prompt_cancels_at_once(cli: Cli) -> None:
         t.read_until(b"Run it?")
         t.type("\x03")  # Ctrl-C: the terminal sends SIGINT; the prompt's read never returns
         assert t.wait(timeout=30) == 130  # and yet the CLI exits
-    assert "stopped: cancelled" in t.text
+    assert "interrupted: the run is saved; continue it with" in t.text
     assert not (cli.dir / "ws" / "x").exists()
-    runs = cli("runs", "list", "--json")
-    assert [json.loads(line)["stop_reason"] for line in runs.stdout.splitlines()] == ["cancelled"]
+    (saved,) = [json.loads(line) for line in cli("runs", "list", "--json").stdout.splitlines()]
+    assert saved["status"] == "running" and saved["stop_reason"] is None  # unfinished: resumable
+    resumed = cli("runs", "resume", saved["run_id"], "--yes", "--json", timeout=60)
+    assert resumed.code == 0, resumed.stderr
+    assert (cli.dir / "ws" / "x").exists()  # approved this time, and run once
 
 
 # ============================================================================================ Ctrl-C
 
 
-def test_sigint_during_a_slow_tool_exits_130_and_records_the_run_as_cancelled(cli: Cli) -> None:
+def test_sigint_during_a_slow_tool_exits_130_and_leaves_the_run_resumable(cli: Cli) -> None:
     model = cli.script([call("shell", command="sleep 30"), text("finished")])
     proc = cli.popen(
         "run", "x", "--model", model, "--tools", "shell", "--yes", "--json",
@@ -581,14 +584,44 @@ def test_sigint_during_a_slow_tool_exits_130_and_records_the_run_as_cancelled(cl
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err
-    assert "cancelled" in err
     events = [json.loads(line) for line in [*lines, *out.splitlines()]]
-    assert events[-1]["type"] == "done"  # the JSON stream still ends with `done`
-    assert events[-1]["result"]["stop_reason"] == "cancelled"
-    assert by_type(events, "tool_result") == []
-    runs = cli("runs", "list", "--json")
-    (saved,) = [json.loads(line) for line in runs.stdout.splitlines()]
-    assert saved["run_id"] == events[0]["run_id"] and saved["stop_reason"] == "cancelled"
+    run_id = events[0]["run_id"]
+    assert f"interrupted: the run is saved; continue it with `thinkloop runs resume {run_id}`" in err
+    assert by_type(events, "done") == [] and by_type(events, "tool_result") == []
+    (saved,) = [json.loads(line) for line in cli("runs", "list", "--json").stdout.splitlines()]
+    assert saved["run_id"] == run_id and saved["status"] == "running" and saved["stop_reason"] is None
+    resumed = cli("runs", "resume", run_id, "--yes", "--json", timeout=60)
+    assert resumed.code == 0, resumed.stderr
+    assert done_result(resumed)["output"] == "finished"
+    # the shell call was cut off mid-flight: not idempotent, so it is reported, never run again unseen
+    (result,) = by_type(resumed.events(), "tool_result")
+    assert (
+        not result["success"]
+        and "interrupted" in result["output"].lower()
+        or "unknown" in result["output"].lower()
+    )
+
+
+def test_sigint_with_an_in_memory_store_cancels_the_run(cli: Cli) -> None:
+    model = cli.script([call("shell", command="sleep 30"), text("finished")])
+    proc = cli.popen(
+        "run", "x", "--model", model, "--tools", "shell", "--yes", "--json", "--store", "memory:",
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        while '"tool_call"' not in (line := proc.stdout.readline()):
+            assert line, "the CLI ended before calling the tool"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == "cancelled"  # nothing would outlive the process: no resume offered
+    assert json.loads(out.splitlines()[-1])["result"]["stop_reason"] == "cancelled"
 
 
 def process_running(command: str) -> bool:
@@ -626,14 +659,13 @@ def interrupt_a_slow_run(cli: Cli, times: int) -> tuple[int, list[dict[str, Any]
     return proc.returncode, [json.loads(line) for line in [*lines, *out.splitlines()]], err
 
 
-def test_a_second_sigint_while_the_run_stops_still_saves_it_as_cancelled(cli: Cli) -> None:
+def test_a_second_sigint_while_the_run_stops_still_saves_it_resumable(cli: Cli) -> None:
     code, events, err = interrupt_a_slow_run(cli, 2)
     assert code == 130, err  # not killed by the signal (-2) however the second one falls
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
-    assert err.splitlines()[-1] == "cancelled"
-    assert events[-1]["type"] == "done" and events[-1]["result"]["stop_reason"] == "cancelled"
+    assert err.splitlines()[-1].startswith("interrupted: the run is saved")
     (saved,) = [json.loads(line) for line in cli("runs", "list", "--json").stdout.splitlines()]
-    assert saved["run_id"] == events[0]["run_id"] and saved["stop_reason"] == "cancelled"
+    assert saved["run_id"] == events[0]["run_id"] and saved["status"] == "running"
 
 
 def test_a_third_sigint_quits_at_once_and_the_run_is_kept(cli: Cli) -> None:
@@ -642,13 +674,10 @@ def test_a_third_sigint_quits_at_once_and_the_run_is_kept(cli: Cli) -> None:
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     (saved,) = [json.loads(line) for line in cli("runs", "list", "--json").stdout.splitlines()]
     assert saved["run_id"] == events[0]["run_id"]
-    # either the cancelled run was saved before the third Ctrl-C, or it keeps its last checkpoint
-    assert saved["stop_reason"] == "cancelled" or (saved["status"] == "running" and saved["step"] == 1)
-    if saved["status"] == "running":  # quit mid-save: resumable
-        assert "quit" in err
-        resumed = cli("runs", "resume", saved["run_id"], "--yes", "--json", timeout=60)
-        assert resumed.code == 0, resumed.stderr
-        assert done_result(resumed)["output"] == "finished"
+    assert saved["status"] == "running"  # interrupted and saved, or quit mid-save at its last checkpoint
+    resumed = cli("runs", "resume", saved["run_id"], "--yes", "--json", timeout=60)
+    assert resumed.code == 0, resumed.stderr
+    assert done_result(resumed)["output"] == "finished"
 
 
 # =============================================================================================== MCP

@@ -4,7 +4,9 @@ asyncio's own handling cancels the main task on the first SIGINT and raises `Key
 the program is on the second — possibly in the middle of saving the cancelled run, ending the process by
 the signal (exit status -2, a traceback at times). Instead:
 
-1. the first SIGINT cancels the command's task: the run stops at once and is saved as `cancelled`;
+1. the first SIGINT interrupts the run (`Agent.interrupt`): it stops at once and is saved unfinished, so
+   `thinkloop runs resume` continues it — or, with an in-memory store (nothing outlives the process) or
+   before the run started, cancels the command's task;
 2. the second, while that is under way, only says so (the save takes a moment);
 3. the third exits at once with 130 — the run keeps its last checkpoint.
 """
@@ -16,7 +18,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
@@ -26,16 +28,28 @@ EXIT_CODE = 130
 
 
 class Interrupts:
-    """Installs the SIGINT handler for the `with` block; `run(coro)` is the task the first Ctrl-C cancels."""
+    """Installs the SIGINT handler for the `with` block; `run(coro)` is the task the first Ctrl-C cancels,
+    unless the command said how to interrupt its run (`resumable`)."""
+
+    current: Interrupts | None = None  # the handler of the command being run
 
     def __init__(self) -> None:
         self.count = 0
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._previous: Any = None
+        self._interrupt: Callable[[], list[str]] | None = None
+        self.resume_hint = ""  # what to type to continue the interrupted run (empty: it was cancelled)
+        self._hint: Callable[[str], str] = str
+
+    def resumable(self, interrupt: Callable[[], list[str]], hint: Callable[[str], str]) -> None:
+        """Ctrl-C calls `interrupt()` (e.g. `agent.interrupt`) instead of cancelling; `hint(run_id)` says
+        how to continue the run."""
+        self._interrupt, self._hint = interrupt, hint
 
     def __enter__(self) -> Interrupts:
         self._previous = signal.signal(signal.SIGINT, self._handle)
+        Interrupts.current = self
         return self
 
     def __exit__(
@@ -44,6 +58,7 @@ class Interrupts:
         # once interrupted, the command is ending with 130: a late Ctrl-C must not raise KeyboardInterrupt
         # in its last lines (a traceback, or death by the signal)
         signal.signal(signal.SIGINT, signal.SIG_IGN if self.count else self._previous)
+        Interrupts.current = None
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
         self._task = asyncio.current_task()
@@ -58,7 +73,11 @@ class Interrupts:
         if self.count == 1:
             if self._task is None or self._loop is None:  # before the task started: nothing to save yet
                 raise KeyboardInterrupt
-            self._task.cancel()  # as asyncio.Runner does: at once, then wake the loop up
+            stopped = self._interrupt() if self._interrupt is not None else []
+            if stopped:  # saved unfinished: resumable
+                self.resume_hint = self._hint(stopped[0])
+            else:
+                self._task.cancel()  # as asyncio.Runner does: at once, then wake the loop up
             self._loop.call_soon_threadsafe(lambda: None)
         elif self.count == 2:
             _say(

@@ -108,8 +108,24 @@ def drive(main: Coroutine[Any, Any, int], errors: Console) -> int:
         except ThinkloopError as exc:
             code = print_error(errors, exc)
     if code == INTERRUPTED:
-        errors.print("[yellow]cancelled[/]")
+        hint = interrupts.resume_hint
+        errors.print(
+            f"[yellow]interrupted[/]: the run is saved; continue it with {hint}"
+            if hint
+            else "[yellow]cancelled[/]"
+        )
     return code
+
+
+def resumable_on_ctrl_c(agent: Agent, store_url: str | None) -> None:
+    """Ctrl-C interrupts the agent's run, saved unfinished (unless nothing outlives the process)."""
+    from ..stores import MemoryStore
+
+    current = Interrupts.current
+    if current is None or agent.store is None or isinstance(agent.store, MemoryStore):
+        return  # nothing would outlive the process: Ctrl-C cancels the run
+    where = f" --store {store_url}" if store_url else ""
+    current.resumable(agent.interrupt, lambda run_id: f"`thinkloop runs resume {run_id}{where}`")
 
 
 def print_error(console: Console, exc: BaseException) -> int:
@@ -141,6 +157,7 @@ async def _run(
         on_event=show,
         **options,
     )
+    resumable_on_ctrl_c(agent, store_url)
     try:
         async for _ in agent.stream(goal, metadata={"cli": cli_metadata(options, instructions)}):
             pass  # `show` renders each event as it is emitted (see `Printer`)

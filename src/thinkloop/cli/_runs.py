@@ -288,7 +288,7 @@ async def _resume(
     from .._budget import Budget
     from .._resume import load_resumable
     from ._options import DEFAULT_TOOLS
-    from ._run import Printer, build_agent
+    from ._run import Printer, build_agent, resumable_on_ctrl_c
     from ._view import LiveView, exit_code
 
     store = open_store(store_url)
@@ -318,6 +318,7 @@ async def _resume(
         on_event=show,
         learn=bool(cli.get("learn", False)),
     )
+    resumable_on_ctrl_c(agent, store_url)
     try:
         await agent.resume(run_id)
         await agent.wait_for_learning()
