@@ -7,6 +7,9 @@ line is split into simple commands (pipes, `;`, `&&`, `||`, `&`, subshells), lau
 unwrapped (`sudo`, `env`, `nohup`, `timeout`, `xargs`, `busybox` ...), nested code is classified
 recursively (`bash -c`, `eval`, `su -c`, substitutions, piped scripts, `ssh host cmd`) and every
 simple command is rated with table-driven rules. The overall level is the maximum over everything.
+Across the simple commands of a line, the files each one writes are remembered (downloaded, decoded or
+literal text), so running one later is rated like piping it into the shell; endless loops that start a
+background job on every pass are fork bombs; `find -exec`/`xargs` over a whole tree are recursive.
 
 The classifier is conservative by design: unknown binaries are MEDIUM, input that cannot be parsed
 is at least HIGH (`parsed=False`), and obfuscation that hides what will run is HIGH or CRITICAL.
@@ -19,7 +22,8 @@ import binascii
 import posixpath
 import re
 import shlex
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -567,13 +571,27 @@ def _parse_one_option(arg: str, args: list[str], index: int, takes: frozenset[st
 
 
 @dataclass
+class _Written:
+    """A file the command line wrote before running it: fed by a download or a decoder, its text if known."""
+
+    source: str | None
+    text: str | None
+
+
+@dataclass
 class _Ctx:
+    """What one classification shares: substitutions, nesting depth, the working directory, the files
+    written so far on the line (path -> `_Written`, so `curl x > a.sh; sh a.sh` is seen as one act) and
+    the paths that stand for every file under them (`find / -exec rm {} +` deletes the whole tree)."""
+
     subs: list[_Sub]
     depth: int = 0
     cwd: str | None = None
+    files: dict[str, _Written] = field(default_factory=dict)
+    trees: set[str] = field(default_factory=set)
 
     def child(self) -> _Ctx:
-        return _Ctx(self.subs, self.depth + 1, self.cwd)
+        return _Ctx(self.subs, self.depth + 1, self.cwd, self.files, self.trees)
 
 
 _HOME_PREFIX_RE = re.compile(r"^(?:\$HOME|\$\{HOME\}|~[A-Za-z0-9_.-]*)(?=/|$)")
@@ -719,6 +737,7 @@ _WRITE_RULES: dict[str, tuple[RiskLevel, str]] = {
 
 def _delete_risk(raw: str, ctx: _Ctx, recursive: bool) -> tuple[RiskLevel, str]:
     kind, path = _path_kind(raw, ctx)
+    recursive = recursive or path in ctx.trees
     rec, flat, noun = _DELETE_RULES[kind]
     if kind in _SYSTEM_KINDS and recursive and _is_sysdir(path):
         rec, noun = CRITICAL, f"the system directory {path}"
@@ -830,7 +849,7 @@ _STATIC: dict[str, tuple[RiskLevel, str]] = {
         kubectx kubens ctop sestatus getenforce aa-status ulimit watchman-status
         """),
     **_group(LOW, "shell builtin without side effects", """
-        cd pushd popd dirs read wait jobs exit return : let declare typeset local shift shopt
+        cd pushd popd dirs read wait jobs exit return break continue : let declare typeset local shift shopt
         unalias clear reset true logout fg bg disown umask caller enable
         """),
     **_group(MEDIUM, "creates or modifies files", """
@@ -1032,6 +1051,7 @@ _WORLD_WRITABLE_RE = re.compile(r"^([0-7]*[2367]|.*[oa]\+[rwxX]*w.*|\+?[rwxX]*w[
 
 def _perm_risk(raw: str, ctx: _Ctx, recursive: bool) -> tuple[RiskLevel, str]:
     kind, path = _path_kind(raw, ctx)
+    recursive = recursive or path in ctx.trees
     if kind in ("root", "home"):
         return CRITICAL, f"changes ownership/permissions of {_DELETE_RULES[kind][2]}"
     if path in _SENSITIVE_FILES:
@@ -1116,6 +1136,17 @@ def _find_exec_commands(expr: list[str]) -> list[list[str]]:
     return [c for c in commands if c]
 
 
+@contextmanager
+def _tree(ctx: _Ctx, starts: list[str]) -> Iterator[None]:
+    """While classifying a command applied to every file under `starts`, treat those paths as trees."""
+    added = {_strip_glob(_normalize_path(s, ctx.cwd)) for s in starts} - ctx.trees
+    ctx.trees |= added
+    try:
+        yield
+    finally:
+        ctx.trees -= added
+
+
 def _h_find(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     starts, expr = _find_parts(cmd.args)
     filtered = any(word in _FIND_FILTERS for word in expr)
@@ -1131,7 +1162,8 @@ def _h_find(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
             findings.append((level, f"find {_show(start)} -delete: {what}"))
         for argv in _find_exec_commands(expr):
             replaced = [w.replace("{}", "./FILE" if filtered else start) for w in argv]
-            inner = _classify_argv(replaced, cmd, ctx)
+            with _tree(ctx, [] if filtered else [start]):
+                inner = _classify_argv(replaced, cmd, ctx)
             findings += inner
             if filtered and broad and max((lv for lv, _ in inner), default=LOW) >= MEDIUM:
                 findings.append(
@@ -1942,11 +1974,14 @@ def _h_curl(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     return findings
 
 
+_WGET_WITH_ARG = ("-O", "--output-document", "-o", "--output-file", "-P", "--directory-prefix", "-a",
+                  "--append-output", "-i", "--input-file", "--post-data", "--post-file", "--method", "-U",
+                  "--user-agent", "--header", "-t", "--tries", "-T", "--timeout", "--user", "--password", "-e",
+                  "--execute")  # fmt: skip
+
+
 def _h_wget(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
-    opts = _parse_opts(cmd.args, ("-O", "--output-document", "-o", "--output-file", "-P", "--directory-prefix",
-                                  "-a", "--append-output", "-i", "--input-file", "--post-data", "--post-file",
-                                  "--method", "-U", "--user-agent", "--header", "-t", "--tries", "-T", "--timeout",
-                                  "--user", "--password", "-e", "--execute"))  # fmt: skip
+    opts = _parse_opts(cmd.args, _WGET_WITH_ARG)
     if opts.has("--spider"):
         return [(LOW, "wget --spider: checks a URL")]
     findings: list[Finding] = []
@@ -2193,7 +2228,7 @@ _SHELL_CODE_FLAGS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 _VERSION_FLAGS = frozenset({"--version", "-V", "-v", "--help", "-h", "-version"})
 _CODE_RULES: tuple[tuple[re.Pattern[str], RiskLevel, str], ...] = (
-    (re.compile(r"fork\s*(\(\s*\))?\s*while\s*(\(\s*)?fork|while\s*[(\s]*(1|true|True)[)\s]*[:{]?[^}\n]*\bfork\b|"
+    (re.compile(r"fork\s*(\(\s*\))?\s*(while|until)\s*(\(\s*)?(fork|1|true|!\s*0)\b|while\s*[(\s]*(1|true|True)[)\s]*[:{]?[^}\n]*\bfork\b|"
                 r"for\s*\(\s*;\s*;\s*\)\s*\{?[^}]*\bfork\b"), CRITICAL, "fork bomb (spawns processes forever)"),
     (re.compile(r"(b64decode|base64|unhexlify|fromhex|decode\(\s*['\"](hex|base64)).*\b(exec|eval|system)\b|"
                 r"\b(exec|eval|system)\s*\(.*(b64decode|unhexlify|fromhex|base64)"), CRITICAL, "executes an encoded payload"),
@@ -2249,7 +2284,12 @@ def _code_findings(code: str, ctx: _Ctx, label: str) -> list[Finding]:
 
 
 def _heredoc_body(cmd: _Cmd, ctx: _Ctx) -> str | None:
-    for op, target in cmd.redirs:
+    return _input_text(cmd.redirs, ctx)
+
+
+def _input_text(redirs: list[tuple[str, str]], ctx: _Ctx) -> str | None:
+    """The text of a here-document or here-string given as standard input, if any."""
+    for op, target in redirs:
         if op in ("<<", "<<<"):
             match = _SUB_RE.fullmatch(target)
             if op == "<<" and match:
@@ -2286,13 +2326,15 @@ def _decode_base64(text: str) -> str | None:
     return decoded if decoded.isprintable() or "\n" in decoded else None
 
 
-def _literal_payload(stages: list[list[str]]) -> str | None:
-    """Simulate `echo ... | base64 -d | rev` so the real payload can be classified."""
+def _literal_payload(stages: list[list[str]], ctx: _Ctx) -> str | None:
+    """Simulate `echo ... | base64 -d | rev` (or `cat` of a file written earlier) to classify the payload."""
     text: str | None = None
     for argv in stages:
         name = _normalize_name(argv[0]) if argv else ""
         if name in ("echo", "printf"):
             text = _echo_text([name, *argv[1:]])
+        elif name == "cat" and len(argv) == 2 and (written := _written(argv[1], ctx)) is not None:
+            text = written.text
         elif text is not None and name in ("base64", "openssl") and _DECODE_RE.search(" ".join(argv)):
             text = _decode_base64(text)
         elif text is not None and name == "rev":
@@ -2306,7 +2348,7 @@ def _piped_program(cmd: _Cmd, ctx: _Ctx, shell: bool) -> list[Finding]:
     upstream = " | ".join(_show(" ".join(argv), 40) for argv in cmd.earlier + cmd.upstream if argv)
     findings: list[Finding] = []
     for argv in cmd.upstream + cmd.earlier:
-        kind = _stage_kind(argv)
+        kind = _stage_source(argv, ctx)
         if kind is not None:
             what = "remote code execution" if kind.startswith("downloaded") else "obfuscated code execution"
             findings.append((CRITICAL, f"pipes {kind} ('{upstream}') into {_show(cmd.raw)}: {what}"))
@@ -2315,7 +2357,7 @@ def _piped_program(cmd: _Cmd, ctx: _Ctx, shell: bool) -> list[Finding]:
         findings.append(
             (HIGH, f"pipes generated data ('{upstream}') into {_show(cmd.raw)}: executes it as code")
         )
-    payload = _literal_payload(cmd.upstream)
+    payload = _literal_payload(cmd.upstream, ctx)
     if payload:
         findings += _nested(payload, ctx, "piped script") if shell else _code_findings(payload, ctx, cmd.name)
     return findings
@@ -2342,6 +2384,9 @@ def _run_script(cmd: _Cmd, script: str, ctx: _Ctx, shell: bool) -> list[Finding]
             _Cmd(cmd.name, cmd.raw, [], [r for r in cmd.redirs if r[0] != "<"], cmd.upstream), ctx, shell
         )
     findings = _fetch_findings(script, ctx, f"{cmd.name} script")
+    written = _written_script(cmd, script, ctx, shell)
+    if written is not None:
+        return findings + written
     return findings + [(MEDIUM, f"{cmd.name} runs the script '{_show(script)}' (contents not analysed)")]
 
 
@@ -2365,9 +2410,28 @@ def _parse_shell_args(args: list[str]) -> tuple[str | None, list[str], bool]:
     return None, operands, reads_stdin
 
 
+_PLAIN_ARG_RE = re.compile(r"[\w./~*?@%+=:,-]+")
+_POSITIONAL_RE = re.compile(r"\$(?:\{([1-9@*])\}|([1-9@*]))")
+
+
+def _bind_positional(code: str, args: list[str]) -> str:
+    """`sh -c 'rm -rf "$1"' sh /`: put plain arguments in place of $1…$9, $@ and $* (others stay dynamic)."""
+    params = args[1:]
+
+    def value(match: re.Match[str]) -> str:
+        key = match.group(1) or match.group(2)
+        chosen = params if key in "@*" else params[int(key) - 1 : int(key)]
+        if not chosen or not all(_PLAIN_ARG_RE.fullmatch(p) for p in chosen):
+            return match.group(0)
+        return " ".join(chosen)
+
+    return _POSITIONAL_RE.sub(value, code) if params else code
+
+
 def _h_shell(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     code, operands, reads_stdin = _parse_shell_args(cmd.args)
     if code is not None:
+        code = _bind_positional(code, operands)
         return _exec_text(code, ctx, f"{cmd.name} -c") or [(LOW, f"{cmd.name} -c with empty code")]
     if operands and not reads_stdin:
         return _run_script(cmd, operands[0], ctx, shell=True)
@@ -2426,6 +2490,153 @@ def _python_module(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
         return _h_package(_Cmd("pip", "pip", cmd.args[index + 2 :], cmd.redirs, cmd.upstream), ctx)
     level = _PYTHON_MODULES.get(module, MEDIUM)
     return [(level, f"python -m {module}: {'read-only helper' if level == LOW else 'runs a Python module'}")]
+
+
+# ---------------------------------------------------------------------------- files written, then run
+# `curl x > a.sh; sh a.sh` is `curl x | sh` in two steps, `echo 'rm -rf /' > a.sh; sh a.sh` is
+# `echo 'rm -rf /' | sh`: what a command writes is remembered (`_Ctx.files`) for the commands after it.
+
+_WRITE_OPS = frozenset({">", ">>", ">|", "&>", "&>>"})
+_BIN_DIRS = frozenset({"/usr/local/bin", "/usr/local/sbin", "/usr/bin", "/usr/sbin", "/bin", "/sbin",
+                       "~/.local/bin", "~/bin"})  # fmt: skip
+_SCP_WITH_ARG = ("-P", "-i", "-o", "-F", "-l", "-c", "-J", "-S", "-D", "-X")
+_CODE_SHEBANG_RE = re.compile(r"#![^\n]*\b(python|pypy|perl|ruby|node|php|lua)")
+
+
+def _written(raw: str, ctx: _Ctx) -> _Written | None:
+    return ctx.files.get(_normalize_path(raw, ctx.cwd)) if ctx.files else None
+
+
+def _written_program(raw: str, ctx: _Ctx) -> str | None:
+    """The path of a file written earlier on the line that `raw`, as a command name, runs."""
+    if not ctx.files:
+        return None
+    if "/" in raw:
+        return raw if _written(raw, ctx) is not None else None
+    return next(
+        (p for p in ctx.files if posixpath.basename(p) == raw and posixpath.dirname(p) in _BIN_DIRS), None
+    )
+
+
+def _runs_itself(text: str, script: str) -> bool:
+    name = re.escape(posixpath.basename(script))
+    call = rf"(?:^|[;&|(\s])(?:\S*/)?(?:\$0|\$\{{0\}}|{name})(?![\w.-])[^;&|\n]*"
+    return re.search(rf"{call}(?:&(?!&)|\|(?!\|)).*{call}", text, re.S) is not None
+
+
+def _written_script(cmd: _Cmd, script: str, ctx: _Ctx, shell: bool | None) -> list[Finding] | None:
+    """Findings for running a file the line wrote earlier (None when it did not write it)."""
+    written = _written(script, ctx)
+    if written is None:
+        return None
+    shown = _show(script)
+    runs = f"runs '{shown}'" if cmd.raw == script else f"{_show(cmd.raw)} runs '{shown}'"
+    findings: list[Finding] = [(MEDIUM, f"{runs}, written earlier in this command")]
+    if written.source is not None:
+        what = (
+            "remote code execution"
+            if written.source.startswith("downloaded")
+            else "obfuscated code execution"
+        )
+        findings.append((CRITICAL, f"{runs}, saved from {written.source} earlier in this command: {what}"))
+    if written.text:
+        if _runs_itself(written.text, script):
+            findings.append((CRITICAL, f"fork bomb: the script '{shown}' starts copies of itself"))
+        code = not shell if shell is not None else bool(_CODE_SHEBANG_RE.match(written.text))
+        label = f"the script '{shown}'"
+        findings += _code_findings(written.text, ctx, label) if code else _exec_text(written.text, ctx, label)
+    return findings
+
+
+def _stage_source(argv: list[str], ctx: _Ctx) -> str | None:
+    """'downloaded content' or 'a decoded payload' when a pipeline stage outputs one, else None."""
+    kind = _stage_kind(argv)
+    if kind is None and ctx.files:
+        kind = next((w.source for a in argv[1:] if (w := _written(a, ctx)) is not None and w.source), None)
+    return kind
+
+
+def _url_name(url: str) -> str:
+    path = url.split("://", 1)[-1].split("?", 1)[0].split("#", 1)[0]
+    return posixpath.basename(path.partition("/")[2])
+
+
+def _download_targets(argv: list[str]) -> list[str]:
+    """The files a downloader saves into: curl -o/-O, wget's -O or its default name, scp's destination."""
+    name = _normalize_name(argv[0])
+    if name == "curl":
+        opts = _parse_opts(argv[1:], _CURL_WITH_ARG)
+        targets = [v for v in opts.values("-o", "--output") if v != "-"]
+        if opts.has("-O", "--remote-name", "--remote-name-all"):
+            folder = opts.value("--output-dir") or ""
+            urls = [*opts.operands, *opts.values("--url")]
+            targets += [posixpath.join(folder, n) for n in map(_url_name, urls) if n]
+        return targets
+    if name == "wget":
+        opts = _parse_opts(argv[1:], _WGET_WITH_ARG)
+        document = opts.value("-O", "--output-document")
+        if document is not None:
+            return [] if document == "-" else [document]
+        folder = opts.value("-P", "--directory-prefix") or ""
+        return [posixpath.join(folder, _url_name(u) or "index.html") for u in opts.operands]
+    if name == "scp":
+        *sources, dest = _parse_opts(argv[1:], _SCP_WITH_ARG).operands or [""]
+        if dest in (".", "..") or dest.endswith("/"):
+            return [posixpath.join(dest, posixpath.basename(s.split(":", 1)[-1])) for s in sources]
+        return [dest] if sources else []
+    return []
+
+
+def _output_text(stages: list[list[str]], redirs: list[tuple[str, str]], ctx: _Ctx) -> str | None:
+    """The text a pipeline writes, when it is literal: `echo ...`, `cat <<EOF`, `echo ... | base64 -d`."""
+    last = stages[-1]
+    name = _normalize_name(last[0])
+    if len(stages) == 1 and (name == "tee" or (name == "cat" and all(a == "-" for a in last[1:]))):
+        body = _input_text(redirs, ctx)
+        if body is not None:
+            return body
+    return _literal_payload(stages, ctx)
+
+
+def _remember(ctx: _Ctx, raw: str, op: str, written: _Written) -> None:
+    path = _normalize_path(raw, ctx.cwd)
+    before = ctx.files.get(path)
+    if op in (">>", "&>>") and before is not None:
+        texts = [t for t in (before.text, written.text) if t]
+        written = _Written(before.source or written.source, "\n".join(texts) or None)
+    ctx.files[path] = written
+
+
+def _copy_written(argv: list[str], ctx: _Ctx) -> None:
+    """`cp a.sh b.sh`, `mv a.sh bin/`: the copy carries what is known of the original."""
+    opts = _parse_opts(argv[1:], _COPY_WITH_ARG)
+    dest = _copy_dest(opts)
+    sources = opts.operands if opts.has("-t", "--target-directory") else opts.operands[:-1]
+    for source in sources:
+        written = _written(source, ctx)
+        if dest is not None and written is not None:
+            _remember(ctx, dest, ">", written)
+            _remember(ctx, posixpath.join(dest, posixpath.basename(source)), ">", written)
+
+
+def _record_writes(simple: _Simple, argv: list[str], upstream: list[list[str]], ctx: _Ctx) -> None:
+    """Remember the files this command writes, for a later command on the line that runs one of them."""
+    if not argv:
+        return
+    stages = [*[s for s in upstream if s], argv]
+    source = next((k for stage in stages if (k := _stage_source(stage, ctx)) is not None), None)
+    text = _output_text(stages, simple.redirs, ctx)
+    targets = [(op, t) for op, t in simple.redirs if op in _WRITE_OPS]
+    name = _normalize_name(argv[0])
+    if name == "tee":
+        opts = _parse_opts(argv[1:], ("--output-error",))
+        targets += [(">>" if opts.has("-a", "--append") else ">", t) for t in opts.operands]
+    for target in _download_targets(argv) if name in _DOWNLOADERS else []:
+        _remember(ctx, target, ">", _Written("downloaded content", None))
+    for op, target in targets:
+        _remember(ctx, target, op, _Written(source, text))
+    if name in ("cp", "mv", "install", "ln"):
+        _copy_written(argv, ctx)
 
 
 # ---------------------------------------------------------------------------- launchers
@@ -2539,27 +2750,42 @@ _XARGS_WITH_ARG = frozenset({"-a", "--arg-file", "-d", "--delimiter", "-E", "--e
                              "--process-slot-var"})  # fmt: skip
 
 
-def _xargs_input(upstream: list[list[str]]) -> list[str] | None:
-    if not upstream or not upstream[-1]:
-        return None
-    argv = upstream[-1]
+def _xargs_feeder(cmd: _Cmd, ctx: _Ctx) -> list[str] | None:
+    """The argv of what feeds xargs: the stage before it, a here-string, or `< <(command)`."""
+    for op, target in cmd.redirs:
+        if op == "<<<":
+            return ["echo", target]
+        match = _SUB_RE.fullmatch(target) if op == "<" else None
+        if match and ctx.subs[int(match.group(1))].kind == "process":
+            text = ctx.subs[int(match.group(1))].text
+            return None if any(c in text for c in ";&|") else _words(text)
+    return cmd.upstream[-1] if cmd.upstream and cmd.upstream[-1] else None
+
+
+def _xargs_input(argv: list[str] | None) -> tuple[list[str] | None, bool]:
+    """The items xargs gets, and whether each stands for every file under it (an unfiltered `find`)."""
+    if not argv:
+        return None, False
     name = _normalize_name(argv[0])
     if name == "find":
-        return _find_parts(argv[1:])[0]
+        starts, expr = _find_parts(argv[1:])
+        return starts, not any(word in _FIND_FILTERS for word in expr)
     if name in ("echo", "printf", "ls"):
-        return [a for a in argv[1:] if not a.startswith("-")] or None
-    return None
+        return [a for a in argv[1:] if not a.startswith("-")] or None, False
+    return None, False
 
 
 def _h_xargs(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     flags, inner = _split_wrapper(cmd.args, _Wrapper(_XARGS_WITH_ARG))
     inner = inner or ["echo"]
-    items = _xargs_input(cmd.upstream) or ["$XARGS_INPUT"]
+    found, tree = _xargs_input(_xargs_feeder(cmd, ctx))
+    items = found or ["$XARGS_INPUT"]
     replace = next((cmd.args[i + 1] for i, a in enumerate(cmd.args[:-1]) if a in ("-I", "--replace")), None)
     if replace is None and any(f.startswith("-I") and len(f) > 2 for f in flags):
         replace = next(f[2:] for f in flags if f.startswith("-I") and len(f) > 2)
     argv = [w.replace(replace, items[0]) for w in inner] if replace else [*inner, *items]
-    return _classify_argv(argv, _Cmd(cmd.name, cmd.raw, [], cmd.redirs, []), ctx)
+    with _tree(ctx, items if tree else []):
+        return _classify_argv(argv, _Cmd(cmd.name, cmd.raw, [], cmd.redirs, []), ctx)
 
 
 # ---------------------------------------------------------------------------- dispatch
@@ -2676,6 +2902,9 @@ def _secret_access(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
 def _classify_cmd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     if _is_dynamic(cmd.raw):
         return _dynamic_command(cmd, ctx)
+    program = _written_program(cmd.raw, ctx)
+    if program is not None:
+        return _written_script(cmd, program, ctx, None) or []
     if cmd.raw not in ("[", "[[") and any(c in cmd.raw for c in "*?["):
         return [(HIGH, f"command name '{cmd.raw}' is a glob pattern: the binary cannot be determined")]
     wrapper = _WRAPPERS.get(cmd.name)
@@ -2723,7 +2952,9 @@ def _classify_simple(simple: _Simple, before: list[_Simple], ctx: _Ctx) -> list[
     cmd = _Cmd(_normalize_name(words[0]), words[0], words[1:], simple.redirs, upstream)
     if any(not argv for argv in upstream):  # `{ curl ...; } | sh`: a group feeds the pipe
         cmd.earlier = [_core_argv(s.words) for s in before]
-    return findings + _classify_cmd(cmd, ctx)
+    findings += _classify_cmd(cmd, ctx)
+    _record_writes(simple, _core_argv(words), upstream, ctx)
+    return findings
 
 
 _FUNCTION_RE = re.compile(
@@ -2743,6 +2974,31 @@ def _fork_bomb(text: str) -> str | None:
     return None
 
 
+_LOOP_RE = re.compile(
+    r"(?:^|[;&|({}]|\b(?:do|then|else)\b)\s*"
+    r"(?:(?P<kw>while|until)\s+(?P<cond>[^;&|]*?)|for\s*\(\(\s*[^;]*;\s*;[^)]*\)\))\s*;?\s*do\b(?P<body>.*?)\bdone\b",
+    re.S,
+)
+_ALWAYS = {
+    "while": re.compile(
+        r"(?:/usr)?(?:/bin/)?true|:|!\s*(?:/usr)?(?:/bin/)?false|test\s+1|\[\[?\s*(?:1|true|yes)\s*\]\]?"
+        r"|\(\(\s*[1-9]\d*\s*\)\)|sleep\s+[\d.]+[smhd]?"
+    ),
+    "until": re.compile(r"(?:/usr)?(?:/bin/)?false|!\s*(?:(?:/usr)?(?:/bin/)?true|:)|\(\(\s*0\s*\)\)"),
+}
+_BACKGROUND_RE = re.compile(r"(?<![&><|])&(?![&>])")
+
+
+def _endless_spawner(scanned: str) -> str | None:
+    """An endless loop that starts a background job on every pass (`while true; do x & done`)."""
+    for match in _LOOP_RE.finditer(scanned):
+        kw, cond, body = match.group("kw"), (match.group("cond") or "").strip(), match.group("body")
+        endless = kw is None or bool(_ALWAYS[kw].fullmatch(cond))
+        if endless and _BACKGROUND_RE.search(body) and not re.search(r"(?<![\w-])(wait|kill)(?![\w-])", body):
+            return f"{kw} {cond}" if kw else "for ((;;))"
+    return None
+
+
 def _classify_text(text: str, ctx: _Ctx) -> list[Finding]:
     if ctx.depth > _MAX_DEPTH:
         return [(HIGH, "command nesting is too deep to analyse")]
@@ -2755,6 +3011,12 @@ def _classify_text(text: str, ctx: _Ctx) -> list[Finding]:
         findings.append(
             (CRITICAL, f"fork bomb: function '{bomb}' spawns copies of itself until the system hangs")
         )
+    loop = _endless_spawner(scanned)
+    if loop is not None:
+        findings.append(
+            (CRITICAL, f"fork bomb: the endless loop '{_show(loop, 40)}' starts a background process on every "
+                       "pass, until the system runs out of processes")
+        )  # fmt: skip
     simples = _Builder().build(_tokenize(scanned))
     for sub in new_subs:
         if sub.kind != "heredoc":
