@@ -402,6 +402,37 @@ def test_parse_plan_forms() -> None:
         parse_plan({"tasks": [{"id": "a"}]})
 
 
+PLAN_JSON = '{"tasks": [{"id": "a", "tool": "shout", "args": {"text": "x"}}]}'
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        f"Sure! Here is the plan: {PLAN_JSON} Let me know if you need more.",
+        f"```python\n{PLAN_JSON}\n```",
+        f"```JSON\n{PLAN_JSON}\n```",
+        f"Step one:\n```\nget the weather\n```\nThe plan:\n```json\n{PLAN_JSON}\n```",
+        f"Plan (tasks as a list): [{PLAN_JSON[11:-2]}]",
+    ],
+)
+def test_parse_plan_finds_the_plan_in_what_a_small_model_writes(reply: str) -> None:
+    assert parse_plan(reply).tasks == [Task("a", "shout", {"text": "x"})]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["[" * 100_000, "```json\n" + "[" * 50_000 + "]" * 50_000 + "\n```", "plan: " + '{"a": [' * 50_000],
+)
+def test_a_plan_nested_too_deeply_is_a_plan_error(reply: str) -> None:
+    with pytest.raises(PlanError, match="nested too deeply"):  # was a RecursionError escaping
+        parse_plan(reply)
+
+
+def test_broken_json_names_the_error_of_the_fenced_block() -> None:
+    with pytest.raises(PlanError, match=r"not valid JSON \(Expecting ',' delimiter: line 1 column 51"):
+        parse_plan('Here:\n```json\n{"tasks": [{"id": "a", "tool": "shout", "args": {}\n```')
+
+
 def test_plans_round_trip_as_json() -> None:
     plan = Plan([Task("a", "shout", {"text": "x"}), Task("b", "shout", {"text": "${a}"}, ["a"])])
     assert parse_plan(plan.model_dump_json()) == plan

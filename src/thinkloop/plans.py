@@ -38,6 +38,7 @@ failure for a repaired plan (at most `max_repairs` times), and asks it for the f
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import time
@@ -86,6 +87,7 @@ _REF_RE = re.compile(r"\$(\$?)\{([A-Za-z0-9_-]+)((?:\.[A-Za-z0-9_-]+)*)\}")
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_OUTPUT_MAX_LENGTH = 10_000
 _MAX_REMEMBERED_RUNS = 256
+_MAX_JSON_STARTS = 32
 
 
 class PlanError(RunError):
@@ -252,18 +254,14 @@ class Plan(BaseModel):
 
 
 def parse_plan(text: str | Mapping[str, Any] | Sequence[Any]) -> Plan:
-    """A plan from JSON text (a fenced code block is accepted), a dict `{"tasks": [...]}`, or a list of tasks.
+    """A plan from JSON text, a dict `{"tasks": [...]}`, or a list of tasks.
+
+    Text may be a model's reply: the plan in a fenced code block (any language tag) or in prose.
 
     Raises:
         PlanError: not JSON, or not shaped like a plan (the message says what to fix).
     """
-    data: Any = text
-    if isinstance(text, str):
-        body = _strip_fence(text)
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise PlanError(f"the plan is not valid JSON ({exc}); write it as {_PLAN_SHAPE}") from None
+    data: Any = _plan_json(text) if isinstance(text, str) else text
     if isinstance(data, list):
         data = {"tasks": data}
     if not isinstance(data, Mapping) or not isinstance(data.get("tasks"), list):
@@ -277,9 +275,47 @@ def parse_plan(text: str | Mapping[str, Any] | Sequence[Any]) -> Plan:
 _PLAN_SHAPE = '{"tasks": [{"id": "a", "tool": "TOOL", "args": {...}, "depends_on": []}, ...]}'
 
 
-def _strip_fence(text: str) -> str:
-    match = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
-    return (match.group(1) if match else text).strip()
+_FENCE_RE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?(.*?)```", re.DOTALL)
+
+
+def _plan_json(text: str) -> Any:
+    """The plan in a model's reply: the whole text as JSON, else the first JSON object or list found
+    in a fenced code block (any language tag) or in the prose around it.
+
+    Raises:
+        PlanError: no JSON plan in the text, or JSON nested too deeply to read.
+    """
+    candidates = [text.strip(), *(m.group(1).strip() for m in _FENCE_RE.finditer(text))]
+    error = "no JSON found"
+    for candidate in candidates:
+        try:
+            return json.loads(candidate)
+        except RecursionError:
+            raise PlanError(f"the plan is nested too deeply to read; write it as {_PLAN_SHAPE}") from None
+        except ValueError as exc:
+            error = str(exc)  # a fenced block's error, when there is one, says the most
+    embedded = _first_json_in(text)
+    if embedded is not None:
+        return embedded
+    raise PlanError(f"the plan is not valid JSON ({error}); write it as {_PLAN_SHAPE}")
+
+
+def _first_json_in(text: str) -> Any:
+    """The first JSON object or list in `text` that looks like a plan (prose around it is ignored)."""
+    decoder = json.JSONDecoder()
+    starts = itertools.islice(
+        re.finditer(r"[{\[]", text), _MAX_JSON_STARTS
+    )  # bounded: each try may read to the end
+    for match in starts:
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except RecursionError:
+            raise PlanError(f"the plan is nested too deeply to read; write it as {_PLAN_SHAPE}") from None
+        except ValueError:
+            continue
+        if isinstance(value, list) or (isinstance(value, dict) and "tasks" in value):
+            return value
+    return None
 
 
 def _explain(exc: ValidationError) -> str:
