@@ -359,6 +359,16 @@ async def test_a_missing_field_fails_the_task_naming_the_reference() -> None:
     assert "${s.field}: the result is str 'X', not a JSON object or list" in (result.error or "")
 
 
+async def test_a_result_nested_too_deeply_is_used_as_text() -> None:
+    def deep() -> str:
+        return "[" * 3000 + "]" * 3000
+
+    tools = [Tool("deep", "deep", None, deep), shout]
+    plan = Plan([Task("d", "deep"), Task("s", "shout", {"text": "${d}"}, ["d"])])
+    result = await execute_plan(plan, tools)  # was a RecursionError escaping execute_plan
+    assert result.ok and result.results["s"].output == "[" * 3000 + "]" * 3000
+
+
 async def test_tools_and_static_arguments_are_checked_before_running() -> None:
     ran: list[str] = []
 

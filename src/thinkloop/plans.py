@@ -435,7 +435,7 @@ def _json_value(text: str) -> Any:
     if stripped[:1] in ("{", "[", '"') or stripped in ("true", "false", "null") or _looks_numeric(stripped):
         try:
             return json.loads(stripped)
-        except ValueError:
+        except (ValueError, RecursionError):  # JSON nested too deeply to read is used as text
             return text
     return text
 
