@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkloop import Agent, RiskLevel, Tool, ToolCall, tool
+from thinkloop import Agent, RiskLevel, Tool, ToolCall, ToolRegistry, tool
 from thinkloop._events import PlanCreated, TaskFinished, TaskStarted, ToolResultEvent
 from thinkloop._execute import GateDecision
 from thinkloop.plans import (
@@ -90,6 +90,44 @@ def test_invalid_ids_are_rejected() -> None:
 def test_repeated_dependencies_count_once() -> None:
     plan = Plan([Task("a", "t"), Task("b", "t", depends_on=["a", "a"])])
     assert _ids(plan.levels()) == [["a"], ["b"]]
+
+
+def test_a_deep_chain_is_checked_in_linear_memory() -> None:
+    import tracemalloc
+
+    n = 3000
+    chain = Plan(
+        [
+            Task(f"t{i}", "t", {"x": f"${{t{i - 1}}}"} if i else {}, [f"t{i - 1}"] if i else [])
+            for i in range(n)
+        ]
+    )
+    tracemalloc.start()
+    try:
+        levels = chain.check()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(levels) == n
+    assert peak < 30_000_000  # ancestors as sets of ids took ~4.5 million set entries (>300 MB) here
+
+
+def test_errors_about_huge_plans_stay_readable() -> None:
+    unknown = Plan([Task(f"t{i}", "nope") for i in range(1000)])
+    with pytest.raises(PlanError) as info:
+        unknown.check(ToolRegistry([shout]))
+    message = str(info.value)
+    assert message.count("uses unknown tool 'nope'") == 20 and "… and 980 more problems" in message
+    ghosts = Plan([Task(f"t{i}", "t", depends_on=["ghost"]) for i in range(1000)])
+    with pytest.raises(PlanError, match="… and 980 more") as info:
+        ghosts.levels()
+    assert len(str(info.value)) < 2000
+    ring = Plan([Task(f"t{i}", "t", depends_on=[f"t{(i + 1) % 1000}"]) for i in range(1000)])
+    with pytest.raises(
+        PlanError, match=r"cycle: t0 → t1 → .* → … \(1000 tasks\) … → .* → t999 → t0 \("
+    ) as info:
+        ring.levels()
+    assert len(str(info.value)) < 400
 
 
 @st.composite
