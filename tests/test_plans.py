@@ -386,6 +386,36 @@ async def test_references_must_point_to_dependencies_transitively() -> None:
     assert "task 'c'" not in message
 
 
+async def test_a_malformed_reference_is_a_plan_error_not_literal_text() -> None:
+    ran: list[str] = []
+
+    def record(text: str) -> str:
+        ran.append(text)
+        return text
+
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    tools = [weather, Tool("record", "record", schema, record)]
+    plan = Plan(
+        [
+            Task("w", "weather", {"city": "Rome"}),
+            Task("r", "record", {"text": "${w[0]} and ${ w } but $${not a ref} and ${w.tags.0}"}, ["w"]),
+        ]
+    )
+    with pytest.raises(PlanError) as info:
+        await execute_plan(plan, tools)
+    message = str(info.value)
+    assert "task 'r': ${w[0]} is not a reference: write ${task} or ${task.field.0}" in message
+    assert "task 'r': ${ w } is not a reference" in message
+    assert "$${not a ref}" not in message and "${w.tags.0}" not in message
+    assert ran == []  # the tool never received the literal "${w[0]}"
+
+    escaped = Plan(
+        [Task("w", "weather", {"city": "Rome"}), Task("r", "record", {"text": "$${w[0]} ${w.city}"}, ["w"])]
+    )
+    result = await execute_plan(escaped, tools)
+    assert result.ok and ran == ["${w[0]} Rome"]  # $${…} is the literal text, whatever is inside
+
+
 async def test_a_missing_field_fails_the_task_naming_the_reference() -> None:
     plan = Plan([Task("w", "weather", {"city": "Rome"}), Task("s", "shout", {"text": "${w.wind}"}, ["w"])])
     result = await execute_plan(plan, TOOLS)

@@ -84,6 +84,7 @@ __all__ = [
 EmitFn = Callable[[Event], None]
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _REF_RE = re.compile(r"\$(\$?)\{([A-Za-z0-9_-]+)((?:\.[A-Za-z0-9_-]+)*)\}")
+_ANY_REF_RE = re.compile(r"\$(\$?)\{([^{}]*)\}")  # anything written like a reference, valid or not
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_OUTPUT_MAX_LENGTH = 10_000
 _MAX_REMEMBERED_RUNS = 256
@@ -220,7 +221,13 @@ class Plan(BaseModel):
             PlanError: listing every problem found, by task id.
         """
         levels = self.levels()
-        problems = self._reference_problems()
+        problems = [
+            f"task {t.id!r}: {ref} is not a reference: write ${{task}} or ${{task.field.0}} "
+            "(letters, digits, '_', '-', dots between parts), or $${...} for the literal text"
+            for t in self.tasks
+            for ref in _malformed_references(t.args)
+        ]
+        problems += self._reference_problems()
         if tools is not None:
             problems += [p for t in self.tasks if (p := _tool_problem(t, tools))]
         if problems:
@@ -401,6 +408,22 @@ def _references(value: Any) -> set[str]:
     return set()
 
 
+def _malformed_references(value: Any) -> list[str]:
+    """`${...}` written where a reference was meant but not valid (`${a[0]}`, `${ a }`): without this
+    the tool would silently receive the literal text."""
+    if isinstance(value, str):
+        return [
+            m.group(0)
+            for m in _ANY_REF_RE.finditer(value)
+            if not m.group(1) and not _REF_RE.fullmatch(m.group(0))
+        ]
+    if isinstance(value, Mapping):
+        return [ref for v in value.values() for ref in _malformed_references(v)]
+    if isinstance(value, list | tuple):
+        return [ref for v in value for ref in _malformed_references(v)]
+    return []
+
+
 def resolve(value: Any, results: Mapping[str, TaskResult]) -> Any:
     """`value` with every reference replaced by the referred result (see the module docs).
 
@@ -422,12 +445,13 @@ def _resolve_string(text: str, results: Mapping[str, TaskResult]) -> Any:
         return _lookup(whole, results)
 
     def replace(match: re.Match[str]) -> str:
-        if match.group(1):
-            return match.group(0)[1:]  # "$${a}" → "${a}"
-        found = _lookup(match, results)
+        reference = _REF_RE.fullmatch(match.group(0))
+        if match.group(1) or reference is None:
+            return match.group(0)[1:] if match.group(1) else match.group(0)  # "$${…}" → "${…}"
+        found = _lookup(reference, results)
         return found if isinstance(found, str) else json.dumps(found, ensure_ascii=False)
 
-    return _REF_RE.sub(replace, text)
+    return _ANY_REF_RE.sub(replace, text)
 
 
 def _lookup(match: re.Match[str], results: Mapping[str, TaskResult]) -> Any:
