@@ -87,6 +87,17 @@ def test_invalid_ids_are_rejected() -> None:
         Plan([Task("a b", "t")]).levels()
 
 
+def test_ids_differing_only_in_case_or_whitespace_are_rejected() -> None:
+    with pytest.raises(PlanError, match=r"task ids 'fetch' and 'Fetch' differ only in case"):
+        Plan([Task("fetch", "t"), Task("Fetch", "t", depends_on=["fetch"])]).levels()
+    with pytest.raises(
+        PlanError, match=r"task id 'a ' is invalid \(it has spaces or line breaks around it\)"
+    ):
+        Plan([Task("a", "t"), Task("a ", "t")]).levels()
+    with pytest.raises(PlanError, match=r"task id 'a\\n' is invalid"):  # `$` used to accept a final newline
+        Plan([Task("a\n", "t")]).levels()
+
+
 def test_repeated_dependencies_count_once() -> None:
     plan = Plan([Task("a", "t"), Task("b", "t", depends_on=["a", "a"])])
     assert _ids(plan.levels()) == [["a"], ["b"]]

@@ -181,11 +181,17 @@ class Plan(BaseModel):
     def _index(self) -> dict[str, Task]:
         by_id: dict[str, Task] = {}
         duplicates: list[str] = []
+        folded: dict[str, str] = {}  # lower-cased id -> the first id written so
         for task in self.tasks:
-            if not _ID_RE.match(task.id):
-                raise PlanError(f"task id {task.id!r} is invalid: use 1-64 letters, digits, '_' or '-'")
+            _check_id(task.id)
             if task.id in by_id and task.id not in duplicates:
                 duplicates.append(task.id)
+            first = folded.setdefault(task.id.lower(), task.id)
+            if first != task.id:
+                raise PlanError(
+                    f"task ids {first!r} and {task.id!r} differ only in case: give each task a clearly "
+                    "different id (references and depends_on must match an id exactly)"
+                )
             by_id[task.id] = task
         if duplicates:
             raise PlanError(
@@ -273,6 +279,13 @@ class Plan(BaseModel):
     def describe(self) -> list[dict[str, Any]]:
         """The tasks as JSON-ready dicts."""
         return [t.model_dump() for t in self.tasks]
+
+
+def _check_id(task_id: str) -> None:
+    if _ID_RE.fullmatch(task_id):
+        return
+    hint = " (it has spaces or line breaks around it)" if _ID_RE.fullmatch(task_id.strip()) else ""
+    raise PlanError(f"task id {task_id!r} is invalid{hint}: use 1-64 letters, digits, '_' or '-'")
 
 
 def _listing(items: Iterable[str], sep: str = ", ") -> str:
