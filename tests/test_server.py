@@ -350,6 +350,26 @@ async def test_shutdown_interrupts_running_runs_and_leaves_them_resumable() -> N
     assert app.state.manager.active() == []
 
 
+async def test_a_run_accepted_just_before_shutdown_is_saved_resumable_and_no_more_runs_start() -> None:
+    store = MemoryStore()
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("x"), by_turn=True), store)
+    app = create_app(agent)
+    async with api(app) as client:
+        run_id = await start(client)  # its task has not run yet: it cannot be interrupted so far
+        await app.state.manager.shutdown()
+        refused = await client.post("/api/runs", json={"goal": "another"})
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]
+        assert (await client.post(f"/api/runs/{run_id}/resume", json={})).status_code == 503
+    state = await store.load_state(run_id)
+    assert state is not None and not state.finished and "interrupted" in state.metadata  # not lost
+    async with api(create_app(agent)) as client:  # the next server resumes it
+        assert (await client.post(f"/api/runs/{run_id}/resume", json={})).status_code == 202
+        call = await waiting_approval(client, run_id)
+        await client.post(f"/api/runs/{run_id}/approvals/{call['call']['id']}", json={"decision": "approve"})
+        assert (await finished(client, run_id))[-1]["result"]["output"] == "all done"
+    assert purges.done == ["x"]
+
+
 async def test_a_run_failing_outside_its_loop_ends_its_followers() -> None:
     class BrokenStore(MemoryStore):
         async def checkpoint(self, state: Any, events: Any) -> None:

@@ -53,6 +53,7 @@ from ._runs import (
     NotRunningError,
     RunFailedError,
     RunManager,
+    ShuttingDownError,
     TooManyRunsError,
     UnknownRunError,
 )
@@ -385,6 +386,8 @@ def _add_run_routes(app: FastAPI, manager: RunManager) -> None:
             live = manager.start(body.goal, budget=budget, session=body.session)
         except TooManyRunsError as exc:
             raise ApiError(429, str(exc)) from None
+        except ShuttingDownError as exc:
+            raise ApiError(503, str(exc)) from None
         response.headers["Location"] = f"/api/runs/{live.run_id}"
         return {"run_id": live.run_id, "status": "running"}
 
@@ -459,6 +462,8 @@ def _add_control_routes(app: FastAPI, manager: RunManager) -> None:
             raise ApiError(409, str(exc)) from None
         except TooManyRunsError as exc:
             raise ApiError(429, str(exc)) from None
+        except ShuttingDownError as exc:
+            raise ApiError(503, str(exc)) from None
         response.headers["Location"] = f"/api/runs/{run_id}"
         return {"run_id": run_id, "status": "running"}
 

@@ -35,6 +35,7 @@ logger = logging.getLogger("thinkloop.server")
 
 MAX_QUEUED = 10_000  # events a follower may fall behind before it is dropped
 POLL_INTERVAL = 1.0  # seconds between reads of the store when following a run of another process
+SHUTDOWN_POLL = 0.02  # seconds between tries to interrupt a run still starting when the server stops
 
 
 class UnknownRunError(UserError):
@@ -51,6 +52,10 @@ class NotResumableError(StateError):
 
 class TooManyRunsError(UserError):
     """The server already runs its maximum of concurrent runs."""
+
+
+class ShuttingDownError(UserError):
+    """The server is shutting down: it starts and resumes no more runs."""
 
 
 class FollowerTooSlowError(RunError):
@@ -127,6 +132,7 @@ class RunManager:
         self.max_active_runs = max_active_runs
         self.metadata = dict(metadata or {})
         self._live: dict[str, LiveRun] = {}
+        self._closing = False
 
     # ------------------------------------------------------------------------------------- runs
 
@@ -179,6 +185,10 @@ class RunManager:
         return live
 
     def _check_room(self) -> None:
+        if self._closing:
+            raise ShuttingDownError(
+                "the server is shutting down and starts no more runs: try again when it is back"
+            )
         if len(self._live) >= self.max_active_runs:
             raise TooManyRunsError(
                 f"the server is running {len(self._live)} runs, its limit: try again when one has ended"
@@ -192,8 +202,8 @@ class RunManager:
         try:
             await run()
         except asyncio.CancelledError:
-            if not any(e.type == "done" for e in live.events):
-                logger.warning("run %s was cancelled before its loop started", live.run_id)
+            if not live.events:
+                logger.warning("run %s was cancelled before it started: nothing of it is saved", live.run_id)
             raise
         except Exception as exc:
             live.failure = f"{type(exc).__name__}: {exc}"
@@ -226,15 +236,33 @@ class RunManager:
 
     async def shutdown(self, grace: float = 10.0) -> None:
         """Interrupt every running run and wait (up to `grace` seconds) until they are saved, unfinished and
-        resumable (`Agent.interrupt`); a run whose loop had not started yet is cancelled instead."""
+        resumable (`Agent.interrupt`). From now on `start()` and `resume()` raise `ShuttingDownError`.
+
+        A run accepted a moment ago whose loop has not started yet (its task has not run, or is connecting
+        MCP servers) cannot be interrupted yet: it is interrupted as soon as it can be — after its first
+        checkpoint, so it is saved and resumable too. Only one still not there after `grace` is cancelled.
+        """
+        self._closing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         tasks = [live.task for live in self._live.values() if live.task is not None]
-        for live in list(self._live.values()):
-            if not self.agent.interrupt(live.run_id):
-                live.cancel_task()
+        starting = [live for live in self._live.values() if not self._interrupt(live)]
+        while starting and loop.time() < deadline:
+            await asyncio.sleep(SHUTDOWN_POLL)
+            starting = [live for live in starting if not self._interrupt(live)]
+        for live in starting:
+            logger.warning(
+                "run %s did not reach its first checkpoint before shutdown: cancelled", live.run_id
+            )
+            live.cancel_task()
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=grace)
+            _, pending = await asyncio.wait(tasks, timeout=max(deadline - loop.time(), 0.0))
             if pending:
                 logger.warning("%d run(s) did not stop within %g s of shutdown", len(pending), grace)
+
+    def _interrupt(self, live: LiveRun) -> bool:
+        """Interrupt the run if its loop is running (or its task is over); False while it is still starting."""
+        return live.task is None or live.task.done() or bool(self.agent.interrupt(live.run_id))
 
     # ----------------------------------------------------------------------------------- events
 
