@@ -602,6 +602,56 @@ async def test_run_plan_attempts_are_bounded_per_run() -> None:
     assert result.output == "gave up"
 
 
+async def test_run_plan_is_not_cut_by_the_per_call_timeout_when_each_task_is_within_it() -> None:
+    async def step(n: int) -> str:
+        """0.4 s each: well within the 1 s per-call timeout; three in a row always exceed it."""
+        await asyncio.sleep(0.4)
+        return f"step {n}"
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    tasks = [
+        {"id": f"s{n}", "tool": "step", "args": {"n": n}, "depends_on": [f"s{n - 1}"] if n else []}
+        for n in range(3)
+    ]
+    model = ScriptedModel([{"tool_calls": [{"name": "run_plan", "args": {"tasks": tasks}}]}, "done"])
+    events: list[Any] = []
+    agent = Agent(
+        model,
+        tools=[plan_tool([Tool("step", "step", schema, step)])],
+        tool_timeout=0.5,
+        on_event=events.append,
+    )
+    await agent.run("three steps")
+    (observation,) = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert observation.success, observation.output  # was "run_plan was abandoned: it timed out after 1 s"
+    assert observation.output.splitlines() == [
+        "[s0] step → ok: step 0",
+        "[s1] step → ok: step 1",
+        "[s2] step → ok: step 2",
+    ]
+
+
+async def test_a_hanging_task_in_run_plan_times_out_alone() -> None:
+    async def hang() -> str:
+        """Never returns."""
+        await asyncio.Event().wait()
+        return "never"
+
+    tools = [Tool("hang", "hang", {"type": "object", "properties": {}}, hang), shout]
+    plan = {
+        "tasks": [
+            {"id": "s", "tool": "shout", "args": {"text": "a"}},
+            {"id": "h", "tool": "hang", "args": {}, "depends_on": ["s"]},
+        ]
+    }
+    model = ScriptedModel([{"tool_calls": [{"name": "run_plan", "args": plan}]}, "done"])
+    events: list[Any] = []
+    await Agent(model, tools=[plan_tool(tools)], tool_timeout=0.2, on_event=events.append).run("go")
+    (observation,) = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert "[s] shout → ok: A" in observation.output  # the results so far are kept
+    assert "Task 'h' failed: Error: hang was abandoned: it timed out after 0.2 s." in observation.output
+
+
 async def test_completed_tasks_are_not_rerun_on_repair() -> None:
     calls: list[str] = []
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import re
 import time
 import uuid
@@ -764,6 +765,7 @@ def plan_tool(
     name: str = "run_plan",
     max_attempts: int = 3,
     risk: RiskLevel = RiskLevel.LOW,
+    timeout: float = math.inf,
 ) -> Tool:
     """A tool running a plan the model writes as its argument: `{"tasks": [...]}`.
 
@@ -771,6 +773,10 @@ def plan_tool(
     (so the plan tool itself is LOW risk). A failed or invalid plan is a failed observation showing
     what went wrong; the model can call the tool again with a repaired plan — at most `max_attempts`
     calls per run. Completed tasks of the previous attempt with unchanged arguments are not re-run.
+
+    The tool has no time limit of its own (`timeout`, default none): each task is timed out on its own
+    and the run's time limit still applies. With the agent's per-call timeout, a plan of several levels
+    was abandoned as a whole — results so far lost — although every task finished in time.
     """
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     memory: dict[str, tuple[int, dict[str, TaskResult]]] = {}
@@ -822,7 +828,7 @@ def plan_tool(
     description = "Run several tool calls as a plan (independent ones in parallel). " + plan_instructions(
         registry
     )
-    return Tool(name, description, schema, run_plan, risk=risk)
+    return Tool(name, description, schema, run_plan, risk=risk, timeout=timeout)
 
 
 @dataclass(slots=True)
