@@ -205,6 +205,52 @@ async def test_non_json_bodies_are_refused() -> None:
         assert (await client.get("/api/runs")).json()["runs"] == []
 
 
+@pytest.mark.parametrize(
+    ("body", "status", "problem"),
+    [
+        (b'{"goal": ', 400, "the body is not valid JSON: Expecting value at line 1, column 10 (char 9)"),
+        (b'{"goal": "caf\xe9"}', 400, "the body is not UTF-8: byte 0xe9 at position 13"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
+        (b'["clean up"]', 422, "body: the body must be a JSON object"),
+        (b"", 422, "body: the body is missing"),
+        (json.dumps({"goal": "x" * 10_000_000}).encode(), 413, "larger than 2097152 bytes"),
+    ],
+)
+async def test_bodies_that_are_not_a_json_object_get_a_clear_4xx(
+    body: bytes, status: int, problem: str
+) -> None:
+    agent, _ = make_agent(ScriptedModel([]))
+    app = create_app(agent)
+    async with api(app) as client:
+        response = await client.post("/api/runs", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == status and problem in response.json()["error"], response.text
+    assert app.state.manager.active() == []
+
+
+async def test_an_endless_chunked_body_is_cut_at_the_limit_and_the_longest_goal_still_fits() -> None:
+    agent, _ = make_agent(ScriptedModel(["ok"] * 2))
+    sent: list[int] = []
+
+    async def endless() -> AsyncIterator[bytes]:
+        while True:
+            sent.append(1)
+            yield b"x" * 65_536
+
+    async with api(create_app(agent)) as client:
+        async with asyncio.timeout(30):  # reading it to its end would never return
+            cut = await client.post(
+                "/api/runs", content=endless(), headers={"content-type": "application/json"}
+            )
+        assert cut.status_code == 413 and len(sent) <= 2_097_152 // 65_536 + 2  # not read to the end
+        longest = json.dumps({"goal": "\U0001f600" * 100_000})  # 12 bytes a character, \u-escaped
+        assert len(longest) > 1_000_000
+        response = await client.post(
+            "/api/runs", content=longest, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 202, response.text
+        await finished(client, response.json()["run_id"])
+
+
 async def test_unknown_runs_are_404() -> None:
     agent, _ = make_agent(ScriptedModel([]))
     async with api(create_app(agent)) as client:

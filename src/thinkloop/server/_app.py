@@ -26,6 +26,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -39,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._agent import Agent
 from .._budget import Budget
@@ -221,13 +222,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        details = [
-            {
-                "where": ".".join(str(p) for p in err.get("loc", ()) if p != "body"),
-                "problem": str(err.get("msg", "")).removeprefix("Value error, "),
-            }
-            for err in exc.errors()
-        ]
+        details = [_problem(err) for err in exc.errors()]
         text = "; ".join(f"{d['where'] or 'body'}: {d['problem']}" for d in details)
         return JSONResponse({"error": f"invalid request: {text}", "details": details}, status_code=422)
 
@@ -241,6 +236,19 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"error": str(exc)}, status_code=500)
 
 
+def _problem(error: Mapping[str, Any]) -> dict[str, str]:
+    """One validation error as `{where, problem}`; the body itself must be a JSON object."""
+    where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+    problem = str(error.get("msg", "")).removeprefix("Value error, ")
+    if not where and error.get("loc", ())[:1] == ("body",):
+        problem = (
+            "the body must be a JSON object, e.g. {}"
+            if error.get("type") != "missing"
+            else ("the body is missing: send a JSON object")
+        )
+    return {"where": where, "problem": problem}
+
+
 def _run_id(run_id: str) -> str:
     try:
         return check_id(run_id)
@@ -248,21 +256,94 @@ def _run_id(run_id: str) -> str:
         raise ApiError(404, f"no run {run_id!r}") from None
 
 
+MAX_BODY = 2 * 1024 * 1024  # bytes: room for the longest goal (100,000 characters) even \u-escaped
+
+
 class _JsonBodies:
     """POST bodies must be JSON (415 otherwise): a page of another site cannot send that without a
-    CORS preflight, which this server never grants — so it cannot start runs or answer approvals."""
+    CORS preflight, which this server never grants — so it cannot start runs or answer approvals.
+
+    The body is read here, at most `MAX_BODY` bytes (413 beyond, before the rest is read), and must be
+    UTF-8 JSON (400 with where it breaks otherwise); the application then gets it as it was sent.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            kind = Headers(scope=scope).get("content-type", "").split(";")[0].strip().lower()
-            if kind != "application/json":
-                message = "send the body as JSON (Content-Type: application/json)"
-                await JSONResponse({"error": message}, status_code=415)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        kind = headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            message = "send the body as JSON (Content-Type: application/json)"
+            await JSONResponse({"error": message}, status_code=415)(scope, receive, send)
+            return
+        try:
+            body = await _read_body(headers, receive)
+            _check_json(body)
+        except ApiError as exc:
+            await JSONResponse({"error": exc.message}, status_code=exc.status)(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+
+async def _read_body(headers: Headers, receive: Receive) -> bytes:
+    """The request's body, or `ApiError(413)` as soon as it is longer than `MAX_BODY` bytes."""
+    too_big = ApiError(
+        413, f"the body is larger than {MAX_BODY} bytes, the most this server takes: send a shorter goal"
+    )
+    length = headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(400, "the client went away before sending the whole body")
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise too_big
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _check_json(body: bytes) -> None:
+    """`ApiError(400)` saying where the body stops being UTF-8 JSON (an empty body is left to the route)."""
+    if not body.strip():
+        return
+    try:
+        json.loads(body.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise ApiError(
+            400,
+            f"the body is not UTF-8: byte {body[exc.start]:#04x} at position {exc.start}; send JSON in UTF-8",
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(
+            400,
+            f"the body is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} (char {exc.pos})",
+        ) from None
+    except RecursionError:
+        raise ApiError(400, "the body's JSON is nested too deeply: send a flat JSON object") from None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` giving the body read already, then what the client sends next (its going away)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 # ============================================================================================== auth
