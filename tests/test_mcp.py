@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -546,3 +547,36 @@ async def test_an_unreachable_http_server_is_a_connection_error() -> None:
 
 def test_public_surface() -> None:
     assert issubclass(MCPServerStdio, MCPServer) and issubclass(MCPServerHTTP, MCPServer)
+
+
+# ------------------------------------------------------------------ a misbehaving server (faulty.py)
+
+FAULTY = Path(__file__).parent / "mcp_servers" / "faulty.py"
+
+
+def _faulty(*flags: str, **options: Any) -> MCPServerStdio:
+    return MCPServerStdio("python", [str(FAULTY), *flags], name="faulty", **options)
+
+
+async def test_tool_names_are_made_valid_for_every_model_api_and_unique() -> None:
+    async with _faulty("--tool-names") as server:
+        names = [t.name for t in await server.list_tools()]
+        assert names[-6:] == ["get_weather_", "get_weather__2", "ns_tool_v2", "_9lives", "x" * 64, "echelle"]
+        assert all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", n) for n in names)  # OpenAI rejects '.'
+        model = ScriptedModel(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "ns_tool_v2", "args": {"text": "hi"}},
+                        {"name": "get_weather__2", "args": {"text": "?"}},
+                    ]
+                },
+                "done",
+            ]
+        )
+        events: list[Any] = []
+        await Agent(model, mcp_servers=[server], on_event=events.append).run("go")
+        assert [r.output for r in _results(events)] == [
+            "ns/tool.v2: hi",
+            "get weather?: ?",
+        ]  # the server's own names

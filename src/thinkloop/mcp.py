@@ -26,6 +26,7 @@ import re
 import shlex
 import sys
 import tempfile
+import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -46,7 +47,7 @@ __all__ = [
     "registry_with_mcp",
 ]
 
-_TOOL_NAME_RE = re.compile(r"[^A-Za-z0-9_.-]")
+_TOOL_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")  # what every model API accepts (OpenAI rejects '.')
 _STDERR_TAIL = 2_000
 
 
@@ -278,7 +279,7 @@ class MCPServer(ABC):
             raise MCPConnectionError(
                 f"MCP server {self._describe()} failed to list its tools: {_describe_exception(exc)}"
             ) from exc
-        self._tools = [self._to_tool(t) for t in listed if self._offered(t.name)]
+        self._tools = _unique_names([self._to_tool(t) for t in listed if self._offered(t.name)])
         self.tools_version += 1
         return list(self._tools)
 
@@ -331,7 +332,10 @@ class MCPServer(ABC):
         return None
 
     def _local_name(self, remote: str) -> str:
-        name = _TOOL_NAME_RE.sub("_", f"{self.prefix}{remote}")
+        ascii_name = (
+            unicodedata.normalize("NFKD", f"{self.prefix}{remote}").encode("ascii", "ignore").decode()
+        )
+        name = _TOOL_NAME_RE.sub("_", ascii_name)
         if not name or name[0].isdigit():
             name = f"_{name}"
         return name[:64]
@@ -535,6 +539,27 @@ class _LiveRegistry(ToolRegistry):
                         f"{owners[mcp_tool.name]}; give the server a prefix, e.g. prefix='{_slug(server.name)}_'"
                     )
         return tools
+
+
+def _unique_names(tools: list[Tool]) -> list[Tool]:
+    """Names made valid for a model may coincide (`get weather!`, `get weather?`): number the later ones."""
+    taken: set[str] = set()
+    unique = []
+    for tool in tools:
+        name, n = tool.name, 1
+        while name in taken:
+            n += 1
+            name = f"{tool.name[: 64 - len(str(n)) - 1]}_{n}"
+        taken.add(name)
+        unique.append(tool if name == tool.name else _renamed(tool, name))
+    return unique
+
+
+def _renamed(tool: Tool, name: str) -> Tool:
+    return Tool(
+        name, tool.description, tool.parameters, tool.function, risk=tool.risk, timeout=tool.timeout,
+        idempotent=tool.idempotent,
+    )  # fmt: skip
 
 
 def render_result(result: Any) -> str:

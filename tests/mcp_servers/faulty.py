@@ -1,0 +1,142 @@
+"""A misbehaving MCP server over stdio, for tests/test_mcp.py (built on the SDK's low-level server).
+
+    python tests/mcp_servers/faulty.py [--banner] [--no-handshake] [--tool-names] [--bad-schemas]
+
+Tools: `echo`, `hang` (never returns), `crash` (the process exits mid-call), `garbage` (writes a
+non-JSON line to the wire, then answers), `fail` (an `isError` result), `image`, `resource`,
+`blob`, `empty`, `huge` (`size` characters), `spawn` (starts a child process that outlives the
+server's own exit unless killed, and prints its pid). Options: `--banner` prints a line to stdout
+before speaking MCP; `--no-handshake` reads stdin forever without ever answering; `--tool-names`
+adds tools with names invalid for a model; `--bad-schemas` adds tools whose input schemas use
+`$ref`/`$defs`, are not objects, or are broken.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+WIRE = os.dup(1)  # the real stdout: stdio_server diverts fd 1 to stderr while it serves
+TEXT = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+EMPTY: dict[str, Any] = {"type": "object", "properties": {}}
+SIZE = {"type": "object", "properties": {"size": {"type": "integer"}}, "required": ["size"]}
+
+TOOLS = {
+    "echo": TEXT,
+    "hang": EMPTY,
+    "crash": EMPTY,
+    "garbage": EMPTY,
+    "fail": EMPTY,
+    "image": EMPTY,
+    "resource": EMPTY,
+    "blob": EMPTY,
+    "empty": EMPTY,
+    "huge": SIZE,
+    "spawn": EMPTY,
+}
+ODD_NAMES = {
+    "get weather!": TEXT,
+    "get weather?": TEXT,
+    "ns/tool.v2": TEXT,
+    "9lives": TEXT,
+    "x" * 100: TEXT,
+    "échelle": TEXT,
+}
+BAD_SCHEMAS: dict[str, Any] = {
+    "with_ref": {
+        "type": "object",
+        "properties": {"point": {"$ref": "#/$defs/Point"}},
+        "required": ["point"],
+        "$defs": {
+            "Point": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x", "y"],
+            }
+        },
+    },
+    "broken": {"type": "object", "properties": {"n": {"type": "no-such-type"}}},
+    "dangling_ref": {"type": "object", "properties": {"p": {"$ref": "#/$defs/Missing"}}},
+}
+
+
+def _tools() -> dict[str, Any]:
+    tools = dict(TOOLS)
+    if "--tool-names" in sys.argv:
+        tools.update(ODD_NAMES)
+    if "--bad-schemas" in sys.argv:
+        tools.update(BAD_SCHEMAS)
+    return tools
+
+
+async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+    tools = [types.Tool(name=n, description=f"the {n} tool", input_schema=s) for n, s in _tools().items()]
+    return types.ListToolsResult(tools=tools)
+
+
+def _text(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+
+async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    name, args = params.name, params.arguments or {}
+    if name == "hang":
+        await anyio.sleep_forever()
+    if name == "crash":
+        os._exit(3)
+    if name == "garbage":
+        os.write(WIRE, b"this is not JSON-RPC\n")
+        return _text("after garbage")
+    if name == "fail":
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text="no such city")], is_error=True
+        )
+    if name == "image":
+        data = base64.b64encode(b"\x89PNG" + b"\0" * 96).decode()
+        return types.CallToolResult(
+            content=[types.ImageContent(type="image", data=data, mime_type="image/png")]
+        )
+    if name == "resource":
+        contents = types.TextResourceContents(
+            uri="file:///notes.txt", mime_type="text/plain", text="the notes"
+        )
+        return types.CallToolResult(content=[types.EmbeddedResource(type="resource", resource=contents)])
+    if name == "blob":
+        blob = types.BlobResourceContents(
+            uri="file:///a.bin", mime_type=None, blob=base64.b64encode(b"xy").decode()
+        )
+        return types.CallToolResult(content=[types.EmbeddedResource(type="resource", resource=blob)])
+    if name == "empty":
+        return types.CallToolResult(content=[])
+    if name == "huge":
+        return _text("h" * int(args["size"]))
+    if name == "spawn":
+        sleeper = [sys.executable, "-c", "import time; time.sleep(3600)"]
+        child = await anyio.open_process(sleeper, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        return _text(str(child.pid))
+    return _text(f"{name}: {args.get('text', args)}")
+
+
+async def main() -> None:
+    server = Server("faulty", on_list_tools=list_tools, on_call_tool=call_tool)
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+if __name__ == "__main__":
+    print(f"pid {os.getpid()}", file=sys.stderr, flush=True)
+    if "--no-handshake" in sys.argv:
+        sys.stdin.read()
+        time.sleep(3600)
+    if "--banner" in sys.argv:
+        print("Starting faulty MCP server v1.0 ...", flush=True)
+    anyio.run(main)
