@@ -178,6 +178,11 @@ async def test_a_request_may_lower_the_agents_limits_and_use_a_session() -> None
         ({"goal": "x", "session": "../etc"}, "session: invalid session id '../etc'"),
         ({"goal": "x", "colour": "red"}, "colour: Extra inputs are not permitted"),
         ({"goal": 42}, "goal: Input should be a valid string"),
+        ({"goal": "x", "max_steps": "3"}, "max_steps: Input should be a valid integer"),
+        ({"goal": "x", "max_steps": True}, "max_steps: Input should be a valid integer"),
+        ({"goal": "x", "max_steps": 2.5}, "max_steps: Input should be a valid integer"),
+        ({"goal": "x", "max_cost": "0.5"}, "max_cost: Input should be a valid number"),
+        ({"goal": "x", "session": 7}, "session: Input should be a valid string"),
     ],
 )
 async def test_bad_run_requests_are_422_with_a_clear_message(body: dict[str, Any], problem: str) -> None:
@@ -188,6 +193,16 @@ async def test_bad_run_requests_are_422_with_a_clear_message(body: dict[str, Any
         assert response.status_code == 422
         assert problem in response.json()["error"]
         assert (await client.get("/api/runs")).json()["runs"] == []
+    assert app.state.manager.active() == []
+
+
+@pytest.mark.parametrize("body", [b'{"goal": "x", "max_cost": Infinity}', b'{"goal": "x", "timeout": NaN}'])
+async def test_limits_must_be_finite_numbers(body: bytes) -> None:
+    agent, _ = make_agent(ScriptedModel([]))
+    app = create_app(agent)
+    async with api(app) as client:
+        response = await client.post("/api/runs", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 422 and "Input should be a finite number" in response.json()["error"]
     assert app.state.manager.active() == []
 
 

@@ -90,9 +90,12 @@ class ApiError(Exception):
 
 
 class RunRequest(BaseModel):
-    """The body of `POST /api/runs`. Limits left out are the agent's; given ones may not exceed them."""
+    """The body of `POST /api/runs`. Limits left out are the agent's; given ones may not exceed them.
 
-    model_config = ConfigDict(extra="forbid")
+    Types are strict: `"3"` or `true` is not a number of steps, and limits are finite numbers.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     goal: str = Field(max_length=100_000)
     max_steps: int | None = Field(default=None, ge=1)
@@ -122,7 +125,7 @@ class RunRequest(BaseModel):
 class ApprovalAnswer(BaseModel):
     """The body of `POST /api/runs/{id}/approvals/{call_id}`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     decision: Literal["approve", "deny", "approve_always"]
     message: str = Field(default="", max_length=2_000)
