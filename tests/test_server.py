@@ -643,6 +643,44 @@ async def test_websocket_refuses_unknown_runs_and_other_sites() -> None:
             assert (await read_until(ws, lambda e: e["type"] == "done"))[-1]["result"]["output"] == "ok"
 
 
+class FailingStore(MemoryStore):
+    """A store whose reads fail as a broken database would."""
+
+    async def load_state(self, run_id: str) -> Any:
+        raise OSError("database disk image is malformed")
+
+    async def list_runs(self, *args: Any, **kwargs: Any) -> Any:
+        raise OSError("database disk image is malformed")
+
+
+async def test_a_failing_store_is_a_json_500_over_http_and_a_1011_close_on_the_websocket() -> None:
+    agent, _ = make_agent(ScriptedModel([]), FailingStore())
+    async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
+        for method, path in [("GET", "/api/runs"), ("GET", "/api/runs/r1"), ("POST", "/api/runs/r1/resume")]:
+            response = await client.request(method, path, json={} if method == "POST" else None)
+            assert response.status_code == 500 and response.headers["content-type"] == "application/json"
+            error = response.json()["error"]
+            assert "OSError: database disk image is malformed" in error and "log" in error
+            assert "Traceback" not in response.text
+        async with websockets.connect(f"{served.ws}/api/runs/r1/events") as ws:
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+
+
+@pytest.mark.parametrize("after", ["-1", "abc", "1e3", "9" * 5000])
+async def test_a_stream_with_a_bad_after_is_closed_with_4400_saying_what_after_is(after: str) -> None:
+    agent, _ = make_agent(ScriptedModel(["ok"]))
+    async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
+        run_id = await start(client)
+        async with websockets.connect(f"{served.ws}/api/runs/{run_id}/events?after={after}") as ws:
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
+        assert "after must be a whole number" in closed.value.rcvd.reason
+        await finished(client, run_id)
+
+
 async def test_stopping_the_server_interrupts_runs_and_closes_streams(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "runs.db")
     agent, purges = make_agent(ScriptedModel(purge_then_answer("x")), store)

@@ -238,6 +238,16 @@ def _add_error_handlers(app: FastAPI) -> None:
         logger.warning("request %s %s failed: %s", request.method, request.url.path, exc)
         return JSONResponse({"error": str(exc)}, status_code=500)
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # the ASGI server logs the traceback (this answer is sent first); the client gets one line
+        return JSONResponse({"error": _internal_error(exc)}, status_code=500)
+
+
+def _internal_error(exc: BaseException) -> str:
+    what = f"{type(exc).__name__}: {exc}"
+    return f"the server failed ({what[:200]}); its log has the details: try again, or report it"
+
 
 def _problem(error: Mapping[str, Any]) -> dict[str, str]:
     """One validation error as `{where, problem}`; the body itself must be a JSON object."""
@@ -609,22 +619,32 @@ def _add_approval_routes(app: FastAPI, manager: RunManager, approvals: PendingAp
 
 def _add_stream_route(app: FastAPI, manager: RunManager) -> None:
     @app.websocket("/api/runs/{run_id}/events")
-    async def stream_events(websocket: WebSocket, run_id: str, after: int = 0) -> None:
+    async def stream_events(websocket: WebSocket, run_id: str, after: str = "0") -> None:
         if not _same_origin(websocket):
             await websocket.close(code=1008, reason="cross-origin WebSocket refused")
             return
         offered = websocket.scope.get("subprotocols", ())
         await websocket.accept(subprotocol=EVENTS_PROTOCOL if EVENTS_PROTOCOL in offered else None)
-        try:
-            run_id = check_id(run_id)
-            if after < 0 or not await manager.exists(run_id):
-                raise UnknownRunError(f"no run {run_id!r}")
-        except (ConfigurationError, UnknownRunError):
-            await websocket.close(code=4404, reason="no such run")
-            return
-        code, reason = await _pump(websocket, manager, run_id, after)
+        code, reason = await _check_stream(manager, run_id, after)
+        if code == 1000:
+            code, reason = await _pump(websocket, manager, run_id, int(after))
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await websocket.close(code=code, reason=reason)
+
+
+async def _check_stream(manager: RunManager, run_id: str, after: str) -> tuple[int, str]:
+    """(1000, "") if the run can be followed from `after`, else the close code and reason to answer."""
+    if not (after.isascii() and after.isdigit() and len(after) <= 18):
+        return 4400, "after must be a whole number >= 0: the last seq you saw, or 0"
+    try:
+        if await manager.exists(check_id(run_id)):
+            return 1000, ""
+    except ConfigurationError:
+        pass
+    except Exception as exc:  # e.g. the store failed: say so instead of dropping the connection
+        logger.warning("looking up run %r for a stream failed: %r", run_id, exc)
+        return 1011, f"the server failed ({type(exc).__name__}); try again"
+    return 4404, "no such run"
 
 
 async def _pump(websocket: WebSocket, manager: RunManager, run_id: str, after: int) -> tuple[int, str]:
