@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import socket
 import subprocess
@@ -580,3 +581,106 @@ async def test_tool_names_are_made_valid_for_every_model_api_and_unique() -> Non
             "ns/tool.v2: hi",
             "get weather?: ?",
         ]  # the server's own names
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+async def _dies(pid: int) -> bool:
+    """Whether the process is gone within 10 s (a signal takes a moment to land on a busy machine)."""
+    for _ in range(200):
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def _our_children() -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                entry.name.isdigit()
+                and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
+            ):
+                children.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return [pid for pid in children if _alive(pid)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+async def test_closing_kills_what_the_server_left_running() -> None:
+    async with _faulty() as server:
+        await server.list_tools()
+        helper = int(await server.call_tool("spawn", {}))
+        assert _alive(helper)
+    # the server exits cleanly when its stdin closes, so the SDK never killed its process group
+    assert await _dies(helper)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+async def test_closing_the_agent_with_a_call_in_flight_leaves_no_process() -> None:
+    before = set(_our_children())
+    calling = asyncio.Event()
+    model = ScriptedModel([{"tool_calls": [{"name": "hang", "args": {}}]}, "gave up"])
+    agent = Agent(
+        model, mcp_servers=[_faulty()], on_event=lambda e: calling.set() if e.type == "tool_call" else None
+    )
+    run = asyncio.create_task(agent.run("hang"))
+    await calling.wait()
+    assert set(_our_children()) - before  # the server runs, the call is on its way
+    await agent.aclose()
+    result = await asyncio.wait_for(run, 30)
+    assert result.output == "gave up"  # the call in flight became a failed observation
+    assert set(_our_children()) - before == set()
+
+
+async def test_a_hanging_call_times_out_and_the_connection_stays_usable() -> None:
+    async with _faulty(timeout=0.5) as server:
+        model = ScriptedModel(
+            [
+                {"tool_calls": [{"name": "hang", "args": {}}]},
+                {"tool_calls": [{"name": "echo", "args": {"text": "still here"}}]},
+                "done",
+            ]
+        )
+        events: list[Any] = []
+        await Agent(model, mcp_servers=[server], on_event=events.append).run("go")
+        assert [r.output for r in _results(events)] == [
+            "Error: hang was abandoned: it timed out after 0.5 s.",
+            "echo: still here",
+        ]
+
+
+async def test_content_kinds_and_error_results_from_a_real_server() -> None:
+    async with _faulty() as server:
+        await server.list_tools()
+        assert await server.call_tool("image", {}) == "[image: image/png, 102 bytes]"
+        assert await server.call_tool("resource", {}) == "the notes"
+        assert await server.call_tool("blob", {}) == "[resource: file:///a.bin, binary]"
+        assert await server.call_tool("empty", {}) == "(no output)"
+        assert len(await server.call_tool("huge", {"size": 2_000_000})) == 2_000_000  # truncated by the agent
+        with pytest.raises(MCPToolError, match="MCP server 'faulty' reported an error: no such city"):
+            await server.call_tool("fail", {})
+
+
+async def test_garbage_on_stdout_does_not_break_the_connection() -> None:
+    async with _faulty("--banner") as server:  # prints a banner line before speaking MCP
+        await server.list_tools()
+        assert await server.call_tool("garbage", {}) == "after garbage"  # a non-JSON line mid-session
+        assert await server.call_tool("echo", {"text": "x"}) == "echo: x"
+
+
+async def test_a_server_that_never_answers_the_handshake_times_out_and_is_stopped() -> None:
+    before = set(_our_children())
+    server = _faulty("--no-handshake", connect_timeout=1)
+    with pytest.raises(MCPConnectionError, match="did not complete the handshake within 1 s"):
+        await server.connect()
+    assert set(_our_children()) - before == set()

@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import shlex
+import signal
 import sys
 import tempfile
 import unicodedata
@@ -125,6 +127,9 @@ class MCPServer(ABC):
         """How the server is reached, for error messages."""
         return self.name
 
+    def _started(self) -> None:  # noqa: B027  # a hook: only stdio servers need it
+        """The transport is open (stdio: note the server's process group)."""
+
     def _diagnostics(self) -> str:
         """What the server said before failing (stdio: the tail of its stderr)."""
         return ""
@@ -196,6 +201,7 @@ class MCPServer(ABC):
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
+                self._started()
                 session = await stack.enter_async_context(
                     ClientSession(
                         read,
@@ -409,6 +415,7 @@ class MCPServerStdio(MCPServer):
         self.env = dict(env or {})
         self.cwd = cwd
         self._stderr: TextIO | None = None
+        self._pid: int | None = None
         self._stderr_tail = ""
         super().__init__(name=name or shlex.join([command, *self.args]), **options)
 
@@ -429,11 +436,25 @@ class MCPServerStdio(MCPServer):
 
         self._stderr = stack.enter_context(_temporary_text_file())
         self._stderr_tail = ""
+        self._pid = None
         stack.callback(self._keep_stderr_tail)  # runs after the process stopped, before the file closes
+        stack.callback(self._kill_leftovers)  # runs after the SDK stopped the server itself
         params = StdioServerParameters(
             command=self.command, args=self.args, env=self.env or None, cwd=self.cwd
         )
         return stdio_client(params, errlog=self._stderr)
+
+    def _started(self) -> None:
+        self._pid = _child_writing_to(self._stderr) if self._stderr is not None else None
+
+    def _kill_leftovers(self) -> None:
+        """Kill what the server left running in its process group (the SDK starts it in a session of its
+        own). The SDK kills the group only when the server outlives its stdin; a server exiting cleanly
+        left its children running (`npx`/`uvx` wrappers, helpers it spawned) after `aclose()`."""
+        pid, self._pid = self._pid, None
+        if pid is not None:
+            with contextlib.suppress(OSError):  # none left (ESRCH), or not ours to kill (EPERM)
+                os.killpg(pid, signal.SIGKILL)
 
     def _keep_stderr_tail(self) -> None:
         self._stderr_tail = self._read_stderr_tail()
@@ -586,6 +607,27 @@ def _render_block(block: Any) -> str:
             str(text) if text is not None else f"[resource: {resource.uri}, {resource.mime_type or 'binary'}]"
         )
     return str(block)
+
+
+def _child_writing_to(file: TextIO) -> int | None:
+    """The pid of our child process whose stderr is `file` (Linux /proc; None elsewhere or not found)."""
+    try:
+        target = os.fstat(file.fileno())
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except (OSError, ValueError):
+        return None
+    me = os.getpid()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            if parent == me:
+                fd = os.stat(f"/proc/{pid}/fd/2")
+                if (fd.st_dev, fd.st_ino) == (target.st_dev, target.st_ino):
+                    return pid
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 @contextlib.contextmanager
