@@ -597,7 +597,9 @@ def _render_block(block: Any) -> str:
     if kind == "text":
         return str(block.text)
     if kind in ("image", "audio"):
-        return f"[{kind}: {block.mime_type}, {len(block.data) * 3 // 4} bytes]"
+        data = str(block.data).rstrip()
+        size = len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))  # base64 padding is no data
+        return f"[{kind}: {block.mime_type}, {size} bytes]"
     if kind == "resource_link":
         return f"[resource: {block.uri}]"
     if kind == "resource":
