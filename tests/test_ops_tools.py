@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -638,3 +639,26 @@ def test_load_hosts_errors(tmp_path: Path, content: str, problem: str) -> None:
         load_hosts(tmp_path / "hosts.json")
     with pytest.raises(ConfigurationError, match="cannot read the hosts file"):
         load_hosts(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 4])
+async def test_a_shell_call_cancelled_while_it_opens_its_pipes_closes_them_cleanly(steps: int) -> None:
+    """Ctrl-C can land while the call sets up its pipes: no 'Bad file descriptor' from a pipe closed twice,
+    no pipe left open."""
+    from thinkloop.tools._shell import run_command
+
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(10):
+        task = asyncio.ensure_future(run_command("true", cwd=None, env={}, seconds=5, limit=100))
+        for _ in range(steps):
+            await asyncio.sleep(0)  # let it get that far into opening its pipes and starting the shell
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    for _ in range(5):
+        await asyncio.sleep(0.01)  # closed transports finish closing in callbacks
+    assert errors == []
+    assert len(os.listdir("/proc/self/fd")) <= before

@@ -61,6 +61,9 @@ class Interrupts:
         Interrupts.current = None
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self.count:  # Ctrl-C while the event loop was starting: nothing ran, nothing to save
+            coro.close()
+            raise asyncio.CancelledError
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         try:
@@ -71,8 +74,8 @@ class Interrupts:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
         if self.count == 1:
-            if self._task is None or self._loop is None:  # before the task started: nothing to save yet
-                raise KeyboardInterrupt
+            if self._task is None or self._loop is None:  # before the task started: `run` stops at once
+                return  # (raising here could break the event loop being built, with a traceback)
             stopped = self._interrupt() if self._interrupt is not None else []
             if stopped:  # saved unfinished: resumable
                 self.resume_hint = self._hint(stopped[0])

@@ -102,7 +102,12 @@ async def run_command(
     """
     _check_command(command)
     started = time.perf_counter()
-    stdout, stderr = await _PipeReader.open(limit), await _PipeReader.open(limit)
+    stdout = await _PipeReader.open(limit)
+    try:
+        stderr = await _PipeReader.open(limit)
+    except BaseException:  # cancelled in between: the first pipe is ours to close
+        stdout.close()
+        raise
     finished = False
     try:
         process = await _start(command, cwd, env, stdout, stderr)
@@ -216,11 +221,15 @@ class _PipeReader(asyncio.Protocol):
     async def open(cls, limit: int) -> _PipeReader:
         reader = cls(limit)
         read_fd, reader.write_fd = os.pipe()
+        pipe = os.fdopen(read_fd, "rb", buffering=0)
         loop = asyncio.get_running_loop()
         try:
-            await loop.connect_read_pipe(lambda: reader, os.fdopen(read_fd, "rb", buffering=0))
-        except BaseException:
-            os.close(read_fd)
+            await loop.connect_read_pipe(lambda: reader, pipe)
+        except asyncio.CancelledError:  # asyncio closed the transport it had made, and the pipe with it
+            reader.close_write_end()
+            raise
+        except BaseException:  # no transport was made: the pipe is still ours
+            pipe.close()
             reader.close_write_end()
             raise
         return reader
