@@ -285,6 +285,22 @@ async def test_unknown_runs_are_404() -> None:
         assert bad.status_code == 422 and "decision" in bad.json()["error"]
 
 
+async def test_unknown_paths_and_methods_say_what_exists() -> None:
+    agent, _ = make_agent(ScriptedModel([]))
+    async with api(create_app(agent)) as client:
+        missing = await client.get("/api/nothing-here")
+        assert missing.status_code == 404
+        assert missing.json()["error"] == (
+            "no such path: GET /api/nothing-here (the API is under /api/, described by GET /openapi.json)"
+        )
+        wrong = await client.delete("/api/runs")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, POST"
+        assert wrong.json()["error"] == "DELETE /api/runs is not allowed: this path takes GET, POST"
+        assert (await client.get("/api/runs/r/cancel")).json()["error"].endswith("this path takes POST")
+        head = await client.head("/")
+        assert head.status_code == 200 and head.headers["content-type"].startswith("text/html")
+
+
 async def test_approve_over_http_runs_the_call() -> None:
     agent, purges = make_agent(ScriptedModel(purge_then_answer("/tmp/cache")))
     async with api(create_app(agent)) as client:

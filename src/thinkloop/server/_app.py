@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -231,7 +232,16 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+        message = str(exc.detail)
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no such path: {where} (the API is under /api/, described by GET /openapi.json)"
+        headers = exc.headers
+        if exc.status_code == 405:
+            allowed = ", ".join(_methods_of(app, request.url.path)) or "other methods"
+            message = f"{where} is not allowed: this path takes {allowed}"
+            headers = {**(headers or {}), "Allow": allowed}
+        return JSONResponse({"error": message}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(ThinkloopError)
     async def thinkloop_error(request: Request, exc: ThinkloopError) -> JSONResponse:
@@ -242,6 +252,15 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # the ASGI server logs the traceback (this answer is sent first); the client gets one line
         return JSONResponse({"error": _internal_error(exc)}, status_code=500)
+
+
+def _methods_of(app: FastAPI, path: str) -> list[str]:
+    """The methods of every route matching `path` (Starlette's 405 names only the first route's)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.path_regex.match(path):
+            methods |= route.methods or set()
+    return sorted(methods)
 
 
 def _internal_error(exc: BaseException) -> str:
@@ -700,11 +719,11 @@ def _same_origin(websocket: WebSocket) -> bool:
 def _add_page_routes(app: FastAPI, agent: Agent, approvals: PendingApprovals | None) -> None:
     files = {name: resources.files(__package__).joinpath("static", name).read_bytes() for name in _STATIC}
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def page() -> Response:
         return Response(files["index.html"], media_type=_MEDIA["html"], headers=_SECURITY_HEADERS)
 
-    @app.get("/static/{name}", include_in_schema=False)
+    @app.api_route("/static/{name}", methods=["GET", "HEAD"], include_in_schema=False)
     async def static(name: str) -> Response:
         if name not in files:
             raise ApiError(404, f"no file {name!r}")
