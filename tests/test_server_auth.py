@@ -177,6 +177,31 @@ async def test_the_websocket_is_refused_without_the_token_and_accepted_with_it()
             )
 
 
+async def test_refused_websockets_are_not_logged_as_errors_and_wrong_tokens_all_look_alike(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    agent, _ = make_agent(ScriptedModel([]))
+    async with serve(create_app(agent, token=TOKEN)) as served:
+        uvicorn_log = logging.getLogger("uvicorn.error")  # it does not propagate: listen to it directly
+        uvicorn_log.addHandler(caplog.handler)
+        try:
+            for token in ("wrong", TOKEN[:-1], TOKEN + "x", TOKEN[::-1]):  # shorter, longer, same length
+                with pytest.raises(websockets.InvalidStatus) as caught:
+                    await websockets.connect(
+                        f"{served.ws}/api/runs/r/events",
+                        additional_headers={"Authorization": f"Bearer {token}"},
+                    )
+                assert caught.value.response.status_code == 401
+                error = json.loads(caught.value.response.body or b"{}")["error"]
+                assert error.startswith("the access token is wrong: send the header")
+                async with api(served.app) as client:
+                    response = await client.get("/api/info", headers={"Authorization": f"Bearer {token}"})
+                assert response.status_code == 401 and response.json()["error"] == error
+        finally:
+            uvicorn_log.removeHandler(caplog.handler)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
 # ======================================================================================= thinkloop serve
 
 

@@ -26,6 +26,8 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import contextvars
+import hashlib
 import json
 import logging
 import secrets
@@ -398,14 +400,15 @@ class _TokenAuth:
 
     def __init__(self, app: ASGIApp, token: bytes) -> None:
         self.app = app
-        self._token = token
+        self._digest = hashlib.sha256(token).digest()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or _public(scope):
             await self.app(scope, receive, send)
             return
         given = _presented_token(scope)
-        if given is not None and secrets.compare_digest(given, self._token):
+        # digests of equal length: the time taken reveals neither a matching prefix nor the token's length
+        if given is not None and secrets.compare_digest(hashlib.sha256(given).digest(), self._digest):
             await self.app(scope, receive, send)
             return
         client = scope.get("client")
@@ -431,6 +434,7 @@ class _TokenAuth:
         websocket = WebSocket(scope, receive, send)
         if "websocket.http.response" in scope.get("extensions", {}):
             await websocket.send_denial_response(response)  # the handshake fails with 401
+            _denied.set(True)  # uvicorn would log this refusal as an error of the application
         else:
             await websocket.close(code=1008, reason="the access token is missing or wrong")
 
@@ -453,11 +457,26 @@ class _HideCredentials(logging.Filter):
         return True
 
 
+_denied: contextvars.ContextVar[bool] = contextvars.ContextVar("thinkloop_ws_denied", default=False)
+
+
+class _QuietDenials(logging.Filter):
+    """uvicorn logs "ASGI callable returned without completing handshake." at ERROR after a WebSocket
+    handshake the application refused with a denial response (401): an expected refusal, not a fault.
+    The record is logged in the connection's task, whose context `_TokenAuth` marked."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_denied.get() and record.msg == "ASGI callable returned without completing handshake.")
+
+
 def _hide_credentials_in_logs() -> None:
     for name in ("uvicorn.error", "websockets.server", "websockets"):
         log = logging.getLogger(name)
         if not any(isinstance(f, _HideCredentials) for f in log.filters):
             log.addFilter(_HideCredentials())
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _QuietDenials) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(_QuietDenials())
 
 
 def _public(scope: Scope) -> bool:
