@@ -28,6 +28,7 @@ from ._errors import (
     RunError,
     StateError,
     ToolsUnsupportedError,
+    UserError,
 )
 from ._events import (
     AnswerDelta,
@@ -450,7 +451,11 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
                 )
             )
             await asyncio.sleep(delay)
-        except (ModelError, TimeoutError):
+        except (
+            ModelError,
+            UserError,
+            TimeoutError,
+        ):  # a UserError (missing weights …) is the caller's to fix
             raise
         except Exception as exc:  # a model of the user's making raised something else: still a model error
             raise ModelError(
