@@ -446,3 +446,14 @@ async def test_a_bounded_memory_store_forgets_the_oldest_finished_runs() -> None
     assert sorted(r.run_id for r in await store.list_runs()) == ["newest", "running"]
     assert await store.load_state("old") is None and await store.read_events("new") == []
     assert isinstance(Agent(ScriptedModel(["x"])).store, MemoryStore)
+
+
+async def test_nul_characters_in_a_run_and_its_session_memory_are_kept_by_every_store(store: Store) -> None:
+    """PostgreSQL TEXT cannot hold NUL: the state (JSON) keeps it exactly, the memory has U+FFFD there."""
+    result = await Agent(ScriptedModel(["an\x00swer"]), store=store).run("go\x00al", session="nul-session")
+    assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "an\x00swer"
+    state = await store.load_state(result.run_id)
+    assert state is not None and state.goal == "go\x00al" and state.answer == "an\x00swer"
+    memory = [m.content for m in await store.get_memory("nul-session")]
+    nul = "\ufffd" if isinstance(store, PostgresStore) else "\x00"
+    assert memory == [f"go{nul}al", f"an{nul}swer"]

@@ -121,7 +121,7 @@ class PostgresStore(Store):
         now = time.time()
         summary = RunSummary.from_state(state, updated_at=now)
         run_row = (run_id, state.to_json(), summary.model_dump_json(), summary.status, state.session, now)
-        memory = [(state.session, role, content, now) for role, content in memory_turn(state, events)]
+        memory = [(state.session, role, _text(content), now) for role, content in memory_turn(state, events)]
         await self._write(run_id, expected, rows, run_row, memory)
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
@@ -191,7 +191,7 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------------------------ memory
 
     async def add_memory(self, session: str, role: MemoryRole, content: str) -> None:
-        row = (check_id(session, "session id"), check_role(role), content, time.time())
+        row = (check_id(session, "session id"), check_role(role), _text(content), time.time())
         async with self._session() as conn:
             await conn.execute(_MEMORY_SQL, row)
 
@@ -239,3 +239,9 @@ def redacted_dsn(dsn: str) -> str:
     """A PostgreSQL DSN (URL or key=value form) with its password replaced by `***`."""
     dsn = re.sub(r"(://[^/@:]*:)[^/]*@", r"\1***@", dsn)  # to the last `@` of the authority
     return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn, flags=re.IGNORECASE)
+
+
+def _text(content: str) -> str:
+    """Text for a PostgreSQL `TEXT` column, which cannot hold NUL: U+FFFD takes its place (the run state,
+    stored as JSON, keeps the NUL as `\\u0000` and round-trips exactly)."""
+    return content.replace("\x00", "\ufffd") if "\x00" in content else content
