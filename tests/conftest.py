@@ -107,3 +107,25 @@ def private_schema(prefix: str) -> Iterator[str]:
     yield f"{PG_DSN}?options=-csearch_path%3D{schema}"
     with psycopg.connect(PG_DSN, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+# ------------------------------------------------------------------- the local model's prompt cache
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_prompt_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The local model's prompt cache of this test session (and of the CLIs it starts): the tests never
+    evict the user's own entries (`THINKLOOP_PROMPT_CACHE`, unless the caller set it)."""
+    import os
+    import shutil
+
+    if "THINKLOOP_PROMPT_CACHE" in os.environ:
+        yield
+        return
+    path = tmp_path_factory.mktemp("prompt-cache")
+    os.environ["THINKLOOP_PROMPT_CACHE"] = str(path)
+    try:
+        yield
+    finally:
+        del os.environ["THINKLOOP_PROMPT_CACHE"]
+        shutil.rmtree(path, ignore_errors=True)

@@ -657,3 +657,17 @@ def test_prompt_cache_files_are_checked_and_the_oldest_evicted(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.glob("*.kv")) == ["2.kv", "3.kv"]
     assert LocalModel(prompt_cache=False).prompt_cache is None
     assert LocalModel(prompt_cache=tmp_path).prompt_cache.directory == tmp_path  # type: ignore[union-attr]
+
+
+def test_the_prompt_cache_default_follows_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("THINKLOOP_PROMPT_CACHE", str(tmp_path / "kv"))
+    assert LocalModel().prompt_cache.directory == tmp_path / "kv"  # type: ignore[union-attr]
+    for off in ("0", "false", "OFF"):
+        monkeypatch.setenv("THINKLOOP_PROMPT_CACHE", off)
+        assert LocalModel().prompt_cache is None
+    monkeypatch.delenv("THINKLOOP_PROMPT_CACHE")
+    monkeypatch.setenv("THINKLOOP_HOME", str(tmp_path / "home"))
+    assert LocalModel().prompt_cache.directory == tmp_path / "home" / "prompt-cache"  # type: ignore[union-attr]
+    assert LocalModel(prompt_cache=tmp_path / "own").prompt_cache.directory == tmp_path / "own"  # type: ignore[union-attr]

@@ -404,7 +404,8 @@ class LocalModel(Model):
             minute on 2 cores instead of five.
         prompt_cache: keep llama.cpp's state after the system prompt on disk, so that a new process
             does not read it again (~10 s on 2 cores): True (the default) for `prompt-cache/` beside the
-            weights, a directory, or False. `THINKLOOP_PROMPT_CACHE=0` turns the default off.
+            weights, a directory, or False. `THINKLOOP_PROMPT_CACHE` changes the default: `0` for none, or a
+            directory.
 
     Loading happens on the first request (or `await model.load()`): the weights are assembled from
     their installed part packages if needed (never downloaded), then loaded once per process.
@@ -531,13 +532,16 @@ class LocalModel(Model):
 
 
 def _prompt_cache_of(setting: bool | str | os.PathLike[str]) -> PromptCache | None:
-    if setting is False or (
-        setting is True and os.environ.get("THINKLOOP_PROMPT_CACHE", "1") in ("0", "false", "no")
-    ):
+    """`prompt_cache=True` follows `$THINKLOOP_PROMPT_CACHE`: "0" (or false/no/off) for none, a directory,
+    or, unset, `prompt-cache/` beside the assembled weights."""
+    if setting is False:
         return None
-    if setting is True:
-        return PromptCache(_weights.models_dir().parent / "prompt-cache")
-    return PromptCache(Path(setting).expanduser())
+    if setting is not True:
+        return PromptCache(Path(setting).expanduser())
+    chosen = os.environ.get("THINKLOOP_PROMPT_CACHE", "").strip()
+    if chosen.lower() in ("0", "false", "no", "off"):
+        return None
+    return PromptCache(Path(chosen).expanduser() if chosen else _weights.models_dir().parent / "prompt-cache")
 
 
 def _consume_result(task: asyncio.Future[Any]) -> None:
