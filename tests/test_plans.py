@@ -807,3 +807,28 @@ async def test_a_failure_inside_a_run_cancels_the_slow_sibling() -> None:
     assert "Cancelled (same level): s" in observation.output
     assert completed == []  # the slow sibling never completed
     assert result.output == "it failed"
+
+
+def test_tasks_as_small_models_write_them_are_read() -> None:
+    plan = parse_plan(
+        """Here is my plan:
+        ```json
+        {"tasks": [
+          {"id": 1, "tool": "lookup", "arguments": "{\\"key\\": \\"a\\"}", "description": "get a"},
+          {"id": "b", "tool_name": "lookup", "args": null, "depends_on": 1, "reason": "then b"},
+          {"id": "c", "action": "lookup", "parameters": {"key": "c"}, "depends_on": "", "Note": "alone"}
+        ]}
+        ```"""
+    )
+    assert [(t.id, t.tool, t.args, t.depends_on) for t in plan.tasks] == [
+        ("1", "lookup", {"key": "a"}, []),
+        ("b", "lookup", {}, ["1"]),
+        ("c", "lookup", {"key": "c"}, []),
+    ]
+
+
+def test_what_cannot_be_read_as_a_task_is_still_explained() -> None:
+    with pytest.raises(PlanError, match=r"tasks\.0\.args"):
+        parse_plan({"tasks": [{"id": "a", "tool": "lookup", "args": "key=a"}]})  # not JSON: not guessed
+    with pytest.raises(PlanError, match=r"tasks\.0\.agrs"):
+        parse_plan({"tasks": [{"id": "a", "tool": "lookup", "agrs": {"key": "a"}}]})  # a typo is not dropped

@@ -317,6 +317,7 @@ def parse_plan(text: str | Mapping[str, Any] | Sequence[Any]) -> Plan:
         data = {"tasks": data}
     if not isinstance(data, Mapping) or not isinstance(data.get("tasks"), list):
         raise PlanError(f"a plan is a JSON object with a 'tasks' list: {_PLAN_SHAPE}")
+    data = {**data, "tasks": [_as_written(t) if isinstance(t, Mapping) else t for t in data["tasks"]]}
     try:
         return Plan.model_validate(dict(data))
     except ValidationError as exc:
@@ -324,6 +325,44 @@ def parse_plan(text: str | Mapping[str, Any] | Sequence[Any]) -> Plan:
 
 
 _PLAN_SHAPE = '{"tasks": [{"id": "a", "tool": "TOOL", "args": {...}, "depends_on": []}, ...]}'
+
+_COMMENTARY = frozenset(
+    {"description", "reason", "reasoning", "thought", "explanation", "purpose", "title", "note", "notes"}
+    | {"comment", "comments", "goal", "expected_output", "why"}
+)  # what models add to a task to explain it: dropped, it changes nothing
+_ALIASES = {"args": ("arguments", "parameters", "params", "input"), "tool": ("tool_name", "action")}
+
+
+def _as_written(task: Mapping[str, Any]) -> dict[str, Any]:
+    """A task as a model wrote it, in the shape `Task` takes: commentary keys dropped, `arguments` for
+    `args` and `tool_name` for `tool`, args given as JSON text read, one dependency given as a string (or
+    none as null) made a list, a number as id made text. Anything else is left for validation to explain."""
+    out = {k: v for k, v in task.items() if not (isinstance(k, str) and k.lower() in _COMMENTARY)}
+    for field_name, aliases in _ALIASES.items():
+        if field_name not in out:
+            alias = next((a for a in aliases if a in out), None)
+            if alias is not None:
+                out[field_name] = out.pop(alias)
+    args = out.get("args")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args) if args.strip() else {}
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            out["args"] = parsed
+    elif args is None and "args" in out:
+        out["args"] = {}
+    deps = out.get("depends_on", [])
+    if deps is None or deps == "":
+        out["depends_on"] = []
+    elif isinstance(deps, str | int):
+        out["depends_on"] = [str(deps)]
+    elif isinstance(deps, list):
+        out["depends_on"] = [str(d) if isinstance(d, int) and not isinstance(d, bool) else d for d in deps]
+    if isinstance(out.get("id"), int) and not isinstance(out.get("id"), bool):
+        out["id"] = str(out["id"])
+    return out
 
 
 _FENCE_RE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?(.*?)```", re.DOTALL)
