@@ -832,3 +832,24 @@ def test_what_cannot_be_read_as_a_task_is_still_explained() -> None:
         parse_plan({"tasks": [{"id": "a", "tool": "lookup", "args": "key=a"}]})  # not JSON: not guessed
     with pytest.raises(PlanError, match=r"tasks\.0\.agrs"):
         parse_plan({"tasks": [{"id": "a", "tool": "lookup", "agrs": {"key": "a"}}]})  # a typo is not dropped
+
+
+async def test_plan_and_execute_reports_a_failing_model_and_refuses_bad_settings() -> None:
+    from thinkloop import ConfigurationError, ModelError
+    from thinkloop.testing import FunctionModel
+
+    plan = json.dumps({"tasks": [{"id": "s", "tool": "shout", "args": {"text": "ok"}}]})
+
+    def reply(request: Any) -> str:
+        if len(request.messages) > 2:  # the final answer: the provider is down by then
+            raise ModelError("HTTP 503 from the provider", provider="test")
+        return plan
+
+    outcome = await run_plan_and_execute(FunctionModel(reply), "shout ok", [shout])
+    assert not outcome.ok and outcome.error is not None and "the model failed" in outcome.error
+    assert "HTTP 503" in outcome.error and outcome.result is not None  # what ran is kept
+    assert outcome.result.results["s"].output == "OK"
+    with pytest.raises(ConfigurationError, match="max_repairs must be 0 or more"):
+        await run_plan_and_execute(FunctionModel(reply), "x", [shout], max_repairs=-1)
+    with pytest.raises(ConfigurationError, match="needs a Model or an Agent"):
+        await run_plan_and_execute("gpt", "x", [shout])

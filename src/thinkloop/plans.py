@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ._errors import RunError
+from ._errors import ConfigurationError, ModelError, RunError
 from ._events import ErrorKind, Event, PlanCreated, TaskFinished, TaskStarted
 from ._execute import execute_calls
 from ._messages import Message, ModelRequest, ModelSettings, ToolCall, Usage
@@ -902,17 +902,50 @@ async def run_plan_and_execute(
 
     `model` is a `Model` or an `Agent` (its model and tools are used; `tools` may then be omitted).
     An invalid plan (bad JSON, unknown tool, invalid arguments, bad references) counts as a failed
-    attempt too: the model is shown the problem. Nothing raises for a plan that keeps failing: the
-    outcome's `error` says why.
+    attempt too: the model is shown the problem. Nothing raises for a plan that keeps failing, nor for a
+    model that fails (`ModelError`): the outcome's `error` says why, with the plan and results so far.
     """
+    if max_repairs < 0:
+        raise ConfigurationError(f"max_repairs must be 0 or more, not {max_repairs}")
     model, registry = _model_and_tools(model, tools)
+    try:
+        return await _plan_and_execute(model, registry, goal, max_repairs, emit, settings)
+    except _ModelFailed as failed:
+        return failed.outcome
+
+
+class _ModelFailed(Exception):
+    """The model failed mid-way: `outcome` holds what was done so far, and the error."""
+
+    def __init__(self, outcome: PlanOutcome) -> None:
+        self.outcome = outcome
+
+
+async def _plan_and_execute(
+    model: Model,
+    registry: ToolRegistry,
+    goal: str,
+    max_repairs: int,
+    emit: EmitFn | None,
+    settings: ModelSettings | None,
+) -> PlanOutcome:
     usage = Usage()
     messages = [Message.system(_PLANNER_PROMPT + plan_instructions(registry)), Message.user(goal)]
     previous: dict[str, TaskResult] = {}
     plan: Plan | None = None
     result: PlanResult | None = None
+    attempt = 0
+
+    async def ask() -> str:
+        try:
+            return await _ask(model, messages, settings, usage)
+        except ModelError as exc:
+            raise _ModelFailed(
+                PlanOutcome("", plan, result, attempt, usage, error=f"the model failed: {exc}")
+            ) from exc
+
     for attempt in range(1, max_repairs + 2):
-        text = await _ask(model, messages, settings, usage)
+        text = await ask()
         messages.append(Message.assistant(text))
         try:
             plan = parse_plan(text)
@@ -929,7 +962,7 @@ async def run_plan_and_execute(
         error = f"no plan succeeded in {max_repairs + 1} attempts"
         return PlanOutcome("", plan, result, max_repairs + 1, usage, error=error)
     messages.append(Message.user(f"The plan ran:\n{result.summary()}\nNow answer the goal: {goal}"))
-    answer = await _ask(model, messages, settings, usage)
+    answer = await ask()
     return PlanOutcome(answer.strip(), plan, result, attempt, usage)
 
 
@@ -938,7 +971,7 @@ def _model_and_tools(source: Any, tools: ToolRegistry | Iterable[Tool] | None) -
 
     model = source if isinstance(source, Model) else getattr(source, "model", None)
     if not isinstance(model, Model):
-        raise TypeError(f"run_plan_and_execute needs a Model or an Agent, not {source!r}")
+        raise ConfigurationError(f"run_plan_and_execute needs a Model or an Agent, not {source!r}")
     if tools is None:
         tools = getattr(source, "tools", None) or ()
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
