@@ -624,15 +624,14 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         if text_calls:  # a native model (or a server without a tool-call parser) wrote its calls as text
             _note_malformed_native(run)
             return _answer_calls(run, Reply(text=thought, calls=text_calls))
+    malformed = unknown = False
     for call in calls:
-        if call.raw_arguments is not None:  # malformed
-            _note_malformed_native(run)
-            break
+        malformed = malformed or call.raw_arguments is not None
+        unknown = unknown or call.name not in run.tools  # perhaps a `final_answer` call
+    if malformed:
+        _note_malformed_native(run)
     reply = Reply(text=response.text if calls else native_answer(response.text), calls=calls)
-    for call in calls:
-        if call.name not in run.tools:  # perhaps a `final_answer` call
-            return _answer_calls(run, reply)
-    return reply
+    return _answer_calls(run, reply) if unknown else reply
 
 
 def _interpret_react(run: RunContext, response: ModelResponse, request: ModelRequest) -> Reply:

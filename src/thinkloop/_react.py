@@ -327,7 +327,7 @@ def _clean_name(name_text: str, tool_names: list[str]) -> str:
     for known in sorted(tool_names, key=len, reverse=True):  # "use the calculator tool" → calculator
         if re.search(rf"\b{re.escape(known)}\b", name, re.IGNORECASE):
             return known
-    if re.sub(r"[\s-]+", "_", name.lower()) in ANSWER_TOOLS:  # "Action: Final Answer": kept whole
+    if _answer_name(name):  # "Action: Final Answer": kept whole
         return name
     return name.split()[0] if name.split() else ""
 
@@ -560,10 +560,14 @@ _ANSWER_KEYS = (
 def is_answer_call(call: ToolCall, tool_names: list[str]) -> bool:
     """Whether `call` hands in the answer through a tool that does not exist (`final_answer(answer=…)`,
     `Action: Final Answer`), with something to hand in."""
-    name = re.sub(r"[\s-]+", "_", call.name.strip().lower())
-    if name not in ANSWER_TOOLS or call.name.lower() in {n.lower() for n in tool_names}:
+    if not _answer_name(call.name) or call.name.lower() in {n.lower() for n in tool_names}:
         return False
     return bool(answer_of(call).strip())
+
+
+def _answer_name(name: str) -> bool:
+    """Whether `name` is one of `ANSWER_TOOLS`, whatever its case, spaces or hyphens (`Final Answer`)."""
+    return re.sub(r"[\s-]+", "_", name.strip().lower()) in ANSWER_TOOLS
 
 
 def answer_of(call: ToolCall) -> str:

@@ -320,20 +320,24 @@ def tool(
     return build(function) if function is not None else build
 
 
+def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The callable a (nested) `functools.partial` wraps, else `fn`."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
 def _hinted(fn: Callable[..., Any]) -> Any:
     """What holds the type hints of `fn`: the function a `functools.partial` wraps, a callable object's
     `__call__`, else `fn` itself."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
+    fn = _unwrapped(fn)
     if not (inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isbuiltin(fn)) and callable(fn):
         return type(fn).__call__
     return fn
 
 
 def _function_name(fn: Callable[..., Any]) -> str:
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    while isinstance(target, functools.partial):
-        target = target.func
+    target = _unwrapped(fn)
     found = getattr(target, "__name__", None) or type(target).__name__
     if found == "<lambda>":
         raise ConfigurationError("a lambda has no name to give the model: use tool(name='...')(the_lambda)")
