@@ -170,6 +170,7 @@ class Agent:
         self.output = OutputSpec.of(output_type, output_validator)
         self._learning: set[asyncio.Task[None]] = set()
         self._configs: dict[tuple[Budget, bool], LoopConfig] = {}
+        self._last_config: LoopConfig | None = None
         self._active: dict[str, tuple[RunContext, asyncio.Task[Any] | None]] = {}  # runs being driven
         self._shared_by_model: _Shared | None = None
 
@@ -399,6 +400,9 @@ class Agent:
 
     def _config(self, budget: Budget, stream: bool) -> LoopConfig:
         """The loop's settings for a run (the same object for runs with the same budget)."""
+        last = self._last_config
+        if last is not None and last.budget is budget and last.stream == stream:
+            return last  # the common case: every run with the agent's budget, without hashing it
         key = (budget, stream)
         config = self._configs.get(key)
         if config is None:
@@ -416,6 +420,7 @@ class Agent:
             if len(self._configs) > 64:
                 self._configs.clear()
             self._configs[key] = config
+        self._last_config = config
         return config
 
     def _context_manager(self, shared: _Shared) -> ContextManager:

@@ -308,7 +308,7 @@ class ContextManager:
 
     def record_usage(self, reported_input_tokens: int) -> None:
         """Calibrate an estimating counter with the input tokens the provider reported for the last view."""
-        if reported_input_tokens <= 0 or self.last_tokens <= 0 or is_exact(self.counter):
+        if reported_input_tokens <= 0 or self.last_tokens <= 0 or self._exact:
             return
         ratio = min(max(reported_input_tokens / self.last_tokens, 0.5), 2.0)
         self.scale = ratio if not self._calibrated else 0.7 * self.scale + 0.3 * ratio
@@ -317,6 +317,8 @@ class ContextManager:
     # ------------------------------------------------------------------------------- grouping
 
     def _reset(self, source: Sequence[Message] | None) -> None:
+        self._exact = is_exact(self.counter)  # a tokenizer: never calibrated by reported usage
+        self._estimating = type(self.counter) in _ESTIMATING and not self._exact  # the estimate, one by one
         self._source = source
         self._seen = 0  # messages scanned (counted, order checked)
         self._grouped = 0  # messages put in groups (done only when the view is more than the history)
@@ -340,12 +342,15 @@ class ContextManager:
         """Count and check the messages added since the last call (start over if the history changed)."""
         seen = self._seen
         if source is not self._source or len(source) < seen or (seen and source[seen - 1] is not self._last):
-            self._reset(source)
-            seen = 0
+            if seen == 0 and self._source is None:
+                self._source = source  # the first view: nothing to start over
+            else:
+                self._reset(source)
+                seen = 0
         if len(source) == seen:
             return
         count = self.counter.count
-        estimate = type(self.counter) in _ESTIMATING and not is_exact(self.counter)  # skip the list and sum
+        estimate = self._estimating  # the estimate message by message: no list, no sum
         limit = self.old_observation_chars
         counts, open_calls, valid = self._counts, self._open_calls, self._valid
         groups, size, tokens = self._group_count, self._last_group_size, self._tokens

@@ -128,7 +128,8 @@ def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Pr
     if tool is None:
         names = run.visible_names() if tools is None else tools.names
         return _failed(call, "unknown_tool", _unknown_tool_message(call.name, names))
-    given = call.arguments if not call.malformed else _as_sole_argument(tool, call.raw_arguments or "")
+    raw = call.raw_arguments
+    given = call.arguments if raw is None else _as_sole_argument(tool, raw)
     if given is None:
         return _failed(call, "invalid_arguments", _bad_json_message(call, tool))
     try:

@@ -343,10 +343,17 @@ class Guards:
         if g.consecutive_blocked >= self.config.max_blocked_steps:
             state.metadata["guard_stop"] = "blocked"
             return StopReason.DANGEROUS_LOOP
-        if _streak(g.recent_errors) >= self.config.max_repeated_errors:
+        errors, thoughts = g.recent_errors, g.recent_thoughts  # a streak is never longer than its list
+        if (
+            len(errors) >= self.config.max_repeated_errors
+            and _streak(errors) >= self.config.max_repeated_errors
+        ):
             state.metadata["guard_stop"] = "errors"
             return StopReason.DANGEROUS_LOOP
-        if _streak(g.recent_thoughts) >= self.config.max_repeated_thoughts:
+        if (
+            len(thoughts) >= self.config.max_repeated_thoughts
+            and _streak(thoughts) >= self.config.max_repeated_thoughts
+        ):
             state.metadata["guard_stop"] = "thoughts"
             return StopReason.DANGEROUS_LOOP
         if g.steps_without_progress >= self.config.no_progress_threshold + 2:

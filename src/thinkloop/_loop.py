@@ -689,12 +689,14 @@ def native_answer(text: str) -> str:
 
 
 def _unique_ids(calls: list[ToolCall], step: int) -> list[ToolCall]:
-    """The calls with unique, non-empty ids: results are matched to calls by id, and models repeat them."""
+    """The calls with unique, non-empty ids: results are matched to calls by id, and models repeat them.
+
+    The response's own list when its ids are fine (the loop never changes a list of calls in place)."""
     if len(calls) == 1 and calls[0].id:
-        return list(calls)
+        return calls
     ids = {c.id for c in calls}
     if len(ids) == len(calls) and "" not in ids:
-        return list(calls)
+        return calls
     seen: set[str] = set()
     out = []
     for index, call in enumerate(calls):
@@ -758,17 +760,20 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
             break
     else:
         return reply  # the common case: nothing that can hold a lone surrogate
-    for i, call in enumerate(reply.calls):
+    calls = []
+    for call in reply.calls:
         fields = {"name": call.name, "arguments": call.arguments, "raw_arguments": call.raw_arguments}
         clean = _valid_unicode(fields)
-        if clean != fields:
-            reply.calls[i] = call.model_copy(update=clean)
+        calls.append(call.model_copy(update=clean) if clean != fields else call)
+    reply.calls = calls  # a new list: the response's own is left as it was
     return reply
 
 
 def _record_reply(run: RunContext, reply: Reply) -> None:
     state = run.state
-    state.messages.append(Message.assistant(reply.text, reply.calls, step=state.step))
+    state.messages.append(
+        Message(role="assistant", content=reply.text, tool_calls=reply.calls or (), step=state.step)
+    )
     if reply.calls and reply.text.strip():
         run.guards.note_thought(state, reply.text)
         if run.observed:

@@ -477,6 +477,8 @@ def _block_call(body: str, tool_names: list[str], call_id: str) -> ToolCall | No
 def _json_calls(text: str, tool_names: list[str], ids: Iterator[str]) -> list[ToolCall]:
     """Every JSON object of `text` (outside strings, one after another) that names a known tool."""
     calls: list[ToolCall] = []
+    if "{" not in text:
+        return calls
     rest = _unfence(text) if text.count("```") == 2 else text.replace("```json", "").replace("```", "")
     while len(calls) < MAX_TEXT_CALLS:
         span = first_json_span(rest)
@@ -497,7 +499,7 @@ def call_syntax(text: str, tool_names: list[str], call_id: str) -> ToolCall | No
     """A call written as code, `calculator(expression="2+3")`, when `text` is only that and names a
     known tool. Keyword arguments must be literals; one positional argument is kept raw (the executor
     gives it to a tool of one parameter)."""
-    match = _CALL_SYNTAX_RE.match(text)
+    match = _CALL_SYNTAX_RE.match(text) if "(" in text else None
     if match is None:
         return None
     lowered = {n.lower(): n for n in tool_names}

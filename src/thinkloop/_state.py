@@ -7,8 +7,8 @@ newer version, or a corrupt one, raises `StateError` and changes nothing.
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -120,7 +120,7 @@ class RunState(Data):
     """Everything a run is. Serialise with `to_json()`, load with `RunState.from_json()`."""
 
     schema_version: int = SCHEMA_VERSION
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    run_id: str = field(default_factory=lambda: os.urandom(16).hex())  # 128 random bits, as uuid4().hex
     agent_name: str = "agent"
     model: str = ""
     goal: str = ""
