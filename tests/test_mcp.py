@@ -24,12 +24,14 @@ from mcp.server.mcpserver import Context
 from thinkloop import Agent, ConfigurationError, RiskLevel, ToolCall
 from thinkloop._events import ToolResultEvent
 from thinkloop._execute import GateDecision
+from thinkloop._tools import ToolArgumentsError
 from thinkloop.mcp import (
     MCPConnectionError,
     MCPServer,
     MCPServerHTTP,
     MCPServerStdio,
     MCPToolError,
+    input_schema,
     registry_with_mcp,
 )
 from thinkloop.testing import FunctionModel, ScriptedModel
@@ -321,9 +323,10 @@ async def test_a_server_that_dies_mid_run_fails_the_call_and_the_run_goes_on(
         outcomes = [(r.name, r.success, r.output) for r in _results(events)]
         assert outcomes[0] == ("echo", True, "echo: before")
         assert outcomes[1][:2] == ("crash", False)
-        assert "MCP server 'flaky'" in outcomes[1][2] and "Connection closed" in outcomes[1][2]
+        assert "MCP server 'flaky' died during the call of 'crash'" in outcomes[1][2]
+        assert "Connection closed" in outcomes[1][2] and "the next run reconnects it" in outcomes[1][2]
         assert outcomes[2][:2] == ("echo", False)
-        assert "MCP server 'flaky' is not connected" in outcomes[2][2]
+        assert "MCP server 'flaky' died earlier" in outcomes[2][2]
         assert result.ok and result.output == "The server went away."
         assert not server.connected
 
@@ -639,6 +642,9 @@ async def test_closing_the_agent_with_a_call_in_flight_leaves_no_process() -> No
     await agent.aclose()
     result = await asyncio.wait_for(run, 30)
     assert result.output == "gave up"  # the call in flight became a failed observation
+    assert (
+        "MCP server 'faulty' was closed during the call of 'hang'" in model.requests[1].messages[-1].content
+    )
     assert set(_our_children()) - before == set()
 
 
@@ -662,9 +668,16 @@ async def test_a_hanging_call_times_out_and_the_connection_stays_usable() -> Non
 async def test_content_kinds_and_error_results_from_a_real_server() -> None:
     async with _faulty() as server:
         await server.list_tools()
-        assert await server.call_tool("image", {}) == "[image: image/png, 100 bytes]"  # said 102: padding
-        assert await server.call_tool("resource", {}) == "the notes"
-        assert await server.call_tool("blob", {}) == "[resource: file:///a.bin, binary]"
+        assert await server.call_tool("image", {}) == "[image: image/png, 100 bytes, not shown]"  # not 102
+        assert (
+            await server.call_tool("resource", {}) == "[resource: file:///notes.txt, text/plain]\nthe notes"
+        )
+        assert await server.call_tool("blob", {}) == "[resource: file:///a.bin, binary, 2 bytes, not shown]"
+        assert (
+            await server.call_tool("link", {})
+            == "[resource link: file:///report.pdf (report, application/pdf)] the quarterly report"
+        )
+        assert await server.call_tool("mixed", {}) == "a recording:\n[audio: audio/wav, 4 bytes, not shown]"
         assert await server.call_tool("empty", {}) == "(no output)"
         assert len(await server.call_tool("huge", {"size": 2_000_000})) == 2_000_000  # truncated by the agent
         with pytest.raises(MCPToolError, match="MCP server 'faulty' reported an error: no such city"):
@@ -684,3 +697,326 @@ async def test_a_server_that_never_answers_the_handshake_times_out_and_is_stoppe
     with pytest.raises(MCPConnectionError, match="did not complete the handshake within 1 s"):
         await server.connect()
     assert set(_our_children()) - before == set()
+
+
+async def test_a_server_that_dies_between_calls_fails_the_next_call_clearly_and_is_reconnected() -> None:
+    server = _faulty()
+    model = ScriptedModel([{"tool_calls": [{"name": "echo", "args": {"text": "anyone?"}}]}, "back"])
+    events: list[Any] = []
+    agent = Agent(model, mcp_servers=[server], on_event=events.append)
+    try:
+        await server.list_tools()
+        assert await server.call_tool("exit_soon", {}) == "bye"
+        await asyncio.sleep(1)  # the process exits while idle
+        with pytest.raises(MCPToolError, match=r"MCP server 'faulty' died during the call of 'echo'"):
+            await asyncio.wait_for(server.call_tool("echo", {"text": "anyone?"}), 10)
+        assert not server.connected
+        with pytest.raises(
+            MCPToolError, match=r"MCP server 'faulty' died earlier .*the next run reconnects it"
+        ):
+            await server.call_tool("echo", {"text": "still?"})
+
+        result = await agent.run("again")  # a run reconnects: a new process
+        assert [r.output for r in _results(events)] == ["echo: anyone?"]
+        assert result.output == "back"
+    finally:
+        await agent.aclose()
+
+
+# ------------------------------------------------------------------- tool input schemas from the wild
+
+LISTING = Path(__file__).parent / "mcp_servers" / "listing.py"
+
+
+def _listing(result: Any, **options: Any) -> MCPServerStdio:
+    """A server whose tools/list answer is `result` (any JSON value), exactly as given."""
+    return MCPServerStdio("python", [str(LISTING), json.dumps(result)], name="wild", **options)
+
+
+def _assert_valid_object_schema(schema: dict[str, Any]) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["type"] == "object" and isinstance(schema["properties"], dict)
+    assert set(schema.get("required", [])) <= set(schema["properties"])
+    assert all(isinstance(p, dict) for p in schema["properties"].values())
+    assert "$ref" not in json.dumps(schema) and "$defs" not in schema
+
+
+WILD_TOOLS = [
+    {"name": "string_root", "inputSchema": {"type": "string"}},
+    {"name": "no_type", "inputSchema": {"properties": {"q": {"type": "string"}}, "required": ["q"]}},
+    {"name": "no_schema"},
+    {"name": "schema_is_text", "inputSchema": "object"},
+    {
+        "name": "odd_properties",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "any": True,
+                "text": "a string",
+                "gone": False,
+                "nothing": None,
+                "n": {"type": "integer"},
+            },
+            "required": ["n", "ghost", 3, "n"],
+        },
+    },
+    {"name": "properties_list", "inputSchema": {"type": "object", "properties": ["a", "b"], "required": "a"}},
+    {
+        "name": "refs",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "point": {"$ref": "#/$defs/Point", "description": "where"},
+                "tree": {"$ref": "#/$defs/Tree"},
+                "lost": {"$ref": "#/$defs/Missing"},
+                "far": {"$ref": "https://example.com/schema.json"},
+            },
+            "required": ["point"],
+            "$defs": {
+                "Point": {
+                    "type": "object",
+                    "properties": {"x": {"type": "integer", "minimum": 0}, "y": {"type": "integer"}},
+                    "required": ["x", "y"],
+                },
+                "Tree": {
+                    "type": "object",
+                    "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/Tree"}}},
+                },
+            },
+        },
+    },
+    {
+        "name": "root_union",
+        "inputSchema": {
+            "anyOf": [
+                {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                {
+                    "type": "object",
+                    "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+                    "required": ["lat", "lon"],
+                },
+            ]
+        },
+    },
+    {
+        "name": "verbose",
+        "description": "word " * 2_000,
+        "inputSchema": {
+            "type": "object",
+            "properties": {"q": {"type": "string", "description": "q" * 5_000}},
+        },
+    },
+    {"name": "bad_output_schema", "inputSchema": {"type": "object"}, "outputSchema": {"type": "array"}},
+    {"inputSchema": {"type": "object"}},  # no name: left out
+    "not a tool at all",
+]
+
+
+async def test_wild_input_schemas_become_valid_object_schemas(caplog: pytest.LogCaptureFixture) -> None:
+    async with _listing({"tools": WILD_TOOLS}) as server:
+        tools = {t.name: t for t in await server.list_tools()}
+
+    assert list(tools) == [t["name"] for t in WILD_TOOLS if isinstance(t, dict) and "name" in t]
+    for tool in tools.values():
+        _assert_valid_object_schema(tool.parameters)
+    for name in ("string_root", "no_schema", "schema_is_text", "properties_list", "bad_output_schema"):
+        assert tools[name].parameters == {"type": "object", "properties": {}}
+    assert tools["no_type"].parameters == {
+        "type": "object",
+        "properties": {"q": {"type": "string"}},
+        "required": ["q"],
+    }
+    assert tools["odd_properties"].parameters == {
+        "type": "object",
+        "properties": {"any": {}, "text": {}, "nothing": {}, "n": {"type": "integer"}},
+        "required": ["n"],
+    }
+    refs = tools["refs"].parameters["properties"]
+    assert refs["point"] == {
+        "type": "object",
+        "properties": {"x": {"type": "integer", "minimum": 0}, "y": {"type": "integer"}},
+        "required": ["x", "y"],
+        "description": "where",
+    }
+    assert refs["tree"]["properties"]["children"] == {"type": "array", "items": {}}  # recursion cut
+    assert refs["lost"] == {} and refs["far"] == {}
+    assert set(tools["root_union"].parameters["properties"]) == {"city", "lat", "lon"}
+    assert "anyOf" not in tools["root_union"].parameters
+    assert len(tools["verbose"].description) <= 1024
+    assert tools["verbose"].description.endswith("… (MCP server wild)")
+    assert len(tools["verbose"].parameters["properties"]["q"]["description"]) == 1024
+    assert "listed a tool without a name" in caplog.text
+
+
+async def test_arguments_are_checked_against_the_servers_own_schema() -> None:
+    model = ScriptedModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "refs", "args": {"point": {"x": -1, "y": 2}}},  # minimum, inside a $ref
+                    {"name": "refs", "args": {"point": {"x": 1}}},  # y required, inside a $ref
+                    {"name": "root_union", "args": {"lat": 1.5}},  # the root anyOf: city, or lat and lon
+                    {"name": "odd_properties", "args": {"n": 1, "gone": 2}},  # a `false` property
+                ]
+            },
+            {
+                "tool_calls": [
+                    {
+                        "name": "refs",
+                        "args": {"point": {"x": 1, "y": 2}, "tree": {"children": [{"children": []}]}},
+                    },
+                    {"name": "root_union", "args": {"city": "Oslo"}},
+                    {"name": "odd_properties", "args": {"n": 1, "any": [1, "x"]}},  # `ghost` is not required
+                    {"name": "string_root", "args": {"whatever": 1}},
+                ]
+            },
+            "done",
+        ]
+    )
+    events: list[Any] = []
+    async with Agent(model, mcp_servers=[_listing({"tools": WILD_TOOLS})], on_event=events.append) as agent:
+        result = await agent.run("use the wild tools")
+    refused, accepted = _results(events)[:4], _results(events)[4:]
+    assert [r.error_kind for r in refused] == ["invalid_arguments"] * 4
+    assert "point.x: -1 is less than the minimum of 0" in refused[0].output
+    assert "point: 'y' is a required property" in refused[1].output
+    assert "root_union" in refused[2].output
+    assert "gone" in refused[3].output
+    assert [json.loads(r.output) for r in accepted] == [
+        {"tool": "refs", "arguments": {"point": {"x": 1, "y": 2}, "tree": {"children": [{"children": []}]}}},
+        {"tool": "root_union", "arguments": {"city": "Oslo"}},
+        {"tool": "odd_properties", "arguments": {"any": [1, "x"], "n": 1}},
+        {"tool": "string_root", "arguments": {"whatever": 1}},
+    ]
+    assert result.output == "done"
+
+
+async def test_ref_schemas_from_an_sdk_server_are_inlined_and_still_enforced() -> None:
+    async with _faulty("--bad-schemas") as server:
+        tools = {t.name: t for t in await server.list_tools()}
+        point = tools["with_ref"].parameters["properties"]["point"]
+        assert point["properties"] == {"x": {"type": "integer"}, "y": {"type": "integer"}}
+        assert tools["broken"].parameters["properties"] == {"n": {}}  # "no-such-type" dropped
+        assert tools["dangling_ref"].parameters["properties"] == {"p": {}}
+        for tool in tools.values():
+            _assert_valid_object_schema(tool.parameters)
+        with pytest.raises(ToolArgumentsError, match=r"point.y: 'two' is not of type 'integer'"):
+            tools["with_ref"].validate({"point": {"x": 1, "y": "two"}})
+        assert tools["dangling_ref"].validate({"p": 1}) == {"p": 1}  # nothing to check it against
+        assert (
+            await tools["with_ref"].invoke({"point": {"x": 1, "y": 2}})
+            == "with_ref: {'point': {'x': 1, 'y': 2}}"
+        )
+
+
+WILD_VALUES: list[Any] = [
+    None,
+    True,
+    False,
+    0,
+    -1.5,
+    "",
+    "object",
+    [],
+    [{}],
+    {},
+    {"type": None},
+    {"type": ["object", 3]},
+    {"type": "object", "properties": None},
+    {"type": "object", "properties": {"a": {"type": "strnig"}}},
+    {"properties": {"a": {"properties": {"type": {"type": "string"}}}}},  # a property named `type`
+    {"$ref": "#"},
+    {"$ref": "#/definitions/A", "definitions": {"A": {"$ref": "#/definitions/A"}}},
+    {"$ref": 7},
+    {"$ref": "#/properties/0"},
+    {"properties": {"a": {"$ref": "#/properties/a"}}},
+    {"properties": {"a": {"anyOf": [True, False, 3, {"type": "string"}]}}},
+    {"properties": {"a": {"items": [1, 2], "enum": [], "description": 5, "required": [1]}}},
+    {"required": None, "additionalProperties": "no"},
+    {"allOf": [{"required": ["x"]}, False]},
+]
+
+
+@pytest.mark.parametrize("raw", WILD_VALUES, ids=lambda v: json.dumps(v)[:40])
+def test_input_schema_makes_any_json_value_a_valid_object_schema(raw: Any) -> None:
+    schema = input_schema(raw)
+    _assert_valid_object_schema(schema)
+    json.dumps(schema)  # plain JSON
+
+
+def test_input_schema_survives_deep_nesting_and_exponential_references() -> None:
+    deep: Any = {"type": "string"}
+    for _ in range(5_000):
+        deep = {"type": "object", "properties": {"a": deep}}
+    _assert_valid_object_schema(input_schema(deep))
+    defs = {
+        f"D{i}": {
+            "type": "object",
+            "properties": {"l": {"$ref": f"#/$defs/D{i + 1}"}, "r": {"$ref": f"#/$defs/D{i + 1}"}},
+        }
+        for i in range(40)
+    }
+    bomb = input_schema({"$ref": "#/$defs/D0", "$defs": defs})  # 2**40 nodes if inlined naively
+    _assert_valid_object_schema(bomb)
+    assert len(json.dumps(bomb)) < 1_000_000
+
+
+def test_input_schema_keeps_a_valid_schema_as_it_is() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "timezone": {"type": "string", "description": "IANA name", "enum": ["UTC", "Europe/Oslo"]},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+            "opts": {
+                "type": "object",
+                "properties": {"type": {"type": "string"}},
+                "additionalProperties": False,
+            },
+        },
+        "required": ["timezone"],
+        "additionalProperties": False,
+    }
+    assert input_schema(schema) == schema
+    assert (
+        input_schema({**schema, "title": "Args", "$schema": "http://json-schema.org/draft-07/schema#"})
+        == schema
+    )
+
+
+# ------------------------------------------------------------------------- tools/list that fails
+
+
+async def test_a_tools_list_that_is_not_mcp_is_a_clear_error() -> None:
+    with pytest.raises(
+        MCPConnectionError,
+        match=r"MCP server 'wild' .* cannot be used: its tools/list answer is not valid MCP "
+        r"\(tools: Input should be a valid list\); the server is broken or speaks another MCP version",
+    ):
+        async with _listing({"tools": "nope"}) as server:
+            await server.list_tools()
+
+
+async def test_a_failing_tools_list_is_a_clear_error_before_the_run() -> None:
+    server = MCPServerStdio("python", [str(LISTING), "error"], name="locked")
+    model = ScriptedModel(["unused"])
+    with pytest.raises(
+        MCPConnectionError,
+        match=r"MCP server 'locked' .* its tools/list failed: MCPError: database of tools is locked; check",
+    ):
+        async with Agent(model, mcp_servers=[server]) as agent:
+            await agent.run("hi")
+    assert model.requests == [] and not server.connected
+
+
+async def test_a_tools_list_answer_that_never_comes_is_bounded_by_connect_timeout() -> None:
+    server = _listing("not even an object", connect_timeout=1)  # unreadable: no answer ever arrives
+    try:
+        with pytest.raises(
+            MCPConnectionError,
+            match=r"did not answer tools/list within 1 s \(its connection reported: .*"
+            r"JSONRPCResponse.result: Input should be an object.*raise connect_timeout",
+        ):
+            await asyncio.wait_for(server.list_tools(), 20)
+    finally:
+        await server.aclose()

@@ -15,13 +15,19 @@ checks, timeouts, truncation, risk levels and the safety gate apply to them as t
 tool result the server marks as an error, a protocol error, and a server that died are all failed
 observations naming the server; the run goes on. The tool list is cached and fetched again after
 the server announces `notifications/tools/list_changed` (taking effect at the next run).
+
+Servers publish input schemas that model APIs refuse (not an object, `$ref`s, `required` naming
+nothing, 5,000-character descriptions): each is normalised into a valid object schema for the model
+(`input_schema`), and the arguments are still checked against the server's own schema.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -29,8 +35,10 @@ import signal
 import sys
 import tempfile
 import unicodedata
+import urllib.parse
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from types import TracebackType
@@ -38,7 +46,7 @@ from typing import Any, TextIO, cast
 
 from ._errors import ConfigurationError, RunError
 from ._risk import RiskLevel
-from ._tools import RiskSpec, Tool, ToolRegistry
+from ._tools import RiskSpec, Tool, ToolArgumentsError, ToolRegistry
 
 __all__ = [
     "MCPConnectionError",
@@ -51,6 +59,7 @@ __all__ = [
 
 _TOOL_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")  # what every model API accepts (OpenAI rejects '.')
 _STDERR_TAIL = 2_000
+logger = logging.getLogger("thinkloop.mcp")
 
 
 class MCPConnectionError(RunError):
@@ -113,6 +122,7 @@ class MCPServer(ABC):
         self.tools_version = 0
         """Counts the tool lists fetched: a run's registry rebuilds itself when it changes."""
         self._failure: str | None = None
+        self._listed_schemas: dict[str, Any] = {}  # the input schemas as the server sent them, by tool
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -201,6 +211,7 @@ class MCPServer(ABC):
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
+                read, write = _ListingRepair(self).streams(read, write)
                 self._started()
                 session = await stack.enter_async_context(
                     ClientSession(
@@ -231,7 +242,7 @@ class MCPServer(ABC):
         owner, self._owner = self._owner, None
         if self._closing is not None:
             self._closing.set()
-        self._session = None
+        self._session, self._failure = None, None
         refresh, self._refresh = self._refresh, None
         if refresh is not None and not refresh.done():
             refresh.cancel()
@@ -279,15 +290,35 @@ class MCPServer(ABC):
         await self.connect()
         self._stale = False  # a change announced while listing sets it again
         try:
-            listed = await self._list_all(self._session)
+            async with asyncio.timeout(self.connect_timeout):
+                listed = await self._list_all(self._session)
         except Exception as exc:
             self._stale = True
-            raise MCPConnectionError(
-                f"MCP server {self._describe()} failed to list its tools: {_describe_exception(exc)}"
-            ) from exc
-        self._tools = _unique_names([self._to_tool(t) for t in listed if self._offered(t.name)])
+            raise self._listing_error(exc) from exc
+        listed = [t for t in listed if self._offered(t.name)]
+        names = _unique_names([self._local_name(t.name) for t in listed])
+        self._tools = [self._to_tool(t, name) for t, name in zip(listed, names, strict=True)]
         self.tools_version += 1
         return list(self._tools)
+
+    def _listing_error(self, exc: Exception) -> MCPConnectionError:
+        """Why `tools/list` failed, and what to do about it."""
+        if isinstance(exc, TimeoutError):
+            why = f"it did not answer tools/list within {self.connect_timeout:g} s"
+            if self._failure:
+                why += f" (its connection reported: {self._failure})"
+            hint = "check that the server works when started by hand, or raise connect_timeout"
+        elif _is_validation_error(exc):
+            why = f"its tools/list answer is not valid MCP ({_describe_exception(exc)})"
+            hint = (
+                "the server is broken or speaks another MCP version: update it, or report it to its authors"
+            )
+        else:
+            why = f"its tools/list failed: {_describe_exception(exc)}"
+            hint = "check the server's configuration and log"
+        return MCPConnectionError(
+            f"MCP server {self._describe()} cannot be used: {why}; {hint}{self._diagnostics()}"
+        )
 
     @staticmethod
     async def _list_all(session: Any) -> list[Any]:
@@ -308,24 +339,29 @@ class MCPServer(ABC):
     def _offered(self, name: str) -> bool:
         return self.allowed_tools is None or name in self.allowed_tools
 
-    def _to_tool(self, mcp_tool: Any) -> Tool:
+    def _to_tool(self, mcp_tool: Any, name: str) -> Tool:
         remote = str(mcp_tool.name)
         annotations = getattr(mcp_tool, "annotations", None)
         risk = self.tool_risk.get(remote, self._annotated_risk(annotations) or self.risk)
         idempotent = bool(self.trust_annotations and getattr(annotations, "idempotent_hint", False))
+        suffix = f" (MCP server {self.name})"
         description = mcp_tool.description or getattr(mcp_tool, "title", None) or remote
+        description = _shortened(str(description).strip(), max(_MAX_DESCRIPTION - len(suffix), 80))
+        parameters = input_schema(mcp_tool.input_schema)  # mended on the wire; again for what was not
+        original = self._listed_schemas.get(remote, mcp_tool.input_schema)
 
         async def call(**arguments: Any) -> str:
             return await self.call_tool(remote, arguments)
 
-        return Tool(
-            name=self._local_name(remote),
-            description=f"{description} (MCP server {self.name})",
-            parameters=_object_schema(mcp_tool.input_schema),
-            function=call,
+        return _MCPTool(
+            name,
+            description + suffix,
+            parameters,
+            call,
             risk=risk,
             timeout=self.timeout,
             idempotent=idempotent,
+            check=_ArgumentCheck(original),
         )
 
     def _annotated_risk(self, annotations: Any) -> RiskLevel | None:
@@ -352,31 +388,40 @@ class MCPServer(ABC):
         Raises:
             MCPToolError: the server returned an error result, the call failed, or the server is gone.
         """
-        session = self._session
+        session, owner = self._session, self._owner
         if session is None:
-            why = f" ({self._failure})" if self._failure else ""
-            raise MCPToolError(
-                f"MCP server {self.name!r} is not connected{why}; it may have exited{self._diagnostics()}"
-            )
+            raise MCPToolError(self._not_connected())
         try:
             result = await session.call_tool(name, dict(arguments))
         except Exception as exc:
-            await self._check_alive(exc)
-            raise MCPToolError(
-                f"MCP server {self.name!r}: call of {name!r} failed: {_describe_exception(exc)}"
-                f"{self._diagnostics() if not self.connected else ''}"
-            ) from None
+            raise MCPToolError(await self._call_failed(name, exc, owner)) from None
         await self._settle_refresh()
         text = render_result(result)
         if getattr(result, "is_error", False):
             raise MCPToolError(f"MCP server {self.name!r} reported an error: {text}")
         return text
 
-    async def _check_alive(self, exc: Exception) -> None:
-        """After a failed call: a closed connection marks the server gone (the next run reconnects)."""
-        if _is_connection_loss(exc):
-            self._failure = _describe_exception(exc)
-            await self.aclose()
+    def _not_connected(self) -> str:
+        if self._failure:
+            return (
+                f"MCP server {self.name!r} died earlier ({self._failure}); this run cannot use it any more, "
+                f"the next run reconnects it{self._diagnostics()}"
+            )
+        return f"MCP server {self.name!r} is not connected: connect it first (`async with server:`, or give it to an Agent)"
+
+    async def _call_failed(self, name: str, exc: Exception, owner: Any) -> str:
+        """Why a call failed. A lost connection marks the server gone (the next run reconnects)."""
+        what = _describe_exception(exc)
+        if not _is_connection_loss(exc):
+            return f"MCP server {self.name!r}: call of {name!r} failed: {what}"
+        if owner is not self._owner:  # `aclose()` ran while the call was in flight
+            return f"MCP server {self.name!r} was closed during the call of {name!r}"
+        await self.aclose()
+        self._failure = what
+        return (
+            f"MCP server {self.name!r} died during the call of {name!r} (its connection closed: {what}); "
+            f"this run cannot use it any more, the next run reconnects it{self._diagnostics()}"
+        )
 
 
 # ==================================================================================== transports
@@ -508,6 +553,344 @@ class MCPServerHTTP(MCPServer):
         return streamable_http_client(self.url, http_client=client)
 
 
+class _ListingRepair:
+    """Sits between the transport and the SDK session, mending `tools/list` answers before the SDK
+    validates them: the SDK refuses a whole listing for one tool whose schema is not an object schema,
+    and every call of a tool whose `outputSchema` the result does not match.
+
+    Each tool's input schema is normalised (`input_schema`), its original kept for argument checks;
+    `outputSchema` is dropped (thinkloop renders results as text, structured content included);
+    entries without a name, or the SDK still refuses, are left out and logged.
+    """
+
+    def __init__(self, server: MCPServer) -> None:
+        self.server = server
+        self.pending: set[Any] = set()  # ids of the tools/list requests on their way
+
+    def streams(self, read: Any, write: Any) -> tuple[Any, Any]:
+        return _Watched(read, self._received), _Watched(write, self._sent)
+
+    def _sent(self, item: Any) -> Any:
+        message = _jsonrpc(item)
+        if getattr(message, "method", None) == "tools/list":
+            self.pending.add(message.id)
+        return item
+
+    def _received(self, item: Any) -> Any:
+        message = _jsonrpc(item)
+        request_id = getattr(message, "id", None)
+        if request_id in self.pending:
+            self.pending.discard(request_id)
+            result = getattr(message, "result", None)
+            if isinstance(result, dict) and isinstance(result.get("tools"), list):
+                try:
+                    message.result = {**result, "tools": self._mended(result["tools"])}
+                except Exception:  # never lose the connection over this: the SDK judges the listing
+                    logger.exception("MCP server %r: cannot mend its tool listing", self.server.name)
+        return item
+
+    def _mended(self, entries: list[Any]) -> list[dict[str, Any]]:
+        from mcp.types import Tool as SDKTool
+
+        mended = []
+        for entry in entries:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if not isinstance(name, str) or not name:
+                logger.warning(
+                    "MCP server %r listed a tool without a name; left out: %.200r", self.server.name, entry
+                )
+                continue
+            original = entry.get("inputSchema")
+            tool = {k: v for k, v in entry.items() if k not in ("inputSchema", "outputSchema")}
+            tool["inputSchema"] = input_schema(original)
+            for candidate in (tool, {"name": name, "inputSchema": tool["inputSchema"]}):
+                try:
+                    SDKTool.model_validate(candidate)
+                except Exception:
+                    continue
+                self.server._listed_schemas[name] = original
+                mended.append(candidate)
+                break
+        return mended
+
+
+def _jsonrpc(item: Any) -> Any:
+    """The JSON-RPC message of a transport item (SDK 1.x wraps it in a `root`)."""
+    message = getattr(item, "message", None)
+    return getattr(message, "root", message)
+
+
+class _Watched:
+    """A transport stream whose items pass through `see` (see `ReadStream`/`WriteStream` in the SDK)."""
+
+    def __init__(self, inner: Any, see: Callable[[Any], Any]) -> None:
+        self._inner, self._see = inner, see
+
+    async def send(self, item: Any, /) -> None:
+        await self._inner.send(self._see(item))
+
+    async def receive(self) -> Any:
+        return self._see(await self._inner.receive())
+
+    def __aiter__(self) -> _Watched:
+        return self
+
+    async def __anext__(self) -> Any:
+        return self._see(await self._inner.__anext__())
+
+    async def __aenter__(self) -> _Watched:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._inner.__aexit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:  # aclose, close, last_context, …
+        return getattr(self._inner, name)
+
+
+# ================================================================================ input schemas
+
+_MAX_DESCRIPTION = 1024  # OpenAI refuses a longer tool description ("string_above_max_length")
+_MAX_DEPTH = 32  # nesting kept; deeper sub-schemas accept any value
+_MAX_NODES = 5_000  # sub-schemas kept per tool (inlined `$ref`s can multiply them)
+_MAX_REFS = 16  # `$ref`s expanded inside one another
+_JSON_TYPE_NAMES = frozenset({"string", "number", "integer", "boolean", "array", "object", "null"})
+_ROOT_KEYS = ("type", "properties", "required", "additionalProperties", "description")
+_DROPPED_KEYS = frozenset({"$schema", "$id", "$anchor", "$comment", "$defs", "definitions"})
+_ONE_SCHEMA_KEYS = frozenset(
+    {"items", "additionalProperties", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
+     "contains", "propertyNames", "not", "if", "then", "else"}
+)  # fmt: skip
+_SCHEMA_LIST_KEYS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
+_SCHEMA_MAP_KEYS = frozenset({"properties", "patternProperties", "dependentSchemas"})
+_DROP = object()
+
+
+def input_schema(raw: Any) -> dict[str, Any]:
+    """A tool's input schema, as a server may send it (any JSON value), made a valid object schema.
+
+    What is valid is kept. Local `$ref`s are inlined (`$defs`/`definitions` dropped; a recursive or
+    dangling reference accepts any value); a root that is not an object schema (`{"type": "string"}`,
+    `[]`, `null`) becomes one without properties; `properties` is always an object, each property a
+    schema (`true` and garbage: any value; `false`: dropped); `required` names only properties that
+    exist; a malformed `type`, `enum` or `description` is dropped; descriptions longer than 1,024
+    characters are cut; combinators at the root (`anyOf`…) lend their properties and are dropped.
+    Whatever is dropped that a model could break is still checked on the arguments (`_ArgumentCheck`).
+    """
+    cleaner = _SchemaCleaner(raw)
+    root = cleaner.schema(raw, 0)
+    if not isinstance(root, dict) or not _names_object(root.get("type", "object")):
+        root = {}
+    properties = dict(root.get("properties") or {})
+    for branch in _root_branches(root):
+        for name, sub in branch.get("properties", {}).items():
+            properties.setdefault(name, sub)
+    result: dict[str, Any] = {k: root[k] for k in _ROOT_KEYS if k in root}
+    result["type"], result["properties"] = "object", properties
+    required = [n for n in root.get("required", []) if n in properties]
+    required += [
+        n for b in _root_branches(root, ("allOf",)) for n in b.get("required", []) if n in properties
+    ]
+    if required:
+        result["required"] = list(dict.fromkeys(required))
+    else:
+        result.pop("required", None)
+    return result
+
+
+def _names_object(kind: Any) -> bool:
+    return kind == "object" or (isinstance(kind, list) and "object" in kind)
+
+
+def _root_branches(
+    root: dict[str, Any], keys: tuple[str, ...] = ("allOf", "anyOf", "oneOf")
+) -> list[dict[str, Any]]:
+    """The object schemas a root combines (`allOf`, `anyOf`, `oneOf`): it offers their properties."""
+    return [b for key in keys for b in root.get(key, []) if isinstance(b, dict)]
+
+
+class _SchemaCleaner:
+    """Cleans one schema document, inlining its local `$ref`s (see `input_schema`)."""
+
+    def __init__(self, root: Any, *, keep_forbidden: bool = False) -> None:
+        self.root = root
+        self.keep_forbidden = keep_forbidden  # keep `false` properties (for checking, not for a model)
+        self.expanding: list[str] = []
+        self.nodes = 0
+
+    def schema(self, node: Any, depth: int) -> Any:
+        """A sub-schema cleaned: a dict, a boolean schema as is, or `_DROP` for what is no schema."""
+        if isinstance(node, bool):
+            return node
+        if not isinstance(node, dict):
+            return _DROP
+        self.nodes += 1
+        if depth > _MAX_DEPTH or self.nodes > _MAX_NODES:
+            return {}
+        if "$ref" in node:
+            return self._inlined(node, depth)
+        cleaned: dict[str, Any] = {}
+        for key, value in node.items():
+            if key not in _DROPPED_KEYS:
+                kept = self._keyword(key, value, depth + 1)
+                if kept is not _DROP:
+                    cleaned[key] = kept
+        if isinstance(cleaned.get("required"), list):
+            names = cleaned.get("properties", {})
+            cleaned["required"] = [n for n in cleaned["required"] if n in names]
+            if not cleaned["required"]:
+                del cleaned["required"]
+        return cleaned
+
+    def _inlined(self, node: dict[str, Any], depth: int) -> Any:
+        """`{"$ref": "#/$defs/X", ...}`: X with the node's other keywords (which win)."""
+        ref = node["$ref"]
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        target = self._resolve(ref)
+        if target is None or ref in self.expanding or len(self.expanding) >= _MAX_REFS:
+            return self.schema(rest, depth)  # dangling or recursive: the rest (any value)
+        self.expanding.append(ref)
+        try:
+            merged = {**target, **rest} if isinstance(target, dict) else rest
+            return self.schema(merged, depth + 1)
+        finally:
+            self.expanding.pop()
+
+    def _resolve(self, ref: Any) -> Any:
+        """The target of a local JSON pointer (`#/$defs/Point`), or None."""
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return None
+        node = self.root
+        for part in filter(None, urllib.parse.unquote(ref[1:]).split("/")):
+            key = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and key in node:
+                node = node[key]
+            elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+                node = node[int(key)]
+            else:
+                return None
+        return node if isinstance(node, dict | bool) else None
+
+    def _keyword(self, key: str, value: Any, depth: int) -> Any:
+        if key in _SCHEMA_MAP_KEYS:
+            return self._schema_map(value, depth) if isinstance(value, dict) else _DROP
+        if key in _ONE_SCHEMA_KEYS:
+            return self.schema(value, depth)
+        if key in _SCHEMA_LIST_KEYS:
+            items = [self.schema(v, depth) for v in value] if isinstance(value, list) else []
+            items = [{} if v is True else v for v in items if v is not _DROP]
+            return items or _DROP
+        return _plain_keyword(key, value)
+
+    def _schema_map(self, value: dict[str, Any], depth: int) -> dict[str, Any]:
+        """`properties` and alike: names are kept as they are (a property may be called `type`)."""
+        cleaned = {}
+        for name, sub in value.items():
+            kept = self.schema(sub, depth)
+            if kept is False and self.keep_forbidden:
+                cleaned[name] = False
+            elif kept is not False:  # `false`: the property must not be given
+                cleaned[name] = {} if kept is True or kept is _DROP else kept
+        return cleaned
+
+
+def _plain_keyword(key: str, value: Any) -> Any:
+    """A keyword that holds no schema: kept when well-formed."""
+    if key == "type":
+        kinds = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        valid = list(dict.fromkeys(k for k in kinds if isinstance(k, str) and k in _JSON_TYPE_NAMES))
+        return _DROP if not valid else valid[0] if isinstance(value, str) else valid
+    if key == "required":
+        names = value if isinstance(value, list) else []
+        return list(dict.fromkeys(n for n in names if isinstance(n, str))) or _DROP
+    if key in ("description", "title"):
+        return _shortened(value) if isinstance(value, str) else _DROP
+    if key == "enum":
+        return value if isinstance(value, list) and value else _DROP
+    return value
+
+
+def _shortened(text: str, limit: int = _MAX_DESCRIPTION) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+class _ArgumentCheck:
+    """Checks a call's arguments against the server's own schema (jsonschema, the SDK's dependency).
+
+    The original schema where it is a valid object schema (`required` names that have no property
+    aside: the model cannot see them), else the original cleaned as for the model, but keeping its
+    root combinators and forbidden (`false`) properties. A reference that does not resolve in the
+    original falls back to the cleaned schema; a check that cannot run passes.
+    """
+
+    def __init__(self, original: Any) -> None:
+        cleaned = _SchemaCleaner(original, keep_forbidden=True).schema(original, 0)
+        candidates = (_checkable(original), _checkable(cleaned))
+        self._validators = [v for v in map(_validator, candidates) if v is not None]
+        properties = cleaned.get("properties", {}) if isinstance(cleaned, dict) else {}
+        self._forbidden = {name for name, sub in properties.items() if sub is False}
+
+    def errors(self, arguments: dict[str, Any]) -> str | None:
+        """What is wrong with the arguments, or None."""
+        forbidden = sorted(self._forbidden.intersection(arguments))
+        if forbidden:  # jsonschema says where a `false` schema failed without saying which property
+            return f"{', '.join(forbidden)}: not accepted (the server's schema forbids it)"
+        for validator in self._validators:
+            try:
+                error = importlib.import_module("jsonschema.exceptions").best_match(
+                    validator.iter_errors(arguments)
+                )
+            except Exception:  # an unresolvable `$ref`, a pattern `re` refuses, …: the next schema
+                continue
+            if error is None:
+                return None
+            where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+            return _shortened(f"{where}: {error.message}", 500)
+        return None
+
+
+def _checkable(schema: Any) -> Any:
+    if not isinstance(schema, dict) or not _names_object(schema.get("type", "object")):
+        return None
+    properties, required = schema.get("properties"), schema.get("required")
+    if isinstance(required, list):
+        names = properties if isinstance(properties, dict) else {}
+        schema = {**schema, "required": [n for n in required if n in names]}
+    return schema
+
+
+def _validator(schema: Any) -> Any:
+    """A jsonschema validator of the schema (its `$schema` draft, else 2020-12), or None."""
+    if schema is None:
+        return None
+    try:
+        jsonschema = importlib.import_module("jsonschema")
+        registry = importlib.import_module("referencing").Registry()  # no remote references fetched
+        with warnings.catch_warnings():  # an unknown `$schema` warns
+            warnings.simplefilter("ignore")
+            cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+            cls.check_schema(schema)
+            return cls(schema, registry=registry)
+    except Exception:  # no jsonschema, or not a valid schema
+        return None
+
+
+class _MCPTool(Tool):
+    """An MCP server's tool: its arguments are also checked against the server's own schema."""
+
+    def __init__(self, *args: Any, check: _ArgumentCheck, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.check = check
+
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        arguments = super().validate(arguments)
+        problem = self.check.errors(arguments)
+        if problem is not None:
+            raise ToolArgumentsError(problem)
+        return arguments
+
+
 # ======================================================================================= helpers
 
 
@@ -562,25 +945,18 @@ class _LiveRegistry(ToolRegistry):
         return tools
 
 
-def _unique_names(tools: list[Tool]) -> list[Tool]:
+def _unique_names(names: list[str]) -> list[str]:
     """Names made valid for a model may coincide (`get weather!`, `get weather?`): number the later ones."""
     taken: set[str] = set()
     unique = []
-    for tool in tools:
-        name, n = tool.name, 1
+    for wanted in names:
+        name, n = wanted, 1
         while name in taken:
             n += 1
-            name = f"{tool.name[: 64 - len(str(n)) - 1]}_{n}"
+            name = f"{wanted[: 64 - len(str(n)) - 1]}_{n}"
         taken.add(name)
-        unique.append(tool if name == tool.name else _renamed(tool, name))
+        unique.append(name)
     return unique
-
-
-def _renamed(tool: Tool, name: str) -> Tool:
-    return Tool(
-        name, tool.description, tool.parameters, tool.function, risk=tool.risk, timeout=tool.timeout,
-        idempotent=tool.idempotent,
-    )  # fmt: skip
 
 
 def render_result(result: Any) -> str:
@@ -593,22 +969,30 @@ def render_result(result: Any) -> str:
 
 
 def _render_block(block: Any) -> str:
+    """One content block as text: text as is, other kinds as a line saying what they are."""
     kind = getattr(block, "type", None)
     if kind == "text":
         return str(block.text)
     if kind in ("image", "audio"):
-        data = str(block.data).rstrip()
-        size = len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))  # base64 padding is no data
-        return f"[{kind}: {block.mime_type}, {size} bytes]"
+        return f"[{kind}: {block.mime_type}, {_base64_size(block.data)} bytes, not shown]"
     if kind == "resource_link":
-        return f"[resource: {block.uri}]"
+        about = ", ".join(str(v) for v in (block.name, getattr(block, "mime_type", None)) if v)
+        note = getattr(block, "description", None)
+        return f"[resource link: {block.uri} ({about})]" + (f" {note}" if note else "")
     if kind == "resource":
         resource = block.resource
         text = getattr(resource, "text", None)
-        return (
-            str(text) if text is not None else f"[resource: {resource.uri}, {resource.mime_type or 'binary'}]"
-        )
-    return str(block)
+        kind_of = resource.mime_type or "binary"
+        if text is not None:
+            return f"[resource: {resource.uri}, {kind_of}]\n{text}"
+        return f"[resource: {resource.uri}, {kind_of}, {_base64_size(getattr(resource, 'blob', ''))} bytes, not shown]"
+    return _shortened(f"[{kind or 'unknown'} content: {block!r}]", 500)
+
+
+def _base64_size(data: Any) -> int:
+    """The size of base64 data (its padding is no data)."""
+    text = str(data).rstrip()
+    return len(text) * 3 // 4 - (len(text) - len(text.rstrip("=")))
 
 
 def _child_writing_to(file: TextIO) -> int | None:
@@ -638,14 +1022,6 @@ def _temporary_text_file() -> Iterator[TextIO]:
         yield cast(TextIO, file)
 
 
-def _object_schema(schema: Any) -> dict[str, Any]:
-    result = dict(schema or {})
-    result.pop("title", None)
-    result.setdefault("type", "object")
-    result.setdefault("properties", {})
-    return result
-
-
 def _page(cursor: str | None) -> Any:
     if cursor is None:
         return None
@@ -669,8 +1045,16 @@ def _describe_exception(exc: BaseException) -> str:
     """One line for an exception, unwrapping the exception groups of the SDK's task groups."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    if _is_validation_error(exc):  # pydantic's text spans lines, with a URL per error
+        errors = cast(Any, exc).errors(include_url=False)
+        text = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'result'}: {e['msg']}" for e in errors[:3])
+        return _shortened(text, 500)
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    return type(exc).__name__ == "ValidationError" and callable(getattr(exc, "errors", None))
 
 
 def _slug(name: str) -> str:

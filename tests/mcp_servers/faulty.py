@@ -2,10 +2,11 @@
 
     python tests/mcp_servers/faulty.py [--banner] [--no-handshake] [--tool-names] [--bad-schemas]
 
-Tools: `echo`, `hang` (never returns), `crash` (the process exits mid-call), `garbage` (writes a
-non-JSON line to the wire, then answers), `fail` (an `isError` result), `image`, `resource`,
-`blob`, `empty`, `huge` (`size` characters), `spawn` (starts a child process that outlives the
-server's own exit unless killed, and prints its pid). Options: `--banner` prints a line to stdout
+Tools: `echo`, `hang` (never returns), `crash` (the process exits mid-call), `exit_soon` (answers,
+then the process exits while idle), `garbage` (writes a non-JSON line to the wire, then answers),
+`fail` (an `isError` result), `image`, `resource`, `blob`, `link` (a resource link), `mixed` (text,
+audio and structured content), `empty`, `huge` (`size` characters), `spawn` (starts a child process
+that outlives the server's own exit unless killed, and prints its pid). Options: `--banner` prints a line to stdout
 before speaking MCP; `--no-handshake` reads stdin forever without ever answering; `--tool-names`
 adds tools with names invalid for a model; `--bad-schemas` adds tools whose input schemas use
 `$ref`/`$defs`, are not objects, or are broken.
@@ -17,6 +18,7 @@ import base64
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -34,11 +36,14 @@ TOOLS = {
     "echo": TEXT,
     "hang": EMPTY,
     "crash": EMPTY,
+    "exit_soon": EMPTY,
     "garbage": EMPTY,
     "fail": EMPTY,
     "image": EMPTY,
     "resource": EMPTY,
     "blob": EMPTY,
+    "link": EMPTY,
+    "mixed": EMPTY,
     "empty": EMPTY,
     "huge": SIZE,
     "spawn": EMPTY,
@@ -87,43 +92,55 @@ def _text(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
 
+def _content_kinds() -> dict[str, types.CallToolResult]:
+    """The results of the tools that answer with content other than plain text."""
+    png = base64.b64encode(b"\x89PNG" + b"\0" * 96).decode()
+    notes = types.TextResourceContents(uri="file:///notes.txt", mime_type="text/plain", text="the notes")
+    blob = types.BlobResourceContents(
+        uri="file:///a.bin", mime_type=None, blob=base64.b64encode(b"xy").decode()
+    )
+    link = types.ResourceLink(
+        type="resource_link", uri="file:///report.pdf", name="report", mime_type="application/pdf",
+        description="the quarterly report",
+    )  # fmt: skip
+    audio = types.AudioContent(type="audio", data=base64.b64encode(b"RIFF").decode(), mime_type="audio/wav")
+    return {
+        "fail": types.CallToolResult(
+            content=[types.TextContent(type="text", text="no such city")], is_error=True
+        ),
+        "image": types.CallToolResult(
+            content=[types.ImageContent(type="image", data=png, mime_type="image/png")]
+        ),
+        "resource": types.CallToolResult(content=[types.EmbeddedResource(type="resource", resource=notes)]),
+        "blob": types.CallToolResult(content=[types.EmbeddedResource(type="resource", resource=blob)]),
+        "link": types.CallToolResult(content=[link]),
+        "mixed": types.CallToolResult(
+            content=[types.TextContent(type="text", text="a recording:"), audio],
+            structured_content={"seconds": 1.5},
+        ),
+        "empty": types.CallToolResult(content=[]),
+    }
+
+
 async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
     name, args = params.name, params.arguments or {}
     if name == "hang":
         await anyio.sleep_forever()
     if name == "crash":
         os._exit(3)
+    if name == "exit_soon":
+        threading.Timer(0.2, os._exit, [0]).start()
+        return _text("bye")
     if name == "garbage":
         os.write(WIRE, b"this is not JSON-RPC\n")
         return _text("after garbage")
-    if name == "fail":
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text="no such city")], is_error=True
-        )
-    if name == "image":
-        data = base64.b64encode(b"\x89PNG" + b"\0" * 96).decode()
-        return types.CallToolResult(
-            content=[types.ImageContent(type="image", data=data, mime_type="image/png")]
-        )
-    if name == "resource":
-        contents = types.TextResourceContents(
-            uri="file:///notes.txt", mime_type="text/plain", text="the notes"
-        )
-        return types.CallToolResult(content=[types.EmbeddedResource(type="resource", resource=contents)])
-    if name == "blob":
-        blob = types.BlobResourceContents(
-            uri="file:///a.bin", mime_type=None, blob=base64.b64encode(b"xy").decode()
-        )
-        return types.CallToolResult(content=[types.EmbeddedResource(type="resource", resource=blob)])
-    if name == "empty":
-        return types.CallToolResult(content=[])
     if name == "huge":
         return _text("h" * int(args["size"]))
     if name == "spawn":
         sleeper = [sys.executable, "-c", "import time; time.sleep(3600)"]
         child = await anyio.open_process(sleeper, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         return _text(str(child.pid))
-    return _text(f"{name}: {args.get('text', args)}")
+    return _content_kinds().get(name) or _text(f"{name}: {args.get('text', args)}")
 
 
 async def main() -> None:
