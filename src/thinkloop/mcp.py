@@ -54,6 +54,7 @@ __all__ = [
     "MCPServerHTTP",
     "MCPServerStdio",
     "MCPToolError",
+    "input_schema",
     "registry_with_mcp",
 ]
 
@@ -686,8 +687,8 @@ def input_schema(raw: Any) -> dict[str, Any]:
     for branch in _root_branches(root):
         for name, sub in branch.get("properties", {}).items():
             properties.setdefault(name, sub)
-    result: dict[str, Any] = {k: root[k] for k in _ROOT_KEYS if k in root}
-    result["type"], result["properties"] = "object", properties
+    result: dict[str, Any] = {"type": "object", "properties": properties}
+    result.update((k, root[k]) for k in _ROOT_KEYS if k in root and k not in result)
     required = [n for n in root.get("required", []) if n in properties]
     required += [
         n for b in _root_branches(root, ("allOf",)) for n in b.get("required", []) if n in properties
