@@ -88,16 +88,18 @@ async def test_each_job_goes_to_one_worker_and_an_expired_lease_lets_another_tak
 async def test_a_job_that_keeps_losing_its_worker_fails_after_max_attempts(dsn: str) -> None:
     async with JobQueue(dsn, lease=0.2, max_attempts=2) as q:
         await q.submit("poison", run_id="p")
-        for attempt in (1, 2):
+        for attempt in (1, 2, 3):  # 3: taken once more, for its worker to end the run with an error
             job = await q.claim(f"w{attempt}")
             assert job is not None and job.attempt == attempt
             await asyncio.sleep(0.3)  # the worker "died": no renewal, no finish
-        assert await q.claim("w3") is None
+        assert await q.claim("w4") is None
         status = await q.status("p")
-        assert status is not None and status.status == "failed" and "2 time(s)" in (status.error or "")
+        assert status is not None and (status.status, status.stop_reason) == ("failed", "error")
+        assert "taken 3 time(s) (max_attempts=2)" in (status.error or "")
         async with PostgresStore(dsn) as store:
-            with pytest.raises(ThinkloopError, match="failed after 3 attempt"):
+            with pytest.raises(ThinkloopError, match="job p failed: run p abandoned: it was taken 3 time") as failed:
                 await q.wait("p", store)
+            assert "inspect it with `thinkloop runs show p --store STORE`" in str(failed.value)
 
 
 # =========================================================================================== workers
@@ -240,8 +242,186 @@ def test_worker_settings_are_checked(dsn: str) -> None:
 
     with pytest.raises(ConfigurationError, match="shared store"):
         Worker(Agent(FunctionModel(lambda r: "x")), JobQueue(dsn))
-    with pytest.raises(ConfigurationError, match="lease"):
-        JobQueue(dsn, lease=0)
+    for lease in (0, -1, float("nan"), float("inf"), "30", True):
+        with pytest.raises(ConfigurationError, match="lease must be a positive number of seconds"):
+            JobQueue(dsn, lease=lease)  # type: ignore[arg-type]
+    for bad in (0, -2, 2.5, "3", True, None):
+        with pytest.raises(ConfigurationError, match=r"max_attempts must be a whole number ≥ 1 .*default 3\), got"):
+            JobQueue(dsn, max_attempts=bad)  # type: ignore[arg-type]
+    assert JobQueue(dsn).max_attempts == 3
+
+
+# ======================================================================================= poison runs
+
+
+def poison_workers(dsn: str, effects: Path, name: str) -> tuple[int, str, str]:
+    """One worker process (lease 0.5 s, max_attempts 2) on a queue whose `poison` job kills its worker
+    inside `mark` — idempotent, so re-run by every resume; returns its exit code, stdout and stderr."""
+    (proc,) = workers(dsn, effects, [name], lease=0.5, env={"KILL_IN_MARK": "poison", "MAX_ATTEMPTS": "2"})
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def test_a_run_that_kills_every_worker_is_abandoned_after_max_attempts(dsn: str, tmp_path: Path) -> None:
+    import os
+
+    async def submit() -> None:
+        async with JobQueue(dsn) as q:
+            await q.submit("poison", run_id="p1")
+
+    async def state() -> Any:
+        async with PostgresStore(dsn) as store:
+            return await store.load_state("p1")
+
+    asyncio.run(submit())
+    effects = tmp_path / "effects.txt"
+    for attempt, name in enumerate("AB", start=1):
+        code, _, err = poison_workers(dsn, effects, name)
+        assert code == -9, err  # SIGKILLed inside `mark`
+        saved = asyncio.run(state())  # counted before the attempt ran: the count survived the process
+        assert not saved.finished and saved.metadata["attempts"] == attempt
+        time.sleep(0.6)  # its lease (0.5 s) runs out
+    assert lines(effects) == ["record:poison:A", "mark:poison:A", "mark:poison:B"]
+
+    code, out, err = poison_workers(dsn, effects, "C")  # the third worker does not run it: it ends it
+    assert code == 0 and out.strip() == "", err
+    assert lines(effects) == ["record:poison:A", "mark:poison:A", "mark:poison:B"]  # nothing ran again
+    assert "run p1 abandoned after 2 attempt(s)" in err
+
+    async def check() -> None:
+        async with JobQueue(dsn) as q, PostgresStore(dsn) as store:
+            status = await q.status("p1")
+            assert status is not None and (status.status, status.stop_reason, status.attempts) == ("failed", "error", 3)
+            saved = await store.load_state("p1")
+            assert saved is not None and saved.stop_reason is StopReason.ERROR and saved.phase == "error"
+            assert saved.error == status.error
+            assert saved.error.startswith("run p1 abandoned after 2 attempt(s) (max_attempts=2): each one ended without finishing")
+            assert f"`thinkloop runs show p1 --store {store.url}`" in saved.error
+            assert saved.metadata["attempts"] == 2 and saved.metadata["abandoned"]["attempts"] == 2
+            events = await store.read_events("p1")
+            assert [e.type for e in events[-2:]] == ["error", "done"] and events[-1].seq == saved.event_version
+            with pytest.raises(ThinkloopError, match="job p1 failed: run p1 abandoned after 2 attempt"):
+                await q.wait("p1", store)
+
+    asyncio.run(check())
+    shown = subprocess.run(  # the command the message names works, and shows why
+        [sys.executable, "-m", "thinkloop.cli", "runs", "show", "p1", "--store", dsn],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "status: error" in shown.stdout and "abandoned after 2 attempt(s)" in shown.stdout
+    assert "→ mark" in shown.stdout  # where it kept dying
+
+
+def hanging_agent(store: PostgresStore) -> tuple[Agent, asyncio.Event]:
+    """An agent whose run calls `hang` (idempotent: re-run on resume), and the event `hang` sets."""
+    hanging = asyncio.Event()
+
+    @tool(idempotent=True)
+    async def hang(key: str) -> str:
+        """Wait for a long time (safe to repeat)."""
+        hanging.set()
+        await asyncio.sleep(30)
+        return "never"
+
+    model = FunctionModel(lambda r: {"tool_calls": [{"name": "hang", "args": {"key": "k"}}]} if r.turn == 0 else "done")
+    return Agent(model, tools=[hang], store=store), hanging
+
+
+async def crash_once(agent: Agent, hanging: asyncio.Event, run_id: str, *, save: bool = False, **options: Any) -> None:
+    """One attempt of `run_or_resume` that stops inside `hang`: with `save=False` as if its process died
+    there (nothing more is written), with `save=True` interrupted by its worker's shutdown."""
+    from thinkloop.distributed import run_or_resume
+
+    hanging.clear()
+    attempt = asyncio.create_task(run_or_resume(agent, run_id, "hang around", **options))
+    await asyncio.wait_for(hanging.wait(), 10)
+    assert agent.interrupt(run_id, save=save) == [run_id]
+    with pytest.raises(asyncio.CancelledError):
+        await attempt
+
+
+async def test_by_default_a_run_gets_three_attempts_and_a_shutdown_does_not_count(dsn: str) -> None:
+    from thinkloop.distributed import run_or_resume
+
+    async with PostgresStore(dsn) as store:
+        agent, hanging = hanging_agent(store)
+        counts = []
+        for save in (True, False, False, False):  # handed back by a shutdown, died, died, died
+            await crash_once(agent, hanging, "r1", save=save)
+            state = await store.load_state("r1")
+            assert state is not None and not state.finished
+            counts.append(state.metadata["attempts"])
+        assert counts == [1, 1, 2, 3]  # the attempt after the shutdown took its number again
+        assert "interrupted" in state.metadata
+        result = await run_or_resume(agent, "r1", "hang around")
+        assert result.stop_reason is StopReason.ERROR and not result.ok and result.output == ""
+        assert result.error is not None and "abandoned after 3 attempt(s) (max_attempts=3)" in result.error
+        again = await run_or_resume(agent, "r1", "hang around", max_attempts=10)  # ended for good
+        assert again.error == result.error and again.state.event_version == result.state.event_version
+        with pytest.raises(ThinkloopError, match="already ended"):
+            await agent.resume("r1")
+
+        await crash_once(agent, hanging, "r2", max_attempts=1)
+        assert (await run_or_resume(agent, "r2", "hang around", max_attempts=1)).stop_reason is StopReason.ERROR
+
+
+async def test_a_finished_run_is_never_run_again_and_settings_are_checked(dsn: str) -> None:
+    from thinkloop import ConfigurationError
+    from thinkloop.distributed import run_or_resume
+
+    calls: list[str] = []
+
+    @tool
+    def once(text: str) -> str:
+        """A side effect."""
+        calls.append(text)
+        return "ok"
+
+    model = FunctionModel(lambda r: {"tool_calls": [{"name": "once", "args": {"text": "x"}}]} if r.turn == 0 else "finished")
+    async with PostgresStore(dsn) as store:
+        agent = Agent(model, tools=[once], store=store)
+        first = await run_or_resume(agent, "f1", "do it once")
+        assert first.output == "finished" and calls == ["x"] and first.state.metadata["attempts"] == 1
+        again = await run_or_resume(agent, "f1", "do it once", attempt=9, max_attempts=1)  # delivered again
+        assert again.output == "finished" and again.stop_reason is StopReason.FINAL_ANSWER and calls == ["x"]
+        for bad in (0, "2", 1.0, False):
+            with pytest.raises(ConfigurationError, match="max_attempts must be a whole number ≥ 1"):
+                await run_or_resume(agent, "f2", "x", max_attempts=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="attempt must be None or a whole number"):
+            await run_or_resume(agent, "f2", "x", attempt=0)
+        assert await store.load_state("f2") is None  # nothing started
+
+        # A job whose every attempt died before the run's first checkpoint: ended all the same.
+        lost = await run_or_resume(agent, "f3", "never saved", attempt=4, max_attempts=3, metadata={"n": 1})
+        assert lost.stop_reason is StopReason.ERROR and "abandoned after 3 attempt(s)" in (lost.error or "")
+        saved = await store.load_state("f3")
+        assert saved is not None and saved.finished and saved.goal == "never saved" and saved.metadata["n"] == 1
+        assert calls == ["x"]
+
+
+async def test_a_job_whose_state_is_corrupt_fails_with_a_clear_error_and_the_worker_goes_on(dsn: str, queue: JobQueue) -> None:
+    import psycopg
+
+    from thinkloop.distributed import run_or_resume
+
+    model = FunctionModel(lambda r: "fine")
+    async with PostgresStore(dsn) as store:
+        agent = Agent(model, store=store)
+        await queue.submit("corrupt me", run_id="bad")
+        await queue.submit("a healthy job", run_id="good")
+        await run_or_resume(agent, "bad", "corrupt me")  # a state in the store …
+        with psycopg.connect(dsn, autocommit=True) as conn:  # … then broken, and unfinished again
+            conn.execute("UPDATE thinkloop_runs SET state = '{\"run_id\": \"bad\", \"step\": \"three\"}' WHERE run_id = 'bad'")
+        worker = Worker(agent, queue, name="w1", poll_interval=0.05)
+        await asyncio.wait_for(worker.serve(until_idle=True), 20)
+        assert worker.completed == ["good"]
+        status = await queue.status("bad")
+        assert status is not None and status.status == "failed" and status.attempts == 1
+        assert "run 'bad': corrupt run state: 1 problem(s): step:" in (status.error or "")
+        assert "so this job cannot run it: repair or delete the run in" in (status.error or "")
+        assert "submit the goal again under a new run id" in (status.error or "")
+        assert (await queue.wait("good", store)).output == "fine"
 
 
 # ============================================================================================ the CLI

@@ -4,8 +4,10 @@
 
 Each job's model (by turn): call `record` (not idempotent) with the goal as tag, then `mark` (idempotent),
 then answer. Tools append `name:tag:worker` to EFFECTS. With KILL_IN_RECORD=GOAL the process kills
-itself with SIGKILL inside `record` for that goal, after its effect (a crash mid-run). With
-SLOW_MARK=SECONDS, `mark` sleeps that long first.
+itself with SIGKILL inside `record` for that goal, after its effect (a crash mid-run); with
+KILL_IN_MARK=GOAL, inside `mark` — which, being idempotent, is re-run on every resume: it kills every
+worker that takes the job (a poison run). With SLOW_MARK=SECONDS, `mark` sleeps that long first.
+MAX_ATTEMPTS sets the queue's `max_attempts`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ async def mark(tag: str) -> str:
     """Mark a tag (idempotent)."""
     await asyncio.sleep(float(os.environ.get("SLOW_MARK", "0")))
     effect(f"mark:{tag}:{NAME}")
+    if os.environ.get("KILL_IN_MARK") == tag:
+        os.kill(os.getpid(), signal.SIGKILL)
     return f"marked {tag}"
 
 
@@ -57,7 +61,8 @@ def reply(request):  # type: ignore[no-untyped-def]
 
 
 async def main() -> None:
-    async with JobQueue(DSN, lease=LEASE) as queue, PostgresStore(DSN) as store:
+    attempts = int(os.environ.get("MAX_ATTEMPTS", "3"))
+    async with JobQueue(DSN, lease=LEASE, max_attempts=attempts) as queue, PostgresStore(DSN) as store:
         agent = Agent(FunctionModel(reply), tools=[record, mark], store=store)
         worker = Worker(agent, queue, name=NAME, concurrency=2, poll_interval=0.05)
         await worker.serve(until_idle=True)

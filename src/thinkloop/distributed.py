@@ -10,7 +10,9 @@ killed, its machine gone — its leases expire and other workers take the jobs o
 checkpoint is *resumed* from it (`Agent.resume`: a tool call that had completed is never run again; one
 that was interrupted is re-run only if its tool is idempotent), a run without one starts over. A worker
 that finds it has lost a lease (it was too slow to renew it) stops that run, so a run is never driven by
-two workers at once. A job whose runs keep killing their workers fails after `max_attempts`.
+two workers at once. A run that keeps killing its workers — a tool that crashes the process or runs it
+out of memory — is abandoned after `max_attempts` (3): it ends for good with stop reason `error` and a
+message saying so, instead of taking every worker down in turn.
 
     queue = JobQueue("postgresql://user@host/db")
     run_id = await queue.submit("Summarise yesterday's incidents")
@@ -30,20 +32,28 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._budget import Budget
-from ._errors import ConfigurationError, ThinkloopError, UserError
+from ._errors import ConfigurationError, StateError, ThinkloopError, UserError
 from .stores._base import check_id
 
 if TYPE_CHECKING:
     from ._agent import Agent
     from ._events import RunResult
+    from ._state import RunState
     from .stores._base import Store
 
 __all__ = ["Job", "JobQueue", "JobStatus", "Worker", "run_or_resume"]
+
+DEFAULT_MAX_ATTEMPTS = 3
+# Keys of `RunState.metadata` written by `run_or_resume`.
+ATTEMPTS = "attempts"  # attempts made at the run so far, the current one included
+ATTEMPT_STARTED = "attempt_started_at"  # when the current attempt began (time.time())
+ABANDONED = "abandoned"  # {"attempts": n, "at": t}: the run was ended after too many attempts
 
 logger = logging.getLogger("thinkloop.distributed")
 
@@ -101,18 +111,20 @@ class JobQueue:
     Args:
         dsn: a libpq connection string or URL, e.g. `postgresql://user@host:5432/db`.
         lease: seconds a worker holds a job without renewing its lease; after that the job is taken over.
-        max_attempts: times a job may be taken before it is marked failed (a run that keeps killing its
-            worker must not kill them all).
+        max_attempts: times a job's run may be started or resumed; a run that ended that many times
+            without finishing (its worker died or lost it) is abandoned — ended with stop reason `error`
+            — and its job marked failed, so a run that kills its workers cannot kill them all.
     """
 
-    def __init__(self, dsn: str, *, lease: float = 30.0, max_attempts: int = 3) -> None:
-        if lease <= 0 or max_attempts < 1:
+    def __init__(self, dsn: str, *, lease: float = 30.0, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
+        if isinstance(lease, bool) or not isinstance(lease, int | float) or not 0 < lease < float("inf"):
             raise ConfigurationError(
-                f"lease must be positive and max_attempts ≥ 1 (got {lease}, {max_attempts})"
+                f"lease must be a positive number of seconds (how long a worker holds a job without "
+                f"renewing it), got {lease!r}"
             )
         self.dsn = dsn
-        self.lease = lease
-        self.max_attempts = max_attempts
+        self.lease = float(lease)
+        self.max_attempts = check_max_attempts(max_attempts)
         self._conn: Any = None
         self._lock = asyncio.Lock()
 
@@ -206,9 +218,7 @@ class JobQueue:
             if status is None:
                 raise UserError(f"there is no job with run id {run_id!r}")
             if status.status == "failed":
-                raise ThinkloopError(
-                    f"job {run_id} failed after {status.attempts} attempt(s): {status.error}"
-                )
+                raise ThinkloopError(f"job {run_id} failed: {status.error}")
             if status.status == "done":
                 state = await store.load_state(run_id)
                 if state is None:
@@ -221,21 +231,27 @@ class JobQueue:
     async def claim(self, worker: str) -> Job | None:
         """Take the oldest waiting job — queued, or running on a worker whose lease expired — or None.
 
-        A job taken more than `max_attempts` times is marked failed instead (and the next one is tried).
+        A job taken `max_attempts` times already comes back once more (`attempt == max_attempts + 1`):
+        its worker does not run it but ends its run with an error (`run_or_resume` does). If that worker
+        dies too, the next claim marks the job failed (and tries the next one).
         """
         while True:
             rows = await self._execute(_CLAIM_SQL, {"worker": worker, "lease": self.lease})
             if not rows:
                 return None
             run_id, goal, options, attempts = rows[0]
-            if attempts > self.max_attempts:
+            if attempts > self.max_attempts + 1:
+                error = (
+                    f"run {run_id} abandoned: it was taken {attempts - 1} time(s) (max_attempts="
+                    f"{self.max_attempts}) without finishing — its workers died or lost it, the last "
+                    "one while ending it — and its run may be left unfinished in the store: inspect it "
+                    f"with `thinkloop runs show {run_id} --store STORE`, fix the cause, and submit the "
+                    "goal again under a new run id"
+                )
                 await self._execute(
-                    f"UPDATE thinkloop_jobs SET status = 'failed', worker = NULL, updated_at = {_NOW}, "
-                    "error = %s WHERE run_id = %s",
-                    (
-                        f"its runs ended {self.max_attempts} time(s) without finishing (a worker died or lost it)",
-                        run_id,
-                    ),
+                    f"UPDATE thinkloop_jobs SET status = 'failed', worker = NULL, lease_until = NULL, "
+                    f"stop_reason = 'error', error = %s, updated_at = {_NOW} WHERE run_id = %s",
+                    (error, run_id),
                 )
                 continue
             return Job(run_id=run_id, goal=goal, attempt=attempts, options=json.loads(options))
@@ -367,7 +383,10 @@ class Worker:
             lease.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await lease
-        if await self._settle(self.queue.finish(job, self.name, stop_reason=result.stop_reason.value)):
+        error = result.error if ABANDONED in result.state.metadata else None  # then the job failed
+        stop_reason = result.stop_reason.value
+        finished = await self._settle(self.queue.finish(job, self.name, stop_reason=stop_reason, error=error))
+        if finished and error is None:
             self.completed.append(job.run_id)
 
     async def _run(self, job: Job) -> RunResult:
@@ -377,6 +396,7 @@ class Worker:
         return await run_or_resume(
             self.agent, job.run_id, job.goal, budget=options.get("budget"),
             metadata=options.get("metadata") or None, session=options.get("session"),
+            max_attempts=self.queue.max_attempts, attempt=job.attempt,
         )  # fmt: skip
 
     async def _keep_lease(self, job: Job, run: asyncio.Task[RunResult]) -> bool:
@@ -415,6 +435,16 @@ def shared_store(agent: Agent, who: str) -> Store:
     return agent.store
 
 
+def check_max_attempts(value: object) -> int:
+    """`max_attempts` if it is a whole number ≥ 1; else a `ConfigurationError` saying what it must be."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"max_attempts must be a whole number ≥ 1 (how many times a run may be started or resumed "
+            f"before it is abandoned; default {DEFAULT_MAX_ATTEMPTS}), got {value!r}"
+        )
+    return value
+
+
 async def run_or_resume(
     agent: Agent,
     run_id: str,
@@ -423,6 +453,8 @@ async def run_or_resume(
     budget: Budget | dict[str, Any] | None = None,
     metadata: dict[str, Any] | None = None,
     session: str | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    attempt: int | None = None,
 ) -> RunResult:
     """Drive run `run_id` to its end, whatever became of it before — the body of a job on any queue that
     may deliver a job twice (a worker died, a message was redelivered).
@@ -430,16 +462,101 @@ async def run_or_resume(
     A run the agent's store has finished is not run again: its result is returned. A run the store has
     unfinished is resumed from its checkpoint (`Agent.resume`: a completed tool call is never re-run).
     A run the store does not have starts (`Agent.run` with this `run_id`, `budget`, `metadata`, `session`).
+
+    Each start or resume is an *attempt*, counted in the run's `metadata["attempts"]` and saved before the
+    run goes on, so an attempt whose process dies still counts (one interrupted by its worker's shutdown,
+    `Agent.interrupt`, does not). When `max_attempts` attempts have ended without finishing the run, the
+    next one does not run it: the run is *abandoned* — ended with stop reason `error` and a message saying
+    so — and its result returned. `attempt` is the job system's own count of this delivery, if it keeps
+    one (`JobQueue` does): the larger count decides. A state the store cannot load raises `StateError`.
     """
     from ._events import RunResult
 
+    max_attempts = check_max_attempts(max_attempts)
+    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1):
+        raise ConfigurationError(f"attempt must be None or a whole number ≥ 1, got {attempt!r}")
     store = shared_store(agent, "running a job: the agent")
-    state = await store.load_state(check_id(run_id))
+    state = await _load(store, check_id(run_id))
     if state is not None and state.finished:
         return RunResult.from_state(state)
+    number = max(_next_attempt(state), attempt or 0)
+    if number > max_attempts:
+        if state is None:  # every attempt died before the run's first checkpoint
+            state = _blank_state(agent, run_id, goal, metadata=metadata, session=session)
+        return await _abandon(store, state, attempts=number - 1, max_attempts=max_attempts)
     if state is not None:
-        logger.info("resuming run %s from its checkpoint (step %d)", run_id, state.step)
+        state.metadata.update({ATTEMPTS: number, ATTEMPT_STARTED: time.time()})
+        await store.checkpoint(state, [])  # counted before it runs: a crash during it still counts
+        logger.info("resuming run %s from its checkpoint (step %d, attempt %d)", run_id, state.step, number)
         return await agent.resume(run_id)
     if isinstance(budget, dict):
         budget = Budget(**budget)
+    metadata = {**(metadata or {}), ATTEMPTS: number, ATTEMPT_STARTED: time.time()}
     return await agent.run(goal, run_id=run_id, budget=budget, metadata=metadata, session=session)
+
+
+async def _load(store: Store, run_id: str) -> RunState | None:
+    try:
+        return await store.load_state(run_id)
+    except StateError as exc:
+        raise StateError(
+            f"{exc} — so this job cannot run it: repair or delete the run in {store.url or 'the store'}, "
+            "or submit the goal again under a new run id",
+            state=exc.state,
+        ) from exc
+
+
+def _next_attempt(state: RunState | None) -> int:
+    """The number of the attempt about to start: one more than those made, unless the last one was
+    interrupted by its worker (saved unfinished after it began: it handed the run back, it did not die)."""
+    if state is None:
+        return 1
+    made, started = state.metadata.get(ATTEMPTS), state.metadata.get(ATTEMPT_STARTED)
+    if isinstance(made, bool) or not isinstance(made, int) or made < 0:
+        return 1  # not counted yet (a run started some other way), or not our key
+    interrupted = state.metadata.get("interrupted")
+    at = interrupted.get("at") if isinstance(interrupted, dict) else None
+    if made and isinstance(at, int | float) and isinstance(started, int | float) and at >= started:
+        return made
+    return made + 1
+
+
+def _blank_state(
+    agent: Agent, run_id: str, goal: str, *, metadata: dict[str, Any] | None, session: str | None
+) -> RunState:
+    """The state of a run that never reached its first checkpoint (its goal, nothing else)."""
+    from ._messages import Message
+    from ._state import RunState
+
+    return RunState(
+        run_id=run_id, agent_name=agent.name, goal=goal, session=session,
+        messages=[Message.user(goal)], metadata=dict(metadata or {}),
+    )  # fmt: skip
+
+
+async def _abandon(store: Store, state: RunState, *, attempts: int, max_attempts: int) -> RunResult:
+    """End the run for good with stop reason `error` (and the `error` and `done` events), and save it."""
+    from ._events import Done, ErrorEvent, Event, RunResult
+    from ._state import StopReason
+
+    where = f" --store {store.url}" if store.url else ""
+    message = (
+        f"run {state.run_id} abandoned after {attempts} attempt(s) (max_attempts={max_attempts}): each one "
+        "ended without finishing — its worker process died (killed, out of memory, a crash in a tool or "
+        "a library) or lost the run. Inspect where it stopped with "
+        f"`thinkloop runs show {state.run_id}{where}`, fix the cause, and submit the goal again under a "
+        "new run id."
+    )
+    logger.error("%s", message)
+    state.stop_reason, state.answer, state.error, state.phase = StopReason.ERROR, "", message, "error"
+    state.ended_at = time.time()
+    state.metadata[ABANDONED] = {"attempts": attempts, "at": state.ended_at}
+    first = state.event_version + 1
+    state.event_version += 2
+    result = RunResult.from_state(state)
+    events: list[Event] = [
+        ErrorEvent(message=message, run_id=state.run_id, seq=first),
+        Done(result=result, run_id=state.run_id, seq=first + 1),
+    ]
+    await store.checkpoint(state, events)
+    return result
