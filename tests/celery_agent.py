@@ -3,7 +3,9 @@ and by the tests themselves (to submit runs).
 
 Configured by the environment: TL_BROKER (broker URL), TL_QUEUE (the test's own queue), TL_DSN (the
 PostgreSQL store), TL_EFFECTS (a file the tools append their effects to), TL_SLOW (seconds the first
-`slow` call of a run sleeps), TL_VISIBILITY (Redis visibility timeout, seconds).
+`slow` call of a run sleeps), TL_VISIBILITY (Redis visibility timeout, seconds), TL_KILL (a goal whose
+`slow` call kills its process with SIGKILL, every time: a poison run), TL_MAX_ATTEMPTS (the task's
+`max_attempts`).
 
 Each run's model (by turn): call `record` (not idempotent) with the goal as tag, then `slow` (idempotent),
 then answer `done <goal>`. Effects are lines `tool:tag:pid`; `slow` writes `slow-start:tag:pid` first,
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,8 @@ async def slow(tag: str) -> str:
     """Take a while (safe to repeat)."""
     first = not called_before("slow-start", tag)
     effect("slow-start", tag)
+    if os.environ.get("TL_KILL") == tag:
+        os.kill(os.getpid(), signal.SIGKILL)
     if first:
         await asyncio.sleep(float(os.environ.get("TL_SLOW", "0")))
     effect("slow", tag)
@@ -79,7 +84,8 @@ def make_app(broker: str, queue: str, visibility: float | None = None) -> tuple[
     )
     if visibility is not None:
         app.conf.broker_transport_options = {"visibility_timeout": visibility}
-    return app, agent_task(app, make_agent, name="tests.run")
+    attempts = int(os.environ.get("TL_MAX_ATTEMPTS", "3"))
+    return app, agent_task(app, make_agent, name="tests.run", max_attempts=attempts)
 
 
 if "TL_QUEUE" in os.environ:  # a worker process

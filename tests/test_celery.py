@@ -209,6 +209,81 @@ def test_a_warm_shutdown_interrupts_the_runs_and_hands_them_back(pool: str, clus
     assert len([line for line in c.lines() if line.startswith("slow:")]) == 1  # the interrupted one never ended
 
 
+def queued(c: Cluster, expected: int) -> int:
+    """Messages waiting in the test's (RabbitMQ) queue once it holds `expected` (or after 2 s): a message
+    not acknowledged goes back to it when the connection of the worker holding it closes."""
+    deadline = time.monotonic() + 2
+    while True:
+        with c.app.connection_for_write() as conn:
+            count = int(conn.default_channel.queue_declare(c.queue, passive=True).message_count)
+        if count == expected or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
+def killed(c: Cluster, name: str, worker: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a worker (its connection closes: RabbitMQ requeues what it had not acknowledged)."""
+    os.killpg(worker.pid, signal.SIGKILL)
+    assert worker.wait(10) == -signal.SIGKILL, c.log(name)
+
+
+def test_a_run_that_kills_every_worker_is_abandoned_after_max_attempts(cluster: Callable[..., Cluster]) -> None:
+    c = cluster("amqp", TL_KILL="poison", TL_MAX_ATTEMPTS="2")  # `slow` SIGKILLs its worker, every time
+    job = c.run_agent.submit("poison", run_id=c.id("poison"))
+    for attempt in (1, 2):
+        worker = c.worker(f"w{attempt}", pool="solo")
+        assert worker.wait(30) == -signal.SIGKILL, c.log(f"w{attempt}")
+        assert queued(c, 1) == 1  # RabbitMQ requeued the unacknowledged message
+        state = load(c.dsn, c.id("poison"))  # counted before the attempt ran: the count survived the process
+        assert not state.finished and state.metadata["attempts"] == attempt
+    last = c.worker("w3", pool="solo")  # RabbitMQ redelivered it: this worker ends the run instead
+    result = job.get(timeout=30)
+    assert (result["stop_reason"], result["ok"], result["output"]) == ("error", False, ""), c.log("w3")
+    assert (result["error"] or "").startswith(f"run {c.id('poison')} abandoned after 2 attempt(s) (max_attempts=2)")
+    assert f"thinkloop runs show {c.id('poison')} --store " in (result["error"] or "")
+    lines = c.lines()
+    assert len([line for line in lines if line.startswith("record:")]) == 1
+    assert len([line for line in lines if line.startswith("slow-start:")]) == 2  # not a third time
+    state = load(c.dsn, c.id("poison"))
+    assert state.finished and state.error == result["error"] and state.metadata["abandoned"]["attempts"] == 2
+    time.sleep(0.5)  # the worker acknowledges a message just after storing its result
+    killed(c, "w3", last)
+    time.sleep(0.5)  # a message it still held would be back in the queue by now (see above)
+    assert queued(c, 0) == 0  # acknowledged: never delivered again
+
+
+def test_a_run_whose_state_is_corrupt_fails_with_a_clear_error_and_is_not_redelivered(
+    cluster: Callable[..., Cluster],
+) -> None:
+    import asyncio
+
+    import psycopg
+
+    from thinkloop import RunState
+
+    c = cluster("amqp")
+    run_id = c.id("broken")
+
+    async def save() -> None:
+        async with PostgresStore(c.dsn) as store:
+            await store.checkpoint(RunState(run_id=run_id, goal="broken"), [])
+
+    asyncio.run(save())
+    with psycopg.connect(c.dsn, autocommit=True) as conn:
+        conn.execute("UPDATE thinkloop_runs SET state = %s WHERE run_id = %s", ('{"step": "three"}', run_id))
+    job = c.run_agent.submit("broken", run_id=run_id)
+    worker = c.worker("w1", pool="solo")
+    with pytest.raises(Exception, match=f"run '{run_id}': corrupt run state: .* so this job cannot run it") as failed:
+        job.get(timeout=30)
+    assert "submit the goal again under a new run id" in str(failed.value)
+    assert job.state == "FAILURE" and worker.poll() is None  # the worker lives on
+    time.sleep(0.5)  # the worker acknowledges a message just after storing its result
+    killed(c, "w1", worker)
+    time.sleep(0.5)  # a message it still held would be back in the queue by now
+    assert queued(c, 0) == 0  # acknowledged: not delivered again and again
+    assert c.lines() == []
+
+
 # =============================================================================== in this process
 
 
@@ -283,6 +358,52 @@ def test_agent_task_configures_redelivery_and_checks_its_input(tmp_path: Path) -
     wrong = agent_task(Celery("wrong", broker="memory://"), lambda: "an agent", name="wrong.run")
     with pytest.raises(ConfigurationError, match="must return an Agent"):
         wrong.task.apply(args=("x",), task_id="w1").get()
+    for bad in (0, -1, "3", 2.5, True):
+        with pytest.raises(ConfigurationError, match=r"max_attempts must be a whole number ≥ 1 .*, got"):
+            agent_task(Celery("bad", broker="memory://"), lambda: Agent(_model()), max_attempts=bad)
+
+
+def test_by_default_the_task_abandons_a_run_after_three_attempts_that_died(tmp_path: Path) -> None:
+    import asyncio
+
+    from thinkloop.distributed import run_or_resume
+
+    db = tmp_path / "runs.db"
+
+    async def die_three_times() -> None:  # three attempts whose process "died" inside a tool (nothing saved after)
+        hanging = asyncio.Event()
+
+        @tool(idempotent=True)
+        async def hang() -> str:
+            """Wait."""
+            hanging.set()
+            await asyncio.sleep(30)
+            return "never"
+
+        model = FunctionModel(lambda r: {"tool_calls": [{"name": "hang", "args": {}}]} if r.turn == 0 else "done")
+        async with SQLiteStore(db) as store:
+            agent = Agent(model, tools=[hang], store=store)
+            for _ in range(3):
+                hanging.clear()
+                attempt = asyncio.create_task(run_or_resume(agent, "p1", "hang"))
+                await asyncio.wait_for(hanging.wait(), 10)
+                agent.interrupt("p1", save=False)
+                with pytest.raises(asyncio.CancelledError):
+                    await attempt
+
+    asyncio.run(die_three_times())
+    app = Celery("poison", broker="memory://", backend="cache+memory://")
+    app.conf.task_store_eager_result = True
+    run_agent = agent_task(app, lambda: Agent(_model(), tools=[write], store=SQLiteStore(db)), name="poison.run")
+    WRITTEN.clear()
+    try:
+        summary = run_agent.task.apply(args=("hang",), task_id="p1").get()
+        assert (summary["stop_reason"], summary["ok"], summary["steps"]) == ("error", False, 1)
+        assert (summary["error"] or "").startswith("run p1 abandoned after 3 attempt(s) (max_attempts=3)")
+        assert WRITTEN == []  # nothing ran
+        assert run_agent.task.apply(args=("hang",), task_id="p1").get() == summary  # ended for good
+    finally:
+        run_agent.host.close()
 
 
 def test_the_task_result_is_the_json_summary_of_the_run_result(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ is resumed from its checkpoint (a completed tool call is never run again), a new
 is acknowledged only once the run has ended (`acks_late`, `reject_on_worker_lost`, one message
 prefetched at a time), so the broker redelivers it when its worker dies and another worker resumes
 the run. A warm shutdown of a `threads` or `solo` worker interrupts its runs (saved unfinished) and
-hands their messages back at once.
+hands their messages back at once. A run that keeps killing its worker is not redelivered forever: after
+`max_attempts` (3) attempts it is abandoned — ended with stop reason `error` — and its message acknowledged.
 
     app = Celery("agents", broker="redis://127.0.0.1:6379/0", backend="redis://127.0.0.1:6379/0")
     run_agent = agent_task(app, lambda: Agent("openai:gpt-4o-mini", store=PostgresStore(DSN)))
@@ -34,7 +35,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from ._errors import ConfigurationError, UserError
-from .distributed import run_or_resume, shared_store
+from .distributed import DEFAULT_MAX_ATTEMPTS, check_max_attempts, run_or_resume, shared_store
 from .stores._base import check_id
 
 try:
@@ -262,6 +263,7 @@ def agent_task(
     *,
     name: str = "thinkloop.run",
     interrupt_on_shutdown: bool = True,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     **options: Any,
 ) -> AgentTask:
     """Register on the Celery `app` a task that drives thinkloop runs with the agent `make_agent()` builds.
@@ -277,6 +279,11 @@ def agent_task(
             (`--pool threads` or `solo`), interrupt the runs (saved unfinished) and put their messages
             back for another worker, instead of waiting for them to end. A `prefork` worker's warm
             shutdown waits for its runs (Celery's own behaviour).
+        max_attempts: how many times a run may be started or resumed (each delivery of its message is an
+            attempt, counted in the run's `metadata["attempts"]` before it runs). A run whose attempts all
+            ended without finishing — its worker died, e.g. a tool that crashes the process — is then
+            abandoned: ended with stop reason `error` and a message saying so, its message acknowledged.
+            An attempt interrupted by a warm shutdown does not count.
         options: more task options (`time_limit`, `rate_limit`, `autoretry_for` …); they may override the
             defaults `acks_late=True`, `reject_on_worker_lost=True`, `track_started=True`.
 
@@ -287,6 +294,7 @@ def agent_task(
     """
     if not callable(make_agent):
         raise ConfigurationError(f"make_agent must be a function that builds an Agent, not {make_agent!r}")
+    max_attempts = check_max_attempts(max_attempts)
     for key, value in _APP_DEFAULTS.items():
         if key not in app.conf.changes:
             app.conf[key] = value
@@ -296,7 +304,7 @@ def agent_task(
         self: Any, goal: str, budget: Any = None, metadata: Any = None, session: Any = None
     ) -> TaskResult:
         run_id = check_id(str(self.request.id))
-        options = {"budget": budget, "metadata": metadata, "session": session}
+        options = {"budget": budget, "metadata": metadata, "session": session, "max_attempts": max_attempts}
         try:
             result = host.call(lambda agent: host.drive(agent, run_id, goal, options))
         except _Interrupted:
@@ -304,7 +312,8 @@ def agent_task(
         return task_result(result)
 
     run.__doc__ = (
-        "Drive a thinkloop run (task id = run id) to its end: start it, resume it, or return its result."
+        "Drive a thinkloop run (task id = run id) to its end: start it, resume it, or return its result "
+        "(or abandon it, with stop reason `error`, after `max_attempts` attempts that did not finish)."
     )
     task = app.task(bind=True, name=name, **{**_TASK_DEFAULTS, **options})(run)
 
