@@ -452,3 +452,54 @@ async def test_interrupt_without_an_id_stops_every_run_of_the_agent_and_cancel_s
         await cancelled
     state = await agent.store.load_state("run9")  # type: ignore[attr-defined]
     assert state is not None and state.finished and state.stop_reason == "cancelled"
+
+
+async def test_a_resumed_run_interrupted_or_cancelled_while_it_reruns_a_pending_call(tmp_path: Path) -> None:
+    """The calls a resumed run settles first are inside the loop's handlers: an interrupt there saves the
+    run unfinished (and it resumes again), a cancellation ends it as cancelled (both escaped before)."""
+    running = asyncio.Event()
+    release = asyncio.Event()
+    fetches: list[str] = []
+
+    @tool(idempotent=True)
+    async def fetch(key: str) -> str:
+        """Fetch a value (idempotent: re-run on resume)."""
+        fetches.append(key)
+        running.set()
+        await release.wait()
+        return f"value of {key}"
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    script = [_call("fetch", key="k"), "got it"]
+
+    def agent() -> Agent:
+        return Agent(ScriptedModel(script, by_turn=True), tools=[fetch], store=store)
+
+    await _interrupt_when(agent(), "r3", running)  # interrupted in the run's own call
+    assert fetches == ["k"]
+    first = await store.load_state("r3")
+    assert first is not None
+
+    for how in ("interrupt", "cancel"):
+        running.clear()
+        resumer = agent()
+        task = asyncio.create_task(resumer.resume("r3"))
+        await asyncio.wait_for(running.wait(), 5)  # the pending call is being run again
+        if how == "interrupt":
+            assert resumer.interrupt("r3") == ["r3"]
+        else:
+            task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        state = await store.load_state("r3")
+        assert state is not None
+        if how == "interrupt":
+            assert not state.finished and state.metadata["interrupted"]["step"] == 1
+            assert state.metadata["interrupted"]["at"] > first.metadata["interrupted"]["at"]  # saved again
+            assert state.ledger[next(iter(state.ledger))].status == "started"
+        else:
+            assert state.finished and state.stop_reason == "cancelled"
+    assert fetches == ["k", "k", "k"]
+
+    with pytest.raises(StateError, match="already ended"):
+        await agent().resume("r3")

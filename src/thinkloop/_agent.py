@@ -20,7 +20,7 @@ from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, current_run,
 from ._messages import Message, ModelSettings
 from ._output import OutputSpec
 from ._prompt import DEFAULT_RULES
-from ._resume import load_resumable, memory_messages, resume_pending
+from ._resume import load_resumable, memory_messages
 from ._state import Mode, RunState, StopReason
 from ._tokens import TokenCounter, TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
@@ -474,9 +474,7 @@ class Agent:
         token = current_run.set(run)  # lets a router emit its `model_attempt` events to this run
         self._active[state.run_id] = (run, asyncio.current_task())
         try:
-            if resumed:
-                await resume_pending(run)  # tool calls the interruption left without a result
-            result = await run_loop(run)
+            result = await run_loop(run, resumed=resumed)
         finally:
             current_run.reset(token)
             self._active.pop(state.run_id, None)

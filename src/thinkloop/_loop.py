@@ -271,9 +271,10 @@ class Reply:
 # ================================================================================================ loop
 
 
-async def run_loop(run: RunContext) -> RunResult:
+async def run_loop(run: RunContext, *, resumed: bool = False) -> RunResult:
     """Run Think → Act → Observe until a final answer or a stop condition.
 
+    0. A resumed run first settles the tool calls its interruption left without a result (`_resume`).
     1. Check the stop conditions: budgets, then the guards (loop, no progress).
     2. Think: send the context view to the model and record its reply.
     3. A reply that cannot be understood is healed: the model is told what was wrong, then back to 1
@@ -285,6 +286,8 @@ async def run_loop(run: RunContext) -> RunResult:
     A hard stop (budget, loop, no progress) makes one last call for a best-effort final answer.
     """
     try:
+        if resumed:
+            await _settle_pending(run)
         while True:
             reason = check_stop(run)
             if reason is not None:
@@ -301,13 +304,10 @@ async def run_loop(run: RunContext) -> RunResult:
                     error=f"the model's replies could not be understood: {reply.problem}",
                 )
             if not reply.calls:
-                problem = check_output(run, reply.text)
-                if problem is None:
-                    return await finish(run, StopReason.FINAL_ANSWER, answer=reply.text)
-                if not ask_output_again(run, problem):
-                    error = f"the final answer did not match the output type: {problem}"
-                    return await finish(run, StopReason.ERROR, answer=reply.text, error=error)
-                continue
+                result = await final_answer(run, reply.text)
+                if result is not None:
+                    return result
+                continue  # the answer did not match the output type: the model was told why
             outcomes = await act(run, reply.calls)
             await observe(run, outcomes)
     except TimeoutError:
@@ -782,6 +782,24 @@ def _record_reply(run: RunContext, reply: Reply) -> None:
             run.skip_event()
     elif reply.calls:
         state.guards.recent_thoughts.clear()  # a step without reasoning breaks a streak
+
+
+async def _settle_pending(run: RunContext) -> None:
+    from ._resume import resume_pending  # `_resume` builds on this module
+
+    await resume_pending(run)
+
+
+async def final_answer(run: RunContext, answer: str) -> RunResult | None:
+    """End the run with the answer; with an output type, an answer that does not validate is sent back to
+    the model instead (None), until that has failed too often (the run ends with `error`)."""
+    problem = check_output(run, answer)
+    if problem is None:
+        return await finish(run, StopReason.FINAL_ANSWER, answer=answer)
+    if ask_output_again(run, problem):
+        return None
+    error = f"the final answer did not match the output type: {problem}"
+    return await finish(run, StopReason.ERROR, answer=answer, error=error)
 
 
 def heal(run: RunContext, reply: Reply) -> bool:
