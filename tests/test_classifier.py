@@ -686,3 +686,9 @@ def test_everyday_commands_keep_their_ratings_and_known_bypasses_stay_caught(
     command: str, level: RiskLevel
 ) -> None:
     assert classify_command(command).level == level
+
+
+def test_chmod_with_a_dash_mode_rates_its_first_file() -> None:
+    # `chmod -w f` used to be read as a mode without files (rated low)
+    assert classify_command("chmod -w /etc/passwd").level == CRITICAL
+    assert classify_command("chmod -x build.sh").level == MEDIUM

@@ -1071,7 +1071,7 @@ def _h_perms(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     modes = [a for a in cmd.args if a not in args]
     opts = _parse_opts(args, ("--reference",))
     recursive = opts.has("-R", "--recursive")
-    operands = opts.operands if opts.has("--reference") else opts.operands[1:]
+    operands = opts.operands if opts.has("--reference") or modes else opts.operands[1:]
     mode = (modes or opts.operands[:1] or [""])[0]
     findings: list[Finding] = [(LOW, f"{cmd.name} without operands")]
     for target in operands:
