@@ -10,6 +10,7 @@ simple command is rated with table-driven rules. The overall level is the maximu
 Across the simple commands of a line, the files each one writes are remembered (downloaded, decoded or
 literal text), so running one later is rated like piping it into the shell; endless loops that start a
 background job on every pass are fork bombs; `find -exec`/`xargs` over a whole tree are recursive.
+Given the run's earlier commands (`earlier=`), running a file one of them downloaded is rated the same way.
 
 The classifier is conservative by design: unknown binaries are MEDIUM, input that cannot be parsed
 is at least HIGH (`parsed=False`), and obfuscation that hides what will run is HIGH or CRITICAL.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import posixpath
 import re
 import shlex
@@ -572,26 +574,31 @@ def _parse_one_option(arg: str, args: list[str], index: int, takes: frozenset[st
 
 @dataclass
 class _Written:
-    """A file the command line wrote before running it: fed by a download or a decoder, its text if known."""
+    """A file the command line wrote before running it: fed by a download or a decoder, its text if known.
+
+    `origin` is the earlier command (of the run, not of this line) that saved it, for files of `_Earlier`."""
 
     source: str | None
     text: str | None
+    origin: str | None = None
 
 
 @dataclass
 class _Ctx:
     """What one classification shares: substitutions, nesting depth, the working directory, the files
-    written so far on the line (path -> `_Written`, so `curl x > a.sh; sh a.sh` is seen as one act) and
-    the paths that stand for every file under them (`find / -exec rm {} +` deletes the whole tree)."""
+    written so far on the line (path -> `_Written`, so `curl x > a.sh; sh a.sh` is seen as one act), the
+    paths that stand for every file under them (`find / -exec rm {} +` deletes the whole tree) and the
+    files the run's earlier commands saved (`_Earlier`, read only when the line runs a file)."""
 
     subs: list[_Sub]
     depth: int = 0
     cwd: str | None = None
     files: dict[str, _Written] = field(default_factory=dict)
     trees: set[str] = field(default_factory=set)
+    earlier: _Earlier | None = None
 
     def child(self) -> _Ctx:
-        return _Ctx(self.subs, self.depth + 1, self.cwd, self.files, self.trees)
+        return _Ctx(self.subs, self.depth + 1, self.cwd, self.files, self.trees, self.earlier)
 
 
 _HOME_PREFIX_RE = re.compile(r"^(?:\$HOME|\$\{HOME\}|~[A-Za-z0-9_.-]*)(?=/|$)")
@@ -1079,6 +1086,7 @@ def _h_perms(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
         findings.append(
             (level, f"{cmd.name}{' -R' if recursive else ''} {mode} on '{_show(target)}': {what}")
         )
+        findings += _made_executable(cmd, mode, target, ctx)
         system = level >= HIGH
         if cmd.name == "chmod" and _SETUID_RE.match(mode):
             findings.append(((CRITICAL if system else HIGH), f"chmod {mode}: sets the setuid/setgid bit"))
@@ -2354,9 +2362,9 @@ def _piped_program(cmd: _Cmd, ctx: _Ctx, shell: bool) -> list[Finding]:
             findings.append((CRITICAL, f"pipes {kind} ('{upstream}') into {_show(cmd.raw)}: {what}"))
             break
     else:
-        findings.append(
+        findings += _earlier_piped(cmd, ctx) or [
             (HIGH, f"pipes generated data ('{upstream}') into {_show(cmd.raw)}: executes it as code")
-        )
+        ]
     payload = _literal_payload(cmd.upstream, ctx)
     if payload:
         findings += _nested(payload, ctx, "piped script") if shell else _code_findings(payload, ctx, cmd.name)
@@ -2528,7 +2536,7 @@ def _written_script(cmd: _Cmd, script: str, ctx: _Ctx, shell: bool | None) -> li
     """Findings for running a file the line wrote earlier (None when it did not write it)."""
     written = _written(script, ctx)
     if written is None:
-        return None
+        return _earlier_script(cmd, script, ctx)
     shown = _show(script)
     runs = f"runs '{shown}'" if cmd.raw == script else f"{_show(cmd.raw)} runs '{shown}'"
     findings: list[Finding] = [(MEDIUM, f"{runs}, written earlier in this command")]
@@ -2637,6 +2645,151 @@ def _record_writes(simple: _Simple, argv: list[str], upstream: list[list[str]], 
         _remember(ctx, target, op, _Written(source, text))
     if name in ("cp", "mv", "install", "ln"):
         _copy_written(argv, ctx)
+
+
+# ---------------------------------------------------------------------------- files saved by earlier commands
+# A run's shell calls are rated one at a time: `curl -o x.sh URL` in one call and `bash x.sh` in the next
+# would each look like a plain download and a plain script. `classify_command(..., earlier=...)` is given
+# the run's earlier commands; when the command rated runs a file, they are read (once, and only then) for
+# the files they saved from a download or a decoder, and running one is rated as if both were one line.
+
+_DOWNLOADER_WORDS = "|".join(sorted(map(re.escape, _DOWNLOADERS)))
+_SAVES_RE = re.compile(rf">|\$'|\b(?:tee|cp|mv|install|ln|{_DOWNLOADER_WORDS})\b")
+_QUOTING_RE = re.compile(r"[\"'\\]")
+
+
+class _Earlier:
+    """The files a run's earlier commands saved from a download or a decoder (path -> `_Written`).
+
+    `commands` are read the first time a file is looked up, so rating a command that runs no file costs
+    nothing. `cwd` is the working directory every command starts in, when known (absolute): relative and
+    absolute paths are then compared exactly; without it, `x.sh` and `/srv/x.sh` *may* be the same file.
+    """
+
+    def __init__(self, commands: Iterable[str], cwd: str | None) -> None:
+        self._commands: Iterable[str] | None = commands
+        self.cwd = _normalize_path(cwd, None) if cwd and cwd.startswith("/") else None
+        self._files: dict[str, _Written] = {}
+
+    def files(self) -> dict[str, _Written]:
+        if self._commands is not None:
+            commands, self._commands = self._commands, None
+            for command in commands:
+                if isinstance(command, str):
+                    _read_saves(command, self._files, self.cwd)
+        return self._files
+
+    def find(self, path: str) -> tuple[str, _Written, bool] | None:
+        """The saved file `path` (normalized) names: (its path, what saved it, whether surely the same)."""
+        if self.cwd is not None and not path.startswith(("/", "~")):
+            path = _normalize_path(path, self.cwd)
+        files = self.files()
+        if path in files:
+            return path, files[path], True
+        if self.cwd is not None or not files:
+            return None
+        for saved, written in files.items():  # the working directory is not known
+            short, full = (saved, path) if path.startswith("/") else (path, saved)
+            if full.startswith("/") and not short.startswith(("/", "~", "..")) and full.endswith("/" + short):
+                return saved, written, False
+        return None
+
+
+def _read_saves(command: str, files: dict[str, _Written], cwd: str | None) -> None:
+    """Add what one earlier command saved from a download or a decoder to `files` (labelled with the
+    command); a file it overwrote with other content, or could have, is dropped."""
+    if len(command) > _MAX_LENGTH or not _SAVES_RE.search(_QUOTING_RE.sub("", command)):
+        return  # nothing in it writes a file
+    seed = tuple(sorted((path, w.source or "", w.origin or "") for path, w in files.items()))
+    for path, source, origin in _saves(command, cwd, seed):
+        if source is None:
+            files.pop(path, None)
+        else:
+            files[path] = _Written(source, None, origin or command)
+
+
+@functools.lru_cache(maxsize=2048)
+def _saves(
+    command: str, cwd: str | None, seed: tuple[tuple[str, str, str], ...]
+) -> tuple[tuple[str, str | None, str], ...]:
+    """The files `command` writes, given the files saved before it (`seed`): (path, source or None when
+    not saved from a download or a decoder, origin or "" for this command). Cached: a run's checks read
+    the same earlier commands again and again."""
+    files = {path: _Written(source, None, origin) for path, source, origin in seed}
+    before = dict(files)
+    try:
+        _classify_text(command, _Ctx([], cwd=cwd, files=files))
+    except Exception:  # unparseable (it was rated high then): nothing is known of what it saved
+        return ()
+    return tuple(
+        (path, written.source, written.origin or "")
+        for path, written in files.items()
+        if written is not before.get(path)
+    )
+
+
+def _earlier_file(raw: str, ctx: _Ctx) -> tuple[str, _Written, bool] | None:
+    if ctx.earlier is None or not raw or raw.startswith("-") or _is_dynamic(raw):
+        return None
+    return ctx.earlier.find(_normalize_path(raw, ctx.cwd))
+
+
+def _saved_by(written: _Written) -> str:
+    return f"saved from {written.source} by an earlier command of this run ('{_show(written.origin or '', 120)}')"
+
+
+def _danger(written: _Written) -> str:
+    downloaded = (written.source or "").startswith("downloaded")
+    return "remote code execution" if downloaded else "obfuscated code execution"
+
+
+def _earlier_script(cmd: _Cmd, script: str, ctx: _Ctx) -> list[Finding] | None:
+    """Findings for running a file an earlier command of the run saved (None when none did)."""
+    found = _earlier_file(script, ctx)
+    if found is None:
+        return None
+    path, written, same = found
+    shown = _show(script)
+    runs = f"runs '{shown}'" if cmd.raw == script else f"{_show(cmd.raw)} runs '{shown}'"
+    if same:
+        return [(CRITICAL, f"{runs}, {_saved_by(written)}: {_danger(written)}")]
+    return [
+        (HIGH, f"{runs}, which may be '{_show(path)}' {_saved_by(written)} (the working directory is not "
+               f"known): possible {_danger(written)}")
+    ]  # fmt: skip
+
+
+def _earlier_piped(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """`cat x.sh | sh` where an earlier command of the run saved x.sh."""
+    for argv in cmd.upstream + cmd.earlier:
+        for arg in argv[1:]:
+            found = _earlier_file(arg, ctx)
+            if found is not None and found[2]:
+                what = f"pipes '{_show(arg)}', {_saved_by(found[1])}, into {_show(cmd.raw)}"
+                return [(CRITICAL, f"{what}: {_danger(found[1])}")]
+    return []
+
+
+_ADDS_EXEC_RE = re.compile(r"[+=][rwXst]*x")
+
+
+def _made_executable(cmd: _Cmd, mode: str, target: str, ctx: _Ctx) -> list[Finding]:
+    """`chmod +x` of a downloaded or decoded file (on this line or by an earlier command): HIGH, since
+    it gets the file ready to run (running it is CRITICAL)."""
+    if cmd.name != "chmod":
+        return []
+    adds = int(mode, 8) & 0o111 if re.fullmatch(r"[0-7]{1,4}", mode) else _ADDS_EXEC_RE.search(mode)
+    if not adds:
+        return []
+    written = _written(target, ctx)
+    if written is not None:
+        saved = f"saved from {written.source} earlier in this command" if written.source else None
+    else:
+        found = _earlier_file(target, ctx)
+        written, saved = (found[1], _saved_by(found[1])) if found and found[2] else (None, None)
+    if written is None or saved is None:
+        return []
+    return [(HIGH, f"chmod {mode} makes '{_show(target)}' executable, {saved}: it can then be run")]
 
 
 # ---------------------------------------------------------------------------- launchers
@@ -2905,6 +3058,9 @@ def _classify_cmd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     program = _written_program(cmd.raw, ctx)
     if program is not None:
         return _written_script(cmd, program, ctx, None) or []
+    ran = _earlier_script(cmd, cmd.raw, ctx) if "/" in cmd.raw else None
+    if ran is not None:
+        return ran
     if cmd.raw not in ("[", "[[") and any(c in cmd.raw for c in "*?["):
         return [(HIGH, f"command name '{cmd.raw}' is a glob pattern: the binary cannot be determined")]
     wrapper = _WRAPPERS.get(cmd.name)
@@ -3032,10 +3188,10 @@ def _classify_text(text: str, ctx: _Ctx) -> list[Finding]:
 _PRIVATE_RE = re.compile("[\ue000-\ue0ff]")
 
 
-def _salvage(command: str) -> list[Finding]:
+def _salvage(command: str, earlier: _Earlier | None) -> list[Finding]:
     """Best effort for unparseable input: classify it with quoting characters removed."""
     try:
-        return _classify_text(re.sub(r"[\"'`\\]", " ", command), _Ctx([]))
+        return _classify_text(re.sub(r"[\"'`\\]", " ", command), _Ctx([], earlier=earlier))
     except (_ParseError, RecursionError):
         return []
 
@@ -3049,27 +3205,40 @@ def _summarise(findings: list[Finding], parsed: bool) -> CommandRisk:
     return CommandRisk(level, tuple(dict.fromkeys(shown)), parsed)
 
 
-def _classify_top(command: str) -> CommandRisk:
+def _classify_top(command: str, earlier: _Earlier | None) -> CommandRisk:
     findings: list[Finding] = []
     if _PRIVATE_RE.search(command):
         findings.append((HIGH, "contains Unicode private-use characters (possible obfuscation)"))
         command = _PRIVATE_RE.sub("?", command)
     try:
-        return _summarise(findings + _classify_text(command, _Ctx([])), parsed=True)
+        return _summarise(findings + _classify_text(command, _Ctx([], earlier=earlier)), parsed=True)
     except _ParseError as exc:
         findings.append((HIGH, f"could not parse the command ({exc}): treated as high risk"))
-        return _summarise(findings + _salvage(command), parsed=False)
+        return _summarise(findings + _salvage(command, earlier), parsed=False)
 
 
-def classify_command(command: str) -> CommandRisk:
+def classify_command(command: str, *, earlier: Iterable[str] = (), cwd: str | None = None) -> CommandRisk:
     """Rate the risk of running `command` in a POSIX shell.
+
+    Args:
+        command: the command line.
+        earlier: the command lines run before it in the same place (the same tool and host), oldest
+            first — the safety controller passes a run's earlier calls. A file one of them saved from a
+            download (or a decoder) and `command` runs is rated as if both were one line: `bash x.sh`
+            after `curl -o x.sh URL` is CRITICAL like `curl -o x.sh URL && bash x.sh`, and `chmod +x x.sh`
+            HIGH. They are read (once) only when `command` runs a file, so a lazy iterable costs nothing
+            for the commands that run none.
+        cwd: the absolute working directory those commands start in, if known, so that `x.sh` and
+            `/srv/x.sh` are compared exactly. Without it, a relative and an absolute path that may name
+            the same file are rated HIGH (asked about), not CRITICAL.
 
     Never raises: anything that cannot be parsed or analysed is rated at least HIGH.
     """
     if len(command) > _MAX_LENGTH:
         return CommandRisk(HIGH, ("command is too long to analyse",), False)
+    history = None if isinstance(earlier, tuple | list) and not earlier else _Earlier(earlier, cwd)
     try:
-        return _classify_top(command)
+        return _classify_top(command, history)
     except RecursionError:
         return CommandRisk(HIGH, ("command is nested too deeply to analyse",), False)
     except Exception as exc:  # fail closed: a classifier bug must never make a command look safe

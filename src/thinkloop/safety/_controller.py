@@ -15,7 +15,7 @@ import inspect
 import json
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
@@ -26,7 +26,7 @@ from .._events import ApprovalRequested, Decision
 from .._execute import GateDecision
 from .._messages import ToolCall
 from .._risk import RiskLevel
-from .._state import ApprovalRecord
+from .._state import ApprovalRecord, LedgerEntry
 from .._tools import Tool
 from ._policy import Evaluation, SafetyMode, SafetyPolicy, ShellCommandRisk
 
@@ -137,9 +137,23 @@ class SafetyController:
         return f"SafetyController(mode={self.policy.mode.value!r})"
 
     async def check(self, call: ToolCall, tool: Tool, risk: RiskLevel, run: RunContext) -> GateDecision:
-        """Decide one call: blocked → refused; allowed by the policy → runs; otherwise ask."""
-        argument = tool.risk.argument if isinstance(tool.risk, ShellCommandRisk) else None
-        evaluation = self.policy.evaluate(tool.name, call.arguments, risk, command_argument=argument)
+        """Decide one call: blocked → refused; allowed by the policy → runs; otherwise ask.
+
+        A command is rated with the run's earlier commands of the same tool (from the ledger, read only
+        when the command runs a file): running a file an earlier call downloaded is rated like
+        downloading and running it in one command.
+        """
+        shell = tool.risk if isinstance(tool.risk, ShellCommandRisk) else None
+        argument = shell.argument if shell is not None else None
+        key = self.policy.command_tools.get(tool.name) or argument
+        evaluation = self.policy.evaluate(
+            tool.name,
+            call.arguments,
+            risk,
+            command_argument=argument,
+            earlier=_earlier_commands(run, call, key) if key is not None else (),
+            cwd=shell.cwd if shell is not None else None,
+        )
         if evaluation.verdict == "block":
             message = _blocked_message(tool.name, evaluation)
             return _record(run, call, evaluation, "blocked", message=message)
@@ -192,6 +206,37 @@ class SafetyController:
         except Exception as exc:
             return _Answer("denied", problem=f"the approval function failed ({type(exc).__name__}: {exc})")
         return _interpret(answer)
+
+
+_REFUSED = frozenset({"denied", "blocked", "timeout"})
+_ALLOWED = frozenset({"auto", "approved", "approved_always"})
+
+
+def _earlier_commands(run: RunContext, call: ToolCall, key: str) -> Iterator[str]:
+    """The commands that ran (or run with this one) before `call` in this run, oldest first: calls of
+    the same tool with the same other arguments (an SSH tool's host), from the ledger — which a resumed
+    run has too. Calls the gate refused never ran and are left out. Lazy: the ledger is read only when
+    the classifier needs it (the command being rated runs a file)."""
+    place = {k: v for k, v in call.arguments.items() if k != key}
+    decisions = {record.call_id: record.decision for record in run.state.approvals}  # the last one counts
+    for entry in list(run.state.ledger.values()):
+        command = entry.arguments.get(key)
+        if entry.call_id == call.id or entry.name != call.name or not isinstance(command, str):
+            continue
+        if {k: v for k, v in entry.arguments.items() if k != key} == place and _ran(
+            entry, decisions.get(entry.call_id), run.state.step
+        ):
+            yield command
+
+
+def _ran(entry: LedgerEntry, decision: str | None, step: int) -> bool:
+    """Whether a call in the ledger ran, runs, or may run alongside the call being checked."""
+    if decision in _REFUSED or entry.error_kind in ("denied", "repeated_call"):
+        return False
+    if entry.status != "planned":
+        return True
+    # planned: allowed earlier in this reply, or not checked yet (a later call of the same reply)
+    return decision in _ALLOWED or (decision is None and entry.step == step)
 
 
 @dataclass(frozen=True, slots=True)

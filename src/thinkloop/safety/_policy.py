@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
@@ -145,10 +146,17 @@ class SafetyPolicy(BaseModel):
         risk: RiskLevel,
         *,
         command_argument: str | None = None,
+        earlier: Iterable[str] = (),
+        cwd: str | None = None,
     ) -> Evaluation:
-        """Decide a call without a person: blocked, runs on its own, or needs approval — and why."""
+        """Decide a call without a person: blocked, runs on its own, or needs approval — and why.
+
+        For a command tool, `earlier` are the commands the run already ran with the same tool (and host),
+        oldest first, and `cwd` the tool's working directory if known (see `classify_command`): running
+        a file one of them downloaded is rated like downloading and running it in one command.
+        """
         command = self.command_of(tool_name, arguments, command_argument)
-        rated = classify_command(command) if command is not None else None
+        rated = classify_command(command, earlier=earlier, cwd=cwd) if command is not None else None
         risk = self._effective_risk(tool_name, risk, rated)
         reasons = list(rated.reasons) if rated is not None else []
         blocked = self._block_reason(tool_name, command, risk, rated)
@@ -208,11 +216,15 @@ class ShellCommandRisk:
     """The risk function of a tool running shell commands: the classifier's rating of one argument.
 
     It also marks the tool as a command tool for the safety policy, so critical commands are blocked
-    whatever the tool is called. A missing or non-string command is rated HIGH.
+    whatever the tool is called. A missing or non-string command is rated HIGH. `cwd` is the absolute
+    working directory every command starts in, when the tool has a fixed one: the safety controller then
+    compares the paths of a run's commands exactly (with cwd `/srv`, `bash x.sh` runs the file that an
+    earlier `curl -o /srv/x.sh …` downloaded; without it, that is only possible, and asked about).
     """
 
-    def __init__(self, argument: str = "command") -> None:
+    def __init__(self, argument: str = "command", *, cwd: str | None = None) -> None:
         self.argument = argument
+        self.cwd = cwd
 
     def __call__(self, arguments: dict[str, Any]) -> RiskLevel:
         command = arguments.get(self.argument)
@@ -221,7 +233,8 @@ class ShellCommandRisk:
         return classify_command(command).level
 
     def __repr__(self) -> str:
-        return f"ShellCommandRisk({self.argument!r})"
+        cwd = f", cwd={self.cwd!r}" if self.cwd is not None else ""
+        return f"ShellCommandRisk({self.argument!r}{cwd})"
 
 
 command_risk = ShellCommandRisk("command")
