@@ -21,7 +21,7 @@ from typing import Any
 
 from .._errors import ConfigurationError
 from .._tools import Tool, truncate_output
-from ..safety._policy import command_risk
+from ..safety._policy import ShellCommandRisk, command_risk
 
 DEFAULT_ENV_ALLOWLIST = (
     "PATH",
@@ -85,7 +85,8 @@ def shell_tool(
         ),
         parameters=_PARAMETERS,
         function=run_shell,
-        risk=command_risk,
+        # with a fixed working directory, the safety layer compares paths across a run's commands exactly
+        risk=ShellCommandRisk("command", cwd=str(workdir)) if workdir is not None else command_risk,
         timeout=timeout + 10.0,  # our own timeout kills the process first and reports it
         idempotent=False,
     )
