@@ -13,9 +13,10 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticSerializationError
 
 from .._errors import ConfigurationError, StateError
 from .._events import Event, event_from_json
@@ -26,6 +27,7 @@ RunStatus = Literal["running", "done", "error"]
 MemoryRole = Literal["system", "user", "assistant"]
 
 _ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
 class RunSummary(BaseModel):
@@ -212,3 +214,37 @@ def parse_event(run_id: str, text: str | bytes) -> Event:
         return event_from_json(text)
     except ValueError as exc:
         raise StateError(f"run {run_id!r}: a stored event is corrupt: {exc}") from exc
+
+
+# ================================================================================ text a store can hold
+
+
+def clean_text(text: str) -> str:
+    """`text` with lone surrogates (`"\\ud800"`: a JSON escape of half an emoji, a file name decoded with
+    `surrogateescape`) replaced by U+FFFD: UTF-8, and so no file or database, can hold them."""
+    return _SURROGATE_RE.sub("\ufffd", text) if _SURROGATE_RE.search(text) else text
+
+
+def to_json(model: Any) -> str:
+    """`model.model_dump_json()` (a state's `to_json()`), which fails on text with lone surrogates:
+    U+FFFD takes their place."""
+    try:
+        return _dump(model)
+    except PydanticSerializationError:
+        clean = type(model).model_validate(_clean_tree(model.model_dump(mode="json")))
+        return _dump(clean)  # still failing: not a surrogate, the error is the caller's
+
+
+def _dump(model: Any) -> str:
+    text: str = model.to_json() if isinstance(model, RunState) else model.model_dump_json()
+    return text
+
+
+def _clean_tree(value: object) -> object:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(k) if isinstance(k, str) else k: _clean_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean_tree(v) for v in value]
+    return value

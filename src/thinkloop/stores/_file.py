@@ -13,6 +13,7 @@ orphaned events (their state was never saved), so the log stays gap-free.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import json
 import os
@@ -22,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._errors import ConcurrencyError
+from .._errors import ConcurrencyError, StateError
 from .._events import Event
 from .._state import RunState
 from ._base import (
@@ -34,10 +35,12 @@ from ._base import (
     base_version,
     check_id,
     check_role,
+    clean_text,
     load_state_text,
     memory_turn,
     numbered,
     parse_event,
+    to_json,
 )
 
 T = TypeVar("T")
@@ -51,7 +54,22 @@ class FileStore(Store):
         self.url = f"file://{self.root.resolve()}"
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.to_thread(fn, *args)
+        """`fn(*args)` in a thread; a failing file system (read-only, full, a file where a directory
+        should be) is a `StateError` saying which file and what to do."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except OSError as exc:
+            raise StateError(f"the file store {self.root} failed: {exc}; {self._hint(exc)}") from exc
+
+    def _hint(self, exc: OSError) -> str:
+        if exc.errno == errno.ENOSPC:
+            return "free some disk space"
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return (
+                f"make {self.root} writable (the store writes .lock, runs/ and sessions/ in it), "
+                "or use a store in a writable place"
+            )
+        return f"check that {self.root} is a directory you can read and write"
 
     # ---------------------------------------------------------------------------------- paths
 
@@ -79,10 +97,10 @@ class FileStore(Store):
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
         expected = base_version(state, events)
-        lines = [e.model_dump_json() for e in events]
+        lines = [to_json(e) for e in events]
         memory = [(role, content) for role, content in memory_turn(state, events)]
         await self._call(
-            self._checkpoint, state.run_id, expected, lines, state.to_json(), state.session, memory
+            self._checkpoint, state.run_id, expected, lines, to_json(state), state.session, memory
         )
 
     def _checkpoint(
@@ -128,12 +146,12 @@ class FileStore(Store):
 
     async def load_state(self, run_id: str) -> RunState | None:
         path = self._state_path(run_id)
-        text = await self._call(_read_text, path)
+        text = await self._call(_read_state, path)
         return None if text is None else load_state_text(run_id, text)
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         check_id(run_id)
-        lines = [e.model_dump_json() for e in numbered(run_id, events, expected_version)]
+        lines = [to_json(e) for e in numbered(run_id, events, expected_version)]
         await self._call(self._append, run_id, expected_version, lines)
         return expected_version + len(lines)
 
@@ -170,8 +188,8 @@ class FileStore(Store):
         for path in runs.glob("*.json"):
             try:
                 state = RunState.from_json(path.read_bytes())
-            except (OSError, ValueError):
-                continue  # a corrupt run is reported by load_state, not by a listing
+            except (OSError, ValueError, StateError):
+                continue  # a corrupt or newer run is reported by load_state, not by a listing
             out.append(RunSummary.from_state(state, updated_at=path.stat().st_mtime))
         return out
 
@@ -187,7 +205,7 @@ class FileStore(Store):
             self._remember(session, role, content)
 
     def _remember(self, session: str, role: MemoryRole, content: str) -> None:
-        entry = MemoryEntry(session=session, role=role, content=content, time=time.time())
+        entry = MemoryEntry(session=session, role=role, content=clean_text(content), time=time.time())
         with open(self._session_path(session), "a", encoding="utf-8") as f:
             f.write(entry.model_dump_json() + "\n")
 
@@ -199,16 +217,16 @@ class FileStore(Store):
 
 
 def _read_lines(path: Path) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a damaged byte is U+FFFD: the line still counts, and the rest of the file reads
+        text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return []
     return [line for line in text.split("\n") if line.strip()]
 
 
-def _read_text(path: Path) -> str | None:
+def _read_state(path: Path) -> bytes | None:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes()  # invalid UTF-8 is a corrupt state (StateError), not a UnicodeDecodeError
     except FileNotFoundError:
         return None
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import socket
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from .._errors import ConcurrencyError, ConfigurationError, StateError
 from .._events import Event
@@ -27,11 +29,15 @@ from ._base import (
     base_version,
     check_id,
     check_role,
+    clean_text,
     load_state_text,
     memory_turn,
     numbered,
     parse_event,
+    to_json,
 )
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 _LOCK_KEY = 0x7468696E6B  # "think": the advisory lock taken while migrating
@@ -65,16 +71,22 @@ class PostgresStore(Store):
     """A store in a PostgreSQL database.
 
     Args:
-        dsn: a libpq connection string or URL, e.g. `postgresql://user@host:5432/db`.
+        dsn: a libpq connection string or URL, e.g. `postgresql://user@host:5432/db`; a malformed one
+            raises `ConfigurationError` at once.
+        timeout: seconds one operation (connecting included) may take; a server that does not answer
+            in time is a `StateError`, never a hang.
 
-    One connection per store, opened on first use; operations of one store are serialised on it.
+    One connection per store, opened on first use; operations of one store are serialised on it. A
+    connection lost between two operations (a server restart, a dropped connection) is opened again.
     """
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, timeout: float = 30.0) -> None:
         self.dsn = dsn
         self.url = redacted_dsn(dsn)  # shown in messages: without the password
+        self.timeout = timeout
         self._conn: Any = None
         self._lock = asyncio.Lock()
+        _check_dsn(dsn, self.url)
 
     async def _connection(self) -> Any:
         if self._conn is None or self._conn.closed:
@@ -84,51 +96,95 @@ class PostgresStore(Store):
                 raise ConfigurationError(
                     "PostgresStore needs psycopg 3: pip install 'thinkloop[postgres]'"
                 ) from None
-            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-            await _migrate(conn)
+            async with asyncio.timeout(self.timeout):
+                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+            try:
+                await self._bounded(conn, _migrate)
+            except BaseException:
+                await conn.close()
+                raise
             self._conn = conn
         return self._conn
 
-    @contextlib.asynccontextmanager
-    async def _session(self) -> AsyncIterator[Any]:
-        """The connection, for one operation at a time; a lost or refused connection is a `StateError`
+    async def _run(self, op: Callable[[Any], Awaitable[T]], *, retry: Callable[[], bool] = lambda: True) -> T:
+        """`op(conn)`, one operation at a time, within `timeout`. When a connection kept from an earlier
+        operation turns out to be lost, it is opened again and `op` retried once if `retry()` says that
+        nothing of it was committed. Any other failure of the server or the connection is a `StateError`
         saying where and what to check (the next operation connects again)."""
         import psycopg
 
         async with self._lock:
+            reused = self._conn is not None and not self._conn.closed
             try:
-                yield await self._connection()
-            except psycopg.OperationalError as exc:
-                if self._conn is not None and self._conn.closed:
-                    self._conn = None
-                reason = " ".join(str(exc).split())
-                raise StateError(
-                    f"the PostgreSQL store {self.url} failed: {reason}; check that the server is running "
-                    "and reachable and that the database and user in the DSN exist"
-                ) from exc
+                try:
+                    return await self._bounded(await self._connection(), op)
+                except psycopg.OperationalError:
+                    if not (reused and self._lost() and retry()):
+                        raise
+                return await self._bounded(await self._connection(), op)
+            except psycopg.Error as exc:  # refused, lost, out of space, no permission …
+                self._lost()
+                raise self._failure(" ".join(str(exc).split())) from exc
+            except TimeoutError:
+                await self._drop()
+                raise self._failure(f"no answer within timeout ({self.timeout:g} s)") from None
+
+    async def _bounded(self, conn: Any, op: Callable[[Any], Awaitable[T]]) -> T:
+        """`op(conn)`; past `timeout`, the connection is shut so the operation fails at once (cancelling a
+        query waits for a server that does not answer) and `TimeoutError` raised."""
+        task = asyncio.ensure_future(op(conn))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.timeout)
+        except BaseException:
+            task.cancel()
+            raise
+        if not done:
+            _shut(conn)
+            await asyncio.wait({task}, timeout=5.0)  # on a shut socket it fails at once
+            if task.done():
+                task.cancelled() or task.exception()  # retrieved: never logged as unhandled
+            else:
+                task.cancel()
+            raise TimeoutError
+        return task.result()
+
+    def _lost(self) -> bool:
+        """Forget a connection that is closed (the next operation opens a new one); True if it was."""
+        if self._conn is not None and self._conn.closed:
+            self._conn = None
+            return True
+        return False
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def _failure(self, reason: str) -> StateError:
+        return StateError(
+            f"the PostgreSQL store {self.url} failed: {reason}; check that the server is running "
+            "and reachable and that the database and user in the DSN exist"
+        )
 
     async def aclose(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        await self._drop()
 
     # -------------------------------------------------------------------------------------- runs
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
         run_id = check_id(state.run_id)
         expected = base_version(state, events)
-        rows = [(run_id, e.seq, e.type, e.model_dump_json()) for e in events]
+        rows = [(run_id, e.seq, e.type, to_json(e)) for e in events]
         now = time.time()
         summary = RunSummary.from_state(state, updated_at=now)
-        run_row = (run_id, state.to_json(), summary.model_dump_json(), summary.status, state.session, now)
+        run_row = (run_id, to_json(state), to_json(summary), summary.status, state.session, now)
         memory = [(state.session, role, _text(content), now) for role, content in memory_turn(state, events)]
         await self._write(run_id, expected, rows, run_row, memory)
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         check_id(run_id)
-        rows = [
-            (run_id, e.seq, e.type, e.model_dump_json()) for e in numbered(run_id, events, expected_version)
-        ]
+        rows = [(run_id, e.seq, e.type, to_json(e)) for e in numbered(run_id, events, expected_version)]
         await self._write(run_id, expected_version, rows, None, [])
         return expected_version + len(rows)
 
@@ -142,22 +198,30 @@ class PostgresStore(Store):
     ) -> None:
         import psycopg
 
-        async with self._session() as conn:
+        committing = False  # set when COMMIT is sent: from then on a lost connection is an unknown outcome
+
+        async def write(conn: Any) -> None:
+            nonlocal committing
+            committing = False
             try:
-                async with conn.transaction(), conn.cursor() as cur:
-                    await cur.execute(_VERSION_SQL, (run_id,))
-                    actual = (await cur.fetchone())[0]
-                    if actual != expected:
-                        raise ConcurrencyError(run_id, expected, actual)
-                    if rows:
-                        await cur.executemany(_EVENT_SQL, rows)
-                    if run_row is not None:
-                        await cur.execute(_RUN_SQL, run_row)
-                    if memory:
-                        await cur.executemany(_MEMORY_SQL, memory)
+                async with conn.transaction():
+                    async with conn.cursor() as cur:
+                        await cur.execute(_VERSION_SQL, (run_id,))
+                        actual = (await cur.fetchone())[0]
+                        if actual != expected:
+                            raise ConcurrencyError(run_id, expected, actual)
+                        if rows:
+                            await cur.executemany(_EVENT_SQL, rows)
+                        if run_row is not None:
+                            await cur.execute(_RUN_SQL, run_row)
+                        if memory:
+                            await cur.executemany(_MEMORY_SQL, memory)
+                    committing = True
             except psycopg.errors.UniqueViolation:  # another writer committed the same seq first
                 cur = await conn.execute(_VERSION_SQL, (run_id,))
                 raise ConcurrencyError(run_id, expected, (await cur.fetchone())[0]) from None
+
+        await self._run(write, retry=lambda: not committing)
 
     async def load_state(self, run_id: str) -> RunState | None:
         row = await self._fetchone("SELECT state FROM thinkloop_runs WHERE run_id = %s", (check_id(run_id),))
@@ -192,8 +256,17 @@ class PostgresStore(Store):
 
     async def add_memory(self, session: str, role: MemoryRole, content: str) -> None:
         row = (check_id(session, "session id"), check_role(role), _text(content), time.time())
-        async with self._session() as conn:
-            await conn.execute(_MEMORY_SQL, row)
+
+        committing = False  # a lost connection before COMMIT: nothing stored, so retried on a new one
+
+        async def add(conn: Any) -> None:
+            nonlocal committing
+            committing = False
+            async with conn.transaction():
+                await conn.execute(_MEMORY_SQL, row)
+                committing = True
+
+        await self._run(add, retry=lambda: not committing)
 
     async def get_memory(self, session: str, limit: int | None = None) -> list[MemoryEntry]:
         check_id(session, "session id")
@@ -207,14 +280,18 @@ class PostgresStore(Store):
     # ----------------------------------------------------------------------------------- helpers
 
     async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
-        async with self._session() as conn:
+        async def fetch(conn: Any) -> Any:
             cur = await conn.execute(sql, params)
             return await cur.fetchone()
 
+        return await self._run(fetch)
+
     async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        async with self._session() as conn:
+        async def fetch(conn: Any) -> list[Any]:
             cur = await conn.execute(sql, params)
             return list(await cur.fetchall())
+
+        return await self._run(fetch)
 
 
 async def _migrate(conn: Any) -> None:
@@ -235,6 +312,39 @@ async def _migrate(conn: Any) -> None:
             await conn.execute("INSERT INTO thinkloop_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
 
 
+def _check_dsn(dsn: str, shown: str) -> None:
+    """A malformed DSN is the developer's mistake: `ConfigurationError` now, not a failure at first use."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:  # said at first use
+        return
+    try:
+        conninfo_to_dict(dsn)
+    except Exception as exc:
+        reason = " ".join(str(exc).split())
+        for secret in _passwords(dsn):
+            reason = reason.replace(secret, "***")
+        raise ConfigurationError(
+            f"malformed PostgreSQL DSN {shown!r}: {reason}; use postgresql://user:password@host:5432/dbname "
+            "or 'host=... port=5432 dbname=... user=...'"
+        ) from None
+
+
+def _passwords(dsn: str) -> list[str]:
+    found = re.findall(r"://[^/@:]*:([^/]*)@", dsn) + re.findall(r"password\s*=\s*'?([^'\s]+)", dsn, re.I)
+    return [p for p in found if p]
+
+
+def _shut(conn: Any) -> None:
+    """Shut a connection's socket, so a query waiting for a server that does not answer fails at once."""
+    with contextlib.suppress(Exception):
+        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+
+
 def redacted_dsn(dsn: str) -> str:
     """A PostgreSQL DSN (URL or key=value form) with its password replaced by `***`."""
     dsn = re.sub(r"(://[^/@:]*:)[^/]*@", r"\1***@", dsn)  # to the last `@` of the authority
@@ -242,6 +352,7 @@ def redacted_dsn(dsn: str) -> str:
 
 
 def _text(content: str) -> str:
-    """Text for a PostgreSQL `TEXT` column, which cannot hold NUL: U+FFFD takes its place (the run state,
-    stored as JSON, keeps the NUL as `\\u0000` and round-trips exactly)."""
+    """Text for a PostgreSQL `TEXT` column, which cannot hold NUL (nor, as UTF-8, lone surrogates): U+FFFD
+    takes its place (the run state, stored as JSON, keeps the NUL as `\\u0000` and round-trips exactly)."""
+    content = clean_text(content)
     return content.replace("\x00", "\ufffd") if "\x00" in content else content

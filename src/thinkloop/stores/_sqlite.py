@@ -33,10 +33,12 @@ from ._base import (
     base_version,
     check_id,
     check_role,
+    clean_text,
     load_state_text,
     memory_turn,
     numbered,
     parse_event,
+    to_json,
 )
 
 T = TypeVar("T")
@@ -103,22 +105,38 @@ class SQLiteStore(Store):
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(conn, *args)`: inline when the database is free (no thread hop: a checkpoint costs
         ~0.1 ms), else in the worker thread, which waits for other processes' locks. A failure of SQLite
-        itself (a corrupt or foreign file, a full disk, a lock held too long) is a `StateError` saying so."""
+        itself (a corrupt or foreign file, a full disk, a lock held too long, a directory that cannot be
+        made) is a `StateError` saying so and what to do."""
         try:
             return await self._call_sqlite(fn, *args)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise self._failure(exc) from exc
 
-    def _failure(self, exc: sqlite3.Error) -> StateError:
+    def _failure(self, exc: sqlite3.Error | OSError) -> StateError:
         text = str(exc)
-        if "not a database" in text or "malformed" in text or "encrypted" in text:
+        if isinstance(exc, OSError):
+            hint = (
+                f"cannot create the directory {self.path.parent}: choose a path in a directory you can write"
+            )
+        elif "not a database" in text or "malformed" in text or "encrypted" in text:
             hint = "the file is not a thinkloop SQLite database or is damaged: move it away, or use another store"
         elif "locked" in text or "busy" in text:
-            hint = f"another process held the database for more than busy_timeout ({self.busy_timeout:g} s)"
+            hint = (
+                f"another process held its write lock for more than busy_timeout ({self.busy_timeout:g} s) "
+                f"(`fuser {self.path}` shows which): end or wait for it, then resume the run, "
+                "or give SQLiteStore a longer busy_timeout"
+            )
         elif "full" in text:
             hint = "free some disk space"
+        elif "readonly" in text:
+            hint = (
+                f"the file or its directory is read-only (in WAL mode SQLite also writes {self.path.name}-wal "
+                f"and {self.path.name}-shm beside it): make both writable, or use a store in a writable place"
+            )
+        elif self.path.is_dir():
+            hint = "that path is a directory: give the path of a database file, e.g. DIR/thinkloop.db"
         else:
-            hint = "check that the file and its directory are writable"
+            hint = "check that the file and its directory exist and are readable and writable"
         return StateError(f"the SQLite store {self.path} failed: {text}; {hint}")
 
     async def _call_sqlite(self, fn: Callable[..., T], *args: Any) -> T:
@@ -185,11 +203,13 @@ class SQLiteStore(Store):
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
         run_id = check_id(state.run_id)
         expected = base_version(state, events)
-        rows = [(run_id, e.seq, e.type, e.model_dump_json()) for e in events]
+        rows = [(run_id, e.seq, e.type, to_json(e)) for e in events]
         now = time.time()
         summary = RunSummary.from_state(state, updated_at=now)
-        run_row = (run_id, state.to_json(), summary.model_dump_json(), summary.status, state.session, now)
-        memory = [(state.session, role, content, now) for role, content in memory_turn(state, events)]
+        run_row = (run_id, to_json(state), to_json(summary), summary.status, state.session, now)
+        memory = [
+            (state.session, role, clean_text(content), now) for role, content in memory_turn(state, events)
+        ]
         await self._call(_checkpoint, run_id, expected, rows, run_row, memory)
         self._written()
 
@@ -199,9 +219,7 @@ class SQLiteStore(Store):
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         check_id(run_id)
-        rows = [
-            (run_id, e.seq, e.type, e.model_dump_json()) for e in numbered(run_id, events, expected_version)
-        ]
+        rows = [(run_id, e.seq, e.type, to_json(e)) for e in numbered(run_id, events, expected_version)]
         await self._call(_checkpoint, run_id, expected_version, rows, None, [])
         self._written()
         return expected_version + len(rows)
@@ -226,7 +244,7 @@ class SQLiteStore(Store):
     # ------------------------------------------------------------------------------------ memory
 
     async def add_memory(self, session: str, role: MemoryRole, content: str) -> None:
-        row = (check_id(session, "session id"), check_role(role), content, time.time())
+        row = (check_id(session, "session id"), check_role(role), clean_text(content), time.time())
         await self._call(_execute, _MEMORY_SQL, row)
 
     async def get_memory(self, session: str, limit: int | None = None) -> list[MemoryEntry]:
@@ -243,24 +261,45 @@ class SQLiteStore(Store):
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
+    """Create or upgrade the tables; a database already at this version is only read (no write lock, so
+    a store opens while another process is writing)."""
+    if _schema_version(conn) == SCHEMA_VERSION:
+        return
     conn.execute("BEGIN IMMEDIATE")  # may raise "database is locked": nothing to roll back then
     try:
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-        row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-        version = row[0] or 0
-        if version > SCHEMA_VERSION:
-            raise StateError(
-                f"the database has schema version {version}, newer than this thinkloop supports "
-                f"({SCHEMA_VERSION}): upgrade thinkloop"
-            )
+        version = _schema_version(conn)
         if version < SCHEMA_VERSION:
             for sql in _SCHEMA:
                 conn.execute(sql)
             conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
+
+
+def _schema_version(conn: sqlite3.Connection) -> int:
+    """The database's schema version (0: none yet); a newer one than this thinkloop's is a `StateError`."""
+    try:
+        version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc):
+            raise
+        return 0
+    if version > SCHEMA_VERSION:
+        raise StateError(
+            f"the database has schema version {version}, newer than this thinkloop supports "
+            f"({SCHEMA_VERSION}): upgrade thinkloop"
+        )
+    return int(version)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if SQLite has not already (it does after some errors, e.g. a full
+    disk: a ROLLBACK then would fail and hide the real error)."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
 
 
 def _checkpoint(
@@ -284,7 +323,7 @@ def _checkpoint(
             conn.executemany(_MEMORY_SQL, memory)
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
 
 
