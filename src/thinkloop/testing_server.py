@@ -23,7 +23,8 @@ The script is a list answered in order, one item per chat-completion request:
 
 Streams can also break: `Completion(drop_after_bytes=N)` cuts the connection in the middle of an SSE event,
 `Completion(send_done=False)` ends the stream without `data: [DONE]`, `Completion(stall_after_events=N)`
-stops sending after N events but keeps the connection open.
+stops sending after N events but keeps the connection open (with `keepalive_every=S`, sending an SSE comment
+every S seconds meanwhile).
 
 With `context_window=N` the server itself answers the overflow error (in `overflow_style`) to every request
 whose prompt is longer than N tokens — counted as the characters of the messages and tools / 4 + 1, or by
@@ -114,6 +115,8 @@ class Completion:
         stall_after_events: when streaming, send this many SSE events, then nothing more while keeping the
             connection open (a stalled upstream; with `send_done=False` and every event sent, a server that
             never ends its stream).
+        keepalive_every: while stalled, send an SSE comment (`: keep-alive`) every this many seconds, as
+            proxies such as OpenRouter do while they wait for their upstream: bytes keep coming, events not.
     """
 
     text: str = ""
@@ -131,6 +134,7 @@ class Completion:
     drop_after_bytes: int | None = None
     send_done: bool = True
     stall_after_events: int | None = None
+    keepalive_every: float | None = None
 
 
 @dataclass
@@ -253,6 +257,7 @@ class OpenAICompatibleServer:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._stopping = False
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
@@ -292,12 +297,15 @@ class OpenAICompatibleServer:
         if self._server is None:
             return
         self._server.close()
+        self._stopping = True
         for writer in list(self._writers):
             writer.transport.abort()
-        if self._handlers:  # let each connection's handler see its connection closed, and end
+        for handler in list(self._handlers):  # a handler may be sleeping in a scripted delay: end it now
+            handler.cancel()
+        if self._handlers:
             await asyncio.wait(self._handlers, timeout=5)
         await self._server.wait_closed()
-        self._server = None
+        self._server, self._stopping = None, False
 
     async def __aenter__(self) -> OpenAICompatibleServer:
         await self.start()
@@ -348,6 +356,10 @@ class OpenAICompatibleServer:
                 await self._answer(request, writer, reader)
         except (_Dropped, ConnectionError, asyncio.IncompleteReadError):
             writer.transport.abort()
+        except asyncio.CancelledError:  # by stop(), which ends a handler sleeping in a scripted delay
+            writer.transport.abort()
+            if not self._stopping:
+                raise
         finally:
             self._writers.discard(writer)
             if handler is not None:
@@ -459,9 +471,7 @@ class OpenAICompatibleServer:
         sent = 0
         for count, event in enumerate(events):
             if item.stall_after_events is not None and count >= item.stall_after_events:
-                await writer.drain()
-                await reader.read()  # send nothing more, keep the connection open until the client hangs up
-                raise _Dropped
+                await _stall(writer, reader, item.keepalive_every)
             if item.drop_after_events is not None and count >= item.drop_after_events:
                 await writer.drain()
                 raise _Dropped
@@ -569,6 +579,23 @@ async def _send_json(
     lines.append(f"content-length: {len(data)}")
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
     await writer.drain()
+
+
+async def _stall(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, keepalive: float | None) -> None:
+    """Send no more events, keeping the connection open (with SSE comments every `keepalive` s) until the
+    client hangs up; then drop the connection."""
+    await writer.drain()
+    if keepalive is None:
+        await reader.read()
+        raise _Dropped
+    hung_up = asyncio.ensure_future(reader.read())
+    try:
+        while not hung_up.done():
+            await _write_chunks(writer, b": keep-alive\n\n", None)
+            await asyncio.wait([hung_up], timeout=keepalive)
+    finally:
+        hung_up.cancel()
+    raise _Dropped
 
 
 async def _write_chunks(writer: asyncio.StreamWriter, data: bytes, size: int | None) -> None:
