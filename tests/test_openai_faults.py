@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -190,8 +191,90 @@ async def test_a_stream_cut_in_the_middle_of_an_event_is_retryable(
     server: OpenAICompatibleServer, model: OpenAIModel
 ) -> None:
     server.add(Completion(text="hello world " * 10, drop_after_bytes=300))
-    with pytest.raises(ModelRetryableError, match="streaming chat completion failed: could not reach"):
+    with pytest.raises(
+        ModelRetryableError, match="streaming chat completion failed: could not reach"
+    ) as info:
         await answer(model, True)
+    assert "the connection to http://127.0.0.1:" in str(info.value)
+    assert "was lost in the middle of it, after " in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        Completion(text="The answer is forty-two, as computed.", drop_after_events=4),
+        Completion(
+            tool_calls=[tool_call("add", {"a": 12, "b": 30})], arguments_chunk_size=2, drop_after_events=5
+        ),
+    ],
+    ids=["mid-answer", "mid-tool-call-arguments"],
+)
+async def test_a_dropped_stream_says_the_reply_broke_off_not_that_the_server_is_unreachable(
+    server: OpenAICompatibleServer, model: OpenAIModel, cut: Completion
+) -> None:
+    server.add(cut)
+    seen = []
+    with pytest.raises(ModelRetryableError) as info:
+        async for chunk in model.stream(ask()):
+            seen.append(chunk)
+    message = str(info.value)
+    assert seen and not isinstance(seen[-1], ModelResponse)  # part of the reply came, the end did not
+    assert re.search(
+        r"was lost in the middle of it, after \d chunk\(s\) \(\d+ characters\): peer closed", message
+    )
+    assert message.endswith("; retry the request")
+    assert "check base_url and that the server is running" not in message  # it was running: it answered
+
+
+@pytest.mark.parametrize("after", [0, 2], ids=["before-the-first-event", "mid-answer"])
+async def test_a_stream_kept_open_by_keepalives_alone_times_out(
+    server: OpenAICompatibleServer, after: int
+) -> None:
+    """A proxy that sends `: keep-alive` comments while its upstream is stuck: bytes keep coming, so the
+    HTTP read timeout never fires; the adapter's wait for the next event must."""
+    model = OpenAIModel("m", base_url=server.url, timeout=0.4)
+    server.add(Completion(text="hello there", stall_after_events=after, keepalive_every=0.1))
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(ModelRetryableError) as info:
+        await asyncio.wait_for(answer(model, True), 5)
+    assert asyncio.get_running_loop().time() - started < 2
+    if after:
+        assert "stopped sending in the middle of the reply: no event within 0.4 s after 2 chunk(s)" in str(
+            info.value
+        )
+    else:
+        assert "no response from http://127.0.0.1:" in str(info.value) and "no event came" in str(info.value)
+    assert "retry later or raise `timeout`" in str(info.value)
+    await model.aclose()
+
+
+def _event_stream(*events: str) -> Fault:
+    body = "".join(events) + "data: [DONE]\n\n"
+    return Fault(200, body=body.encode(), headers={"content-type": "text/event-stream"})
+
+
+_HELLO = 'data: {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": null}]}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("event", "retryable"),
+    [
+        ('data: {"object": "error", "message": "CUDA out of memory", "type": "InternalServerError", "code": 500}\n\n', True),
+        ('event: error\ndata: {"message": "CUDA out of memory", "type": "invalid_request_error"}\n\n', False),
+    ],
+    ids=["vllm-error-object", "error-event-without-error-key"],
+)  # fmt: skip
+async def test_an_error_sent_as_a_stream_chunk_keeps_the_servers_words(
+    server: OpenAICompatibleServer, model: OpenAIModel, event: str, retryable: bool
+) -> None:
+    server.add(_event_stream(_HELLO, event))
+    with pytest.raises(ModelError) as info:
+        await answer(model, True)
+    assert (
+        str(info.value)
+        == "openai: streaming chat completion failed: the server reported an error: CUDA out of memory"
+    )
+    assert isinstance(info.value, ModelRetryableError) is retryable
 
 
 async def test_a_stream_without_done_is_complete_when_it_finished(
@@ -225,7 +308,9 @@ async def test_a_stream_that_ends_before_finishing_or_stalls_is_retryable(
     with pytest.raises(ModelError, match="ended the stream without sending anything") as empty:
         await answer(model, True)
     assert not isinstance(empty.value, ModelRetryableError)
-    with pytest.raises(ModelRetryableError, match="no response from .* within 2.0 s"):
+    with pytest.raises(
+        ModelRetryableError, match="stopped sending in the middle of the reply: no event within 2.0 s"
+    ):
         await answer(model, True)
 
 
@@ -405,3 +490,142 @@ async def test_a_model_returning_something_else_than_a_response_ends_the_run_wit
     result = await Agent(Odd(lambda r: "x"), tools=[add]).run("Add 2 and 3.")
     assert result.stop_reason is StopReason.ERROR
     assert "the model returned a ModelResponse whose text is a list" in (result.error or "")
+
+
+# ================================================================================ Retry-After and usage
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"Retry-After": "nan"}, None),
+        ({"Retry-After": "inf"}, None),
+        ({"Retry-After": "1e400"}, None),
+        ({"retry-after-ms": "NaN", "Retry-After": "3"}, 3.0),
+        ({"Retry-After": "-5"}, 0.0),
+        ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0),  # a date in the past: at once
+        ({"Retry-After": "Mon, 99 Foo"}, None),
+    ],
+    ids=["nan", "inf", "overflowing", "ms-garbage-seconds-fine", "negative", "past-date", "broken-date"],
+)
+async def test_a_retry_after_that_is_not_a_time_is_ignored(
+    server: OpenAICompatibleServer, model: OpenAIModel, headers: dict[str, str], expected: float | None
+) -> None:
+    server.add(Fault(429, headers=headers))
+    with pytest.raises(ModelRetryableError) as info:
+        await model.request(ask())
+    assert info.value.retry_after == expected
+    assert "nan" not in str(info.value) and "inf s" not in str(info.value)
+
+
+async def test_a_retry_after_in_utc_without_a_zone_is_read_as_utc(
+    server: OpenAICompatibleServer, model: OpenAIModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+    from datetime import UTC, datetime, timedelta
+    from email.utils import format_datetime
+
+    monkeypatch.setenv("TZ", "America/New_York")  # a naive date read as local time would be hours off
+    time.tzset()
+
+    when = format_datetime(datetime.now(UTC).replace(tzinfo=None) + timedelta(seconds=30))  # "… -0000"
+    assert when.endswith("-0000")
+    server.add(Fault(503, headers={"Retry-After": when}))
+    try:
+        with pytest.raises(ModelRetryableError) as info:
+            await model.request(ask())
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert info.value.retry_after is not None and 25 < info.value.retry_after <= 30
+
+
+async def test_an_agent_retries_after_a_nan_retry_after_instead_of_hanging() -> None:
+    async with OpenAICompatibleServer([Fault(429, headers={"Retry-After": "nan"}), "Done."]) as server:
+        model = OpenAIModel("gpt-4o-mini", base_url=server.url, api_key="k")
+        result = await asyncio.wait_for(Agent(model, model_retries=1).run("Hi"), 5)
+        await model.aclose()
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "Done.")
+    assert len(server.chat_requests) == 2
+
+
+def _usage_reply(usage: Any, streaming: bool) -> Fault:
+    if not streaming:
+        reply = completion_body({"role": "assistant", "content": "Hi there."})
+        reply.body["usage"] = usage
+        return reply
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    events = [
+        {**chunk, "choices": [{"index": 0, "delta": {"content": "Hi there."}, "finish_reason": "stop"}]},
+        {**chunk, "choices": [], "usage": usage},
+    ]
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    return Fault(200, body=body.encode(), headers={"content-type": "text/event-stream"})
+
+
+IMPOSSIBLE_USAGE = {
+    "negative": {"prompt_tokens": -100, "completion_tokens": -5},
+    "huge": {"prompt_tokens": 10**18, "completion_tokens": 10**18},
+    "text": {"prompt_tokens": "many", "completion_tokens": 3},
+    "fraction": {"prompt_tokens": 1.5, "completion_tokens": 2},
+    "boolean": {"prompt_tokens": True, "completion_tokens": 2},
+    "not-an-object": "12 tokens",
+}
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["run", "stream"])
+@pytest.mark.parametrize("name", list(IMPOSSIBLE_USAGE))
+async def test_impossible_token_counts_are_estimated_not_charged(name: str, streaming: bool) -> None:
+    """A server's bogus usage must neither crash the run, nor lower its totals (negative counts would let it
+    run past `max_tokens`), nor end it by a budget it did not spend."""
+    async with OpenAICompatibleServer([_usage_reply(IMPOSSIBLE_USAGE[name], streaming)]) as server:
+        model = OpenAIModel("gpt-4o-mini", base_url=server.url, api_key="k")
+        agent = Agent(model)
+        if streaming:
+            result = [e async for e in agent.stream("Hi")][-1].result  # type: ignore[attr-defined]
+        else:
+            result = await agent.run("Hi")
+        await model.aclose()
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "Hi there."), result.error
+    usage = result.usage
+    assert usage.estimated and usage.requests == 1
+    assert 0 < usage.input_tokens < 10_000 and 0 < usage.output_tokens < 100
+    assert type(usage.input_tokens) is int and type(usage.output_tokens) is int
+
+
+@BOTH
+async def test_token_counts_sent_as_integral_numbers_are_read(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool
+) -> None:
+    server.add(_usage_reply({"prompt_tokens": "12", "completion_tokens": 3.0}, streaming))
+    usage = (await answer(model, streaming)).usage
+    assert (usage.input_tokens, usage.output_tokens, usage.requests, usage.estimated) == (12, 3, 1, False)
+    assert type(usage.output_tokens) is int
+
+
+@BOTH
+async def test_unknown_roles_extra_fields_and_finish_reasons_are_read(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool
+) -> None:
+    if streaming:
+        chunk = {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+            "x_trace": {"a": 1},
+        }
+        events = [
+            {**chunk, "choices": [{"index": 0, "delta": {"role": "model", "content": "Hi", "reasoning": "…"}, "finish_reason": None}]},
+            {**chunk, "choices": [{"index": 0, "delta": {"content": " there."}, "finish_reason": "eos_token", "stop_reason": 151645}]},
+        ]  # fmt: skip
+        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        server.add(Fault(200, body=body.encode(), headers={"content-type": "text/event-stream"}))
+    else:
+        reply = completion_body(
+            {"role": "model", "content": "Hi there.", "reasoning_content": "…"}, "eos_token"
+        )
+        reply.body |= {"x_trace": {"a": 1}, "system_fingerprint": None}
+        server.add(reply)
+    response = await answer(model, streaming)
+    assert (response.text, response.finish_reason, response.tool_calls) == ("Hi there.", "unknown", [])

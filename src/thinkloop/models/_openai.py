@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import email.utils
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -191,8 +193,6 @@ class OpenAIModel(Model):
         return self._response(completion, scope, most)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
-        from openai import OpenAIError
-
         scope = "streaming chat completion"
         params = self._params(request)
         params.update(stream=True, stream_options={"include_usage": True})
@@ -208,30 +208,80 @@ class OpenAIModel(Model):
         assembler = _StreamAssembler(self.name)
         async with stream:
             while assembler.chars <= most and assembler.events <= most:
-                try:
-                    if assembler.finish is None:
-                        chunk = await anext(stream)
-                    else:  # the reply is complete: wait a little for the usage chunk, not for a lost [DONE]
-                        chunk = await asyncio.wait_for(anext(stream), AFTER_FINISH_WAIT)
-                except StopAsyncIteration:
+                chunk = await self._next_chunk(stream, assembler, scope)
+                if chunk is None:
                     break
-                except TimeoutError:
-                    if assembler.finish is None:
-                        raise
-                    break
-                except OpenAIError as exc:
-                    raise self._wrap_error(exc, scope) from exc
-                except ValueError as exc:  # a chunk that is not JSON, or not a chat-completion chunk
-                    message = f"the server sent a malformed stream chunk: {exc}"
-                    raise ModelError(message, provider=self.provider, scope=scope) from exc
-                try:
-                    pieces = assembler.feed(chunk)
-                except (AttributeError, TypeError, IndexError) as exc:  # a chunk of the wrong shape
-                    message = f"the server sent a malformed stream chunk ({type(exc).__name__}: {exc})"
-                    raise ModelError(message, provider=self.provider, scope=scope) from exc
-                for piece in pieces:
+                for piece in self._feed(assembler, chunk, scope):
                     yield piece
         yield self._checked(self._streamed_response(assembler, scope, most), scope)
+
+    async def _next_chunk(self, stream: Any, assembler: _StreamAssembler, scope: str) -> Any:
+        """The next chunk of `stream`, or None when it has ended; failures as `ModelError`s saying where in
+        the reply they happened. Waits at most `timeout` s for an event — keep-alive comments do not count,
+        so a proxy that keeps a stalled stream open cannot hang the run — and `AFTER_FINISH_WAIT` s once the
+        reply is complete (for the usage chunk, not for a lost `[DONE]`)."""
+        from openai import APIConnectionError, APITimeoutError, OpenAIError
+
+        finished = assembler.finish is not None
+        try:
+            async with asyncio.timeout(AFTER_FINISH_WAIT if finished else self.timeout):
+                return await anext(stream)
+        except StopAsyncIteration:
+            return None
+        except (TimeoutError, APITimeoutError) as exc:
+            if finished:
+                return None
+            raise self._stalled(assembler, scope) from exc
+        except APIConnectionError as exc:  # the server was reached: it is the reply that broke off
+            raise self._cut(exc, assembler, scope) from exc
+        except OpenAIError as exc:  # an error event inside the stream
+            raise self._wrap_error(exc, scope) from exc
+        except ValueError as exc:  # a chunk that is not JSON, or not a chat-completion chunk
+            message = (
+                f"the server sent a malformed stream chunk, not JSON ({exc}); check that base_url is an "
+                "OpenAI-compatible API and that no proxy in between rewrites the event stream"
+            )
+            raise ModelError(message, provider=self.provider, scope=scope) from exc
+
+    def _feed(self, assembler: _StreamAssembler, chunk: Any, scope: str) -> list[StreamChunk]:
+        """The deltas of one chunk; a chunk that is an error report, or of the wrong shape, raises."""
+        reported = _error_in_chunk(chunk)
+        if reported is not None:
+            text, kind, code = reported
+            raise self._reported_error(text, kind, code, scope)
+        try:
+            return assembler.feed(chunk)
+        except (AttributeError, TypeError, IndexError) as exc:  # a chunk of the wrong shape
+            message = (
+                f"the server sent a malformed stream chunk ({type(exc).__name__}: {exc}); check that base_url "
+                "is an OpenAI-compatible API"
+            )
+            raise ModelError(message, provider=self.provider, scope=scope) from exc
+
+    def _stalled(self, assembler: _StreamAssembler, scope: str) -> ModelRetryableError:
+        where = self.base_url or "api.openai.com"
+        if not assembler.events:
+            message = (
+                f"no response from {where} within {self.timeout} s: the stream was opened but no event came; "
+                "retry later or raise `timeout`"
+            )
+        else:
+            message = (
+                f"{where} stopped sending in the middle of the reply: no event within {self.timeout} s after "
+                f"{_chunks(assembler)}; retry later or raise `timeout`"
+            )
+        return ModelRetryableError(message, provider=self.provider, scope=scope)
+
+    def _cut(self, exc: Exception, assembler: _StreamAssembler, scope: str) -> ModelRetryableError:
+        where = self.base_url or "api.openai.com"
+        cause = exc.__cause__ or exc.__context__
+        detail = f": {cause}" if cause and str(cause) else ""
+        when = f"after {_chunks(assembler)}" if assembler.events else "before its first event"
+        message = (
+            f"could not reach the end of the reply: the connection to {where} was lost in the middle of it, "
+            f"{when}{detail}; retry the request"
+        )
+        return ModelRetryableError(message, provider=self.provider, scope=scope)
 
     def _streamed_response(self, assembler: _StreamAssembler, scope: str, most: int) -> ModelResponse:
         """The assembled reply of a stream that ended: cut at `most` characters (as if the model had hit
@@ -417,15 +467,28 @@ class OpenAIModel(Model):
             message = f"the server sent a reply that is not a chat completion ({exc.message}); check base_url"
             return ModelError(message, provider=self.provider, scope=scope, status_code=exc.status_code)
         if isinstance(exc, openai.APIError):  # an error event inside a stream
-            text = _server_message(exc)
-            overflow = overflow_error(text, provider=self.provider, scope=scope, code=exc.code, body=exc.body)
-            if overflow is not None:
-                return overflow
-            message = f"the server reported an error: {text}"
-            transient = exc.type in _TRANSIENT_TYPES or exc.code in _TRANSIENT_TYPES
-            kind = ModelRetryableError if transient else ModelError
-            return kind(message, provider=self.provider, scope=scope)
+            return self._reported_error(_server_message(exc), exc.type, exc.code, scope, exc.body)
         return ModelError(f"{type(exc).__name__}: {exc}", provider=self.provider, scope=scope)
+
+    def _reported_error(
+        self,
+        text: str,
+        kind: Any,
+        code: Any,
+        scope: str,
+        body: Any = None,
+    ) -> ModelError:
+        """The error a server reported inside a stream: an overflow, a transient failure (retryable) or not."""
+        overflow = overflow_error(text, provider=self.provider, scope=scope, code=code, body=body)
+        if overflow is not None:
+            return overflow
+        message = f"the server reported an error: {text}"
+        transient = kind in _TRANSIENT_TYPES or code in _TRANSIENT_TYPES
+        transient = transient or (
+            isinstance(code, int) and not isinstance(code, bool) and (code == 429 or code >= 500)
+        )
+        kind_ = ModelRetryableError if transient else ModelError
+        return kind_(message, provider=self.provider, scope=scope)
 
     def _no_choices_error(self, completion: ChatCompletion, scope: str) -> ModelError:
         """A completion without choices: some proxies answer HTTP 200 with an error body."""
@@ -594,13 +657,36 @@ def _parse_arguments(call_id: str, name: str | None, raw: Any) -> ToolCall:
     return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
+MAX_REPORTED_TOKENS = 100_000_000  # more than any model's window: a count above it is a server's bug
+
+
 def _parse_usage(usage: Any) -> Usage:
-    """Reported usage (one request), or an empty `Usage` (requests=0) so the loop estimates it."""
+    """Reported usage (one request), or an empty `Usage` (requests=0) so the loop estimates it: when the
+    server reports none, or counts that cannot be right (negative, fractional, not numbers, absurdly large),
+    which would otherwise corrupt the run's budget."""
     if usage is None:
         return Usage()
-    return Usage(
-        input_tokens=usage.prompt_tokens or 0, output_tokens=usage.completion_tokens or 0, requests=1
-    )
+    prompt = _token_count(getattr(usage, "prompt_tokens", None))
+    completion = _token_count(getattr(usage, "completion_tokens", None))
+    if prompt is None or completion is None:
+        logger.warning("the server reported impossible token counts (%r); they are estimated instead", usage)
+        return Usage()
+    if prompt < 0 and completion < 0:  # neither reported
+        return Usage()
+    return Usage(input_tokens=max(prompt, 0), output_tokens=max(completion, 0), requests=1)
+
+
+def _token_count(value: Any) -> int | None:
+    """A reported token count: -1 when missing, None when it cannot be a count of tokens."""
+    if value is None:
+        return -1
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REPORTED_TOKENS:
+        return None
+    return value
 
 
 def _finish_reason(reason: str | None, has_calls: bool) -> FinishReason:
@@ -738,6 +824,25 @@ class _StreamAssembler:
 # ============================================================================================== errors
 
 
+def _chunks(assembler: _StreamAssembler) -> str:
+    """How much of the reply had come: `3 chunk(s) (12 characters)`."""
+    return f"{assembler.events} chunk(s) ({assembler.chars} characters)"
+
+
+def _error_in_chunk(chunk: Any) -> tuple[str, Any, Any] | None:
+    """(message, type, code) of an error a server sent as a stream chunk in place of the reply — vLLM's
+    `{"object": "error", "message": …}`, an `event: error` whose data has no `error` key (those with one the
+    SDK raises itself) — or None for an ordinary chunk."""
+    if getattr(chunk, "choices", None) or getattr(chunk, "usage", None) is not None:
+        return None
+    extra = getattr(chunk, "model_extra", None) or {}
+    said = extra.get("message") or extra.get("detail")
+    if getattr(chunk, "object", None) != "error" and not isinstance(said, str):
+        return None
+    text = _clip(str(said or extra or "the server sent an error chunk without a message"), 2000)
+    return text, extra.get("type"), extra.get("code")
+
+
 def _server_message(exc: Any) -> str:
     body = exc.body
     if isinstance(body, dict):
@@ -794,25 +899,34 @@ def _reply_chars(max_tokens: Any) -> int:
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or an HTTP date)."""
+    """Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or an HTTP date); None when absent or
+    not a time (garbage, `nan`, `inf`: the caller's own backoff applies)."""
     value = headers.get("retry-after-ms")
     if value:
-        try:
-            return max(float(value) / 1000, 0.0)
-        except ValueError:
-            pass
+        seconds = _seconds(value)
+        if seconds is not None:
+            return seconds / 1000
     value = headers.get("retry-after")
     if not value:
         return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
+    seconds = _seconds(value)
+    if seconds is not None:
+        return seconds
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError):
         return None
+    if when.tzinfo is None:  # "-0000": a date in UTC without a stated zone
+        when = when.replace(tzinfo=datetime.UTC)
     return max(when.timestamp() - time.time(), 0.0)
+
+
+def _seconds(value: str) -> float | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
 # ============================================================================================== tokens
