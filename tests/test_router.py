@@ -20,13 +20,14 @@ from thinkloop._messages import (
     ModelResponse,
     StreamChunk,
     TextDelta,
+    ToolCallDelta,
     ToolDefinition,
     Usage,
 )
 from thinkloop.models import OpenAIModel, resolve_model
 from thinkloop.models._router import CircuitBreaker, RouterModel
 from thinkloop.testing import FunctionModel, Reply, ScriptedModel
-from thinkloop.testing_server import Completion, Fault, OpenAICompatibleServer
+from thinkloop.testing_server import Completion, Fault, OpenAICompatibleServer, tool_call
 
 REQUEST = ModelRequest(messages=[Message.user("hi")])
 TOOL_REQUEST = ModelRequest(messages=[Message.user("hi")], tools=[ToolDefinition(name="add")])
@@ -597,3 +598,236 @@ async def test_the_current_run_is_unset_after_the_run() -> None:
     result = await Agent(FunctionModel(reply)).run("q")
     assert seen[0] is not None and seen[0].state is result.state  # type: ignore[attr-defined]
     assert current_run.get() is None
+
+
+# ------------------------------------------------------------------------------------ fault audit
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+async def _stream_run(agent: Agent, goal: str) -> tuple[list[Any], Any]:
+    events = [e async for e in agent.stream(goal)]
+    return events, events[-1].result
+
+
+async def test_loopback_stream_cut_in_a_tool_calls_arguments_falls_back() -> None:
+    """Nothing of a tool call is shown to the user, so a connection lost in the middle of its arguments
+    is a failure before anything was delivered: the router falls back and the run goes on."""
+    cut = Completion(
+        tool_calls=[tool_call("add", {"a": 12, "b": 30})], arguments_chunk_size=2, drop_after_events=5
+    )
+    rec = Recorder()
+    async with (
+        OpenAICompatibleServer([cut], fallback="It is 42.") as first,  # the next turn: a recovered
+        OpenAICompatibleServer([Completion(tool_calls=[tool_call("add", {"a": 12, "b": 30})])]) as second,
+    ):
+        router = RouterModel(
+            [openai_on(first, "a"), openai_on(second, "b")],
+            retries=0,
+            sleep=rec.sleep,
+            on_attempt=rec.attempts.append,
+        )
+        events, result = await _stream_run(Agent(router, tools=[add]), "12+30?")
+        await router.aclose()
+    assert (result.stop_reason, result.output, result.tool_calls) == (StopReason.FINAL_ANSWER, "It is 42.", 1)
+    assert rec.actions == [("openai:a", 1, "fallback")]
+    assert "lost in the middle of it" in rec.attempts[0].error
+    assert "".join(e.text for e in events if e.type == "answer_delta") == "It is 42."
+    assert [len(first.chat_requests), len(second.chat_requests)] == [2, 1]
+
+
+class _BreaksInToolCall(FunctionModel):
+    """A streaming model whose connection breaks in the middle of a tool call's arguments."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        self.requests.append(request)
+        yield ToolCallDelta(index=0, id="c1", name="add", arguments_delta='{"a": 1')
+        raise ModelRetryableError("connection lost mid-call", provider="test")
+
+
+async def test_router_stream_holds_tool_call_deltas_until_the_reply_is_complete() -> None:
+    rec = Recorder()
+    spare = flaky({"text": "Adding.", "tool_calls": [{"name": "add", "args": {"a": 1, "b": 2}}]}, name="b")
+    router = rec.router(_BreaksInToolCall(lambda r: "unused", name="a"), spare, retries=0)
+    chunks = await _collect(router)
+    assert [type(c).__name__ for c in chunks] == ["TextDelta", "ToolCallDelta", "ModelResponse"]
+    assert all(getattr(c, "arguments_delta", "") != '{"a": 1' for c in chunks)  # nothing of a's call
+    final = chunks[-1]
+    assert isinstance(final, ModelResponse) and final.tool_calls[0].arguments == {"a": 1, "b": 2}
+    assert rec.actions == [("test:a", 1, "fallback")]
+
+
+async def test_loopback_partial_answer_then_drop_is_neither_repeated_nor_replaced() -> None:
+    """Text already shown as `answer_delta` cannot be taken back: the run ends with an error saying the
+    reply broke off; the spare is not asked (its answer would follow the shown text) and nothing repeats."""
+    broken = Completion(text="The answer is forty-two.", text_chunk_size=5, drop_after_events=3)
+    async with OpenAICompatibleServer([broken]) as first, OpenAICompatibleServer(["spare"]) as second:
+        router = RouterModel([openai_on(first, "a"), openai_on(second, "b")], sleep=Recorder().sleep)
+        events, result = await _stream_run(Agent(router), "question")
+        await router.aclose()
+    shown = "".join(e.text for e in events if e.type == "answer_delta")
+    assert shown == "The answer"  # the two text chunks that came, once each
+    assert result.stop_reason is StopReason.ERROR and result.output == ""
+    assert "was lost in the middle of it, after 3 chunk(s)" in (result.error or "")
+    assert second.requests == []
+    assert [(e.model, e.next_action) for e in events if isinstance(e, ModelAttempt)] == [
+        ("openai:a", "give_up")
+    ]
+
+
+async def test_loopback_stream_stalled_by_keepalives_falls_back_without_hanging() -> None:
+    stalled = Completion(text="never finished", stall_after_events=0, keepalive_every=0.1)
+    async with (
+        OpenAICompatibleServer([stalled]) as first,
+        OpenAICompatibleServer([Completion(text="From the spare.")]) as second,
+    ):
+        router = RouterModel(
+            [openai_on(first, "a", timeout=0.3), openai_on(second, "b")], retries=0, sleep=Recorder().sleep
+        )
+        events, result = await asyncio.wait_for(_stream_run(Agent(router), "question"), 5)
+        await router.aclose()
+    assert result.output == "From the spare."
+    attempts = [e for e in events if isinstance(e, ModelAttempt)]
+    assert [(a.model, a.next_action) for a in attempts] == [("openai:a", "fallback")]
+    assert "no event came" in attempts[0].error
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [Fault(400, "bad request"), Fault(401, "Incorrect API key"), Fault(404, "The model `a` does not exist")],
+    ids=["400", "401", "404"],
+)
+async def test_loopback_non_retryable_errors_fall_back_without_a_retry(fault: Fault) -> None:
+    rec = Recorder()
+    async with OpenAICompatibleServer([fault, "never"]) as first, OpenAICompatibleServer(["spare"]) as second:
+        router = rec.router(openai_on(first, "a"), openai_on(second, "b"), retries=3)
+        assert (await router.request(REQUEST)).text == "spare"
+        await router.aclose()
+    assert len(first.requests) == 1 and rec.sleeps == []
+    assert rec.actions == [("openai:a", 1, "fallback")]
+
+
+async def test_every_member_failing_lists_each_and_says_what_to_do() -> None:
+    async with (
+        OpenAICompatibleServer([Fault(503, "overloaded")] * 2) as first,
+        OpenAICompatibleServer([Fault(401, "Incorrect API key")]) as second,
+        OpenAICompatibleServer([Fault(404, "The model `c` does not exist")]) as third,
+    ):
+        router = Recorder().router(
+            openai_on(first, "a"), openai_on(second, "b"), openai_on(third, "c"), retries=1
+        )
+        result = await Agent(router).run("question")
+        await router.aclose()
+    error = result.error or ""
+    assert result.stop_reason is StopReason.ERROR
+    assert error.startswith("router: chat completion failed: all 3 models of the router failed: ")
+    assert (
+        "openai:a: openai: chat completion failed: HTTP 503 from model 'a': overloaded (after 2 attempt(s))"
+        in error
+    )
+    assert (
+        "openai:b: openai: chat completion failed: HTTP 401 from model 'b': Incorrect API key; check the API key"
+        in error
+    )
+    assert (
+        "openai:c: openai: chat completion failed: HTTP 404 from model 'c': The model `c` does not exist; check the model name"
+        in error
+    )
+    assert error.endswith(
+        "The last failure is not transient: fix what its error says to check (the API key, the model name, "
+        "base_url, the request), or add another model"
+    )
+
+
+async def test_every_member_busy_says_to_try_again_later() -> None:
+    router = Recorder().router(flaky(busy(), name="a"), flaky(busy(), name="b"), retries=0)
+    with pytest.raises(ModelRetryableError) as caught:
+        await router.request(REQUEST)
+    assert str(caught.value).endswith(
+        "The last failure is transient (overloaded, rate-limited or unreachable): try again later, raise retries "
+        "or max_backoff to wait longer, or add a model from another provider"
+    )
+
+
+async def test_a_retry_after_longer_than_max_backoff_falls_back_at_once() -> None:
+    rec = Recorder()
+    first, spare = flaky(busy(retry_after=3600), "later", name="a"), flaky("from b", name="b")
+    router = rec.router(first, spare, max_backoff=20)
+    assert (await router.request(REQUEST)).text == "from b"
+    assert rec.sleeps == [] and len(first.requests) == 1
+    assert rec.actions == [("test:a", 1, "fallback")]
+
+
+async def test_a_long_retry_after_is_waited_for_capped_when_no_other_member_can_answer() -> None:
+    rec = Recorder()
+    router = rec.router(
+        flaky(busy(retry_after=3600), "ok", name="a"), flaky(busy(), name="b"), max_backoff=20
+    )
+    router.breakers[1].failure(rec.now)
+    router.breakers[1].opened_at = rec.now  # b is known to be down
+    assert (await router.request(REQUEST)).text == "ok"
+    assert rec.sleeps == [20.0]
+    alone = Recorder()
+    assert (
+        await alone.router(flaky(busy(retry_after=3600), "ok"), max_backoff=7).request(REQUEST)
+    ).text == "ok"
+    assert alone.sleeps == [7.0]
+
+
+def test_a_retry_after_that_is_not_a_number_uses_the_backoff() -> None:
+    router = RouterModel([ScriptedModel([])], backoff=0.5, jitter=False)
+    assert router.delay(1, float("nan")) == 0.5
+    assert router.delay(1, float("inf")) == router.max_backoff
+
+
+async def test_a_member_slower_than_the_router_timeout_is_retried_then_replaced() -> None:
+    calls = 0
+
+    async def slow(request: ModelRequest) -> Reply:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(3600)
+        return "never"
+
+    rec = Recorder()
+    router = rec.router(
+        FunctionModel(slow, name="slow"), flaky("quick", name="quick"), retries=1, timeout=0.05
+    )
+    started = asyncio.get_running_loop().time()
+    assert (await router.request(REQUEST)).text == "quick"
+    assert asyncio.get_running_loop().time() - started < 1
+    assert calls == 2 and rec.actions == [("test:slow", 1, "retry"), ("test:slow", 2, "fallback")]
+    assert "no answer within the router's timeout of 0.05 s" in rec.attempts[0].error
+
+
+async def test_a_stream_silent_past_the_router_timeout_falls_back() -> None:
+    class Silent(FunctionModel):
+        async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+            await asyncio.sleep(3600)
+            yield TextDelta(text="never")
+
+    rec = Recorder()
+    router = rec.router(
+        Silent(lambda r: "x", name="silent"), flaky("Hello", name="b"), retries=0, timeout=0.05
+    )
+    chunks = await asyncio.wait_for(_collect(router), 2)
+    assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "Hello"
+    assert rec.actions == [("test:silent", 1, "fallback")]
+
+
+async def test_the_router_timeout_is_not_confused_with_the_members_own() -> None:
+    def raises(request: ModelRequest) -> Reply:
+        raise TimeoutError("the member's own")
+
+    router = Recorder().router(FunctionModel(raises), timeout=5)
+    with pytest.raises(TimeoutError, match="the member's own"):
+        await router.request(REQUEST)
+
+
+def test_a_timeout_that_is_not_positive_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="timeout must be None or a number of seconds > 0, not 0"):
+        RouterModel([ScriptedModel([])], timeout=0)

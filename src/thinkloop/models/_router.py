@@ -7,15 +7,21 @@ For each request the router walks its members in order:
 2. A member whose circuit breaker is open (it failed `breaker_threshold` times in a row, less than
    `breaker_cooldown` seconds ago) is skipped. After the cooldown one request probes it (half-open):
    success closes the breaker, failure opens it again.
-3. A `ModelRetryableError` (429, 5xx, timeout, lost connection) is retried on the same member after an
-   exponential backoff with jitter, or after the provider's `Retry-After` (capped at `max_backoff`),
-   up to `retries` times. Any other `ModelError` goes straight to the next member.
+3. A `ModelRetryableError` (429, 5xx, timeout, lost connection, no answer within the router's `timeout`)
+   is retried on the same member after an exponential backoff with jitter, or after the provider's
+   `Retry-After` (capped at `max_backoff`), up to `retries` times — unless the provider asked for a longer
+   wait than `max_backoff` and a later member can be asked now: then the request falls back at once.
+   Any other `ModelError` goes straight to the next member.
 4. A `ContextOverflowError` (the prompt does not fit the member's window) is not a failure of the member:
    it is not retried and does not count against its breaker. By default (`overflow_fallback="larger"`) the
    request goes on to the next member whose declared `context_window` is larger than the window that
    overflowed; members with a smaller or unknown window are skipped. If none answers, the router raises
    a `ContextOverflowError` with the first member's numbers, and the loop shrinks the run's context.
-5. When every member has failed, the last error is raised with a message listing each member's failure.
+5. When every member has failed, the last error is raised with a message listing each member's failure
+   and what to do.
+
+When streaming, text is delivered as it comes and a member's tool-call deltas with its complete reply, so
+a failure in the middle of a tool call falls back unseen; a failure after text was delivered surfaces.
 
 `asyncio.CancelledError` (and the run's deadline) always pass through: nothing is retried after them.
 Each failed attempt is reported as a `ModelAttempt` event of the current run and to `on_attempt`.
@@ -24,11 +30,12 @@ Each failed attempt is reported as a `ModelAttempt` event of the current run and
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from .._errors import (
     ConfigurationError,
@@ -38,7 +45,7 @@ from .._errors import (
     ToolsUnsupportedError,
 )
 from .._events import ModelAttempt
-from .._messages import Message, ModelRequest, ModelResponse, StreamChunk, Usage
+from .._messages import Message, ModelRequest, ModelResponse, StreamChunk, ToolCallDelta, Usage
 from ._base import Model, ModelCapabilities, estimated_usage
 
 NextAction = Literal["retry", "fallback", "give_up"]
@@ -46,6 +53,7 @@ OverflowFallback = Literal["larger", "any", "never"]
 AttemptHook = Callable[[ModelAttempt], None]
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -184,9 +192,15 @@ class _Attempt:
             and self.attempt <= router.retries
             and breaker.state(router.clock()) == "closed"
         )
-        if retry:
+        if retry and not (_longer_than(exc.retry_after, router.max_backoff) and self._can_fall_back()):
             return "retry", router.delay(self.attempt, exc.retry_after)
         return ("fallback" if self.index + 1 < len(self.candidates) else "give_up"), 0.0
+
+    def _can_fall_back(self) -> bool:
+        """Whether a later member can be asked now (its breaker is not open)."""
+        now = self.router.clock()
+        later = self.candidates[self.index + 1 :]
+        return any(self.router.breakers[slot].state(now) != "open" for slot in later)
 
     def succeeded(self, response: ModelResponse, member: Model, request: ModelRequest) -> ModelResponse:
         """Close the member's breaker; charge tokens that failed attempts consumed to the response."""
@@ -230,6 +244,16 @@ class _Attempt:
             overflow.__cause__ = first
             return overflow
         cls = type(last) if isinstance(last, ModelRetryableError) else ModelError
+        if isinstance(last, ModelRetryableError):
+            message += (
+                ". The last failure is transient (overloaded, rate-limited or unreachable): try again later, "
+                "raise retries or max_backoff to wait longer, or add a model from another provider"
+            )
+        else:
+            message += (
+                ". The last failure is not transient: fix what its error says to check (the API key, the model "
+                "name, base_url, the request), or add another model"
+            )
         if self.no_tools:  # the loop switches the run to ReAct and asks the members again, without tools
             cls = ToolsUnsupportedError
         error = cls(
@@ -270,6 +294,9 @@ class RouterModel(Model):
         overflow_fallback: where a request goes when its prompt overflows a member's context window:
             `"larger"` (default) to the next member whose declared `context_window` is larger, `"any"` to
             the next member, `"never"` nowhere (the loop then shrinks the run's context).
+        timeout: seconds a member may take to answer (when streaming: to send its first chunk, and each
+            next one); a member that takes longer fails with a `ModelRetryableError`, retried and fallen back
+            from like a 503. None (the default): only the member's own timeout applies.
         on_attempt: called with a `ModelAttempt` for every failed attempt (also emitted to the run).
         sleep, clock, rng: injectable for tests (default `asyncio.sleep`, `time.monotonic`, `random`).
 
@@ -290,12 +317,16 @@ class RouterModel(Model):
         breaker_threshold: int = 3,
         breaker_cooldown: float = 30.0,
         overflow_fallback: OverflowFallback = "larger",
+        timeout: float | None = None,
         on_attempt: AttemptHook | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
         _check_settings(models, retries, backoff, max_backoff, breaker_threshold, breaker_cooldown)
+        if timeout is not None and not timeout > 0:
+            raise ConfigurationError(f"timeout must be None or a number of seconds > 0, not {timeout!r}")
+        self.timeout = timeout
         from . import resolve_model
 
         self.models: list[Model] = [resolve_model(m) for m in models]
@@ -316,7 +347,7 @@ class RouterModel(Model):
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         """Seconds to wait before retry number `attempt`: `Retry-After` if given, else backoff; capped."""
-        if retry_after is not None:
+        if retry_after is not None and not math.isnan(retry_after):
             return min(max(retry_after, 0.0), self.max_backoff)
         delay = min(self.backoff * 2.0 ** (attempt - 1), self.max_backoff)
         return delay * self.rng.uniform(0.5, 1.0) if self.jitter else delay
@@ -349,7 +380,7 @@ class RouterModel(Model):
         plan = self._plan(request)
         while (member := plan.next_member()) is not None:
             try:
-                response = await member.request(request)
+                response = await self._within(member, member.request(request))
             except ModelError as exc:
                 await plan.failed(member, exc)
                 continue
@@ -360,18 +391,20 @@ class RouterModel(Model):
         raise plan.exhausted()
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
-        """Stream from the first member that starts answering; a failure after the first chunk surfaces."""
+        """Stream from the first member that starts answering; a failure after a chunk was delivered surfaces.
+
+        Text is delivered as it comes. A member's tool-call deltas (and everything after the first) are held
+        until its reply is complete: nothing of a tool call is shown to the user, so a connection lost in the
+        middle of a call's arguments is retried or falls back like a failure before the first chunk."""
         plan = self._plan(request)
         while (member := plan.next_member()) is not None:
-            started = False
+            delivered = False
             try:
-                async for chunk in _member_stream(member, request):
-                    if isinstance(chunk, ModelResponse):
-                        chunk = plan.succeeded(chunk, member, request)
-                    started = True
+                async for chunk in self._member_chunks(member, request, plan):
+                    delivered = True
                     yield chunk
             except ModelError as exc:
-                if started:
+                if delivered:
                     self._surface(plan, member, exc)
                     raise
                 await plan.failed(member, exc)
@@ -381,6 +414,45 @@ class RouterModel(Model):
                 raise
             return
         raise plan.exhausted()
+
+    async def _member_chunks(
+        self, member: Model, request: ModelRequest, plan: _Attempt
+    ) -> AsyncIterator[StreamChunk]:
+        """The chunks of `member`'s stream the router delivers: text at once, tool-call deltas with the
+        complete reply (see `stream`); each chunk within `timeout`."""
+        held: list[StreamChunk] = []
+        chunks = _member_stream(member, request)
+        try:
+            while (chunk := await self._within(member, _next_chunk(chunks))) is not None:
+                if isinstance(chunk, ModelResponse):
+                    for piece in [*held, plan.succeeded(chunk, member, request)]:
+                        yield piece
+                    held = []
+                elif held or isinstance(chunk, ToolCallDelta):
+                    held.append(chunk)
+                else:
+                    yield chunk
+        finally:
+            await chunks.aclose()
+        for piece in held:  # a member whose stream ended without its response: the loop says so
+            yield piece
+
+    async def _within(self, member: Model, step: Awaitable[_T]) -> _T:
+        """`await step`, failing with a `ModelRetryableError` when it takes longer than `timeout`."""
+        if self.timeout is None:
+            return await step
+        try:
+            async with asyncio.timeout(self.timeout) as scope:
+                return await step
+        except TimeoutError:
+            if not scope.expired():  # not ours: the member's own
+                raise
+            raise ModelRetryableError(
+                f"no answer within the router's timeout of {self.timeout:g} s; raise RouterModel(timeout=...) "
+                "if the model is only slow",
+                provider=member.provider,
+                scope="model request",
+            ) from None
 
     def _surface(self, plan: _Attempt, member: Model, exc: ModelError) -> None:
         """A failure after the first chunk: counted against the member, reported, not retried."""
@@ -397,7 +469,19 @@ class RouterModel(Model):
             await member.aclose()
 
 
-async def _member_stream(member: Model, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+async def _next_chunk(chunks: AsyncIterator[StreamChunk]) -> StreamChunk | None:
+    try:
+        return await anext(chunks)
+    except StopAsyncIteration:
+        return None
+
+
+def _longer_than(retry_after: float | None, cap: float) -> bool:
+    """Whether the provider asked for a longer wait than the router allows (`max_backoff`)."""
+    return retry_after is not None and retry_after > cap
+
+
+async def _member_stream(member: Model, request: ModelRequest) -> AsyncGenerator[StreamChunk, None]:
     """A member's stream, or its whole reply as chunks when it cannot stream."""
     stream = member.stream(request) if member.capabilities.streaming else Model.stream(member, request)
     async for chunk in stream:
