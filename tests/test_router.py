@@ -831,3 +831,22 @@ async def test_the_router_timeout_is_not_confused_with_the_members_own() -> None
 def test_a_timeout_that_is_not_positive_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="timeout must be None or a number of seconds > 0, not 0"):
         RouterModel([ScriptedModel([])], timeout=0)
+
+
+async def test_the_runs_deadline_ends_a_backoff_wait_at_once() -> None:
+    """A provider asking for a 20 s wait must not hold a run whose timeout is 0.3 s: the deadline cancels the
+    router's (real) backoff sleep, and the run stops on its timeout with the attempt recorded."""
+    from thinkloop import Budget
+
+    async with OpenAICompatibleServer(["warm", Fault(429, headers={"Retry-After": "20"})]) as server:
+        router = RouterModel([openai_on(server, "a")], max_backoff=20)
+        await router.request(REQUEST)  # the client is made (and openai imported) before the clock starts
+        started = asyncio.get_running_loop().time()
+        events, result = await asyncio.wait_for(
+            _stream_run(Agent(router, budget=Budget(timeout=0.3)), "q"), 5
+        )
+        await router.aclose()
+    assert asyncio.get_running_loop().time() - started < 2
+    assert result.stop_reason is StopReason.TIMEOUT
+    assert [(e.next_action, e.delay) for e in events if isinstance(e, ModelAttempt)] == [("retry", 20.0)]
+    assert len(server.chat_requests) == 2
