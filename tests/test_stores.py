@@ -787,9 +787,6 @@ async def test_a_file_store_killed_in_the_middle_of_writes_always_loads(tmp_path
             assert len(await store.read_events("big")) == state.event_version
 
 
-@pytest.mark.parametrize(
-    "store", ["file", "sqlite", "postgres"], indirect=True
-)  # MemoryStore still fails on them
 async def test_lone_surrogates_in_a_run_are_saved_as_u_fffd(store: Store) -> None:
     """Text with half a surrogate pair (a model's `"\\ud83d"` escape, a file name decoded with
     surrogateescape) cannot be encoded as UTF-8: it is saved with U+FFFD there instead of failing the run."""

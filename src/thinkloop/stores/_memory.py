@@ -18,10 +18,12 @@ from ._base import (
     base_version,
     check_id,
     check_role,
+    clean_text,
     load_state_text,
     memory_turn,
     numbered,
     parse_event,
+    to_json,
 )
 
 
@@ -45,8 +47,11 @@ class MemoryStore(Store):
         run_id = check_id(state.run_id)
         expected = base_version(state, events)
         self._check_version(run_id, expected)
-        self._events.setdefault(run_id, []).extend(e.model_dump_json() for e in events)
-        self._states[run_id] = (state.to_json(), RunSummary.from_state(state))
+        saved = to_json(state)  # first: a state that cannot be saved leaves the events unsaved too
+        self._events.setdefault(run_id, []).extend(to_json(e) for e in events)
+        summary = RunSummary.from_state(state)
+        summary.goal = clean_text(summary.goal)  # as saved (text that UTF-8 cannot hold has U+FFFD)
+        self._states[run_id] = (saved, summary)
         for role, content in memory_turn(state, events):
             self._remember(state.session or "", role, content)
         if self.max_runs is not None and len(self._states) > self.max_runs and state.finished:
@@ -67,7 +72,7 @@ class MemoryStore(Store):
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         self._check_version(check_id(run_id), expected_version)
         log = self._events.setdefault(run_id, [])
-        log.extend(e.model_dump_json() for e in numbered(run_id, events, expected_version))
+        log.extend(to_json(e) for e in numbered(run_id, events, expected_version))
         return len(log)
 
     async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
@@ -102,7 +107,7 @@ class MemoryStore(Store):
 
     def _remember(self, session: str, role: MemoryRole, content: str) -> None:
         self._memory.setdefault(session, []).append(
-            MemoryEntry(session=session, role=role, content=content, time=time.time())
+            MemoryEntry(session=session, role=role, content=clean_text(content), time=time.time())
         )
 
 
