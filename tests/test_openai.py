@@ -173,7 +173,7 @@ async def test_history_is_sent_in_the_chat_completions_wire_shape(
         {"role": "tool", "tool_call_id": "call_2", "content": "Error: invalid JSON arguments"},
         {
             "role": "assistant",
-            "content": None,
+            "content": "",  # not null: servers such as llama-cpp-python's refuse it
             "tool_calls": [
                 {"id": "call_3", "type": "function", "function": {"name": "add", "arguments": "{}"}}
             ],

@@ -277,3 +277,47 @@ async def test_a_router_falls_back_past_a_member_without_tools_and_goes_react_wh
         finally:
             for m in members:
                 await m.aclose()
+
+
+# ======================================================================= message shapes servers refuse
+
+# llama-cpp-python's server (0.3.x) validates each message with pydantic: an assistant message's content must
+# be a string, and its answer to a null one is a 500 (older llama.cpp servers and Mistral's refuse it too)
+LLAMA_CPP_PYTHON_NULL_CONTENT = Fault(
+    500,
+    body={
+        "error": {
+            "message": "[{'type': 'string_type', 'loc': ('body', 'messages', 2, "
+            "'ChatCompletionRequestAssistantMessage', 'content'), 'msg': 'Input should be a valid string', "
+            "'input': None}]",
+            "type": "internal_server_error",
+        }
+    },
+)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["request", "stream"])
+async def test_an_assistant_message_with_tool_calls_and_no_text_is_sent_with_empty_content(
+    server: OpenAICompatibleServer, stream: bool
+) -> None:
+    """Every step after the first carries an assistant message that only calls tools: its `content` is "",
+    which every server takes (a null one made llama-cpp-python's server fail every such request)."""
+
+    def strict(request: RecordedRequest) -> Any:
+        messages = request.json["messages"]
+        if any(m["role"] == "assistant" and not isinstance(m.get("content"), str) for m in messages):
+            return LLAMA_CPP_PYTHON_NULL_CONTENT
+        if any(m["role"] == "tool" for m in messages):
+            return "391"
+        return Completion(tool_calls=[tool_call("calculator", {"expression": "17*23"})])
+
+    server.fallback = strict
+    model = OpenAIModel("small", base_url=server.url, api_key="k", max_retries=0)
+    try:
+        result = await go(Agent(model, tools=[calculator]), "What is 17*23?", stream=stream)
+        assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "391"
+        sent = server.requests[1].json["messages"]
+        assert [(m["role"], m.get("content")) for m in sent[2:4]] == [("assistant", ""), ("tool", "391")]
+        assert sent[3]["tool_call_id"] == sent[2]["tool_calls"][0]["id"]
+    finally:
+        await model.aclose()

@@ -613,7 +613,9 @@ def _wire_message(message: Message) -> dict[str, Any]:
     if message.role == "assistant" and message.tool_calls:
         return {
             "role": "assistant",
-            "content": message.content or None,
+            # "" rather than null: llama-cpp-python's server, older llama.cpp servers and Mistral's refuse
+            # null next to tool calls (a 500 or 400 on every step after the first); OpenAI takes both
+            "content": message.content,
             "tool_calls": [_wire_call(c) for c in message.tool_calls],
         }
     return {"role": message.role, "content": message.content}
