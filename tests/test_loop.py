@@ -379,7 +379,13 @@ def test_context_limit_leaves_room_for_the_reply_in_the_models_window() -> None:
 async def test_transient_model_failures_are_retried_with_the_providers_delay() -> None:
     from thinkloop import ModelRetryableError
 
-    failures = iter([ModelRetryableError("HTTP 429", provider="acme", retry_after=0.01), None])
+    failures = iter(
+        [
+            ModelRetryableError("HTTP 429", provider="acme", retry_after=0.01),
+            ModelRetryableError("HTTP 429", provider="acme", retry_after=0.0),  # retry at once, not backoff
+            None,
+        ]
+    )
 
     def flaky(request: ModelRequest) -> object:
         failure = next(failures, None)
@@ -391,7 +397,7 @@ async def test_transient_model_failures_are_retried_with_the_providers_delay() -
     result = await Agent(FunctionModel(flaky)).run("hi", on_event=events.append)
     assert result.output == "fine"
     attempts = [e for e in events if e.type == "model_attempt"]
-    assert [(a.attempt, a.next_action, a.delay) for a in attempts] == [(1, "retry", 0.01)]  # type: ignore[union-attr]
+    assert [(a.attempt, a.next_action, a.delay) for a in attempts] == [(1, "retry", 0.01), (2, "retry", 0.0)]  # type: ignore[union-attr]
 
 
 async def test_retries_are_bounded_and_permanent_errors_are_not_retried() -> None:

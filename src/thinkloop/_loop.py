@@ -444,7 +444,10 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
             started = streamer is not None and streamer.started
             if attempt > run.config.model_retries or started or _retries_itself(run.model):
                 raise
-            delay = min(exc.retry_after or run.config.retry_backoff * 2 ** (attempt - 1), 30.0)
+            backoff = run.config.retry_backoff * 2 ** (attempt - 1)
+            delay = min(
+                backoff if exc.retry_after is None else exc.retry_after, 30.0
+            )  # Retry-After: 0 is now
             run.emit(
                 ModelAttempt(
                     model=run.model.spec, attempt=attempt, error=str(exc), next_action="retry", delay=delay
