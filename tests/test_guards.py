@@ -366,14 +366,17 @@ def test_tool_calls_written_as_text_are_run_and_switch_to_react() -> None:
 
     model = FunctionModel(reply)
     result, events = run(Agent(model, tools=[calculator]))
-    assert result.stop_reason is StopReason.FINAL_ANSWER
-    assert result.tool_calls == 1
-    assert result.state.guards.malformed_native_replies == 1
-    assert not [e for e in events if isinstance(e, ModeSwitched)]  # one text call is tolerated
+    assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "391"
+    assert [(e.name, e.output) for e in result.state.ledger.values()] == [("calculator", "391")]
+    # the first call written as text switches the run: the server does not parse the model's calls
+    assert [(e.step, e.to_mode) for e in events if isinstance(e, ModeSwitched)] == [(1, "react")]
+    assert [bool(r.tools) for r in model.requests] == [True, False]  # the result came back as an Observation
+    assert "Observation: 391" in model.requests[1].messages[-1].content
+    assert result.state.guards.malformed_native_replies == 0  # not a malformed call: no count
 
-    model = FunctionModel(lambda r: '{"name": "calculator", "arguments": {"expression": "1*1"}}')
-    result, events = run(Agent(model, tools=[calculator], guards=GuardConfig(native_fallback_after=1)))
-    assert [e.to_mode for e in events if isinstance(e, ModeSwitched)] == ["react"]
+    events.clear()
+    result, events = run(Agent(model, tools=[calculator], mode="react"))  # already in ReAct: no switch
+    assert result.output == "391" and not [e for e in events if isinstance(e, ModeSwitched)]
 
 
 @pytest.mark.parametrize(
@@ -389,7 +392,7 @@ def test_several_calls_written_as_text_by_a_native_model_all_run(written: str) -
     """A server without a tool-call parser hands back the model's calls as text: each one runs."""
 
     def reply(request: ModelRequest) -> object:
-        if request.messages[-1].role == "tool":
+        if request.messages[-1].role == "tool" or "Observation:" in request.messages[-1].content:
             return "Final Answer: 391 and 4"
         return written
 
@@ -412,7 +415,11 @@ def test_several_calls_written_as_text_by_a_native_model_all_run(written: str) -
     ],
 )
 def test_a_react_step_or_a_code_call_written_by_a_native_model_runs(written: str) -> None:
-    model = FunctionModel(lambda r: "Final Answer: 391" if r.messages[-1].role == "tool" else written)
+    def reply(request: ModelRequest) -> str:
+        last = request.messages[-1]
+        return "Final Answer: 391" if last.role == "tool" or "Observation:" in last.content else written
+
+    model = FunctionModel(reply)
     result, _ = run(Agent(model, tools=[calculator], mode="native"))
     assert result.output == "391" and result.tool_calls == 1
     assert [e.output for e in result.state.ledger.values()] == ["391"]

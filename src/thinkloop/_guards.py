@@ -95,8 +95,8 @@ class GuardConfig:
         no_progress_threshold: `no_progress` after this + 2 steps without a useful result.
         checkpoint_hints: inject the checkpoint hints at rounds 4/8/12 of 16 (scaled to `max_steps`).
         max_heals: unreadable replies in a row that are corrected before the run stops with `error`.
-        native_fallback_after: malformed native tool calls (or calls written as text) before the run
-            switches to text ReAct.
+        native_fallback_after: malformed native tool calls before the run switches to text ReAct (the
+            first call written as text switches it at once: the server does not parse calls).
         hints: replacement texts by key (see `DEFAULT_HINTS`; `{remaining}`, `{count}`, `{name}` are
             filled in).
         is_useful: `(outcome, guard_state) -> bool`, what counts as progress (default: a successful

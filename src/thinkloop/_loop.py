@@ -625,7 +625,7 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
             return Reply(text=answer)
         thought, text_calls = _react.text_calls(response.text, run.tools.names, f"text_{run.state.step}")
         if text_calls:  # a native model (or a server without a tool-call parser) wrote its calls as text
-            _note_malformed_native(run)
+            _calls_written_as_text(run)
             return _answer_calls(run, Reply(text=thought, calls=text_calls))
     malformed = unknown = False
     for call in calls:
@@ -711,6 +711,15 @@ def _unique_ids(calls: list[ToolCall], step: int) -> list[ToolCall]:
         seen.add(call.id)
         out.append(call)
     return out
+
+
+def _calls_written_as_text(run: RunContext) -> None:
+    """Tool calls that came back as text although tools were sent natively: the server does not turn the
+    model's calls into tool calls (llama-cpp-python's, a chat template without tool-call markup), and its
+    tool results reach the model no better. The calls run, and the rest of the run is in text ReAct at once
+    (through llama-cpp-python's server, 9/34 local tasks stayed native, 22/34 in ReAct)."""
+    if run.state.mode == "native":
+        switch_mode(run, "react", "the model writes its tool calls as text: the server does not parse them")
 
 
 def _note_malformed_native(run: RunContext) -> None:
