@@ -850,3 +850,25 @@ async def test_the_runs_deadline_ends_a_backoff_wait_at_once() -> None:
     assert result.stop_reason is StopReason.TIMEOUT
     assert [(e.next_action, e.delay) for e in events if isinstance(e, ModelAttempt)] == [("retry", 20.0)]
     assert len(server.chat_requests) == 2
+
+
+async def test_a_react_stream_cut_before_its_final_answer_is_retried_by_the_loop_behind_a_router() -> None:
+    """In ReAct, a reply's tokens reach the user only after `Final Answer:`: a stream cut before that showed
+    nothing, so the loop tries again even behind a router (which cannot fall back once tokens flowed)."""
+    answer = "Thought: I know it.\nFinal Answer: Paris is the capital of France."
+    async with OpenAICompatibleServer(
+        [Completion(text=answer, drop_after_bytes=700), answer], models=["small"]
+    ) as server:
+        member = OpenAIModel(
+            "small", base_url=server.url, api_key="k", max_retries=0, capabilities={"tools": False}
+        )
+        router = RouterModel([member], retries=0)
+        events: list[Any] = []
+        async for event in Agent(router, mode="react").stream("What is the capital of France?"):
+            events.append(event)
+        result = events[-1].result
+        assert result.stop_reason is StopReason.FINAL_ANSWER, result.error
+        assert result.output == "Paris is the capital of France."
+        assert "".join(e.text for e in events if e.type == "answer_delta") == result.output  # shown once
+        assert len(server.chat_requests) == 2
+        await member.aclose()

@@ -419,8 +419,9 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
 
 async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelResponse:
     """One model call; a transient failure (429, 5xx, timeout, lost connection) is retried with
-    exponential backoff (or the provider's Retry-After), unless the model is a router (it retries itself)
-    or a streamed answer had already started."""
+    exponential backoff (or the provider's Retry-After), unless a streamed answer had already started, or
+    the model is a router (it retries itself) — except for a stream that broke before anything of it was
+    shown (a ReAct reply before its `Final Answer:`), which a router cannot fall back from."""
     attempt = 0
     while True:
         streamer = None
@@ -441,8 +442,14 @@ async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelRes
             raise _Rebuild from exc
         except ModelRetryableError as exc:
             attempt += 1
-            started = streamer is not None and streamer.started
-            if attempt > run.config.model_retries or started or _retries_itself(run.model):
+            shown = streamer is not None and streamer.started
+            # a router retries and falls back itself, but not once tokens flowed; unshown ones are ours to retry
+            unseen_break = streamer is not None and bool(streamer.buffer) and not shown
+            if (
+                attempt > run.config.model_retries
+                or shown
+                or (_retries_itself(run.model) and not unseen_break)
+            ):
                 raise
             backoff = run.config.retry_backoff * 2 ** (attempt - 1)
             delay = min(
