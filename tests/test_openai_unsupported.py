@@ -174,14 +174,14 @@ async def test_a_server_without_tools_gets_the_run_in_react(
         assert result.state.mode == "react"
         switch = [e for e in events if isinstance(e, ModeSwitched)]
         assert len(switch) == 1 and "does not take tool definitions" in switch[0].reason
-        assert ["tools" in r.json for r in server.requests] == [True, False, False]  # refused once, no retry
+        assert ["tools" in r for r in server.chat_requests] == [True, False, False]  # refused once, no retry
         assert model.capabilities.tools is False
 
         second = await go(
             agent, "What is 17*23?", stream=stream
         )  # the agent now starts in ReAct: no refused request
         assert second.output == "391" and second.state.mode == "react"
-        assert ["tools" in r.json for r in server.requests[3:]] == [False, False]
+        assert ["tools" in r for r in server.chat_requests[3:]] == [False, False]
     finally:
         await model.aclose()
 
@@ -229,7 +229,7 @@ async def test_a_refused_optional_parameter_is_dropped_and_not_sent_again(
             Agent(model, tools=[calculator], settings=settings), "What is 17*23?", stream=stream
         )
         assert result.output == "391" and result.tool_calls == 1
-        bodies = [r.json for r in server.requests]
+        bodies = server.chat_requests
         assert len(bodies) == 3 and sent in bodies[0]
         assert all(sent not in b for b in bodies[1:])  # dropped for the retry and every later request
         if then_sent is not None:  # the same limit under the name the server takes
@@ -250,7 +250,7 @@ async def test_an_optional_parameter_is_dropped_once_then_the_error_stands(
     try:
         with pytest.raises(ModelError, match="HTTP 400"):
             await model.request(request)
-        assert len(server.requests) == 2
+        assert len(server.chat_requests) == 2
     finally:
         await model.aclose()
 
@@ -266,7 +266,7 @@ async def test_a_router_falls_back_past_a_member_without_tools_and_goes_react_wh
         try:
             result = await Agent(RouterModel(members), tools=[calculator]).run("What is 17*23?")
             assert result.output == "391" and result.state.mode == "native"  # the member with tools answered
-            assert len(plain.requests) == 1 and "tools" in plain.requests[0].json
+            assert len(plain.chat_requests) == 1 and "tools" in plain.chat_requests[0]
 
             alone = OpenAIModel("small", base_url=plain.url, api_key="k", max_retries=0)
             other = OpenAIModel("small2", base_url=plain.url, api_key="k", max_retries=0)
@@ -316,8 +316,68 @@ async def test_an_assistant_message_with_tool_calls_and_no_text_is_sent_with_emp
     try:
         result = await go(Agent(model, tools=[calculator]), "What is 17*23?", stream=stream)
         assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "391"
-        sent = server.requests[1].json["messages"]
+        sent = server.chat_requests[1]["messages"]
         assert [(m["role"], m.get("content")) for m in sent[2:4]] == [("assistant", ""), ("tool", "391")]
         assert sent[3]["tool_call_id"] == sent[2]["tool_calls"][0]["id"]
     finally:
         await model.aclose()
+
+
+# ============================================================== servers that take tools but mishandle them
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["request", "stream"])
+async def test_llama_cpp_pythons_server_gets_the_run_in_react_from_its_first_step(stream: bool) -> None:
+    """llama-cpp-python's server (every model of its listing `owned_by: "me"`) takes tools but hands calls
+    back as text: no tools are sent to it, the run is in ReAct from its first request (and later runs too)."""
+
+    def react(request: RecordedRequest) -> Any:
+        assert "tools" not in request.json, "tools were sent to llama-cpp-python's server"
+        if "Observation: 391" in request.json["messages"][-1]["content"]:
+            return "Thought: done\nFinal Answer: 391"
+        return 'Thought: compute\nAction: calculator\nAction Input: {"expression": "17*23"}'
+
+    async with OpenAICompatibleServer(fallback=react, owned_by="me") as server:
+        model = OpenAIModel("qwen", base_url=server.url, api_key="k", max_retries=0)
+        agent = Agent(model, tools=[calculator])
+        events: list[Event] = []
+        try:
+            result = await go(agent, "What is 17*23?", stream=stream, events=events)
+            assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "391"
+            switch = [e for e in events if isinstance(e, ModeSwitched)]
+            assert len(switch) == 1 and "llama-cpp-python's server" in switch[0].reason
+            assert model.capabilities.tools is False
+            assert [r.path for r in server.requests].count("/v1/models") == 1  # looked at once
+
+            again = await go(agent, "What is 17*23?", stream=stream)  # starts in ReAct: no switch, no listing
+            assert again.output == "391" and again.state.mode == "react"
+            assert "mode_switches" not in again.state.metadata
+            assert [r.path for r in server.requests].count("/v1/models") == 1
+        finally:
+            await model.aclose()
+
+
+async def test_other_servers_and_stated_capabilities_keep_native_tools() -> None:
+    native = [Completion(tool_calls=[tool_call("calculator", {"expression": "17*23"})]), "391"]
+    for owned_by, capabilities, listings in [("vllm", None, 1), ("me", {"tools": True}, 0)]:
+        async with OpenAICompatibleServer(native, owned_by=owned_by) as server:
+            model = OpenAIModel("m", base_url=server.url, api_key="k", max_retries=0, capabilities=capabilities)
+            try:
+                result = await Agent(model, tools=[calculator]).run("What is 17*23?")
+                assert result.output == "391" and result.state.mode == "native", owned_by
+                assert all("tools" in body for body in server.chat_requests[:1])
+                assert [r.path for r in server.requests].count("/v1/models") == listings
+            finally:
+                await model.aclose()
+
+
+async def test_a_server_whose_listing_names_no_owner_gets_tools_as_usual() -> None:
+    async with OpenAICompatibleServer(
+        [Completion(tool_calls=[tool_call("calculator", {"expression": "2*3"})]), "6"], models=[]
+    ) as server:
+        model = OpenAIModel("m", base_url=server.url, api_key="k", max_retries=0)
+        try:
+            result = await Agent(model, tools=[calculator]).run("What is 2*3?")
+            assert result.output == "6" and result.state.mode == "native"
+        finally:
+            await model.aclose()

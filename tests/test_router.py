@@ -497,7 +497,7 @@ async def test_loopback_429_retry_after_is_honoured() -> None:
     assert rec.sleeps == [2.0]
     assert rec.actions == [("openai:primary", 1, "retry")]
     assert "429" in rec.attempts[0].error
-    assert len(server.requests) == 2
+    assert len(server.chat_requests) == 2
 
 
 async def test_loopback_5xx_and_dropped_connection_fall_back_to_the_second_server() -> None:

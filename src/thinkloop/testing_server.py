@@ -241,6 +241,7 @@ class OpenAICompatibleServer:
         *,
         fallback: ScriptItem | None = None,
         models: Iterable[str] = ("fake-model",),
+        owned_by: str = "thinkloop",
         context_window: int | None = None,
         count_tokens: Callable[[dict[str, Any]], int] | None = None,
         overflow_style: OverflowStyle = "openai",
@@ -248,6 +249,7 @@ class OpenAICompatibleServer:
         self._script: deque[ScriptItem] = deque(script)
         self.fallback = fallback
         self.models = list(models)
+        self.owned_by = owned_by  # of every model of `GET /models` ("me": as llama-cpp-python's server)
         self.context_window = context_window
         self.count_tokens = count_tokens or prompt_tokens
         self.overflow_style: OverflowStyle = overflow_style
@@ -371,7 +373,9 @@ class OpenAICompatibleServer:
         self, request: RecordedRequest, writer: asyncio.StreamWriter, reader: asyncio.StreamReader
     ) -> None:
         if request.method == "GET" and request.path.rstrip("/").endswith("/models"):
-            data = [{"id": m, "object": "model", "created": 0, "owned_by": "thinkloop"} for m in self.models]
+            data = [
+                {"id": m, "object": "model", "created": 0, "owned_by": self.owned_by} for m in self.models
+            ]
             await _send_json(writer, 200, {"object": "list", "data": data})
             return
         if request.method != "POST" or not request.path.rstrip("/").endswith("/chat/completions"):

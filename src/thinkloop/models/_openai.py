@@ -48,7 +48,7 @@ from .._messages import (
 )
 from ._base import Model, ModelCapabilities
 from ._overflow import overflow_error, reply_room_after_overflow
-from ._unsupported import tools_unsupported, unsupported_param
+from ._unsupported import tools_mishandled, tools_unsupported, unsupported_param
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -125,6 +125,8 @@ class OpenAIModel(Model):
         self.timeout = timeout
         self.max_retries = max_retries
         self.capabilities = _capabilities(capabilities)
+        # a server of our own (not OpenAI's) whose tool support nobody stated: looked at before sending tools
+        self._check_server = self.base_url is not None and not _states_tools(capabilities)
         self.extra_body = dict(extra_body or {})
         reasoning = name.startswith(_REASONING_PREFIXES)
         self.max_tokens_param: MaxTokensParam = max_tokens_param or (
@@ -371,6 +373,8 @@ class OpenAIModel(Model):
         from openai import APIStatusError, OpenAIError
 
         client = await self._get_client()
+        if "tools" in params and self._check_server:
+            await self._refuse_tools_if_mishandled(client, scope)
         adapted: set[str] = set()
         while True:
             try:
@@ -381,6 +385,29 @@ class OpenAIModel(Model):
                     raise error from exc
             except ValueError as exc:  # a body that is not valid JSON (the SDK's json.loads)
                 raise self._not_json(exc, scope) from exc
+
+    async def _refuse_tools_if_mishandled(self, client: AsyncOpenAI, scope: str) -> None:
+        """Once per model, before tools are first sent: a server known to mishandle them (from its model
+        listing, `GET /models`) gets none — `ToolsUnsupportedError`, and the run goes on in text ReAct. A
+        listing that fails or does not come within 5 s is no answer: tools are sent."""
+        self._check_server = False
+        try:
+            listing = await client.with_options(timeout=min(self.timeout, 5.0), max_retries=0).models.list()
+            owners = [getattr(m, "owned_by", None) for m in listing.data]
+        except Exception as exc:  # a server without /models, a proxy's page, a timeout: not our business
+            logger.debug("%s: listing the models of %s failed (%s)", self.provider, self.base_url, exc)
+            return
+        server = tools_mishandled(owners)
+        if server is None:
+            return
+        self.capabilities = dataclasses.replace(self.capabilities, tools=False)  # later runs: ReAct
+        raise ToolsUnsupportedError(
+            f"{server} at {self.base_url} takes tool definitions but hands the model's calls back as text and "
+            "garbles its tool results, so the run goes on in text ReAct (tools described in the prompt); to "
+            "send tools anyway, pass capabilities={'tools': True}",
+            provider=self.provider,
+            scope=scope,
+        )
 
     def _adapt(self, params: dict[str, Any], exc: Any, error: ModelError, adapted: set[str]) -> bool:
         """Change `params` after the server refused them with `exc`; False when nothing can be changed.
@@ -583,6 +610,11 @@ def _is_local_url(url: str) -> bool:
     except ValueError:
         return False
     return address.is_loopback or address.is_private or address.is_unspecified
+
+
+def _states_tools(value: ModelCapabilities | Mapping[str, Any] | None) -> bool:
+    """Whether capabilities given by the user say whether the model takes tools."""
+    return isinstance(value, ModelCapabilities) or (value is not None and "tools" in value)
 
 
 def _capabilities(value: ModelCapabilities | Mapping[str, Any] | None) -> ModelCapabilities:
