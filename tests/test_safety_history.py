@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from test_safety import Approver
 from thinkloop import Agent, RiskLevel, RunResult, Tool
 from thinkloop.safety import (
     ApprovalDecision,
-    ApprovalRequest,
     SafetyController,
     SafetyPolicy,
     ShellCommandRisk,
@@ -61,18 +61,6 @@ def work(tmp_path: Path) -> Path:
     path = tmp_path / "work"
     path.mkdir()
     return path
-
-
-class Approver:
-    """Answers from a list and keeps the requests it saw."""
-
-    def __init__(self, *answers: ApprovalDecision | bool) -> None:
-        self.answers = list(answers)
-        self.requests: list[ApprovalRequest] = []
-
-    async def __call__(self, request: ApprovalRequest) -> ApprovalDecision | bool:
-        self.requests.append(request)
-        return self.answers.pop(0)
 
 
 def shell(command: str, **more: Any) -> dict[str, Any]:
