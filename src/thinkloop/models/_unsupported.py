@@ -60,7 +60,7 @@ def tools_mishandled(owners: Collection[Any]) -> str | None:
 
     llama-cpp-python's server (`python -m llama_cpp.server`, every model `owned_by: "me"`) puts the tools in
     the chat template but hands the model's calls back as `<tool_call>` text, and with the 1.5B model behind
-    it 9 of 34 local tasks passed natively against 22 of 34 in text ReAct (`benchmarks/local_tasks.py`).
+    it 9 of 34 local tasks passed natively against 22-27 of 34 in text ReAct (`benchmarks/local_tasks.py`).
     """
     if owners and set(owners) == {"me"}:
         return "llama-cpp-python's server"
