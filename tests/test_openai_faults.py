@@ -629,3 +629,23 @@ async def test_unknown_roles_extra_fields_and_finish_reasons_are_read(
         server.add(reply)
     response = await answer(model, streaming)
     assert (response.text, response.finish_reason, response.tool_calls) == ("Hi there.", "unknown", [])
+
+
+async def test_a_reply_trickled_byte_by_byte_ends_after_the_timeout_and_the_agent_retries() -> None:
+    """A server (or proxy) that sends its non-streamed reply a byte at a time never lets one read wait long:
+    `timeout` bounds the whole reply, and the run retries it instead of waiting for hours."""
+    trickled = Completion(text="slow " * 40, trickle=0.05)  # ~1,000 bytes: ~50 s
+    async with OpenAICompatibleServer([trickled]) as server:
+        model = OpenAIModel("m", base_url=server.url, api_key="k", timeout=0.5, max_retries=0)
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(ModelRetryableError, match=r"no response from .* within 0.5 s"):
+                await model.request(ModelRequest(messages=[Message.user("hi")]))
+            assert asyncio.get_running_loop().time() - started < 5
+
+            server.add(Completion(text="slow " * 40, trickle=0.05), "fast")
+            result = await Agent(model).run("hi")  # retried after the 1 s backoff
+            assert result.output == "fast" and result.stop_reason is StopReason.FINAL_ANSWER
+            assert len(server.chat_requests) == 3  # the trickled reply was given up, then asked again
+        finally:
+            await model.aclose()

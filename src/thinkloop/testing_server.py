@@ -117,6 +117,8 @@ class Completion:
             never ends its stream).
         keepalive_every: while stalled, send an SSE comment (`: keep-alive`) every this many seconds, as
             proxies such as OpenRouter do while they wait for their upstream: bytes keep coming, events not.
+        trickle: when not streaming, send the reply one byte every this many seconds (a server or proxy
+            that trickles its body: no read ever waits long, the whole reply takes long).
     """
 
     text: str = ""
@@ -135,6 +137,7 @@ class Completion:
     send_done: bool = True
     stall_after_events: int | None = None
     keepalive_every: float | None = None
+    trickle: float | None = None
 
 
 @dataclass
@@ -456,7 +459,7 @@ class OpenAICompatibleServer:
         ]
         if item.usage is not None:
             payload["usage"] = _usage(item.usage)
-        await _send_json(writer, 200, payload)
+        await _send_json(writer, 200, payload, trickle=item.trickle)
 
     async def _send_stream(
         self, writer: asyncio.StreamWriter, item: Completion, body: Any, reader: asyncio.StreamReader
@@ -574,15 +577,24 @@ async def _send_fault(writer: asyncio.StreamWriter, fault: Fault) -> None:
 
 
 async def _send_json(
-    writer: asyncio.StreamWriter, status: int, payload: Any, headers: dict[str, str] | None = None
+    writer: asyncio.StreamWriter,
+    status: int,
+    payload: Any,
+    headers: dict[str, str] | None = None,
+    *,
+    trickle: float | None = None,
 ) -> None:
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     headers = {"content-type": "application/json"} | {k.lower(): v for k, v in (headers or {}).items()}
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     lines.append(f"content-length: {len(data)}")
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + (b"" if trickle else data))
     await writer.drain()
+    for byte in data if trickle else b"":
+        await asyncio.sleep(trickle or 0)
+        writer.write(bytes([byte]))
+        await writer.drain()
 
 
 async def _stall(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, keepalive: float | None) -> None:

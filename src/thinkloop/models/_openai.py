@@ -93,7 +93,7 @@ class OpenAIModel(Model):
         name: the model name the server knows, e.g. `gpt-4o-mini`, `deepseek-chat`, `qwen2.5:7b`.
         base_url: the API root, e.g. `http://localhost:11434/v1`; defaults to `$OPENAI_BASE_URL`, then OpenAI.
         api_key: defaults to `$OPENAI_API_KEY`; may be omitted for servers on this machine or a private network.
-        timeout: seconds to wait for a response.
+        timeout: seconds to wait for a response (a whole reply; when streaming, each of its events).
         max_retries: retries by the SDK itself; 0 by default, since retries and fallback belong to the router.
         capabilities: a `ModelCapabilities`, or a mapping of fields to override (e.g. `{"tools": False}` for
             a server without tool calling, which makes the loop use text ReAct).
@@ -376,9 +376,13 @@ class OpenAIModel(Model):
         if "tools" in params and self._check_server:
             await self._refuse_tools_if_mishandled(client, scope)
         adapted: set[str] = set()
+        whole = None if params.get("stream") else self.timeout  # a stream's events have their own limit
         while True:
             try:
-                return await client.chat.completions.create(**params)
+                async with asyncio.timeout(whole):  # a reply trickled byte by byte never ends a read timeout
+                    return await client.chat.completions.create(**params)
+            except TimeoutError:
+                raise self._no_response(scope) from None
             except OpenAIError as exc:
                 error = self._wrap_error(exc, scope)
                 if not isinstance(exc, APIStatusError) or not self._adapt(params, exc, error, adapted):
@@ -447,6 +451,11 @@ class OpenAIModel(Model):
         )
         return True
 
+    def _no_response(self, scope: str) -> ModelRetryableError:
+        where = self.base_url or "api.openai.com"
+        message = f"no response from {where} within {self.timeout} s; retry later or raise `timeout`"
+        return ModelRetryableError(message, provider=self.provider, scope=scope)
+
     def _not_json(self, exc: ValueError, scope: str) -> ModelError:
         where = self.base_url or "api.openai.com"
         message = f"{where} sent a reply that is not valid JSON ({exc}); check that base_url is an OpenAI-compatible API"
@@ -481,8 +490,7 @@ class OpenAIModel(Model):
 
         where = self.base_url or "api.openai.com"
         if isinstance(exc, openai.APITimeoutError):
-            message = f"no response from {where} within {self.timeout} s; retry later or raise `timeout`"
-            return ModelRetryableError(message, provider=self.provider, scope=scope)
+            return self._no_response(scope)
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc.__context__
             detail = f" ({cause})" if cause and str(cause) else ""
