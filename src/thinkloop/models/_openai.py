@@ -126,7 +126,8 @@ class OpenAIModel(Model):
         self.max_retries = max_retries
         self.capabilities = _capabilities(capabilities)
         # a server of our own (not OpenAI's) whose tool support nobody stated: looked at before sending tools
-        self._check_server = self.base_url is not None and not _states_tools(capabilities)
+        own = self.base_url is not None and "api.openai.com" not in self.base_url
+        self._check_server = own and not _states_tools(capabilities)
         self.extra_body = dict(extra_body or {})
         reasoning = name.startswith(_REASONING_PREFIXES)
         self.max_tokens_param: MaxTokensParam = max_tokens_param or (
