@@ -178,7 +178,7 @@ class SQLiteStore(Store):
         conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _wal(conn, timeout)
             conn.execute("PRAGMA synchronous = NORMAL")
             _migrate(conn)
         except BaseException:
@@ -342,6 +342,20 @@ def _execute(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Non
 def _wal_checkpoint(conn: sqlite3.Connection) -> None:
     with contextlib.suppress(sqlite3.Error):  # best effort: the next one, or any connection, catches up
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+
+def _wal(conn: sqlite3.Connection, timeout: float) -> None:
+    """Put the database in WAL mode. Switching a new file needs it to itself, and SQLite answers "database
+    is locked" at once, without its busy handler, while another process opens it: tried until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
