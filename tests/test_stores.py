@@ -954,3 +954,15 @@ async def test_postgres_refuses_a_database_with_a_newer_schema(pg_dsn: str) -> N
             StateError, match="thinkloop schema version 99, newer than this thinkloop supports"
         ):
             await store.load_state("run-1")
+
+
+async def test_a_state_file_copied_under_another_run_id_is_a_clear_error(tmp_path: Path) -> None:
+    """`runs/b.json` holding run a's state (a file copied or renamed by hand) is not loaded as run b."""
+    async with FileStore(tmp_path / "files") as store:
+        await store.checkpoint(_state("a"), [])
+        runs = tmp_path / "files" / "runs"
+        (runs / "b.json").write_text((runs / "a.json").read_text())
+        with pytest.raises(StateError, match=r"run 'b': the state stored under that id is run 'a'"):
+            await store.load_state("b")
+        loaded = await store.load_state("a")
+        assert loaded is not None and loaded.run_id == "a"

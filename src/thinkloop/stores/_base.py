@@ -202,11 +202,18 @@ def memory_turn(state: RunState, events: Sequence[Event]) -> list[tuple[MemoryRo
 
 
 def load_state_text(run_id: str, text: str | bytes) -> RunState:
-    """Parse a stored state; corrupt or too-new data raises `StateError` naming the run."""
+    """Parse a stored state; corrupt or too-new data, or the state of another run (a file copied or renamed
+    in a `FileStore`), raises `StateError` naming the run."""
     try:
-        return RunState.from_json(text)
+        state = RunState.from_json(text)
     except StateError as exc:
         raise StateError(f"run {run_id!r}: {exc}") from exc
+    if state.run_id != run_id:
+        raise StateError(
+            f"run {run_id!r}: the state stored under that id is run {state.run_id!r}'s (a file copied or renamed?): "
+            "put it back under its own id, or load that id"
+        )
+    return state
 
 
 def parse_event(run_id: str, text: str | bytes) -> Event:
