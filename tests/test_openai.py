@@ -433,6 +433,14 @@ async def test_429_is_retryable_with_retry_after(server: OpenAICompatibleServer,
         ({"Retry-After": "0.25"}, 0.25),
         ({"Retry-After": "soon"}, None),
         ({}, None),
+        # not a time: ignored (an agent slept on nan forever)
+        ({"Retry-After": "nan"}, None),
+        ({"Retry-After": "inf"}, None),
+        ({"Retry-After": "1e400"}, None),
+        ({"retry-after-ms": "NaN", "Retry-After": "3"}, 3.0),
+        ({"Retry-After": "-5"}, 0.0),
+        ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0),  # a date in the past: at once
+        ({"Retry-After": "Mon, 99 Foo"}, None),
     ],
 )
 async def test_retry_after_forms(
@@ -442,6 +450,7 @@ async def test_retry_after_forms(
     with pytest.raises(ModelRetryableError) as info:
         await model.request(ask())
     assert info.value.retry_after == expected
+    assert "nan" not in str(info.value) and "inf s" not in str(info.value)
 
 
 async def test_retry_after_as_http_date(server: OpenAICompatibleServer, model: OpenAIModel) -> None:

@@ -310,7 +310,9 @@ def test_runs_list_show_resume_replay_export(interrupted: tuple[str, Path]) -> N
     assert resumed.exit_code == 0, resumed.output
     assert "(resumed)" in resumed.output and "It is 42." in resumed.output
 
-    assert _cli("resume", "cli-run", "--store", url).exit_code == 2  # it ended: not resumed again (a usage error)
+    assert (
+        _cli("resume", "cli-run", "--store", url).exit_code == 2
+    )  # it ended: not resumed again (a usage error)
     replay = _cli("replay", "cli-run", "--store", url)
     assert replay.exit_code == 0
     assert (
@@ -368,6 +370,20 @@ def _call(name: str, **args: object) -> dict[str, object]:
     return {"tool_calls": [{"name": name, "args": args}]}
 
 
+class SlowSecondTurn(ScriptedModel):
+    """A scripted model whose second turn sets `thinking` and then waits (for an interrupt to come)."""
+
+    def __init__(self, thinking: asyncio.Event, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.thinking = thinking
+
+    async def request(self, request: Any) -> Any:
+        if request.turn == 1 and not self.thinking.is_set():
+            self.thinking.set()
+            await asyncio.sleep(30)
+        return await super().request(request)
+
+
 async def _interrupt_when(agent: Agent, run_id: str, started: asyncio.Event, goal: str = "go") -> None:
     task = asyncio.create_task(agent.run(goal, run_id=run_id))
     await asyncio.wait_for(started.wait(), 5)
@@ -387,15 +403,8 @@ async def test_an_interrupted_run_is_saved_unfinished_and_resumes_where_it_stopp
         calls.append(n)
         return n
 
-    class SlowSecondTurn(ScriptedModel):
-        async def request(self, request: Any) -> Any:
-            if request.turn == 1 and not thinking.is_set():
-                thinking.set()
-                await asyncio.sleep(30)
-            return await super().request(request)
-
     store = SQLiteStore(tmp_path / "runs.db")
-    model = SlowSecondTurn([_call("count", n=1), _call("count", n=2), "done"], by_turn=True)
+    model = SlowSecondTurn(thinking, [_call("count", n=1), _call("count", n=2), "done"], by_turn=True)
     agent = Agent(model, tools=[count], store=store)
     await _interrupt_when(agent, "r1", thinking)
     state = await store.load_state("r1")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -837,11 +836,11 @@ class _ArgumentCheck:
         forbidden = sorted(self._forbidden.intersection(arguments))
         if forbidden:  # jsonschema says where a `false` schema failed without saying which property
             return f"{', '.join(forbidden)}: not accepted (the server's schema forbids it)"
+        from jsonschema.exceptions import best_match  # the SDK's dependency: there whenever a server is
+
         for validator in self._validators:
             try:
-                error = importlib.import_module("jsonschema.exceptions").best_match(
-                    validator.iter_errors(arguments)
-                )
+                error = best_match(validator.iter_errors(arguments))
             except Exception:  # an unresolvable `$ref`, a pattern `re` refuses, …: the next schema
                 continue
             if error is None:
@@ -866,8 +865,10 @@ def _validator(schema: Any) -> Any:
     if schema is None:
         return None
     try:
-        jsonschema = importlib.import_module("jsonschema")
-        registry = importlib.import_module("referencing").Registry()  # no remote references fetched
+        import jsonschema
+        from referencing import Registry
+
+        registry: Registry[Any] = Registry()  # no remote references fetched
         with warnings.catch_warnings():  # an unknown `$schema` warns
             warnings.simplefilter("ignore")
             cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
