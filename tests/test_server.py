@@ -285,6 +285,21 @@ async def test_unknown_runs_are_404() -> None:
         assert bad.status_code == 422 and "decision" in bad.json()["error"]
 
 
+async def test_an_after_too_large_for_the_store_is_422_not_a_500(tmp_path: Path) -> None:
+    """SQLite holds 64-bit integers: `?after=` with 30 digits overflowed in the store (500)."""
+    agent, _ = make_agent(ScriptedModel(["ok"]), store=SQLiteStore(tmp_path / "runs.db"))
+    async with api(create_app(agent)) as client:
+        run_id = await start(client)
+        await finished(client, run_id)
+        for path in (f"/api/runs/{run_id}/events", "/api/runs/nope/events"):
+            response = await client.get(path, params={"after": "9" * 30})
+            assert response.status_code == 422, response.text
+            assert "after" in response.json()["error"]
+        largest = await client.get(f"/api/runs/{run_id}/events", params={"after": 10**18 - 1})
+        assert largest.status_code == 200 and largest.json()["events"] == []
+    await agent.store.aclose()
+
+
 async def test_unknown_paths_and_methods_say_what_exists() -> None:
     agent, _ = make_agent(ScriptedModel([]))
     async with api(create_app(agent)) as client:

@@ -283,6 +283,9 @@ def _problem(error: Mapping[str, Any]) -> dict[str, str]:
     return {"where": where, "problem": problem}
 
 
+MAX_SEQ = 10**18 - 1  # the largest `after=`: a store's integer column holds 64 bits, not any Python int
+
+
 def _run_id(run_id: str) -> str:
     try:
         return check_id(run_id)
@@ -559,7 +562,7 @@ def _add_run_routes(app: FastAPI, manager: RunManager) -> None:
         }
 
     @app.get("/api/runs/{run_id}/events")
-    async def get_events(run_id: str, after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+    async def get_events(run_id: str, after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0) -> dict[str, Any]:
         run_id = _run_id(run_id)
         try:
             events = await manager.events_after(run_id, after)
@@ -672,7 +675,7 @@ def _add_stream_route(app: FastAPI, manager: RunManager) -> None:
 
 async def _check_stream(manager: RunManager, run_id: str, after: str) -> tuple[int, str]:
     """(1000, "") if the run can be followed from `after`, else the close code and reason to answer."""
-    if not (after.isascii() and after.isdigit() and len(after) <= 18):
+    if not (after.isascii() and after.isdigit() and len(after) <= len(str(MAX_SEQ))):
         return 4400, "after must be a whole number >= 0: the last seq you saw, or 0"
     try:
         if await manager.exists(check_id(run_id)):
