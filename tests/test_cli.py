@@ -579,6 +579,26 @@ def test_sigint_during_a_slow_tool_exits_130_and_leaves_the_run_resumable(cli: C
     assert not result["success"] and result["error_kind"] == "unknown_outcome", result
 
 
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_and_sighup_save_the_run_resumable_and_stop_its_shell_command(
+    cli: Cli, signum: signal.Signals, code: int
+) -> None:
+    """`kill PID` (a service manager, a container stopping) killed the CLI outright, leaving its `shell`
+    command running and no word of how to continue the run."""
+    exit_code, events, err = interrupt_a_slow_run(cli, 1, signum=signum)
+    assert exit_code == code, err
+    run_id = events[0]["run_id"]
+    assert err.splitlines()[-1] == (
+        f"interrupted ({signum.name}): the run is saved; continue it with `thinkloop runs resume {run_id}`"
+    )
+    command = events[-1]["call"]["arguments"]["command"]
+    assert not process_running(command)  # stopped with the run, not left behind
+    (saved,) = [json.loads(line) for line in cli("runs", "list", "--json").stdout.splitlines()]
+    assert saved["run_id"] == run_id and saved["status"] == "running"
+    resumed = cli("runs", "resume", run_id, "--yes", "--json", timeout=60)
+    assert resumed.code == 0 and done_result(resumed)["output"] == "finished", resumed.stderr
+
+
 def test_sigint_with_an_in_memory_store_cancels_the_run(cli: Cli) -> None:
     code, events, err = interrupt_a_slow_run(cli, 1, "--store", "memory:")
     assert code == 130, err
@@ -594,8 +614,10 @@ def process_running(command: str) -> bool:
     return False
 
 
-def interrupt_a_slow_run(cli: Cli, times: int, *args: str) -> tuple[int, list[dict[str, Any]], str]:
-    """Start a run whose shell tool sleeps, send SIGINT `times` times at once; exit code, events, stderr."""
+def interrupt_a_slow_run(
+    cli: Cli, times: int, *args: str, signum: int = signal.SIGINT
+) -> tuple[int, list[dict[str, Any]], str]:
+    """Start a run whose shell tool sleeps, send `signum` `times` times at once; exit code, events, stderr."""
     command = f"sleep 30.{os.getpid()}{times}{len(args)}"  # a command line to find among the processes
     model = cli.script([call("shell", command=command), text("finished")])
     proc = cli.popen(
@@ -612,7 +634,7 @@ def interrupt_a_slow_run(cli: Cli, times: int, *args: str) -> tuple[int, list[di
             assert proc.poll() is None, "the CLI ended before the command started"
             time.sleep(0.01)  # poll: the shell command is running once its process exists
         for _ in range(times):
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

@@ -9,6 +9,10 @@ the signal (exit status -2, a traceback at times). Instead:
    before the run started, cancels the command's task;
 2. the second, while that is under way, only says so (the save takes a moment);
 3. the third exits at once with 130 — the run keeps its last checkpoint.
+
+SIGTERM (`kill`, a service manager, a container stopping) and SIGHUP (the terminal closed) are handled
+the same way — the default action would kill the process with the run at its last checkpoint and leave a
+running `shell` command behind — and the exit code is 128 + the first signal's number (143, 129).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-EXIT_CODE = 130
+EXIT_CODE = 130  # 128 + SIGINT
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Interrupts:
@@ -35,9 +40,10 @@ class Interrupts:
 
     def __init__(self) -> None:
         self.count = 0
+        self.signum = signal.SIGINT  # the first signal received
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
         self._interrupt: Callable[[], list[str]] | None = None
         self.resume_hint = ""  # what to type to continue the interrupted run (empty: it was cancelled)
         self._hint: Callable[[str], str] = str
@@ -48,7 +54,7 @@ class Interrupts:
         self._interrupt, self._hint = interrupt, hint
 
     def __enter__(self) -> Interrupts:
-        self._previous = signal.signal(signal.SIGINT, self._handle)
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
         Interrupts.current = self
         return self
 
@@ -57,7 +63,8 @@ class Interrupts:
     ) -> None:
         # once interrupted, the command is ending with 130: a late Ctrl-C must not raise KeyboardInterrupt
         # in its last lines (a traceback, or death by the signal)
-        signal.signal(signal.SIGINT, signal.SIG_IGN if self.count else self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, signal.SIG_IGN if self.count else previous)
         Interrupts.current = None
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -71,9 +78,15 @@ class Interrupts:
         finally:
             self._task = None
 
+    @property
+    def exit_code(self) -> int:
+        """130 after Ctrl-C; 128 + the signal's number after another signal (143 for SIGTERM)."""
+        return 128 + int(self.signum)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
         if self.count == 1:
+            self.signum = signal.Signals(signum)
             if self._task is None or self._loop is None:  # before the task started: `run` stops at once
                 return  # (raising here could break the event loop being built, with a traceback)
             stopped = self._interrupt() if self._interrupt is not None else []
@@ -91,7 +104,7 @@ class Interrupts:
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(OSError, ValueError):
                     stream.flush()
-            os._exit(EXIT_CODE)
+            os._exit(self.exit_code)
 
 
 def _say(text: str) -> None:

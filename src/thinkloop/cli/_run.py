@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -98,8 +100,9 @@ def run_command(
 
 
 def drive(main: Coroutine[Any, Any, int], errors: Console) -> int:
-    """Run a command's coroutine with the CLI's Ctrl-C handling (see `Interrupts`); returns its exit
-    code — 130, with `cancelled` on stderr, when Ctrl-C stopped it."""
+    """Run a command's coroutine with the CLI's Ctrl-C handling (see `Interrupts`, which handles SIGTERM
+    and SIGHUP alike); returns its exit code — 130 (143 for SIGTERM), with `interrupted` or `cancelled`
+    on stderr, when a signal stopped it."""
     with Interrupts() as interrupts:
         try:
             code = asyncio.run(interrupts.run(main))
@@ -108,12 +111,16 @@ def drive(main: Coroutine[Any, Any, int], errors: Console) -> int:
         except ThinkloopError as exc:
             code = print_error(errors, exc)
     if code == INTERRUPTED:
+        code = interrupts.exit_code
         hint = interrupts.resume_hint
-        errors.print(
-            f"[yellow]interrupted[/]: the run is saved; continue it with {hint}"
-            if hint
-            else "[yellow]cancelled[/]"
-        )
+        by = "" if interrupts.signum == signal.SIGINT else f" ({interrupts.signum.name})"
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            errors.print(
+                f"[yellow]interrupted[/]{by}: the run is saved; continue it with {hint}"
+                if hint
+                else f"[yellow]cancelled[/]{by}",
+                soft_wrap=True,  # the command to copy is never split over two lines
+            )
     return code
 
 
