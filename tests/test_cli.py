@@ -257,6 +257,11 @@ def test_model_error_exits_1(cli: Cli) -> None:
             "bad-hosts.json': web1.bogus: Extra inputs",
         ),
         (["--tools", "shell", "--workspace", "no/such/dir"], "does not exist"),
+        (
+            ["--trace", "adir"],
+            "error: cannot write the trace file: Is a directory: 'adir'; give --trace a file",
+        ),
+        (["--trace", "no/such/dir/t.jsonl"], "cannot write the trace file: No such file or directory"),
     ],
 )
 def test_bad_options_exit_2_with_one_clear_line(cli: Cli, args: list[str], message: str) -> None:
@@ -281,6 +286,9 @@ def test_bad_options_exit_2_with_one_clear_line(cli: Cli, args: list[str], messa
         (["--safety", "reckless"], "Invalid value for '--safety'"),
         (["--mode", "telepathy"], "Invalid value for '--mode'"),
         (["--no-such-option"], "No such option: --no-such-option"),
+        (["--timeout", "nan"], "Invalid value for '--timeout': nan is not a limit"),
+        (["--timeout", "inf"], "Invalid value for '--timeout': inf is not a limit"),
+        (["--max-cost", "nan"], "Invalid value for '--max-cost': nan is not a limit"),
     ],
 )
 def test_invalid_option_values_are_usage_errors(cli: Cli, args: list[str], message: str) -> None:

@@ -791,6 +791,22 @@ def test_thinkloop_serve_reports_a_bad_store_url(tmp_path: Path) -> None:
     assert out.returncode == 2 and "unknown store URL 'nope://x'" in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("option", "value"), [("--timeout", "nan"), ("--max-cost", "inf"), ("--approval-timeout", "-1")]
+)
+def test_thinkloop_serve_refuses_limits_that_are_not_finite_positive_numbers(
+    tmp_path: Path, option: str, value: str
+) -> None:
+    """`--timeout nan` silently meant no limit (and `--approval-timeout -1` denied every call at once)."""
+    (tmp_path / "script.json").write_text('["hi"]')
+    out = subprocess.run(
+        [sys.executable, "-m", "thinkloop.cli", "serve", "--model", "script:script.json", option, value],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert f"Invalid value for '{option}'" in out.stderr and "thinkloop serving" not in out.stderr
+
+
 async def test_a_run_of_another_process_is_followed_from_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
     import thinkloop.server._runs as runs_module
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -38,6 +39,22 @@ StoreOption = Annotated[
     str | None,
     typer.Option(help="Where runs are saved: sqlite:///PATH, postgresql://…, file:///DIR, memory:."),
 ]
+
+
+def finite(value: float | None) -> float | None:
+    """A typer callback: `nan` and `inf` are not limits (they silently meant none); leave the option out."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(
+            f"{value} is not a limit: give a finite number, or leave the option out for none"
+        )
+    return value
+
+
+def positive_seconds(value: float) -> float:
+    """A typer callback for a duration that must be finite and above zero."""
+    if not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value} is not a positive, finite number of seconds")
+    return value
 
 
 def read_goal(goal: str) -> str:

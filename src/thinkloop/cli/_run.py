@@ -38,6 +38,7 @@ from ._options import (
     ToolsOption,
     WorkspaceOption,
     check_text,
+    finite,
     read_goal,
 )
 from ._view import LiveView, exit_code
@@ -50,8 +51,10 @@ def run_command(
     model: ModelOption = None,
     max_steps: Annotated[int, typer.Option(help="Step budget.", min=1)] = 16,
     max_tokens: Annotated[int | None, typer.Option(help="Token budget (input + output).", min=1)] = None,
-    max_cost: Annotated[float | None, typer.Option(help="Cost budget in US dollars.")] = None,
-    timeout: Annotated[float | None, typer.Option(help="Time budget in seconds.")] = None,
+    max_cost: Annotated[
+        float | None, typer.Option(help="Cost budget in US dollars.", callback=finite)
+    ] = None,
+    timeout: Annotated[float | None, typer.Option(help="Time budget in seconds.", callback=finite)] = None,
     tools: ToolsOption = DEFAULT_TOOLS,
     safety: Annotated[
         Literal["strict", "balanced", "permissive"],
@@ -88,6 +91,8 @@ def run_command(
     try:
         goal = read_goal(goal)
         check_text("--instructions", instructions)
+        if trace is not None:
+            check_trace_file(trace)
         budget = Budget(max_steps=max_steps, max_tokens=max_tokens, max_cost=max_cost, timeout=timeout)
         options = dict(
             tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts,
@@ -97,6 +102,19 @@ def run_command(
         raise typer.Exit(print_error(errors, exc)) from None
     code = drive(_run(goal, model, budget, options, instructions, store, as_json, console), errors)
     raise typer.Exit(code)
+
+
+def check_trace_file(path: Path) -> None:
+    """`--trace FILE` must be a file that can be appended to — checked before the run, since the trace is
+    written span by span as it goes (a directory or a missing parent failed at each span, with a traceback)."""
+    try:
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot write the trace file: {describe_os_error(exc)}; give --trace a file in a directory "
+            "that exists and that you may write to"
+        ) from None
 
 
 def drive(main: Coroutine[Any, Any, int], errors: Console) -> int:

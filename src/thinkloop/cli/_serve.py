@@ -25,6 +25,8 @@ from ._options import (
     StoreOption,
     ToolsOption,
     WorkspaceOption,
+    finite,
+    positive_seconds,
 )
 from ._run import build_agent, cli_metadata, load_model, print_error
 
@@ -49,10 +51,18 @@ def serve_command(
         int, typer.Option(help="Step budget of each run (the most a request may ask).", min=1)
     ] = 16,
     max_tokens: Annotated[int | None, typer.Option(help="Token budget of each run.", min=1)] = None,
-    max_cost: Annotated[float | None, typer.Option(help="Cost budget of each run in US dollars.")] = None,
-    timeout: Annotated[float | None, typer.Option(help="Time budget of each run in seconds.")] = None,
+    max_cost: Annotated[
+        float | None, typer.Option(help="Cost budget of each run in US dollars.", callback=finite)
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Time budget of each run in seconds.", callback=finite)
+    ] = None,
     approval_timeout: Annotated[
-        float, typer.Option(help="Seconds a risky call waits for an answer on the page before it is denied.")
+        float,
+        typer.Option(
+            help="Seconds a risky call waits for an answer on the page before it is denied.",
+            callback=positive_seconds,
+        ),
     ] = 600.0,
     workspace: WorkspaceOption = Path("."),
     hosts: HostsOption = None,
