@@ -3,8 +3,8 @@
 No `eval` of arbitrary code: only numbers, the operators `+ - * / // % **`, parentheses, the constants
 `pi`, `e`, `tau` and a fixed set of math functions are accepted. Every step is bounded, because the tool
 runs on the event loop and a model may write `(10**10000)**10000`: an integer that would exceed
-`_MAX_BITS` bits (about 30,000 digits), an exponent above 10,000, a factorial above 1,000 and a costly
-modular power are refused before they are computed. Infinite and NaN results are refused too, and an
+`_MAX_BITS` bits (about 30,000 digits), an exponent above 10,000, a factorial above 1,000, `round(x, n)`
+with `n` beyond ±10,000 and a costly modular power are refused before they are computed. Infinite and NaN results are refused too, and an
 integer too long to print whole is shown in scientific notation.
 Percentages as people (and small models) write them are read too: a `%` right after a number and
 before no operand means "/100" (`86.4 * 15%` is 12.96, `15% of 86.4` too); `10 % 3` stays the remainder.
@@ -60,12 +60,7 @@ _PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%(?!\s*[\w.(])")
 
 def evaluate(expression: str) -> int | float:
     """Evaluate an arithmetic expression safely. Raises `CalculatorError` with a clear message."""
-    text = expression.strip().replace("^", "**").replace("×", "*").replace("÷", "/")
-    text = _PERCENT_RE.sub(r"(\1/100)", _PERCENT_OF_RE.sub(r"(\1/100)*", text))
-    if not text:
-        raise CalculatorError("the expression is empty")
-    if len(text) > _MAX_LENGTH:
-        raise CalculatorError(f"the expression is longer than {_MAX_LENGTH} characters")
+    text = _normalise(expression)
     try:
         tree = ast.parse(text, mode="eval")
     except (RecursionError, MemoryError):
@@ -93,6 +88,20 @@ def evaluate(expression: str) -> int | float:
             f"the result is not a finite number ({value}): a value overflowed the float range (about 1.8e308)"
         )
     return value
+
+
+def _normalise(expression: str) -> str:
+    """The expression in Python's syntax (`^`, `×`, `÷`, percentages); refused if empty or too long."""
+    text = expression.strip()
+    if len(text) > _MAX_LENGTH:  # before the regular expressions: they take quadratic time in the length
+        raise CalculatorError(f"the expression is longer than {_MAX_LENGTH} characters")
+    text = text.replace("^", "**").replace("×", "*").replace("÷", "/")
+    text = _PERCENT_RE.sub(r"(\1/100)", _PERCENT_OF_RE.sub(r"(\1/100)*", text))
+    if not text:
+        raise CalculatorError("the expression is empty")
+    if len(text) > _MAX_LENGTH:
+        raise CalculatorError(f"the expression is longer than {_MAX_LENGTH} characters")
+    return text
 
 
 def _eval(node: ast.expr) -> Any:
@@ -131,6 +140,14 @@ def _call(node: ast.Call) -> Any:
         raise CalculatorError(f"factorial argument is too large (limit {_MAX_FACTORIAL})")
     if node.func.id == "pow" and len(args) == 2:
         _check_power(*args)
+    if (
+        node.func.id == "round"
+        and len(args) == 2
+        and isinstance(args[1], int)
+        and abs(args[1]) > _MAX_EXPONENT
+    ):
+        # round(5, -10**7) computes 10**10000000 first: 13 s on the event loop
+        raise CalculatorError(f"round() to {_short(args[1])} digits is out of range (limit ±{_MAX_EXPONENT})")
     if node.func.id == "pow" and len(args) == 3 and _bits(args[1]) * _bits(args[2]) > _MAX_MODPOW_WORK:
         raise CalculatorError(
             "pow(a, b, m) with numbers this large is too costly: use a smaller exponent or modulus"
