@@ -773,6 +773,32 @@ def test_resuming_a_run_that_ended_is_a_usage_error(cli: Cli) -> None:
     )
 
 
+def test_resuming_a_run_its_process_is_still_running_is_refused(cli: Cli) -> None:
+    """`runs resume` of a run another `thinkloop run` was still running took it over: the tool call in
+    flight was reported as of unknown outcome, both processes went on, and the first failed at its next
+    checkpoint with "another writer appended first"."""
+    model = cli.script([call("shell", command="sleep 2"), text("finished")])
+    proc = cli.popen(
+        "run", "x", "--model", model, "--tools", "shell", "--yes", "--json",
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        while '"tool_call"' not in proc.stdout.readline():
+            assert proc.poll() is None, "the CLI ended before calling the tool"
+        refused = cli("runs", "resume", first["run_id"], "--yes")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert refused.code == 2, refused.stdout + refused.stderr
+    assert refused.stderr.startswith(f"error: run '{first['run_id']}' is still running in process {proc.pid}")
+    assert proc.returncode == 0, err  # the first process finished its run undisturbed
+    assert json.loads(out.splitlines()[-1])["result"]["output"] == "finished"
+
+
 @pytest.mark.parametrize("columns", ["20", "80", "200"])
 def test_run_ids_are_never_cut_whatever_the_width(cli: Cli, columns: str) -> None:
     cli.env["COLUMNS"] = columns

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -204,6 +205,8 @@ def cli_metadata(options: dict[str, Any], instructions: str) -> dict[str, Any]:
         "mcp": list(options["mcp"]),
         "hosts": str(Path(hosts).resolve()) if hosts is not None else None,
         "learn": bool(options.get("learn")),
+        "pid": os.getpid(),  # the process running it: `runs resume` refuses to run it twice at once
+        "host": socket.gethostname(),
     }
 
 

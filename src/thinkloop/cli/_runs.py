@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -270,11 +272,47 @@ def resume_command(
         Path | None, typer.Option(help="Root of the file tools and the shell (default: the run's).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Resume even if the process that ran the run seems to be running it still."
+        ),
+    ] = False,
 ) -> None:
     """Continue an interrupted run from its last checkpoint, with the live view."""
     console = Console(stderr=as_json)
-    options = {"tools": tools, "safety": safety, "yes": yes, "workspace": workspace}
+    options = {"tools": tools, "safety": safety, "yes": yes, "workspace": workspace, "force": force}
     raise typer.Exit(drive(_resume(run_id, store, model, options, as_json, console), Console(stderr=True)))
+
+
+def _check_not_running(run_id: str, cli: dict[str, Any]) -> None:
+    """A `UserError` when the process that last ran the run (`cli.pid` on this machine) is still alive:
+    resuming it would run it twice at once — the same tool calls, and one of them failing at its next
+    checkpoint. (Another machine's process cannot be checked.)"""
+    pid = cli.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+        return
+    if cli.get("host") != socket.gethostname() or not _is_thinkloop(pid):
+        return
+    raise UserError(
+        f"run {run_id!r} is still running in process {pid} on this machine: stop it first (Ctrl-C there, "
+        f"or kill {pid} — the run is saved resumable), then resume it; --force resumes it anyway (only if "
+        "that process is not thinkloop running it)"
+    )
+
+
+def _is_thinkloop(pid: int) -> bool:
+    """Whether process `pid` is alive and (where /proc tells) a thinkloop command — not a reused pid."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    try:
+        return b"thinkloop" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # no /proc (macOS …): alive is all that is known
+        return True
 
 
 async def _resume(
@@ -294,12 +332,16 @@ async def _resume(
     store = open_store(store_url)
     try:  # refuses an unknown or finished run before loading a model: the user named the wrong run (exit 2)
         state = await load_resumable(store, run_id)
+        raw = state.metadata.get("cli")
+        cli: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if not options["force"]:
+            _check_not_running(run_id, cli)
+        state.metadata["cli"] = {**cli, "pid": os.getpid(), "host": socket.gethostname()}
+        await store.checkpoint(state, [])  # this process runs it now
     except StateError as exc:
         raise UserError(str(exc)) from None
     finally:
         await store.aclose()
-    raw = state.metadata.get("cli")
-    cli: dict[str, Any] = raw if isinstance(raw, dict) else {}
     model = await _model(model_spec, state, console)
     view = LiveView(console)
     show = Printer(view, as_json)
