@@ -10,6 +10,7 @@ import secrets
 import socket
 import subprocess
 import time
+import tracemalloc
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,3 +303,43 @@ async def test_password_never_appears_in_events_results_state_or_logs(
     assert observations[2].startswith("Blocked by the safety policy")
     risks = [(e.risk, e.decision) for e in events if e.type == "tool_call"]
     assert risks == [(RiskLevel.LOW, "auto"), (RiskLevel.LOW, "auto"), (RiskLevel.CRITICAL, "blocked")]
+
+
+async def test_output_that_is_not_utf8_keeps_the_result(server: Server) -> None:
+    # read as UTF-8 text, one invalid byte lost everything: exit_code None, stdout and stderr empty
+    tool = ssh_tool({"lab": server.host()})
+    result = await run(tool, "lab", r"printf 'ok \377\376 bytes\303'; printf 'err \377' >&2; exit 3")
+    assert (result["exit_code"], result["timed_out"]) == (3, False)
+    assert result["stdout"] == "ok \ufffd\ufffd bytes\ufffd" and result["stderr"] == "err \ufffd"
+
+
+async def test_a_command_reading_stdin_gets_end_of_file(server: Server) -> None:
+    # stdin was left open: `cat` (or any prompt) waited for input until the timeout killed it
+    tool = ssh_tool({"lab": server.host()}, timeout=20)
+    result = await run(tool, "lab", "cat; read answer || echo no input")
+    assert (result["exit_code"], result["stdout"], result["timed_out"]) == (0, "no input\n", False)
+
+
+async def test_a_huge_output_is_streamed_not_held_in_memory(server: Server) -> None:
+    # the whole output was collected before truncation: GBs of output meant GBs of memory
+    tool = ssh_tool({"lab": server.host()}, output_limit=1_000)
+    tracemalloc.start()
+    try:
+        result = await run(
+            tool, "lab", "echo FIRST; head -c 60000000 /dev/zero | tr '\\0' x; echo; echo LAST"
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result["exit_code"] == 0 and len(result["stdout"]) <= 1_000
+    assert result["stdout"].startswith("FIRST\nxxx") and result["stdout"].endswith("xxx\nLAST\n")
+    assert peak < 20_000_000  # 60 MB of output
+
+
+async def test_a_background_job_holding_the_output_is_explained(server: Server) -> None:
+    tool = ssh_tool({"lab": server.host()}, timeout=1)
+    duration = f"{30 + secrets.randbelow(10**6) / 10**7:.7f}"
+    result = await run(tool, "lab", f"sleep {duration} & echo started")
+    assert result["timed_out"] is True and result["stdout"] == "started\n"
+    assert "The shell had exited (code 0), but a background process kept its output open" in result["stderr"]
+    assert not _running(f"sleep {duration}")

@@ -4,7 +4,8 @@ Hosts and credentials come from configuration (`SSHHost`), never from the model:
 a host and a command. Host keys are checked against known_hosts unless a host explicitly opts out with
 `verify_host_key=False`. Passwords and key passphrases are `SecretStr`s: they never appear in reprs,
 dumps, results, events or error messages. The result has the shape of the `shell` tool's: `host`,
-`exit_code`, `stdout`, `stderr`, `duration`, `timed_out`. Needs the `ops` extra (`asyncssh`).
+`exit_code`, `stdout`, `stderr`, `duration`, `timed_out`; as there, stdin is closed, output is streamed
+and capped (head and tail), and bytes that are not UTF-8 become U+FFFD. Needs the `ops` extra (`asyncssh`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from .._errors import ConfigurationError
-from .._tools import Tool, truncate_output
+from .._tools import Tool
 from ..safety._policy import command_risk
-from ._shell import DEFAULT_OUTPUT_LIMIT
+from ._shell import DEFAULT_OUTPUT_LIMIT, _Capture, _timeout_note
 
 
 class SSHHost(BaseModel):
@@ -136,29 +137,31 @@ class SSHExecutor:
     async def _run(self, connection: Any, host: str, command: str, started: float) -> dict[str, Any]:
         # The wrapper reports the remote shell's pid first on stderr: it leads the session's process
         # group (sshd starts each session with setsid), so a timed-out command dies with its children.
+        # Output is read as bytes (not UTF-8 text: one invalid byte lost the whole result) and streamed
+        # into captures keeping head and tail, never held whole (a command printing GBs is fine).
         process = await connection.create_process(
-            f"echo {_PID_MARK}$$ >&2; exec /bin/sh -c {shlex.quote(command)}"
+            f"echo {_PID_MARK}$$ >&2; exec /bin/sh -c {shlex.quote(command)}", encoding=None
         )
-        first, timed_out, status = "", False, None
+        process.stdin.write_eof()  # a command reading stdin gets end-of-file, as with `shell`, not a hang
+        streams = _Streams(self.output_limit)
+        timed_out = False
         try:
             async with asyncio.timeout(self.timeout):
-                first = await process.stderr.readline()
-                result = await process.wait(check=False)
-            stdout, stderr, status = result.stdout, result.stderr, result.exit_status
+                await streams.read(process)
+                await process.wait_closed()
         except TimeoutError:
             timed_out = True
-            first = first or await _late_line(process.stderr)
-            stdout, stderr = process.collect_output()
+            await streams.late_pid(process.stderr)
         finally:
             process.close()
-        pid, stderr_text = _extract_pid(first + _text(stderr, None))
+        note = ""
         if timed_out:
-            stderr_text += await _kill_remote(connection, pid, self.timeout)
+            note = await _kill_remote(connection, streams.pid, self.timeout, process.exit_status)
         return {
             "host": host,
-            "exit_code": status,
-            "stdout": _text(stdout, self.output_limit),
-            "stderr": truncate_output(stderr_text, self.output_limit)[0],
+            "exit_code": None if timed_out else process.exit_status,
+            "stdout": streams.stdout.text(),
+            "stderr": streams.stderr.text() + note,
             "duration": round(time.perf_counter() - started, 3),
             "timed_out": timed_out,
         }
@@ -293,41 +296,61 @@ async def _connect(name: str, config: SSHHost) -> Any:
         raise SSHToolError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
 
 
-def _text(value: object, limit: int | None) -> str:
-    if value is None:
-        return ""
-    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-    return text if limit is None else truncate_output(text, limit)[0]
-
-
 _PID_MARK = "thinkloop-pid:"
+_PID_LINE_RE = re.compile(rb"thinkloop-pid:(\d+)\r?\n?")
+_MAX_PRELUDE_LINES = 100  # lines a login script may print on stderr before the wrapper's pid line
+_CHUNK = 1 << 16
 
 
-_PID_LINE_RE = re.compile(rf"^{_PID_MARK}(\d+)\r?\n?", re.MULTILINE)
+class _Streams:
+    """A remote command's stdout and stderr, captured (head and tail) as they arrive; the pid line
+    the wrapper prints first on stderr is taken out and kept as `pid`."""
+
+    def __init__(self, limit: int) -> None:
+        self.stdout = _Capture(limit)
+        self.stderr = _Capture(limit)
+        self.pid: int | None = None
+        self.looked_for_pid = False
+
+    async def read(self, process: Any) -> None:
+        """Read both streams to their end, together (they share the channel's flow control)."""
+        await asyncio.gather(_drain(process.stdout, self.stdout), self._read_stderr(process.stderr))
+
+    async def _read_stderr(self, stream: Any) -> None:
+        await self._find_pid(stream)
+        await _drain(stream, self.stderr)
+
+    async def _find_pid(self, stream: Any) -> None:
+        for _ in range(_MAX_PRELUDE_LINES):
+            line = await stream.readline()
+            if not line:
+                break
+            match = _PID_LINE_RE.fullmatch(line)
+            if match is not None:
+                self.pid = int(match.group(1))
+                break
+            self.stderr.add(line)  # printed by a login script before the wrapper ran: the user's stderr
+        self.looked_for_pid = True
+
+    async def late_pid(self, stream: Any, grace: float = 5.0) -> None:
+        """The pid line of a command that timed out before it was read (a slow session start)."""
+        if self.looked_for_pid:
+            return
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(grace):
+                await self._find_pid(stream)
 
 
-def _extract_pid(stderr: str) -> tuple[int | None, str]:
-    """The pid from the wrapper's marker line (normally the first), and stderr without that line."""
-    match = _PID_LINE_RE.search(stderr)
-    if match is None:
-        return None, stderr
-    return int(match.group(1)), stderr[: match.start()] + stderr[match.end() :]
+async def _drain(stream: Any, capture: _Capture) -> None:
+    while chunk := await stream.read(_CHUNK):
+        capture.add(chunk)
 
 
-async def _late_line(stream: Any, grace: float = 5.0) -> str:
-    """The marker line of a command that timed out before it was read (a slow session start)."""
-    try:
-        async with asyncio.timeout(grace):
-            return str(await stream.readline())
-    except Exception:
-        return ""
-
-
-async def _kill_remote(connection: Any, pid: int | None, seconds: float) -> str:
+async def _kill_remote(connection: Any, pid: int | None, seconds: float, shell_exit: int | None) -> str:
     """Kill a timed-out remote command's process group over a second channel; say what happened."""
     if pid is None:
         return f"\n[timed out after {seconds:g} s; the remote command could not be identified to kill it]"
     with contextlib.suppress(Exception):
         async with asyncio.timeout(10):
             await connection.run(f"kill -KILL -- -{pid} 2>/dev/null || kill -KILL {pid}", check=False)
-    return f"\n[killed: timed out after {seconds:g} s]"
+    return _timeout_note(seconds, shell_exit)
