@@ -343,3 +343,18 @@ async def test_a_background_job_holding_the_output_is_explained(server: Server) 
     assert result["timed_out"] is True and result["stdout"] == "started\n"
     assert "The shell had exited (code 0), but a background process kept its output open" in result["stderr"]
     assert not _running(f"sleep {duration}")
+
+
+async def test_a_port_that_never_answers_times_out_with_a_reason(server: Server) -> None:
+    with socket.socket() as silent:  # accepts connections (the backlog) but never speaks SSH
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        port = silent.getsockname()[1]
+        executor = SSHExecutor({"mute": server.host(port=port, connect_timeout=0.5)})
+        with pytest.raises(SSHToolError) as info:
+            await executor.execute("mute", "uptime")
+    # the message ended at "cannot connect to mute (…):" with nothing after it
+    assert str(info.value).endswith(
+        "no SSH handshake within 0.5 s (the host is down or unreachable, or the port is not an SSH server); "
+        "check the address and port"
+    )

@@ -292,8 +292,13 @@ async def _connect(name: str, config: SSHHost) -> Any:
         ) from None
     except asyncssh.Error as exc:
         raise SSHToolError(f"SSH connection to {where} failed: {exc.reason}") from None
-    except (OSError, TimeoutError) as exc:
-        raise SSHToolError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+    except TimeoutError:  # its message is empty: the error said "cannot connect to web1 (…): " and no more
+        raise SSHToolError(
+            f"cannot connect to {where}: no SSH handshake within {config.connect_timeout:g} s "
+            "(the host is down or unreachable, or the port is not an SSH server); check the address and port"
+        ) from None
+    except OSError as exc:
+        raise SSHToolError(f"cannot connect to {where}: {exc.strerror or exc}") from None
 
 
 _PID_MARK = "thinkloop-pid:"
