@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkloop import Agent, RiskLevel, Tool, ToolCall, ToolRegistry, tool
+from thinkloop import Agent, RiskLevel, RunState, Tool, ToolCall, ToolRegistry, tool
 from thinkloop._events import PlanCreated, TaskFinished, TaskStarted, ToolResultEvent
 from thinkloop._execute import GateDecision
 from thinkloop.plans import (
@@ -23,6 +24,7 @@ from thinkloop.plans import (
     plan_tool,
     run_plan_and_execute,
 )
+from thinkloop.stores import SQLiteStore
 from thinkloop.testing import ScriptedModel
 
 # ------------------------------------------------------------------------------------------ levels
@@ -853,3 +855,55 @@ async def test_plan_and_execute_reports_a_failing_model_and_refuses_bad_settings
         await run_plan_and_execute(FunctionModel(reply), "x", [shout], max_repairs=-1)
     with pytest.raises(ConfigurationError, match="needs a Model or an Agent"):
         await run_plan_and_execute("gpt", "x", [shout])
+
+
+class _Crash(BaseException):
+    """Stands in for the process dying: nothing in thinkloop catches it."""
+
+
+async def test_a_resumed_run_does_not_rerun_plan_tasks_that_finished_before_the_crash(
+    tmp_path: Path,
+) -> None:
+    # The run dies after task a (a side effect) finished and was saved, while b had not run. On resume
+    # run_plan's outcome is unknown (it is not idempotent) and the model sends the same plan again: a
+    # must not be sent twice. It was: the tasks finished so far were only remembered in the process.
+    sent: list[str] = []
+
+    @tool
+    def send(to: str) -> str:
+        """Send a message (not idempotent)."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    plan = {
+        "tasks": [
+            {"id": "a", "tool": "send", "args": {"to": "bob"}},
+            {"id": "b", "tool": "send", "args": {"to": "carol"}, "depends_on": ["a"]},
+        ]
+    }
+    script: list[Any] = [
+        {"tool_calls": [{"name": "run_plan", "args": plan}]},
+        {"tool_calls": [{"name": "run_plan", "args": plan}]},
+        "sent both",
+    ]
+
+    class DiesAfterA(SQLiteStore):
+        async def checkpoint(self, state: RunState, events: Any) -> None:
+            await super().checkpoint(state, events)
+            if any(e.call_id.endswith("_a") and e.status == "done" for e in state.ledger.values()):
+                raise _Crash
+
+    def agent(store: SQLiteStore) -> Agent:  # a new plan tool each time, as in a new process
+        return Agent(ScriptedModel(script, by_turn=True), tools=[plan_tool([send])], store=store)
+
+    with pytest.raises(_Crash):
+        await agent(DiesAfterA(tmp_path / "runs.db")).run("send to bob, then carol", run_id="r")
+    assert sent == ["bob"]
+    result = await agent(SQLiteStore(tmp_path / "runs.db")).resume("r")
+    assert sent == ["bob", "carol"]  # not ["bob", "bob", "carol"]
+    observations = [m.content for m in result.state.messages if m.role == "tool"]
+    assert observations[0].startswith("Error: the outcome of run_plan is unknown")
+    assert (
+        "[a] send → ok: sent to bob" in observations[1] and "[b] send → ok: sent to carol" in observations[1]
+    )
+    assert result.output == "sent both"

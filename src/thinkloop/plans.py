@@ -67,6 +67,7 @@ from ._tools import (
 
 if TYPE_CHECKING:
     from ._loop import RunContext
+    from ._state import LedgerEntry
     from .models import Model
 
 __all__ = [
@@ -826,6 +827,8 @@ def plan_tool(
         run = current_run.get()
         key = run.state.run_id if run is not None else uuid.uuid4().hex  # outside a run: no memory
         attempts, previous = memory.pop(key, (0, {}))
+        if run is not None:  # also what finished before a crash: this memory dies with the process
+            previous = _finished_in_ledger(run.state.ledger) | previous
         if attempts >= max_attempts:
             raise PlanError(
                 f"{name} was already called {attempts} times in this run (the limit): answer with what you have"
@@ -868,6 +871,23 @@ def plan_tool(
         registry
     )
     return Tool(name, description, schema, run_plan, risk=risk, timeout=timeout)
+
+
+_PLAN_CALL_RE = re.compile(r"plan_[0-9a-f]{8}_([A-Za-z0-9_-]{1,64})")  # the ids `_Runner` gives its calls
+
+
+def _finished_in_ledger(ledger: Mapping[str, LedgerEntry]) -> dict[str, TaskResult]:
+    """The plan tasks of this run that succeeded, by task id, from the run's ledger (it is saved with the
+    run, so a resumed run knows them): a repeated plan does not run them again."""
+    found: dict[str, TaskResult] = {}
+    for entry in ledger.values():
+        match = _PLAN_CALL_RE.fullmatch(entry.call_id)
+        if match is not None and entry.status == "done" and entry.success:
+            task_id = match.group(1)
+            found[task_id] = TaskResult(
+                task_id, entry.name, entry.output or "", True, arguments=entry.arguments
+            )
+    return found
 
 
 @dataclass(slots=True)
