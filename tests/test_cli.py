@@ -720,7 +720,9 @@ def test_runs_list_show_and_export_after_a_run(cli: Cli) -> None:
     assert exported.code == 0
     data = json.loads(exported.stdout)
     assert data["state"]["run_id"] == run_id and data["state"]["answer"] == "17*23 = 391."
-    assert data["state"]["metadata"]["cli"] == {  # what `runs resume` rebuilds the agent from
+    cli_metadata = data["state"]["metadata"]["cli"]
+    assert isinstance(cli_metadata.pop("pid"), int) and cli_metadata.pop("host")  # the process running it
+    assert cli_metadata == {  # what `runs resume` rebuilds the agent from
         "tools": "calculator",
         "instructions": "",
         "workspace": str(cli.dir.resolve()),
