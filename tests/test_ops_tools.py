@@ -187,6 +187,39 @@ def test_shell_configuration_errors(tmp_path: Path) -> None:
         shell_tool(timeout=0)
 
 
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"env": {"COUNT": 3}}, "the value of COUNT must be a string without NUL characters, not 3"),
+        ({"env": {"A=B": "x"}}, "invalid environment variable name 'A=B'"),
+        ({"env": {"": "x"}}, "invalid environment variable name ''"),
+        ({"env": {"A": "x\x00y"}}, "the value of A must be a string without NUL"),
+        ({"env_allowlist": "PATH"}, "a list of variable names, not one string: write ['PATH']"),
+        (
+            {"timeout": float("nan")},
+            "timeout must be a positive number of seconds",
+        ),  # killed every command at once
+        ({"output_limit": 1.5}, "output_limit a positive whole number"),
+    ],
+)
+def test_shell_settings_of_the_wrong_type_are_refused_when_the_tool_is_made(
+    settings: dict[str, Any], problem: str
+) -> None:
+    # they were accepted, and every call then failed with a bare TypeError or ValueError
+    with pytest.raises(ConfigurationError, match=re.escape(problem)):
+        shell_tool(**settings)
+
+
+async def test_a_working_directory_removed_after_the_tool_was_made_is_named(tmp_path: Path) -> None:
+    gone = tmp_path / "work"
+    gone.mkdir()
+    tool = shell_tool(cwd=gone)
+    gone.rmdir()
+    with pytest.raises(ShellCommandError) as info:  # was "could not start /bin/sh: No such file or directory"
+        await tool.invoke({"command": "echo hi"})
+    assert str(info.value).startswith(f"the working directory '{gone}' no longer exists")
+
+
 async def test_shell_in_an_agent_run(tmp_path: Path) -> None:
     model = ScriptedModel(
         [{"tool_calls": [{"name": "shell", "args": {"command": "echo 42"}}]}, "It said 42."]

@@ -68,10 +68,18 @@ def shell_tool(
     workdir = Path(cwd).resolve() if cwd is not None else None
     if workdir is not None and not workdir.is_dir():
         raise ConfigurationError(f"shell_tool: the working directory {str(workdir)!r} does not exist")
-    if timeout <= 0 or output_limit <= 0:
-        raise ConfigurationError("shell_tool: timeout and output_limit must be positive")
-    allowed = tuple(env_allowlist)
-    extra = dict(env or {})
+    if (
+        not timeout > 0
+        or isinstance(output_limit, bool)
+        or not isinstance(output_limit, int)
+        or output_limit <= 0
+    ):
+        raise ConfigurationError(
+            f"shell_tool: timeout must be a positive number of seconds and output_limit a positive whole "
+            f"number of characters (got timeout={timeout!r}, output_limit={output_limit!r})"
+        )
+    allowed = _names(env_allowlist)
+    extra = _environment(env)
 
     async def run_shell(command: str) -> dict[str, Any]:
         environment = {k: v for k, v in os.environ.items() if k in allowed} | extra
@@ -90,6 +98,30 @@ def shell_tool(
         timeout=timeout + 10.0,  # our own timeout kills the process first and reports it
         idempotent=False,
     )
+
+
+def _names(env_allowlist: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(env_allowlist, str):  # "PATH" would allow the variables P, A, T and H
+        raise ConfigurationError(
+            f"shell_tool: env_allowlist is a list of variable names, not one string: write [{env_allowlist!r}]"
+        )
+    return tuple(env_allowlist)
+
+
+def _environment(env: Mapping[str, str] | None) -> dict[str, str]:
+    """`env` checked now: a bad entry failed every call with a bare TypeError or ValueError."""
+    extra = dict(env or {})
+    for key, value in extra.items():
+        if not isinstance(key, str) or not key or "=" in key or "\x00" in key:
+            raise ConfigurationError(
+                f"shell_tool: invalid environment variable name {key!r}: a non-empty string without '=' or NUL"
+            )
+        if not isinstance(value, str) or "\x00" in value:
+            raise ConfigurationError(
+                f"shell_tool: the value of {key} must be a string without NUL characters, not {value!r} "
+                f"(write env={{{key!r}: str(value)}})"
+            )
+    return extra
 
 
 async def run_command(
@@ -180,10 +212,21 @@ async def _start(
             start_new_session=True,
         )
     except OSError as exc:  # E2BIG when the environment plus the command exceed the system's limit …
+        if cwd is not None and exc.filename is not None and str(exc.filename) == str(cwd):
+            raise ShellCommandError(_cwd_problem(cwd, exc)) from None  # it read as if /bin/sh were missing
         raise ShellCommandError(f"could not start /bin/sh: {exc.strerror or exc}") from None
     finally:
         stdout.close_write_end()  # the child has its copies: the pipes close when it (and its children) do
         stderr.close_write_end()
+
+
+def _cwd_problem(cwd: Path, exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return (
+            f"the working directory {str(cwd)!r} no longer exists (it was removed after the tool was made): "
+            "nothing ran; recreate it, or make the tool again with an existing cwd"
+        )
+    return f"cannot enter the working directory {str(cwd)!r}: {exc.strerror or exc}; nothing ran"
 
 
 def _timeout_note(seconds: float, shell_exit: int | None) -> str:
