@@ -756,6 +756,19 @@ async def test_plan_and_execute_gives_up_after_max_repairs() -> None:
     model.assert_used_up()
 
 
+async def test_a_plan_whose_args_nest_too_deeply_is_a_plan_error_the_model_can_repair() -> None:
+    # 500 levels parse as JSON, but the recursive checks died: RecursionError escaped execute_plan and
+    # run_plan_and_execute (which promises never to raise for a bad plan)
+    deep = '{"tasks": [{"id": "a", "tool": "shout", "args": {"text": ' + "[" * 500 + "]" * 500 + "}}]}"
+    with pytest.raises(PlanError, match="the args of task\\(s\\) 'a' are nested more than 32 levels deep"):
+        await execute_plan(parse_plan(deep), [shout])
+    good = json.dumps({"tasks": [{"id": "s", "tool": "shout", "args": {"text": "ok"}}]})
+    model = ScriptedModel([deep, good, "done"])
+    outcome = await run_plan_and_execute(model, "shout ok", [shout])
+    assert outcome.ok and outcome.attempts == 2 and outcome.answer == "done"
+    assert "nested more than 32 levels deep" in model.requests[1].messages[-1].content
+
+
 async def test_plan_and_execute_takes_an_agent() -> None:
     plan = json.dumps({"tasks": [{"id": "s", "tool": "shout", "args": {"text": "ok"}}]})
     agent = Agent(ScriptedModel([plan, "OK it is"]), tools=[shout])

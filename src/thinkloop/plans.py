@@ -91,6 +91,7 @@ DEFAULT_TIMEOUT = 120.0
 DEFAULT_OUTPUT_MAX_LENGTH = 10_000
 _MAX_REMEMBERED_RUNS = 256
 _MAX_JSON_STARTS = 32
+MAX_ARGS_DEPTH = 32  # levels of lists and objects in a task's args
 _MAX_LISTED = 20  # ids or problems quoted in one error: a 1,000-task plan gets a message a model can read
 
 
@@ -229,6 +230,12 @@ class Plan(BaseModel):
             PlanError: listing every problem found, by task id.
         """
         levels = self.levels()
+        too_deep = [t.id for t in self.tasks if _nesting(t.args) > MAX_ARGS_DEPTH]
+        if too_deep:  # before the checks below, which recurse into the arguments
+            raise PlanError(
+                f"the args of task(s) {_listing(map(repr, too_deep))} are nested more than {MAX_ARGS_DEPTH} "
+                "levels deep: flatten them (a tool's arguments need only a few levels)"
+            )
         problems = [
             f"task {t.id!r}: {ref} is not a reference: write ${{task}} or ${{task.field.0}} "
             "(letters, digits, '_', '-', dots between parts), or $${...} for the literal text"
@@ -281,6 +288,20 @@ class Plan(BaseModel):
     def describe(self) -> list[dict[str, Any]]:
         """The tasks as JSON-ready dicts."""
         return [t.model_dump() for t in self.tasks]
+
+
+def _nesting(value: Any) -> int:
+    """How deeply lists and objects nest in `value`, counted without recursion (a model may nest them
+    thousands deep: the recursive checks died with a RecursionError that escaped run_plan_and_execute)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping | list | tuple):
+            deepest = max(deepest, depth)
+            if deepest > MAX_ARGS_DEPTH:
+                break
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, Mapping) else item))
+    return deepest
 
 
 def _check_id(task_id: str) -> None:
