@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
 import logging
@@ -358,3 +359,14 @@ async def test_a_port_that_never_answers_times_out_with_a_reason(server: Server)
         "no SSH handshake within 0.5 s (the host is down or unreachable, or the port is not an SSH server); "
         "check the address and port"
     )
+
+
+async def test_parallel_calls_share_one_pooled_connection(server: Server) -> None:
+    # each of the parallel calls (a plan's tasks on one host) opened a connection; the pool kept the
+    # last one, and aclose() never closed the others
+    executor = SSHExecutor({"lab": server.host()}, reuse_connections=True)
+    try:
+        results = await asyncio.gather(*(executor.execute("lab", "echo $SSH_CONNECTION") for _ in range(4)))
+    finally:
+        await executor.aclose()
+    assert len({r["stdout"] for r in results}) == 1 and results[0]["stdout"] != ""

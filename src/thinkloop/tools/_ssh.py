@@ -109,6 +109,7 @@ class SSHExecutor:
         self.output_limit = output_limit
         self.reuse_connections = reuse_connections
         self._pool: dict[str, Any] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
@@ -168,11 +169,14 @@ class SSHExecutor:
 
     async def _pooled(self, host: str, config: SSHHost) -> Any:
         loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # connections belong to one event loop
-            self._pool, self._loop = {}, loop
-        connection = self._pool.get(host)
-        if connection is None or connection.is_closed():
-            connection = self._pool[host] = await _connect(host, config)
+        if self._loop is not loop:  # connections (and locks) belong to one event loop
+            self._pool, self._connecting, self._loop = {}, {}, loop
+        # one connection attempt per host at a time: parallel calls (a plan's tasks) each opened one,
+        # and all but the last were dropped from the pool unclosed
+        async with self._connecting.setdefault(host, asyncio.Lock()):
+            connection = self._pool.get(host)
+            if connection is None or connection.is_closed():
+                connection = self._pool[host] = await _connect(host, config)
         return connection
 
     async def aclose(self) -> None:
