@@ -547,6 +547,27 @@ async def test_write_errors_say_why_and_lose_nothing(tmp_path: Path) -> None:
         await invoke(tools["read_file"], path="")
 
 
+async def test_a_write_with_a_name_too_long_creates_no_directories(tmp_path: Path) -> None:
+    # the parent directories were made first, then the file name failed: each such call left them behind
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    for path in ["logs/2026/" + "a" * 300, "/".join(["b" * 200] * 30), "c/" * 2100 + "f"]:
+        with pytest.raises(WorkspaceError, match="the name is too long"):
+            await invoke(tools["write_file"], path=path, content="x")
+    assert os.listdir(tmp_path) == []
+
+
+async def test_a_path_with_a_lone_surrogate_is_a_clear_error(tmp_path: Path) -> None:
+    # JSON's "\ud800" reaches the tool as a lone surrogate: a raw UnicodeEncodeError from the OS layer
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    for name, args in [
+        ("read_file", {"path": "notes\ud800.txt"}),
+        ("write_file", {"path": "notes\ud800.txt", "content": "x"}),
+        ("list_dir", {"path": "dir\ud800"}),
+    ]:
+        with pytest.raises(WorkspaceError, match=r"invalid Unicode at character \d+ \(a lone surrogate"):
+            await invoke(tools[name], **args)
+
+
 async def test_list_dir_of_a_huge_directory_shows_the_first_names_in_order(tmp_path: Path) -> None:
     for i in reversed(range(3_000)):
         (tmp_path / f"f{i:04}").touch()

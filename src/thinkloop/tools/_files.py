@@ -30,6 +30,7 @@ from .._tools import Tool
 DEFAULT_MAX_READ = 8_000  # one page fits the agent's default output limit (10,000) with its note
 _NOTE_ROOM = 200  # the paging note after a page: the agent must not cut it off
 MAX_LIST_ENTRIES = 500
+_NAME_MAX, _PATH_MAX = 255, 4096  # bytes, Linux's limits for a name and a whole path (with its NUL)
 
 
 class WorkspaceError(ValueError):
@@ -49,6 +50,13 @@ class Workspace:
         """The real path of `path` (relative to the root), or `WorkspaceError` if it leaves the root."""
         if not isinstance(path, str) or "\x00" in path:
             raise WorkspaceError(f"invalid path {path!r}: a path cannot contain a NUL character")
+        try:
+            os.fsencode(path)
+        except UnicodeEncodeError as exc:  # JSON's "\ud800": it was a raw UnicodeEncodeError
+            raise WorkspaceError(
+                f"invalid path {path!r}: it has invalid Unicode at character {exc.start} (a lone surrogate "
+                "such as \\ud800); write the name as plain text"
+            ) from None
         try:
             target = (self.root / (path or ".")).resolve()
         except RuntimeError:  # a symlink loop (Python 3.11 and 3.12; 3.13 raises OSError ELOOP)
@@ -115,6 +123,7 @@ class Workspace:
                 raise WorkspaceError(f"{path!r} is a directory: give a file path")
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 _regular_size(os.stat(target), path, "write_file writes")
+            self._check_length(target, path)  # before mkdir: a failed write left directories behind
             target.parent.mkdir(parents=True, exist_ok=True)
             with os.fdopen(os.open(target, flags, 0o666), "wb") as handle:
                 handle.write(data)
@@ -122,6 +131,13 @@ class Workspace:
             raise _os_error("write", path, exc) from None
         verb = "appended" if append else "wrote"
         return f"{verb} {len(content)} characters to {self.relative(target)}"
+
+    def _check_length(self, target: Path, path: str) -> None:
+        names = target.relative_to(self.root).parts
+        if len(os.fsencode(target)) >= _PATH_MAX or any(len(os.fsencode(n)) > _NAME_MAX for n in names):
+            raise WorkspaceError(
+                f"cannot write {path!r}: {_REASONS[errno.ENAMETOOLONG]}; nothing was written"
+            )
 
     def list(self, path: str = ".") -> str:
         target = self.resolve(path)
