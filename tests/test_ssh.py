@@ -7,6 +7,7 @@ import getpass
 import json
 import logging
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -23,7 +24,7 @@ from thinkloop import Agent, RiskLevel
 from thinkloop._events import Event
 from thinkloop.safety import SafetyController
 from thinkloop.testing import ScriptedModel
-from thinkloop.tools import SSHExecutor, SSHHost, SSHToolError, ssh_tool
+from thinkloop.tools import ShellCommandError, SSHExecutor, SSHHost, SSHToolError, ssh_tool
 
 asyncssh = pytest.importorskip("asyncssh", reason="ssh_execute needs the `ops` extra (asyncssh)")
 
@@ -370,3 +371,19 @@ async def test_parallel_calls_share_one_pooled_connection(server: Server) -> Non
     finally:
         await executor.aclose()
     assert len({r["stdout"] for r in results}) == 1 and results[0]["stdout"] != ""
+
+
+@pytest.mark.parametrize(
+    ("command", "problem"),
+    [
+        ("echo a\x00b", "the command contains a NUL character"),  # the connection was lost
+        ("echo \ud800", "invalid Unicode (a lone surrogate"),  # a raw UnicodeEncodeError
+        ("   ", "the command is empty"),
+        ("echo " + "x" * 200_000, "more than the 131,071 bytes the system accepts"),  # connection reset
+        ("echo '" + "'" * 40_000 + "'", "once quoted for the remote shell, more than the 131,071 bytes"),
+    ],
+)
+async def test_commands_that_cannot_run_are_refused_before_connecting(command: str, problem: str) -> None:
+    executor = SSHExecutor({"nowhere": SSHHost(hostname="127.0.0.1", port=_free_port(), connect_timeout=0.5)})
+    with pytest.raises(ShellCommandError, match=re.escape(problem)):  # not "cannot connect": checked first
+        await executor.execute("nowhere", command)

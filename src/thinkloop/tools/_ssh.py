@@ -26,7 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from .._errors import ConfigurationError
 from .._tools import Tool
 from ..safety._policy import command_risk
-from ._shell import DEFAULT_OUTPUT_LIMIT, _Capture, _timeout_note
+from ._shell import (
+    _MAX_COMMAND_BYTES,
+    DEFAULT_OUTPUT_LIMIT,
+    ShellCommandError,
+    _Capture,
+    _check_command,
+    _timeout_note,
+)
 
 
 class SSHHost(BaseModel):
@@ -122,6 +129,9 @@ class SSHExecutor:
             raise SSHToolError(
                 f"unknown host {host!r}: the configured hosts are {', '.join(sorted(self.hosts))}"
             )
+        # checked before connecting: a NUL dropped the connection, a lone surrogate raised a raw
+        # UnicodeEncodeError, 300 KB had the server reset the connection
+        command = _wrapped(command)
         asyncssh = _asyncssh()
         started = time.perf_counter()
         try:
@@ -140,9 +150,7 @@ class SSHExecutor:
         # group (sshd starts each session with setsid), so a timed-out command dies with its children.
         # Output is read as bytes (not UTF-8 text: one invalid byte lost the whole result) and streamed
         # into captures keeping head and tail, never held whole (a command printing GBs is fine).
-        process = await connection.create_process(
-            f"echo {_PID_MARK}$$ >&2; exec /bin/sh -c {shlex.quote(command)}", encoding=None
-        )
+        process = await connection.create_process(command, encoding=None)
         process.stdin.write_eof()  # a command reading stdin gets end-of-file, as with `shell`, not a hang
         streams = _Streams(self.output_limit)
         timed_out = False
@@ -306,6 +314,22 @@ async def _connect(name: str, config: SSHHost) -> Any:
 
 
 _PID_MARK = "thinkloop-pid:"
+
+
+def _wrapped(command: str) -> str:
+    """The command as sent: it reports the remote shell's pid first. Refused (`ShellCommandError`) when
+    empty, with a NUL or invalid Unicode, or — quoted — longer than the remote shell takes as one argument."""
+    _check_command(command)
+    wrapped = f"echo {_PID_MARK}$$ >&2; exec /bin/sh -c {shlex.quote(command)}"
+    size = len(wrapped.encode("utf-8", errors="surrogateescape"))
+    if size > _MAX_COMMAND_BYTES:
+        raise ShellCommandError(
+            f"the command is {size:,} bytes long once quoted for the remote shell, more than the "
+            f"{_MAX_COMMAND_BYTES:,} bytes it accepts: copy long data to a file on the host first"
+        )
+    return wrapped
+
+
 _PID_LINE_RE = re.compile(rb"thinkloop-pid:(\d+)\r?\n?")
 _MAX_PRELUDE_LINES = 100  # lines a login script may print on stderr before the wrapper's pid line
 _CHUNK = 1 << 16
