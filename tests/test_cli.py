@@ -248,8 +248,8 @@ def test_model_error_exits_1(cli: Cli) -> None:
         (["--model", ""], "error: --model is empty (''): name a model"),
         (["--model", " "], "error: --model is empty (' '): name a model"),
         (["--store", "nope://x"], "error: unknown store URL 'nope://x'"),
-        (["--timeout", "0"], "error: Budget.timeout must be positive"),
-        (["--max-cost", "-1"], "error: Budget.max_cost must be positive"),
+        (["--timeout", "0"], "error: Budget.timeout must be a positive"),
+        (["--max-cost", "-1"], "error: Budget.max_cost must be a positive"),
         (["--tools", "ssh_execute"], "error: ssh_execute needs hosts"),
         (["--tools", "ssh_execute", "--hosts", "missing-hosts.json"], "cannot read the hosts file"),
         (

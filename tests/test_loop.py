@@ -12,6 +12,7 @@ import pytest
 from thinkloop import (
     Agent,
     Budget,
+    ConfigurationError,
     ModelError,
     ModelRequest,
     Price,
@@ -221,6 +222,31 @@ async def test_max_tokens_and_max_cost() -> None:
     model = FunctionModel(lambda r: call("add", a=r.turn, b=1) if r.tools else "partial")
     result = await Agent(model, tools=[add], budget=Budget(max_cost=500.0), price_table=prices).run("x" * 600)
     assert result.stop_reason is StopReason.MAX_COST and result.usage.cost >= 500
+
+
+@pytest.mark.parametrize(
+    ("limits", "says"),
+    [
+        ({"max_steps": 0}, "max_steps must be an integer of at least 1, got 0"),
+        ({"max_steps": 2.5}, "max_steps must be an integer"),
+        ({"max_steps": True}, "max_steps must be an integer"),
+        ({"max_steps": "8"}, "max_steps must be an integer"),
+        ({"max_tokens": 0}, "max_tokens must be a positive integer or None"),
+        ({"max_tokens": 1e9}, "max_tokens must be a positive integer"),
+        ({"timeout": float("nan")}, "timeout must be a positive, finite number of seconds"),
+        ({"timeout": float("inf")}, "timeout must be a positive, finite number"),
+        ({"timeout": -1}, "timeout must be a positive"),
+        ({"timeout": "30"}, "timeout must be a positive"),
+        ({"max_cost": float("inf")}, "max_cost must be a positive, finite number of dollars"),
+        ({"max_cost": float("nan")}, "max_cost must be a positive, finite number"),
+    ],
+)
+def test_budget_refuses_limits_that_are_not_limits(limits: dict[str, Any], says: str) -> None:
+    """nan compared false with everything (a NaN timeout never stopped a run), inf meant "no limit" in
+    disguise, and a string or a float step count failed later with a bare TypeError."""
+    with pytest.raises(ConfigurationError, match=f"Budget.{says}"):
+        Budget(**limits)
+    assert Budget(max_steps=3, max_tokens=10, max_cost=0.5, timeout=2).timeout == 2
 
 
 async def test_timeout_stops_a_hanging_model() -> None:

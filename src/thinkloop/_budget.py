@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ._errors import ConfigurationError
@@ -24,12 +25,22 @@ class Budget:
     timeout: float | None = None
 
     def __post_init__(self) -> None:
-        if self.max_steps < 1:
-            raise ConfigurationError(f"Budget.max_steps must be at least 1, got {self.max_steps}")
-        for name in ("max_tokens", "max_cost", "timeout"):
+        steps = self.max_steps
+        if type(steps) is not int or steps < 1:  # bool and 2.5 are not step counts
+            raise ConfigurationError(f"Budget.max_steps must be an integer of at least 1, got {steps!r}")
+        if self.max_tokens is not None and (type(self.max_tokens) is not int or self.max_tokens < 1):
+            raise ConfigurationError(
+                f"Budget.max_tokens must be a positive integer or None, got {self.max_tokens!r}"
+            )
+        for name in ("max_cost", "timeout"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigurationError(f"Budget.{name} must be positive or None, got {value!r}")
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < math.inf):
+                raise ConfigurationError(
+                    f"Budget.{name} must be a positive, finite number of "
+                    f"{'dollars' if name == 'max_cost' else 'seconds'} or None (no limit), got {value!r}"
+                )
 
     def as_dict(self) -> dict[str, float | int | None]:
         """The limits as a JSON object (kept in the run state, so a resumed run keeps them)."""
