@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,14 @@ async def test_a_run_is_one_trace_with_a_span_per_model_call_and_tool_call(spans
     assert run.attributes["gen_ai.usage.input_tokens"] == result.usage.input_tokens
     assert run.status.status_code is StatusCode.UNSET
     assert chats[0].kind is SpanKind.CLIENT and chats[0].attributes["gen_ai.operation.name"] == "chat"
-    assert sum(int(c.attributes["gen_ai.usage.output_tokens"]) for c in chats if c.attributes) == result.usage.output_tokens
-    assert tool_span.attributes["gen_ai.tool.name"] == "add" and tool_span.attributes["thinkloop.success"] is True
+    assert (
+        sum(int(c.attributes["gen_ai.usage.output_tokens"]) for c in chats if c.attributes)
+        == result.usage.output_tokens
+    )
+    assert (
+        tool_span.attributes["gen_ai.tool.name"] == "add"
+        and tool_span.attributes["thinkloop.success"] is True
+    )
     assert "gen_ai.tool.call.arguments" not in tool_span.attributes  # no content unless asked
     # the spans nest in time: the run contains its calls, which come in order
     assert run.start_time is not None and run.end_time is not None
@@ -86,7 +93,10 @@ async def test_failures_are_error_spans_and_content_is_captured_when_asked(spans
     (failed,) = named["execute_tool broken"]
     (unknown,) = named["execute_tool nope"]
     assert failed.status.status_code is StatusCode.ERROR and failed.attributes is not None
-    assert failed.attributes["error.type"] == "exception" and failed.attributes["gen_ai.tool.call.arguments"] == '{"x": 1}'
+    assert (
+        failed.attributes["error.type"] == "exception"
+        and failed.attributes["gen_ai.tool.call.arguments"] == '{"x": 1}'
+    )
     assert "broken for 1" in str(failed.attributes["gen_ai.tool.call.result"])
     assert unknown.attributes is not None and unknown.attributes["error.type"] == "unknown_tool"
     (run,) = named["invoke_agent agent"]
@@ -139,16 +149,102 @@ async def test_runs_nest_under_the_callers_span_and_concurrent_runs_get_their_ow
 async def test_a_stopped_run_marks_the_final_answer_call(spans: Any) -> None:
     provider, exporter = spans
     model = FunctionModel(lambda r: call("add", a=r.turn, b=1) if r.tools else "best effort")
-    await Agent(model, tools=[add], budget=Budget(max_steps=2)).run("go", on_event=OpenTelemetryTracing(provider))
+    await Agent(model, tools=[add], budget=Budget(max_steps=2)).run(
+        "go", on_event=OpenTelemetryTracing(provider)
+    )
     chats = by_name(exporter.get_finished_spans())["chat function"]
-    assert [c.attributes["thinkloop.final_answer_call"] for c in chats if c.attributes] == [False, False, True]
+    assert [c.attributes["thinkloop.final_answer_call"] for c in chats if c.attributes] == [
+        False,
+        False,
+        True,
+    ]
 
 
 def test_json_lines_provider_writes_one_span_per_line(tmp_path: Path) -> None:
     path = tmp_path / "trace.jsonl"
     provider = json_lines_provider(str(path))
-    Agent(ScriptedModel([call("add", a=2, b=3), "5"]), tools=[add]).run_sync("2+3?", on_event=OpenTelemetryTracing(provider))
+    Agent(ScriptedModel([call("add", a=2, b=3), "5"]), tools=[add]).run_sync(
+        "2+3?", on_event=OpenTelemetryTracing(provider)
+    )
     provider.shutdown()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert sorted(line["name"] for line in lines) == ["chat script", "chat script", "execute_tool add", "invoke_agent agent"]
+    assert sorted(line["name"] for line in lines) == [
+        "chat script",
+        "chat script",
+        "execute_tool add",
+        "invoke_agent agent",
+    ]
     assert len({line["context"]["trace_id"] for line in lines}) == 1
+
+
+# ================================================================================== faults (audit)
+
+
+@pytest.mark.parametrize("where", ["directory", "missing_parent"])
+def test_json_lines_provider_checks_its_file_when_made(tmp_path: Path, where: str) -> None:
+    from thinkloop import ConfigurationError
+
+    path = tmp_path if where == "directory" else tmp_path / "nope" / "trace.jsonl"
+    with pytest.raises(ConfigurationError, match="cannot write the trace file") as caught:
+        json_lines_provider(str(path))
+    assert str(path) in str(caught.value) and "directory that exists" in str(caught.value)
+
+
+def test_json_lines_provider_logs_a_write_failure_once_and_the_run_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    provider = json_lines_provider(path)
+    path.unlink()
+    path.mkdir()  # the file became unwritable after the check (as a full disk would)
+    agent = Agent(ScriptedModel([call("add", a=2, b=3), call("add", a=1, b=1), "5"]), tools=[add])
+    with caplog.at_level("DEBUG"):
+        result = agent.run_sync("2+3?", on_event=OpenTelemetryTracing(provider))
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    failures = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert len(failures) == 1 and "cannot write the trace file" in failures[0].getMessage()
+
+
+async def test_names_and_ids_a_model_sends_are_cut_in_spans(spans: Any) -> None:
+    provider, exporter = spans
+    huge = "x" * 100_000
+    script = [{"tool_calls": [{"name": huge, "args": {}, "id": "c" * 50_000}]}, "ok"]
+    await Agent(ScriptedModel(script), tools=[add]).run("go", on_event=OpenTelemetryTracing(provider))
+    (tool_span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
+    assert tool_span.attributes is not None and len(tool_span.name) <= 220
+    assert len(str(tool_span.attributes["gen_ai.tool.name"])) == 200
+    assert len(str(tool_span.attributes["gen_ai.tool.call.id"])) == 200
+
+
+async def test_an_interrupted_run_resumed_in_the_same_process_ends_its_first_span(
+    spans: Any, tmp_path: Path
+) -> None:
+    from thinkloop.stores import SQLiteStore
+
+    provider, exporter = spans
+    tracing = OpenTelemetryTracing(provider)
+    store = SQLiteStore(str(tmp_path / "runs.db"))
+    waiting = asyncio.Event()
+
+    async def slow(request: Any) -> Any:
+        if request.turn == 1:
+            waiting.set()
+            await asyncio.Event().wait()  # until interrupted
+        return call("add", a=1, b=2)
+
+    agent = Agent(FunctionModel(slow, name="script"), tools=[add], store=store, on_event=tracing)
+    task = asyncio.create_task(agent.run("go", run_id="r1"))
+    await waiting.wait()
+    assert agent.interrupt("r1") == ["r1"]
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    resumed = Agent(ScriptedModel(["3"]), tools=[add], store=store, on_event=tracing)
+    await resumed.resume("r1")
+    runs = by_name(exporter.get_finished_spans())["invoke_agent agent"]
+    assert len(runs) == 2  # the first part was never ended (nor exported): its calls had no parent
+    first = next(s for s in runs if s.attributes and s.attributes.get("thinkloop.interrupted"))
+    second = next(s for s in runs if s is not first)
+    assert (
+        first.end_time is not None and second.start_time is not None and first.end_time <= second.start_time
+    )
+    assert tracing._runs == {} and tracing._last == {}
