@@ -240,3 +240,86 @@ async def test_mcp_server_tools_are_part_of_the_catalogue() -> None:
     assert result.state.discovered_tools[0] == "time_get_current_time"
     assert "time_get_current_time" in names(model.requests[1])
     assert result.ok and "Europe/Paris" in result.output
+
+
+# ---------------------------------------------------------------------------------- faults (audit)
+
+
+async def test_one_tool_with_a_broken_schema_does_not_break_the_search_of_the_catalogue() -> None:
+    broken = Tool(
+        "get_weather_alerts",
+        "Weather alerts for a region.",
+        {"type": "object", "properties": ["region"]},
+        lambda: "ok",
+    )
+    union = Tool(
+        "get_weather_sensor",
+        "Get one weather sensor.",
+        {"type": "object", "properties": {"id": {"type": ["string", "null"]}}, "required": "id"},
+        lambda **kw: "ok",
+    )
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "weather forecast"}}]}, "done"]
+    )
+    agent = Agent(model, tools=[*catalogue(), broken, union], discovery=ToolDiscovery(max_results=8))
+    result = await agent.run(GOAL)
+    observation = next(m.content for m in result.state.messages if m.role == "tool")
+    assert observation.startswith("Found ") and "get_weather_forecast(city: string" in observation
+    assert "get_weather_alerts()" in observation  # listed, without the parameters it cannot describe
+    assert "get_weather_sensor(id?: string|null)" in observation  # a `required` that is not a list: none
+
+
+def test_tokenize_does_not_cache_the_words_of_huge_text() -> None:
+    from thinkloop._discovery import _terms_of
+
+    before = _terms_of.cache_info().currsize
+    terms = tokenize("weather " + "y" * 1_000_000 + " 天气预报" * 3 + "天" * 200_000)
+    assert terms[0] == "weather" and len(terms) < 20_000  # a 200,000-character CJK run counts 4,096
+    cached = _terms_of.cache_info().currsize - before
+    assert cached <= 3  # "weather" and the short CJK words; never the megabyte word or the long run
+
+
+async def test_a_huge_query_is_searched_and_echoed_cut() -> None:
+    query = "weather forecast " + "zzz " * 300_000
+    model = ScriptedModel([{"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": query}}]}, "done"])
+    result = await Agent(model, tools=catalogue(), discovery=ToolDiscovery()).run(GOAL)
+    observation = next(m.content for m in result.state.messages if m.role == "tool")
+    assert "get_weather_forecast" in observation and len(observation) < 2_000
+    assert "get_weather_forecast" in result.state.discovered_tools
+
+
+async def test_an_empty_unicode_or_repeated_query_is_answered() -> None:
+    script = [
+        {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "weather forecast"}}]},
+        {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "weather forecast"}}]},
+        {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "🌦️ \u200b 天气"}}]},
+        {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "\n\t "}}]},
+        {"tool_calls": [{"name": DISCOVER_TOOLS, "args": {}}]},
+        "done",
+    ]
+    result = await Agent(ScriptedModel(script), tools=catalogue(), discovery=ToolDiscovery()).run(GOAL)
+    observations = [m.content for m in result.state.messages if m.role == "tool"]
+    assert observations[0].startswith("Found ")
+    assert "Already available: get_weather_forecast" in observations[1]  # and the next best ones are added
+    assert observations[2].startswith("No tool matches")
+    assert observations[3].startswith("Error: describe what you need")
+    assert "query" in observations[4] and result.stop_reason.value == "final_answer"
+    discovered = result.state.discovered_tools
+    assert len(discovered) == len(set(discovered)) > 5  # the repeat added new ones, never one twice
+
+
+def test_a_catalogue_of_thousands_of_tools_is_searched_quickly() -> None:
+    import time
+
+    tools = [
+        Tool(f"{verb}_{thing}_{i}", f"{verb.title()} a {thing} in system {i}.", None, lambda: "ok")
+        for i in range(500)
+        for verb in ("get", "create", "delete", "sync")
+        for thing in ("invoice", "ticket", "order")
+    ]
+    discovery = ToolDiscovery()
+    index = discovery.index(discovery.with_tool(Agent(ScriptedModel(["x"]), tools=tools).tools))
+    assert len(index) == 6_000
+    started = time.perf_counter()
+    hits = index.search("create invoice", 5)
+    assert time.perf_counter() - started < 0.5 and all(h.name.startswith("create_invoice") for h in hits)

@@ -52,12 +52,22 @@ def tokenize(text: str) -> list[str]:
     """
     terms: list[str] = []
     for word in _WORD_RE.findall(_CAMEL_RE.sub(" ", text)):
-        terms.extend(_terms_of(word.lower()))
+        word = word.lower()
+        # cached by word: a word a model sent may be a megabyte long, and the cache must not keep it
+        terms.extend(_terms_of(word) if len(word) <= _CACHED_WORD else _word_terms(word[:_LONG_WORD]))
     return terms
+
+
+_CACHED_WORD = 64  # the longest word whose terms are cached
+_LONG_WORD = 4096  # characters of a longer word that count (a run of CJK text is one "word")
 
 
 @functools.lru_cache(maxsize=16384)
 def _terms_of(word: str) -> tuple[str, ...]:
+    return _word_terms(word)
+
+
+def _word_terms(word: str) -> tuple[str, ...]:
     if not word.isascii() and _CJK_RE.search(word):
         return (*word, *(word[i : i + 2] for i in range(len(word) - 1)))
     return () if word in _STOPWORDS else (_stem(word),)
@@ -81,12 +91,19 @@ def _stem(word: str) -> str:
 _FIELD_WEIGHTS = (("name", 3), ("description", 1), ("param_names", 2), ("param_descriptions", 1))
 
 
+def _properties(definition: ToolDefinition) -> dict[str, Any]:
+    """A tool's parameters by name; {} for a schema whose `properties` is not an object (an MCP server's
+    tool may have any schema: one broken tool must not break the search of the whole catalogue)."""
+    properties = definition.parameters.get("properties") if isinstance(definition.parameters, dict) else None
+    return {str(k): v for k, v in properties.items()} if isinstance(properties, dict) else {}
+
+
 def _fields(definition: ToolDefinition) -> dict[str, str]:
-    properties: dict[str, Any] = definition.parameters.get("properties", {}) or {}
+    properties = _properties(definition)
     descriptions = [str(p.get("description", "")) for p in properties.values() if isinstance(p, dict)]
     return {
         "name": definition.name.replace(".", " ").replace("-", " "),
-        "description": definition.description,
+        "description": str(definition.description or ""),
         "param_names": " ".join(properties),
         "param_descriptions": " ".join(descriptions),
     }
@@ -158,6 +175,7 @@ class ToolIndex:
 
 # -------------------------------------------------------------------------------------- discovery
 
+_QUERY_LIMIT = 1000  # characters of a query that are searched (and echoed in the observation)
 _QUERY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -239,7 +257,7 @@ class ToolDiscovery:
 
     def discover(self, run: RunContext, query: str) -> str:
         """Search the catalogue for `query`, show the best new tools from the next call on; the observation."""
-        query = query.strip()
+        query = " ".join(str(query).split())[:_QUERY_LIMIT]  # a model may send a megabyte
         if not query:
             return "Error: describe what you need a tool for in `query`, e.g. 'send an email'."
         shown = set(self.visible_names(run))
@@ -266,26 +284,34 @@ class ToolDiscovery:
 def _describe_results(query: str, found: list[ToolDefinition], already: list[str]) -> str:
     lines: list[str] = []
     if found:
-        lines.append(f"Found {len(found)} tool(s) for {query!r}; you can call them from now on:")
+        lines.append(f"Found {len(found)} tool(s) for {_short(query, 100)!r}; you can call them from now on:")
         lines += [f"- {_signature(d)}: {_short(d.description)}" for d in found]
     if already:
         lines.append(f"Already available: {', '.join(already)}.")
     if not lines:
         return (
-            f"No tool matches {query!r}. Try other words (the action and the thing it acts on, e.g. "
+            f"No tool matches {_short(query, 100)!r}. Try other words (the action and the thing it acts on, e.g. "
             "'create invoice'), or answer with what you have."
         )
     return "\n".join(lines)
 
 
 def _signature(definition: ToolDefinition) -> str:
-    properties: dict[str, Any] = definition.parameters.get("properties", {}) or {}
-    required = set(definition.parameters.get("required", []) or [])
+    properties = _properties(definition)
+    required = definition.parameters.get("required") if isinstance(definition.parameters, dict) else None
+    needed = {str(n) for n in required} if isinstance(required, list) else set()
     params = [
-        f"{name}{'' if name in required else '?'}: {spec.get('type', 'any') if isinstance(spec, dict) else 'any'}"
-        for name, spec in properties.items()
+        f"{name}{'' if name in needed else '?'}: {_type_name(spec)}" for name, spec in properties.items()
     ]
     return f"{definition.name}({', '.join(params)})"
+
+
+def _type_name(spec: Any) -> str:
+    """`string`, `string|null` (a list of types), or `any`."""
+    kind = spec.get("type", "any") if isinstance(spec, dict) else "any"
+    if isinstance(kind, list):
+        return "|".join(str(k) for k in kind) or "any"
+    return str(kind)
 
 
 def _short(text: str, limit: int = 160) -> str:
