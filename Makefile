@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-EXTRAS := dev,local,ops,postgres,celery,mcp,tokenizers,server,otel
+EXTRAS := dev,local,ops,postgres,celery,mcp,tokenizers,server,otel,fast
 GOAL   ?= What is 17*23+4? Use the calculator.
 MODEL  ?= local
 ARGS   ?=

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -25,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from thinkloop import Agent, Budget, ModelRequest, ModelResponse, ToolCall, Usage, tool
+from thinkloop import Agent, Budget, ModelRequest, ModelResponse, ToolCall, Usage, _aio, tool
 from thinkloop.testing import FunctionModel
 
 
@@ -51,7 +53,9 @@ def _scripted(steps: int, latency: float = 0.0) -> FunctionModel:
             return ModelResponse(tool_calls=[call], usage=usage)
         return ModelResponse(text="done", usage=usage)
 
-    return FunctionModel(reply, latency=latency, streaming=False, record=False)  # no request log: the engine is measured
+    return FunctionModel(
+        reply, latency=latency, streaming=False, record=False
+    )  # no request log: the engine is measured
 
 
 # ------------------------------------------------------------------------------------ raw baseline
@@ -134,9 +138,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer repeats and no 10,000-run scenario")
     parser.add_argument("--concurrent", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--loop", default="asyncio", choices=["asyncio", "uvloop"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.concurrent:  # child process of one concurrency scenario
-        print(json.dumps(asyncio.run(concurrent(args.concurrent, 0.02))))
+    if args.concurrent:  # child process of one concurrency scenario, on the event loop asked for
+        os.environ[_aio.ENV] = args.loop
+        print(json.dumps(_aio.run(concurrent(args.concurrent, 0.02))))
         return
     repeats = 5 if args.quick else 20
     s10, r10 = asyncio.run(per_step(10, repeats))
@@ -144,13 +150,15 @@ def main() -> None:
     print(f"per step, 10-step run: {s10:.1f} µs (raw loop {r10:.1f} µs; ratio {s10 / r10:.1f}x)")
     print(f"per step, 50-step run: {s50:.1f} µs (raw loop {r50:.1f} µs; ratio {s50 / r50:.1f}x)")
     print(f"history growth: 50-step / 10-step per-step cost = {s50 / s10:.2f}x (target <= 1.1x)")
+    loops = ["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"]
     for runs in (1000,) if args.quick else (1000, 10000):
-        out = subprocess.run([sys.executable, __file__, "--concurrent", str(runs)], capture_output=True, text=True, check=True)
-        c = json.loads(out.stdout)
-        print(
-            f"{runs} concurrent 10-step runs, 20 ms latency: {c['wall']:.2f} s = {c['wall'] / 0.2:.2f}x the ideal 0.2 s "
-            f"(raw loop {c['raw_wall']:.2f} s); peak RSS +{c['kib_per_run']:.1f} KiB per run"
-        )
+        for loop in loops:  # asyncio's loop, and uvloop (the loop of thinkloop's entry points when installed)
+            command = [sys.executable, __file__, "--concurrent", str(runs), "--loop", loop]
+            c = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+            print(
+                f"{runs} concurrent 10-step runs, 20 ms latency, {loop}: {c['wall']:.2f} s = {c['wall'] / 0.2:.2f}x "
+                f"the ideal 0.2 s (raw loop {c['raw_wall']:.2f} s); peak RSS +{c['kib_per_run']:.1f} KiB per run"
+            )
     ours, base = import_time(5)
     print(f"import thinkloop: {ours:.0f} ms (import json {base:.1f} ms)")
 

@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal
 
+from . import _aio
 from ._budget import Budget, PriceTable
 from ._context import DEFAULT_MAX_CONTEXT_TOKENS, ContextManager, Summarizer
 from ._discovery import ToolDiscovery
@@ -258,7 +259,7 @@ class Agent:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self._then_learn(self.resume(run_id, **kwargs)))
+            return _aio.run(self._then_learn(self.resume(run_id, **kwargs)))
         raise UserError(
             "resume_sync() cannot be called from a running event loop: use `await agent.resume(...)`"
         )
@@ -301,7 +302,7 @@ class Agent:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self._then_learn(self.run(goal, **kwargs)))
+            return _aio.run(self._then_learn(self.run(goal, **kwargs)))
         raise UserError(
             "run_sync() cannot be called from a running event loop (e.g. Jupyter or async code): "
             "use `await agent.run(...)` instead"

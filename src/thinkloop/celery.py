@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
+from . import _aio
 from ._errors import ConfigurationError, UserError
 from .distributed import DEFAULT_MAX_ATTEMPTS, check_max_attempts, run_or_resume, shared_store
 from .stores._base import check_id
@@ -140,7 +141,7 @@ class _AgentHost:
         with self._lock:
             if self._pid != os.getpid():  # first use in this process (or a fork of the one that had it)
                 self._loop, self._agent, self._runs, self.stopping = None, None, {}, False
-                loop = asyncio.new_event_loop()
+                loop = _aio.new_event_loop()
                 threading.Thread(target=_serve, args=(loop,), name="thinkloop-celery", daemon=True).start()
                 try:
                     agent = asyncio.run_coroutine_threadsafe(self._build(), loop).result()

@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .. import _aio
 from .._agent import Agent
 from .._budget import Budget
 from .._errors import ConfigurationError, ThinkloopError, UserError
@@ -124,7 +125,7 @@ def drive(main: Coroutine[Any, Any, int], errors: Console) -> int:
     on stderr, when a signal stopped it."""
     with Interrupts() as interrupts:
         try:
-            code = asyncio.run(interrupts.run(main))
+            code = _aio.run(interrupts.run(main))
         except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C before the run started, or after
             code = INTERRUPTED
         except ThinkloopError as exc:

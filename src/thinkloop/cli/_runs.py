@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -17,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .. import _aio
 from .._errors import StateError, ThinkloopError, UserError
 from .._state import RunState
 from ..stores import RunSummary, Store, open_store
@@ -54,7 +54,7 @@ def _with_store(url: str | None, job: Callable[[Store], Awaitable[T]]) -> T:
             await store.aclose()
 
     try:
-        return asyncio.run(main())
+        return _aio.run(main())
     except ThinkloopError as exc:
         raise typer.Exit(print_error(Console(stderr=True), exc)) from None
 

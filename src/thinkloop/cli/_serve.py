@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import os
 import stat
@@ -13,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .. import _aio
 from .._budget import Budget
 from .._errors import ThinkloopError, UserError
 from ._options import (
@@ -98,7 +98,7 @@ def serve_command(
         options = dict(
             tools=tools, safety=safety, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts,
         )  # fmt: skip
-        asyncio.run(
+        _aio.run(
             _serve(
                 host,
                 port,

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .. import _aio
 from .._budget import Budget
 from .._errors import ThinkloopError, UserError
 from .._events import Done, Event
@@ -68,7 +69,7 @@ def worker_command(
     try:
         url = _queue_url(queue)
         options = dict(tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=[], mode=mode)
-        code = asyncio.run(
+        code = _aio.run(
             _serve(
                 url,
                 store or url,
@@ -156,7 +157,7 @@ def submit_command(
     try:
         goal = read_goal(goal)
         url = _queue_url(queue)
-        code = asyncio.run(_submit(url, goal, run_id, max_steps, wait, store or url, console))
+        code = _aio.run(_submit(url, goal, run_id, max_steps, wait, store or url, console))
     except ThinkloopError as exc:
         code = print_error(errors, exc)
     raise typer.Exit(code)
