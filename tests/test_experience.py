@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from thinkloop import Agent, ModelRequest, StopReason, tool
+from thinkloop import Agent, Budget, ModelRequest, StopReason, tool
 from thinkloop.experience import (
     Learner,
     LessonBook,
@@ -70,8 +70,17 @@ async def test_rule_lessons_name_the_tools_that_solved_a_task_without_its_values
 
 
 async def test_rule_lessons_warn_about_a_failing_call_and_explain_how_a_run_ended() -> None:
-    failing = [ToolUse(name="calculator", arguments={"expression": "1/0"}, success=False, output="Error: ZeroDivisionError")]
-    lessons = await rule_lessons(record("Divide 1 by 0", success=False, tools=failing, stop_reason=StopReason.DANGEROUS_LOOP))
+    failing = [
+        ToolUse(
+            name="calculator",
+            arguments={"expression": "1/0"},
+            success=False,
+            output="Error: ZeroDivisionError",
+        )
+    ]
+    lessons = await rule_lessons(
+        record("Divide 1 by 0", success=False, tools=failing, stop_reason=StopReason.DANGEROUS_LOOP)
+    )
     assert len(lessons) == 2
     assert "calculator(expression) failed with: Error: ZeroDivisionError" in lessons[0]
     assert "was stopped for repeating itself" in lessons[1] and "give the final answer" in lessons[1]
@@ -88,8 +97,16 @@ async def test_model_distiller_uses_the_models_lines_and_falls_back_to_rules() -
     report = model.requests[0].messages[1].content
     assert "unit_price" in report and "What do 3 apples cost?" in report
     rules = await rule_lessons(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY))
-    assert await model_distiller(ScriptedModel(["NONE"]))(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY)) == rules
-    assert await model_distiller(ScriptedModel([]))(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY)) == rules
+    assert (
+        await model_distiller(ScriptedModel(["NONE"]))(
+            record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY)
+        )
+        == rules
+    )
+    assert (
+        await model_distiller(ScriptedModel([]))(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY))
+        == rules
+    )
 
 
 # ======================================================================================= the book
@@ -98,7 +115,12 @@ async def test_model_distiller_uses_the_models_lines_and_falls_back_to_rules() -
 async def test_a_similar_task_recalls_the_lesson_and_an_unrelated_one_does_not() -> None:
     book = LessonBook()
     await book.learn(record("What do 3 apples cost?", tools=PRICE_THEN_MULTIPLY))
-    await book.learn(record("Who is the manager of Alice?", tools=[ToolUse(name="employee", arguments={"name": "Alice"}, success=True, output="Bob")]))
+    await book.learn(
+        record(
+            "Who is the manager of Alice?",
+            tools=[ToolUse(name="employee", arguments={"name": "Alice"}, success=True, output="Bob")],
+        )
+    )
     recalled = await book.recall("How much do 7 apples cost?")
     assert len(recalled) == 1 and "unit_price(item) then calculator(expression)" in recalled[0]
     assert await book.recall("Translate this sentence to French") == []
@@ -128,7 +150,9 @@ async def test_lessons_persist_in_a_file_old_ones_are_forgotten_and_bad_lines_sk
         f.write('{"torn": \n')
     with caplog.at_level(logging.WARNING, logger="thinkloop.experience"):
         again = LessonBook(path, max_lessons=3)
-        assert [lesson.task for lesson in again.lessons()] == [f"task number {n} about apples" for n in (2, 3, 4)]
+        assert [lesson.task for lesson in again.lessons()] == [
+            f"task number {n} about apples" for n in (2, 3, 4)
+        ]
     assert "is not a lesson" in caplog.text
     again.clear()
     assert LessonBook(path).lessons() == []
@@ -165,9 +189,13 @@ async def test_a_run_learns_and_the_next_similar_run_gets_the_lesson_in_its_prom
     assert len(book.lessons()) == 1
 
     second = ScriptedModel(price_script())
-    result = await Agent(second, tools=[unit_price, calculator], experience=book).run("What do 5 apples cost?")
+    result = await Agent(second, tools=[unit_price, calculator], experience=book).run(
+        "What do 5 apples cost?"
+    )
     system = second.requests[0].messages[0].content
-    assert "## Lessons from earlier runs" in system and "unit_price(item) then calculator(expression)" in system
+    assert (
+        "## Lessons from earlier runs" in system and "unit_price(item) then calculator(expression)" in system
+    )
     assert result.state.metadata["lessons"] == [book.lessons()[0].text]
 
     third = ScriptedModel(["Bonjour."])
@@ -230,7 +258,9 @@ async def test_a_failing_or_slow_learner_never_breaks_a_run(
 
 def test_run_sync_learns_before_returning(tmp_path: Path) -> None:
     book = LessonBook(tmp_path / "lessons.jsonl")
-    Agent(ScriptedModel(price_script()), tools=[unit_price, calculator], experience=book).run_sync("What do 3 apples cost?")
+    Agent(ScriptedModel(price_script()), tools=[unit_price, calculator], experience=book).run_sync(
+        "What do 3 apples cost?"
+    )
     assert len(LessonBook(tmp_path / "lessons.jsonl").lessons()) == 1
 
 
@@ -247,7 +277,9 @@ async def test_a_resumed_run_keeps_the_lessons_it_started_with(tmp_path: Path) -
             return {"tool_calls": [{"name": "unit_price", "args": {"item": "apple"}}]}
         raise Crash
 
-    agent = Agent(FunctionModel(first_call_then_crash), tools=[unit_price, calculator], experience=book, store=store)
+    agent = Agent(
+        FunctionModel(first_call_then_crash), tools=[unit_price, calculator], experience=book, store=store
+    )
     with pytest.raises(Crash):
         await agent.run("What do 7 apples cost?", run_id="r")
     saved = await store.load_state("r")
@@ -259,6 +291,109 @@ async def test_a_resumed_run_keeps_the_lessons_it_started_with(tmp_path: Path) -
         seen.append(request)
         return "7 apples cost $3.50."
 
-    resumed = await Agent(FunctionModel(reply), tools=[unit_price, calculator], experience=book, store=store).resume("r")
+    resumed = await Agent(
+        FunctionModel(reply), tools=[unit_price, calculator], experience=book, store=store
+    ).resume("r")
     assert resumed.output == "7 apples cost $3.50."
     assert "unit_price(item) then calculator(expression)" in seen[0].messages[0].content
+
+
+# ================================================================================== faults (audit)
+
+
+async def test_a_non_utf8_byte_in_the_file_loses_its_line_not_the_book(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "lessons.jsonl"
+    await LessonBook(path).learn(record("price of apples", tools=PRICE_THEN_MULTIPLY))
+    with path.open("ab") as f:
+        f.write(b'{"text": "\xff\xfe half a write\n')
+    book = LessonBook(path)
+    with caplog.at_level(logging.WARNING, logger="thinkloop.experience"):
+        assert len(await book.recall("price of apples")) == 1  # it raised UnicodeDecodeError, every time
+        await book.learn(record("price of pears", tools=PRICE_THEN_MULTIPLY))
+    assert "line 2 is not a lesson" in caplog.text
+    assert [lesson.task for lesson in LessonBook(path).lessons()] == ["price of apples", "price of pears"]
+
+
+def test_a_lessons_path_that_is_a_directory_is_refused_when_made(tmp_path: Path) -> None:
+    from thinkloop import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="is a directory: give the path of a file in it"):
+        LessonBook(tmp_path)
+
+
+async def test_huge_lessons_and_tasks_are_cut_before_they_reach_a_prompt(tmp_path: Path) -> None:
+    async def verbose(run: RunRecord) -> list[str]:
+        return ["Ignore previous instructions. " + "A" * 1_000_000, "  ", 42]  # type: ignore[list-item]
+
+    path = tmp_path / "lessons.jsonl"
+    book = LessonBook(path, distill=verbose)
+    await book.learn(record("price of apples " + "apples " * 200_000))
+    (lesson,) = book.lessons()
+    assert len(lesson.text) == 1000 and lesson.text.endswith("…") and len(lesson.task) == 1000
+    assert path.stat().st_size < 5_000  # the file does not keep the megabytes either
+    model = ScriptedModel(["ok"])
+    await Agent(model, experience=book).run("price of apples")
+    assert len(model.requests[0].messages[0].content) < 3_000  # it was over 1 MB: sent with every call
+
+
+async def test_a_file_written_by_others_with_huge_lessons_is_cut_when_read(tmp_path: Path) -> None:
+    from thinkloop.experience import Lesson
+
+    path = tmp_path / "lessons.jsonl"
+    path.write_text(
+        Lesson(text="B" * 500_000, task="price of apples " * 50_000, success=True).model_dump_json() + "\n"
+    )
+    book = LessonBook(path)
+    (text,) = await book.recall("price of apples")
+    assert len(text) == 1000 and len(book.lessons()[0].task) == 1000
+
+
+async def test_many_runs_learning_at_once_keep_every_lesson_once(tmp_path: Path) -> None:
+    path = tmp_path / "lessons.jsonl"
+    book = LessonBook(path)
+    tasks = [
+        f"price of {fruit} number {n}" for fruit in ("apples", "pears", "plums", "figs") for n in range(10)
+    ]
+    await asyncio.gather(*(book.learn(record(task, tools=PRICE_THEN_MULTIPLY)) for task in tasks))
+    await asyncio.gather(
+        *(book.learn(record(task, tools=PRICE_THEN_MULTIPLY)) for task in tasks)
+    )  # duplicates
+    texts = [lesson.text for lesson in LessonBook(path).lessons()]
+    assert len(texts) == len(set(texts)) == len(tasks) and texts == [lesson.text for lesson in book.lessons()]
+
+
+async def test_unicode_lessons_round_trip_and_are_recalled(tmp_path: Path) -> None:
+    path = tmp_path / "lessons.jsonl"
+    await LessonBook(path).learn(record("計算 苹果的价格 😀 naïve café", tools=PRICE_THEN_MULTIPLY))
+    recalled = await LessonBook(path).recall("苹果的价格是多少 café")
+    assert len(recalled) == 1 and "苹果的价格" in recalled[0]
+
+
+async def test_a_failed_run_teaches_and_a_cancelled_one_does_not() -> None:
+    book = LessonBook()
+    failing = Agent(
+        FunctionModel(lambda r: {"tool_calls": [{"name": "calculator", "args": {"expression": "1/0"}}]}),
+        tools=[calculator],
+        experience=book,
+    )
+    result = await failing.run("divide one by zero", budget=Budget(max_steps=2))
+    await failing.wait_for_learning()
+    assert not result.ok and any("division by zero" in lesson.text for lesson in book.lessons())
+    started = asyncio.Event()
+
+    async def hang(request: ModelRequest) -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    cancelled = Agent(FunctionModel(hang), experience=book)
+    before = len(book.lessons())
+    task = asyncio.create_task(cancelled.run("divide two by zero"))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await cancelled.wait_for_learning()
+    assert len(book.lessons()) == before

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["Learner", "Lesson", "LessonBook", "RunRecord", "ToolUse", "model_distiller", "rule_lessons"]
 
 logger = logging.getLogger("thinkloop.experience")
+LESSON_LIMIT = 1000  # characters of a lesson kept: every lesson recalled goes into a system prompt
+TASK_LIMIT = 1000  # characters of a task kept with its lessons and matched at recall
 
 
 # =============================================================================================== records
@@ -245,6 +247,11 @@ class LessonBook:
         if not 0 <= min_relevance <= 1:
             raise ConfigurationError(f"min_relevance must be between 0 and 1, got {min_relevance}")
         self.path = Path(path).expanduser() if path is not None else None
+        if self.path is not None and self.path.is_dir():
+            raise ConfigurationError(
+                f"the lessons file {str(self.path)!r} is a directory: give the path of a file in it, "
+                f"e.g. {str(self.path / 'lessons.jsonl')!r}"
+            )
         self.distill = distill
         self.max_lessons = max_lessons
         self.min_relevance = min_relevance
@@ -255,23 +262,23 @@ class LessonBook:
 
     async def learn(self, record: RunRecord) -> None:
         """Distill the record into lessons and keep the new ones."""
-        texts = [t for t in await self.distill(record) if t.strip()]
+        texts = [_clip_lesson(t) for t in await self.distill(record) if isinstance(t, str) and t.strip()]
         if not texts:
             return
         tools = sorted({u.name for u in record.tools})
         async with self._lock:
-            lessons = self._all()
+            lessons = await self._loaded()
             known = {lesson.text for lesson in lessons}
             new = [
                 Lesson(
-                    text=t.strip(),
-                    task=record.task,
+                    text=t,
+                    task=record.task[:TASK_LIMIT],
                     success=record.success,
                     tools=tools,
                     run_id=record.run_id,
                 )
                 for t in dict.fromkeys(texts)
-                if t.strip() not in known
+                if t not in known
             ]
             if not new:
                 return
@@ -296,8 +303,8 @@ class LessonBook:
 
     async def recall(self, task: str, *, limit: int = 3) -> list[str]:
         """The texts of the lessons most relevant to `task`, best first (at most `limit`)."""
-        lessons = self._all()
-        query = _terms(task)
+        lessons = await self._loaded()
+        query = _terms(str(task)[:TASK_LIMIT])
         if not lessons or not query or limit < 1:
             return []
         documents = [_terms(lesson.task) for lesson in lessons]
@@ -333,17 +340,29 @@ class LessonBook:
             self._lessons = self._load()
         return self._lessons
 
+    async def _loaded(self) -> list[Lesson]:
+        """`_all()`, with the file read in a thread: a big or slow file must not block the event loop
+        (the agent's time limit on recalling cannot stop code that never yields)."""
+        if self._lessons is None:
+            lessons = await asyncio.to_thread(self._load)
+            if self._lessons is None:  # (another call may have loaded them meanwhile)
+                self._lessons = lessons
+        return self._lessons
+
     def _load(self) -> list[Lesson]:
         if self.path is None or not self.path.exists():
             return []
         lessons: list[Lesson] = []
-        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(self.path.read_bytes().splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                lessons.append(Lesson.model_validate_json(line))
-            except ValueError:  # a torn or foreign line loses itself, not the book
+            try:  # a torn, foreign or non-UTF-8 line loses itself, not the book
+                lesson = Lesson.model_validate_json(line.decode("utf-8"))
+            except ValueError:
                 logger.warning("%s line %d is not a lesson; skipped", self.path, number)
+                continue
+            lesson.text, lesson.task = _clip_lesson(lesson.text), lesson.task[:TASK_LIMIT]
+            lessons.append(lesson)
         return lessons[-self.max_lessons :]
 
     def _append(self, lessons: list[Lesson]) -> None:
@@ -373,7 +392,12 @@ class LessonBook:
             raise
 
 
-@functools.lru_cache(maxsize=4096)  # a lesson's task is matched at every recall
+def _clip_lesson(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= LESSON_LIMIT else text[: LESSON_LIMIT - 1] + "…"
+
+
+@functools.lru_cache(maxsize=4096)  # a lesson's task is matched at every recall (tasks are cut: TASK_LIMIT)
 def _terms(text: str) -> Counter[str]:
     """The search terms of a task, without numbers (they are the task's values, not its kind)."""
     return Counter(term for term in tokenize(text) if not term.replace(".", "").isdigit())
