@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkloop import Agent, RiskLevel, RunState, Tool, ToolCall, ToolRegistry, tool
+from thinkloop import Agent, ConfigurationError, RiskLevel, RunState, Tool, ToolCall, ToolRegistry, tool
 from thinkloop._events import PlanCreated, TaskFinished, TaskStarted, ToolResultEvent
 from thinkloop._execute import GateDecision
 from thinkloop.plans import (
+    DEFAULT_MAX_CONCURRENCY,
     Plan,
     PlanError,
     PlanResult,
@@ -920,3 +921,53 @@ async def test_a_resumed_run_does_not_rerun_plan_tasks_that_finished_before_the_
         "[a] send → ok: sent to bob" in observations[1] and "[b] send → ok: sent to carol" in observations[1]
     )
     assert result.output == "sent both"
+
+
+def _counting_tool() -> tuple[Tool, dict[str, int]]:
+    """A tool that records how many of its calls run at once."""
+    seen = {"now": 0, "peak": 0, "calls": 0}
+
+    @tool
+    async def probe(n: int) -> int:
+        """Wait a moment, counting the calls in flight."""
+        seen["now"] += 1
+        seen["calls"] += 1
+        seen["peak"] = max(seen["peak"], seen["now"])
+        await asyncio.sleep(0.01)
+        seen["now"] -= 1
+        return n
+
+    return probe, seen
+
+
+async def test_a_wide_level_runs_at_most_max_concurrency_tasks_at_once() -> None:
+    """A model-written level of many tasks started them all at once (a thousand `shell` tasks, a thousand
+    processes); now at most `max_concurrency` (8 by default) run, the others wait for a slot."""
+    plan = Plan([{"id": f"t{i}", "tool": "probe", "args": {"n": i}} for i in range(30)])
+    probe, seen = _counting_tool()
+    result = await execute_plan(plan, [probe])
+    assert result.ok and seen["calls"] == 30 and seen["peak"] == DEFAULT_MAX_CONCURRENCY == 8
+    probe, seen = _counting_tool()
+    result = await execute_plan(plan, [probe], max_concurrency=3)
+    assert result.ok and seen["peak"] == 3
+    assert [result.results[f"t{i}"].output for i in range(30)] == [str(i) for i in range(30)]
+
+
+async def test_the_plan_tool_passes_its_concurrency_limit_on() -> None:
+    probe, seen = _counting_tool()
+    tasks = [{"id": f"t{i}", "tool": "probe", "args": {"n": i}} for i in range(12)]
+    model = ScriptedModel([{"tool_calls": [{"name": "run_plan", "args": {"tasks": tasks}}]}, "done"])
+    agent = Agent(model, tools=[plan_tool([probe], max_concurrency=2)])
+    result = await agent.run("probe twelve times")
+    assert result.output == "done" and seen["calls"] == 12 and seen["peak"] == 2
+
+
+@pytest.mark.parametrize("limit", [0, -1, 2.5, True])
+async def test_a_concurrency_limit_that_is_not_a_positive_integer_is_refused(limit: Any) -> None:
+    probe, _ = _counting_tool()
+    with pytest.raises(ConfigurationError, match="max_concurrency must be an integer of at least 1"):
+        await execute_plan(
+            Plan([{"id": "a", "tool": "probe", "args": {"n": 1}}]), [probe], max_concurrency=limit
+        )
+    with pytest.raises(ConfigurationError, match="max_concurrency"):
+        plan_tool([probe], max_concurrency=limit)

@@ -95,6 +95,15 @@ MAX_ARGS_DEPTH = 32  # levels of lists and objects in a task's args
 _MAX_LISTED = 20  # ids or problems quoted in one error: a 1,000-task plan gets a message a model can read
 
 
+DEFAULT_MAX_CONCURRENCY = 8
+"""The most tasks of a plan running at once, by default."""
+
+
+def _check_concurrency(limit: int) -> None:
+    if type(limit) is not int or limit < 1:
+        raise ConfigurationError(f"max_concurrency must be an integer of at least 1, got {limit!r}")
+
+
 class PlanError(RunError):
     """A plan that cannot run as written (bad ids, dependencies, references, tools or arguments).
 
@@ -631,6 +640,7 @@ async def execute_plan(
     reuse: Mapping[str, TaskResult] | None = None,
     tool_timeout: float | None = None,
     output_max_length: int | None = None,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
 ) -> PlanResult:
     """Run `plan` level by level, each level's tasks concurrently; stop at the first failure.
 
@@ -644,13 +654,17 @@ async def execute_plan(
             succeeded then is not run again.
         tool_timeout, output_max_length: outside an agent run, the defaults for tools that set none
             (inside one, the agent's settings apply).
+        max_concurrency: the most tasks running at once (a level of a thousand `shell` tasks would
+            otherwise start a thousand processes); the others wait for a free slot.
 
     Raises:
         PlanError: the plan is invalid (nothing ran).
     """
+    _check_concurrency(max_concurrency)
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     levels = plan.check(registry)
     runner = _Runner(registry, emit, reuse or {}, tool_timeout, output_max_length)
+    runner.slots = asyncio.Semaphore(max_concurrency)
     runner.emit(
         PlanCreated(tasks=plan.describe(), levels=[[t.id for t in lv] for lv in levels], attempt=attempt)
     )
@@ -683,6 +697,7 @@ class _Runner:
         self.timeout = timeout
         self.output_max_length = output_max_length
         self.prefix = f"plan_{uuid.uuid4().hex[:8]}"
+        self.slots = asyncio.Semaphore(DEFAULT_MAX_CONCURRENCY)  # tasks running at once
 
     def emit(self, event: Event) -> None:
         if self._emit is not None:
@@ -735,11 +750,12 @@ class _Runner:
             and earlier.arguments == arguments
         ):
             return self._finished(earlier)
-        self.emit(TaskStarted(task_id=task.id, tool=task.tool, arguments=arguments, level=level))
-        if self.run is not None:
-            outcome = await self._through_run(self.run, task, arguments)
-        else:
-            outcome = await self._direct(task, arguments)
+        async with self.slots:
+            self.emit(TaskStarted(task_id=task.id, tool=task.tool, arguments=arguments, level=level))
+            if self.run is not None:
+                outcome = await self._through_run(self.run, task, arguments)
+            else:
+                outcome = await self._direct(task, arguments)
         return self._finished(outcome)
 
     def _finished(self, outcome: TaskResult) -> TaskResult:
@@ -827,6 +843,7 @@ def plan_tool(
     max_attempts: int = 3,
     risk: RiskLevel = RiskLevel.LOW,
     timeout: float = math.inf,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
 ) -> Tool:
     """A tool running a plan the model writes as its argument: `{"tasks": [...]}`.
 
@@ -839,6 +856,7 @@ def plan_tool(
     and the run's time limit still applies. With the agent's per-call timeout, a plan of several levels
     was abandoned as a whole — results so far lost — although every task finished in time.
     """
+    _check_concurrency(max_concurrency)
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     memory: dict[str, tuple[int, dict[str, TaskResult]]] = {}
 
@@ -859,7 +877,9 @@ def plan_tool(
             while len(memory) > _MAX_REMEMBERED_RUNS:
                 del memory[next(iter(memory))]
         plan = parse_plan(arguments)
-        result = await execute_plan(plan, registry, attempt=attempts + 1, reuse=previous)
+        result = await execute_plan(
+            plan, registry, attempt=attempts + 1, reuse=previous, max_concurrency=max_concurrency
+        )
         previous.update((k, r) for k, r in result.results.items() if r.success)
         if not result.ok:
             raise PlanError(
@@ -938,6 +958,7 @@ async def run_plan_and_execute(
     max_repairs: int = 2,
     emit: EmitFn | None = None,
     settings: ModelSettings | None = None,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
 ) -> PlanOutcome:
     """Ask `model` for a plan, run it, repair it on failure (at most `max_repairs` times), then answer.
 
@@ -948,9 +969,10 @@ async def run_plan_and_execute(
     """
     if max_repairs < 0:
         raise ConfigurationError(f"max_repairs must be 0 or more, not {max_repairs}")
+    _check_concurrency(max_concurrency)
     model, registry = _model_and_tools(model, tools)
     try:
-        return await _plan_and_execute(model, registry, goal, max_repairs, emit, settings)
+        return await _plan_and_execute(model, registry, goal, max_repairs, emit, settings, max_concurrency)
     except _ModelFailed as failed:
         return failed.outcome
 
@@ -969,6 +991,7 @@ async def _plan_and_execute(
     max_repairs: int,
     emit: EmitFn | None,
     settings: ModelSettings | None,
+    max_concurrency: int,
 ) -> PlanOutcome:
     usage = Usage()
     messages = [Message.system(_PLANNER_PROMPT + plan_instructions(registry)), Message.user(goal)]
@@ -990,7 +1013,9 @@ async def _plan_and_execute(
         messages.append(Message.assistant(text))
         try:
             plan = parse_plan(text)
-            result = await execute_plan(plan, registry, emit=emit, attempt=attempt, reuse=previous)
+            result = await execute_plan(
+                plan, registry, emit=emit, attempt=attempt, reuse=previous, max_concurrency=max_concurrency
+            )
         except PlanError as exc:
             feedback, result = f"That plan cannot run: {exc}\nReply with a corrected JSON plan.", None
         else:
