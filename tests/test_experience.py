@@ -397,3 +397,25 @@ async def test_a_failed_run_teaches_and_a_cancelled_one_does_not() -> None:
         await task
     await cancelled.wait_for_learning()
     assert len(book.lessons()) == before
+
+
+@pytest.mark.parametrize(
+    ("recalled", "expected"),
+    [
+        ("Use the calculator", []),  # one string: it was 18 one-character lessons
+        (["a", 7, None, "  ", "b", "c", "d"], ["a", "b", "c"]),  # strings only, lessons_limit (3)
+        (["x" * 1_000_000], ["x" * 999 + "…"]),  # a megabyte went into every system prompt
+    ],
+)
+async def test_what_a_learner_recalls_is_checked_before_it_reaches_the_prompt(
+    recalled: Any, expected: list[str]
+) -> None:
+    class Learner:
+        async def learn(self, record: Any) -> None: ...
+
+        async def recall(self, task: str, *, limit: int = 3) -> Any:
+            return recalled
+
+    model = ScriptedModel(["ok"])
+    result = await Agent(model, experience=Learner()).run("go")
+    assert result.state.metadata["lessons"] == expected and len(model.requests[0].messages[0].content) < 3_000

@@ -6,11 +6,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import typing
+import warnings
 from typing import Any
 
 import pytest
 
-from thinkloop import Agent, Budget, ModelRequest, Price, PriceTable, RiskLevel, StopReason, UserError, tool
+from thinkloop import (
+    Agent,
+    Budget,
+    ConfigurationError,
+    ModelRequest,
+    Price,
+    PriceTable,
+    RiskLevel,
+    StopReason,
+    UserError,
+    tool,
+)
 from thinkloop._messages import ToolCall, Usage
 from thinkloop.events import Done, Event, RunResult, event_from_json
 from thinkloop.testing import FunctionModel, ScriptedModel
@@ -219,3 +231,45 @@ def test_every_event_type_round_trips_through_json() -> None:
         event = cls(**required, run_id="r", seq=7)
         assert event_from_json(event.model_dump_json()) == event, cls.__name__
         assert event_from_json(event.model_dump(mode="json")) == event, cls.__name__
+
+
+async def test_an_async_listener_is_refused_with_a_clear_error() -> None:
+    async def sink(event: Event) -> None: ...
+
+    class AsyncSink:
+        async def __call__(self, event: Event) -> None: ...
+
+    for bad in (sink, AsyncSink()):
+        with pytest.raises(
+            ConfigurationError, match="is an async function: listeners are called, not awaited"
+        ):
+            Agent(ScriptedModel(["hi"]), on_event=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="async function"):
+            await Agent(ScriptedModel(["hi"])).run("go", on_event=bad)  # type: ignore[arg-type]
+
+
+async def test_a_listener_returning_an_awaitable_is_dropped_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    got: list[Event] = []
+
+    async def record(event: Event) -> None:
+        got.append(event)
+
+    agent = Agent(ScriptedModel(["hi"]), on_event=lambda event: record(event))  # a lambda hides the async def
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "coroutine ... was never awaited" per event
+        with caplog.at_level(logging.ERROR, logger="thinkloop.events"):
+            result = await agent.run("go")
+    assert result.output == "hi" and got == []
+    assert caplog.text.count("is async: listeners are called, not awaited") == 1
+
+
+async def test_a_lone_surrogate_in_a_streamed_answer_stays_json_safe() -> None:
+    model = ScriptedModel(["the answer \ud83d is here"], stream_chunk=4)
+    events = [event async for event in Agent(model).stream("go")]
+    deltas = [e for e in events if e.type == "answer_delta"]
+    for event in events:
+        event.model_dump_json()  # raised PydanticSerializationError: `thinkloop run --json` lost every later event
+    assert "".join(e.text for e in deltas) == "the answer \ufffd is here"  # type: ignore[attr-defined]
+    assert isinstance(events[-1], Done) and events[-1].result.output == "the answer \ufffd is here"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal
@@ -35,6 +36,18 @@ ModeSetting = Literal["auto", "native", "react"]
 logger = logging.getLogger("thinkloop.agent")
 RECALL_TIMEOUT = 10.0  # seconds a learner may take to recall lessons before a run starts without them
 LEARN_TIMEOUT = 30.0  # seconds a learner may take to learn from a finished run (SPEC §11.1)
+
+
+def _check_sink(sink: EventSink | None) -> EventSink | None:
+    """An `async def` listener would never run (listeners are called, not awaited): refused at once."""
+    if sink is not None and (
+        inspect.iscoroutinefunction(sink) or inspect.iscoroutinefunction(type(sink).__call__)
+    ):
+        raise ConfigurationError(
+            f"on_event={sink!r} is an async function: listeners are called, not awaited, so it would never "
+            "run. Pass a plain function (it may do `queue.put_nowait(event)`), or use `agent.stream()`"
+        )
+    return sink
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,7 +174,7 @@ class Agent:
         if model_retries < 0:
             raise ConfigurationError(f"model_retries must be 0 or more, not {model_retries}")
         self.model_retries = model_retries
-        self.on_event = on_event
+        self.on_event = _check_sink(on_event)
         self.discovery = discovery
         if discovery is not None:
             discovery.check(self.tools.names)
@@ -228,7 +241,7 @@ class Agent:
         the tools that take a `ToolContext` (it is not saved: give it again to `resume()`).
         """
         run = self._new_run(
-            goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[on_event], stream=False
+            goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[_check_sink(on_event)], stream=False
         )
         run.state.session = self._session(session)
         run.deps = deps
@@ -250,7 +263,7 @@ class Agent:
         A run that already ended raises `StateError`.
         """
         state = await load_resumable(self._store_for("resume a run"), check_id(run_id))
-        run = self._context(state, budget=budget, sinks=[on_event], stream=False)
+        run = self._context(state, budget=budget, sinks=[_check_sink(on_event)], stream=False)
         run.deps = deps
         return await self._drive(run, resumed=True)
 
@@ -485,6 +498,14 @@ class Agent:
 
     # ------------------------------------------------------------------------------------ experience
 
+    def _lessons(self, recalled: Any) -> list[str]:
+        """What a learner recalled, as lessons for a prompt: strings only, at most `lessons_limit`, each
+        cut to 1,000 characters (a learner returning one string or a megabyte must not reach the model)."""
+        if isinstance(recalled, str) or not isinstance(recalled, Iterable):
+            raise TypeError(f"recall() must return a list of strings, got {type(recalled).__name__}")
+        lessons = [" ".join(x.split()) for x in recalled if isinstance(x, str) and x.strip()]
+        return [x if len(x) <= 1000 else x[:999] + "…" for x in lessons[: self.lessons_limit]]
+
     async def _use_lessons(self, run: RunContext, *, resumed: bool) -> None:
         """Put the lessons relevant to the goal into the prompt (a resumed run keeps the ones it had)."""
         assert self.experience is not None
@@ -493,7 +514,9 @@ class Agent:
         if not resumed or not isinstance(lessons, list):
             try:
                 async with asyncio.timeout(RECALL_TIMEOUT):
-                    lessons = list(await self.experience.recall(state.goal, limit=self.lessons_limit))
+                    lessons = self._lessons(
+                        await self.experience.recall(state.goal, limit=self.lessons_limit)
+                    )
             except Exception as exc:  # experience is an optimisation: the run goes on without it
                 logger.warning(
                     "recalling lessons failed (%s: %s); running without them", type(exc).__name__, exc

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 import json
 import logging
 import re
@@ -181,9 +182,24 @@ class RunContext:
             self.pending.append(event)
         for sink in self.sinks:
             try:
-                sink(event)
+                returned: Any = sink(event)
             except Exception:  # a listener's bug must not break the run's bookkeeping (SPEC §8.2)
                 self._drop_sink(sink, event)
+            else:
+                if returned is not None and inspect.isawaitable(returned):
+                    self._drop_async_sink(sink, returned)
+
+    def _drop_async_sink(self, sink: EventSink, returned: Any) -> None:
+        """An async listener returns a coroutine nobody awaits: it would never see an event."""
+        if inspect.iscoroutine(returned):
+            returned.close()  # no "coroutine was never awaited" warning per event
+        logger.error(
+            "an event listener (%r) is async: listeners are called, not awaited, so it would never run; "
+            "pass a plain function (e.g. one doing `queue.put_nowait(event)`); it gets no events of run %s",
+            sink, self.state.run_id,
+        )  # fmt: skip
+        self.sinks = [s for s in self.sinks if s is not sink]
+        self.observed = bool(self.sinks) or self.logs_events
 
     def _drop_sink(self, sink: EventSink, event: Event) -> None:
         """Stop calling a listener that raised (logged once, with its traceback); the run goes on."""
@@ -571,6 +587,8 @@ class _AnswerStreamer:
         return bool(self.buffer) and (not self.react or self.sent > 0)
 
     def feed(self, text: str) -> None:
+        if not text.isascii():
+            text = _valid_unicode(text)  # a lone surrogate (half an emoji's JSON escape) fails JSON output
         self.buffer += text
         if self.tool_call_seen:
             return
