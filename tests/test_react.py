@@ -432,3 +432,58 @@ def test_keyword_arguments_written_as_code_are_read_as_arguments() -> None:
     assert step.call == ToolCall(id="c1", name="calculator", arguments={"expression": "2*3"})
     step = parse('calculator(expression="2*3")')  # a ReAct reply that is only the call
     assert step.call == ToolCall(id="c1", name="calculator", arguments={"expression": "2*3"})
+
+
+# ============================================================================ several calls in one
+
+
+REPEATED = (
+    "Thought: I need to find the warehouse with the most free space; warehouse gives this information.\n"
+    'Action: warehouse\nAction Input: {"name": "Anvil", "name": "Bolt", "name": "Crate"}'
+)  # the 1.5B model, benchmarks/local_tasks_b.py: JSON readers kept "Crate" and dropped the others unsaid
+
+
+def test_an_action_input_repeating_a_key_with_other_values_is_an_error_naming_them() -> None:
+    step = parse_react(REPEATED, ["warehouse"], call_id="c1")
+    assert step.error is not None
+    assert '"name"' in step.error and '"Anvil", "Bolt", "Crate"' in step.error
+    assert "Call warehouse once for each value" in step.error
+    unlabelled = parse_react(
+        'Thought: warehouse\nAction Input: {"name": "A", "name": "B"}', ["warehouse"], call_id="c"
+    )
+    assert unlabelled.error is not None and '"A", "B"' in unlabelled.error
+    same = parse('Action: calculator\nAction Input: {"expression": "2+2", "expression": "2+2"}')
+    assert same.error is None and same.call is not None and same.call.arguments == {"expression": "2+2"}
+    nested = parse('Action: search\nAction Input: {"q": {"city": "Oslo"}, "filters": {"city": "Rome"}}')
+    assert nested.error is None  # the same key in two different objects is not repeated
+
+
+def test_repeated_keys_in_calls_written_as_text_still_call_the_tool() -> None:
+    _, calls = text_calls(REPEATED, ["warehouse"], "t1")  # a native reply cannot be healed: JSON's reading
+    assert [(c.name, c.arguments) for c in calls] == [("warehouse", {"name": "Crate"})]
+
+
+async def test_a_reply_asking_for_several_calls_in_one_is_corrected_and_no_call_runs() -> None:
+    from thinkloop import Agent, tool
+    from thinkloop.testing import ScriptedModel
+
+    asked: list[str] = []
+
+    @tool
+    def warehouse(name: str) -> str:
+        """A warehouse's free space."""
+        asked.append(name)
+        return f"{name}: 10 pallets free"
+
+    model = ScriptedModel(
+        [
+            REPEATED,
+            'Thought: one by one.\nAction: warehouse\nAction Input: {"name": "Anvil"}',
+            "Final Answer: Anvil",
+        ],
+        tools=False,
+    )
+    result = await Agent(model, tools=[warehouse]).run("Which warehouse has the most free space?")
+    assert result.output == "Anvil" and asked == ["Anvil"]
+    corrections = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert len(corrections) == 1 and "several values" in corrections[0]

@@ -174,7 +174,9 @@ def _compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class ReactStep:
-    """One parsed ReAct reply: a tool call, a final answer, or an error to heal."""
+    """One parsed ReAct reply: a tool call, a final answer, or an error to heal. An error may come with
+    the `call` as it reads (arguments that repeat a key: the last value kept) for callers that cannot
+    heal; the loop heals the error."""
 
     thought: str = ""
     call: ToolCall | None = None
@@ -293,8 +295,50 @@ def _parse_action(
     name = _clean_name(name_text, tool_names)
     if not name:
         return ReactStep(thought=thought, error="The reply had 'Action:' but no tool name after it.")
+    return _action_step(thought, name, args_text, call_id)
+
+
+def _action_step(thought: str, name: str, args_text: str, call_id: str) -> ReactStep:
+    """The call of `name` with the arguments of `args_text`, or an error when they repeat a key."""
     args, raw = parse_arguments(args_text)
-    return ReactStep(thought=thought, call=ToolCall(id=call_id, name=name, arguments=args, raw_arguments=raw))
+    call = ToolCall(id=call_id, name=name, arguments=args, raw_arguments=raw)
+    repeated = repeated_keys(args_text) if raw is None else {}
+    if repeated:
+        key, values = next(iter(repeated.items()))
+        shown = ", ".join(json.dumps(v, ensure_ascii=False) for v in values)
+        return ReactStep(
+            thought=thought,
+            call=call,
+            error=f"The Action Input gave the argument {json.dumps(key)} several values ({shown}), and a call "
+            f"takes one. Call {name} once for each value, one Action per reply (or, if the argument takes a "
+            "list, write the values as one JSON list).",
+        )
+    return ReactStep(thought=thought, call=call)
+
+
+def repeated_keys(text: str) -> dict[str, list[Any]]:
+    """The keys the first JSON object of `text` gives more than once with different values, each with its
+    values in order (`{"city": "Oslo", "city": "Rome"}`: a small model asking for several calls at once;
+    JSON parsers keep the last value and drop the others without a word)."""
+    body = _first_json_object(_unfence(text))
+    if body is None:
+        return {}
+    repeated: dict[str, list[Any]] = {}
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, list[Any]] = {}
+        for key, value in items:
+            seen.setdefault(key, []).append(value)
+        for key, values in seen.items():
+            if any(v != values[0] for v in values):
+                repeated.setdefault(key, values)
+        return dict(items)
+
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return {}
+    return repeated
 
 
 def _parse_unlabelled_action(
@@ -315,8 +359,7 @@ def _parse_unlabelled_action(
         )
     if thought.strip() == name:
         thought = ""
-    args, raw = parse_arguments(text[action_input.end() :])
-    return ReactStep(thought=thought, call=ToolCall(id=call_id, name=name, arguments=args, raw_arguments=raw))
+    return _action_step(thought, name, text[action_input.end() :], call_id)
 
 
 def _clean_name(name_text: str, tool_names: list[str]) -> str:
