@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import datetime
 import enum
 import functools
 import json
+import re
+import time
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from thinkloop import Agent, ConfigurationError, RiskLevel, Tool, ToolContext, ToolRegistry, tool
-from thinkloop._tools import ToolArgumentsError, render_output, truncate_output
+from thinkloop._tools import ToolArgumentsError, ToolRaisedError, render_output, truncate_output
 from thinkloop.testing import FunctionModel, ScriptedModel
 from thinkloop.tools.calculator import CalculatorError, calculator, evaluate, format_number
 
@@ -434,3 +438,270 @@ def test_callables_without_a_usable_name_or_signature_say_what_to_do() -> None:
 
     with pytest.raises(ConfigurationError, match=r"'kw' takes \*\*options"):
         tool(kw)
+
+
+# ----------------------------------------------------------------------------- audit: adversarial use
+
+
+def _observations(result: Any) -> list[str]:
+    return [m.content for m in result.state.messages if m.role == "tool"]
+
+
+async def _run_once(t: Tool, args: dict[str, Any] | str) -> list[str]:
+    model = ScriptedModel([{"tool_calls": [{"name": t.name, "args": args}]}, "done"])
+    return _observations(await Agent(model, tools=[t]).run("go"))
+
+
+async def test_exceptions_asyncio_misreads_are_failed_calls_of_a_sync_tool() -> None:
+    """StopIteration hung the call until its timeout (it cannot cross into an asyncio future); a
+    TimeoutError read as the call's own timeout; a concurrent CancelledError, GeneratorExit and a
+    KeyboardInterrupt from the worker thread cancelled or ended the whole run."""
+
+    def failing(kind: type[BaseException]) -> Tool:
+        def fails() -> str:
+            raise kind("boom")
+
+        return tool(name=f"fails_{kind.__name__}", timeout=30)(fails)
+
+    kinds = [
+        StopIteration,
+        TimeoutError,
+        concurrent.futures.CancelledError,
+        asyncio.CancelledError,
+        GeneratorExit,
+        KeyboardInterrupt,
+    ]
+    for kind in kinds:
+        t = failing(kind)
+        started = time.perf_counter()
+        observations = await _run_once(t, {})
+        assert observations == [f"Error: {t.name} raised {kind.__name__}: boom"], kind
+        assert time.perf_counter() - started < 5, kind  # StopIteration waited for the 30 s timeout
+
+    @tool
+    def next_item() -> str:
+        """The next item."""
+        return next(iter([]))
+
+    with pytest.raises(ToolRaisedError) as caught:  # what tool.invoke raises, the original as its cause
+        await next_item.invoke({})
+    assert type(caught.value).__name__ == "StopIteration"
+    assert isinstance(caught.value.__cause__, StopIteration)
+
+
+def test_positional_only_parameters_are_passed_by_position() -> None:
+    def power(base: float, exponent: int = 2, /, *, label: str = "") -> str:
+        """Raise a number to a power."""
+        return f"{label}{base**exponent}"
+
+    t = tool(power)
+    assert asyncio.run(t.invoke(t.validate({"base": 3, "exponent": 3}))) == "27.0"
+    assert asyncio.run(t.invoke(t.validate({"base": 3, "label": "x="}))) == "x=9.0"  # the default fills in
+    observations = asyncio.run(_run_once(t, {"base": "2"}))
+    assert observations == ["4.0"]  # was: raised TypeError: some positional-only arguments passed as keyword
+
+
+def test_annotated_constraints_and_descriptions_reach_the_schema_and_validation() -> None:
+    @tool
+    def take(count: Annotated[int, Field(ge=0, le=10, description="how many")]) -> int:
+        """Take some."""
+        return count
+
+    assert take.parameters["properties"]["count"] == {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 10,
+        "description": "how many",
+    }
+    with pytest.raises(ToolArgumentsError, match="count: Input should be greater than or equal to 0"):
+        take.validate({"count": -1})  # was accepted: get_type_hints dropped the Annotated metadata
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        """Book a room.
+
+        Parameters
+        ----------
+        room : str
+            The room's name,
+            as on the door.
+        people : int, optional
+            How many people.
+
+        Returns
+        -------
+        str
+            The booking id.
+        """,
+        """Book a room.
+
+        :param room: The room's name,
+            as on the door.
+        :type room: str
+        :param int people: How many people.
+        :returns: The booking id.
+        :rtype: str
+        """,
+        """Book a room.
+
+        Args:
+            room (str): The room's name,
+                as on the door.
+            people: How many people.
+
+        Keyword Args:
+            ignored: not a parameter.
+
+        Returns:
+            The booking id.
+        """,
+    ],
+    ids=["numpy", "sphinx", "google"],
+)
+def test_numpy_sphinx_and_google_docstrings_document_each_parameter(doc: str) -> None:
+    def book(room: str, people: int = 1) -> str:
+        return f"{room}:{people}"
+
+    book.__doc__ = doc
+    t = tool(book)
+    assert t.description == "Book a room."  # not the whole docstring with its sections
+    properties = t.parameters["properties"]
+    assert properties["room"]["description"] == "The room's name, as on the door."
+    assert properties["people"]["description"] == "How many people."
+
+
+def test_a_description_paragraph_ending_in_a_colon_is_kept() -> None:
+    @tool
+    def convert(path: str) -> str:
+        """Convert a file.
+
+        Supported formats:
+            csv, json
+        """
+        return path
+
+    assert convert.description == "Convert a file.\n\nSupported formats:\n    csv, json"
+
+
+def test_lists_and_objects_sent_as_json_text_are_decoded() -> None:
+    @tool
+    def plot(values: list[int], point: Point, limits: dict[str, float], pair: tuple[int, int]) -> str:
+        """Plot."""
+        return f"{values} {point.x},{point.y} {limits} {pair}"
+
+    args = {"values": "[1, 2]", "point": '{"x": 1, "y": 2}', "limits": ' {"lo": 0} ', "pair": "[3, 4]"}
+    assert plot.validate(args) == {
+        "values": [1, 2],
+        "point": Point(x=1, y=2),
+        "limits": {"lo": 0.0},
+        "pair": (3, 4),
+    }
+    with pytest.raises(ToolArgumentsError, match=r"values\.1: Input should be a valid integer"):
+        plot.validate({**args, "values": '[1, "x"]'})  # decoded, then told what is wrong inside
+    with pytest.raises(ToolArgumentsError, match="values: Input should be a valid list"):
+        plot.validate({**args, "values": "1, 2"})  # not JSON: the original error
+
+
+def test_null_for_a_parameter_with_a_default_takes_the_default() -> None:
+    @tool
+    def search(query: str, limit: int = 10, tags: list[str] | None = None) -> str:
+        """Search."""
+        return query
+
+    assert search.validate({"query": "q", "limit": None, "tags": None}) == {
+        "query": "q",
+        "limit": 10,
+        "tags": None,
+    }
+    with pytest.raises(ToolArgumentsError, match="query: Input should be a valid string"):
+        search.validate({"query": None})  # a required parameter has no default to fall back on
+
+
+def test_parameters_named_like_pydantic_members_are_ordinary_parameters() -> None:
+    def lookup(model_config: str, json: int, _id: int = 0, model_dump: bool = False) -> str:
+        """Look up."""
+        return f"{model_config} {json} {_id} {model_dump}"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # was: 'Field name "json" shadows an attribute' warnings
+        t = tool(lookup)  # `_id` and `model_dump` were ConfigurationErrors
+    assert list(t.parameters["properties"]) == ["model_config", "json", "_id", "model_dump"]
+    assert t.parameters["required"] == ["model_config", "json"]
+    arguments = t.validate({"model_config": "a", "json": "2", "_id": 3})
+    assert arguments == {"model_config": "a", "json": 2, "_id": 3, "model_dump": False}
+    assert asyncio.run(t.invoke(arguments)) == "a 2 3 False"  # model_config was silently dropped
+    with pytest.raises(ToolArgumentsError, match="json: Input should be a valid integer"):
+        t.validate({"model_config": "a", "json": "x"})
+
+
+async def test_a_tool_changing_its_arguments_does_not_rewrite_the_recorded_call() -> None:
+    @tool
+    def grab(items: Any, options: dict[str, Any]) -> str:
+        """Grab."""
+        items.append("changed")
+        options["nested"].append("changed")
+        return "ok"
+
+    sent = {"items": [1], "options": {"nested": [2]}}
+    model = ScriptedModel([{"tool_calls": [{"name": "grab", "args": sent}]}, "done"])
+    result = await Agent(model, tools=[grab]).run("go")
+    (call,) = [c for m in result.state.messages for c in m.tool_calls]
+    assert call.arguments == {"items": [1], "options": {"nested": [2]}}  # what the model sent
+    shared: list[Any] = [1]
+    detached = grab.validate({"items": [shared, shared], "options": {"nested": shared}})
+    assert detached["items"][0] is detached["items"][1] and detached["items"][0] is not shared
+
+
+@pytest.mark.parametrize(
+    ("name", "suggested"),
+    [("db.query", "db_query"), ("add\n", "add"), ("météo", "meteo"), ("a b", "a_b"), ("x" * 65, "x" * 64)],
+)
+def test_names_providers_reject_are_refused_with_a_valid_one_suggested(name: str, suggested: str) -> None:
+    with pytest.raises(ConfigurationError, match="invalid tool name") as caught:
+        Tool(name, "d", None, str)  # '.' and a trailing newline were accepted (OpenAI refuses them)
+    assert f"use {suggested!r}" in str(caught.value)
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    __repr__ = __str__
+
+
+async def test_a_result_that_cannot_be_shown_is_described_not_reported_as_raised() -> None:
+    @tool
+    def odd() -> Any:
+        """Odd."""
+        return {"x": _Unprintable()}
+
+    @tool
+    def huge() -> int:
+        """Huge."""
+        return 7 * 10**5000
+
+    assert await _run_once(odd, {}) == [
+        "(the tool returned a dict that cannot be shown as text: RuntimeError: no str)"
+    ]  # was: "Error: odd raised RuntimeError: no str" — the tool had not raised
+    assert render_output(_Unprintable()).startswith("(the tool returned a _Unprintable that cannot")
+    assert await _run_once(huge, {}) == ["7.000000000000000e+5000 (an integer of 5,001 digits)"]
+    assert render_output(-(10**5000)) == "-1.000000000000000e+5000 (an integer of 5,001 digits)"
+
+
+def test_binary_bytes_are_described_not_shown() -> None:
+    data = bytes(range(256)) * 64
+    assert render_output(data) == (
+        "(16,384 bytes of binary data, not shown; they begin 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f)"
+    )
+    assert render_output(memoryview(b"text \xff")) == "text \ufffd"  # text with a bad byte is still text
+
+
+def test_truncation_says_exactly_how_many_characters_are_missing() -> None:
+    for length, limit in [(10_001, 10_000), (1_000_000, 10_000), (1_000, 60)]:
+        text = "x" * length
+        out, truncated = truncate_output(text, limit)
+        said = int(re.search(r"\[(\d+) characters truncated of (\d+)\]", out).group(1))  # type: ignore[union-attr]
+        assert truncated and len(out) == limit
+        assert out.count("x") + said == length  # was "1 characters truncated" when 41 were

@@ -7,21 +7,25 @@ the description and per-parameter docs from the docstring. `Tool(...)` builds on
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import dataclasses
+import decimal
 import functools
 import inspect
 import json
 import queue
 import re
 import threading
+import unicodedata
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
 from typing import Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic.json_schema import PydanticJsonSchemaWarning
 
 from ._errors import ConfigurationError
 from ._messages import ToolDefinition
@@ -29,7 +33,28 @@ from ._risk import RiskLevel
 
 RiskSpec = RiskLevel | Callable[[dict[str, Any]], RiskLevel]
 T = TypeVar("T")
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")  # what every model API accepts (OpenAI rejects '.')
+
+
+def _bad_name_message(name: object) -> str:
+    text = name if isinstance(name, str) else ""
+    ascii_name = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    suggestion = re.sub(r"[^A-Za-z0-9_-]+", "_", ascii_name).strip("_-")[:64]
+    if suggestion and suggestion[0].isdigit():
+        suggestion = f"_{suggestion}"[:64]
+    instead = f"use {suggestion!r}" if suggestion else "e.g. 'search_orders'"
+    return (
+        f"invalid tool name {name!r}: model APIs accept only 1-64 ASCII letters, digits, '_' and '-', "
+        f"not starting with a digit (no spaces, dots or other characters); {instead} (tool(name=...))"
+    )
+
+
+def _safe_str(value: object) -> str:
+    """`str(value)`, or a description when its `__str__` fails (an untrusted object must not raise here)."""
+    try:
+        return str(value)
+    except Exception as exc:
+        return f"<{type(value).__name__} object; str() raised {type(exc).__name__}>"
 
 
 class ToolArgumentsError(ValueError):
@@ -60,7 +85,8 @@ class Tool:
     """A tool an agent can call.
 
     Args:
-        name: what the model calls it (letters, digits, `_`, `-`, `.`; at most 64 characters).
+        name: what the model calls it (letters, digits, `_`, `-`; at most 64 characters, not starting
+            with a digit: what every provider accepts).
         description: what it does, for the model.
         parameters: JSON Schema of its arguments (an object schema).
         function: sync or async callable receiving the validated arguments as keyword arguments.
@@ -91,10 +117,8 @@ class Tool:
         in_thread: bool = True,
         context_param: str | None = None,
     ) -> None:
-        if not _NAME_RE.match(name):
-            raise ConfigurationError(
-                f"invalid tool name {name!r}: use 1-64 letters, digits, '_', '-' or '.', not starting with a digit"
-            )
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            raise ConfigurationError(_bad_name_message(name))
         self.name = name
         self.description = description.strip()
         self.parameters: dict[str, Any] = dict(parameters or {"type": "object", "properties": {}})
@@ -104,12 +128,14 @@ class Tool:
         self.idempotent = idempotent
         self.output_max_length = output_max_length
         self.validator = validator
+        self._renamed = _renamed_fields(validator)  # field -> parameter, for parameters pydantic reserves
         self.in_thread = in_thread
         self.context_param = context_param  # the parameter that receives the `ToolContext`, if any
         self._is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
             getattr(function, "__call__", None)  # noqa: B004  # a callable object with an async __call__
         )
         self._collects = inspect.isasyncgenfunction(function)  # an async generator: its items are the output
+        self._positional = _positional_only(function)  # passed by position: `def f(a, /)` takes no a=
         self.definition = ToolDefinition(name=name, description=self.description, parameters=self.parameters)
 
     def __repr__(self) -> str:
@@ -117,12 +143,12 @@ class Tool:
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Return the validated (and coerced) arguments, or raise `ToolArgumentsError`."""
+        arguments = _detached(arguments)
         if self.validator is not None:
-            try:
-                model = self.validator.__pydantic_validator__.validate_python(arguments)
-            except ValidationError as exc:
-                raise ToolArgumentsError(_explain(exc)) from None
-            return dict(model.__dict__)  # the validated fields, by name (extras and private attributes aside)
+            values = dict(_validated(self.validator, arguments).__dict__)  # by name (extras aside)
+            if self._renamed:
+                return {self._renamed.get(key, key): value for key, value in values.items()}
+            return values
         _check_against_schema(arguments, self.parameters)
         return arguments
 
@@ -138,20 +164,23 @@ class Tool:
     def invoke(self, arguments: dict[str, Any]) -> Awaitable[Any]:
         """Call the function with validated arguments (await the result). Sync functions run in a worker
         thread unless `in_thread=False`; an awaitable a sync function returns is awaited too."""
+        function = self.function
+        if self._positional:
+            function, arguments = _by_position(function, self._positional, arguments)
         if self._is_async:
-            return self.function(**arguments)  # type: ignore[no-any-return]  # its coroutine, not started
+            return function(**arguments)  # type: ignore[no-any-return]  # its coroutine, not started
         if self._collects:
-            return _collect(self.function(**arguments))
-        return self._invoke_sync(arguments)
+            return _collect(function(**arguments))
+        return self._invoke_sync(function, arguments)
 
-    async def _invoke_sync(self, arguments: dict[str, Any]) -> Any:
+    async def _invoke_sync(self, function: Callable[..., Any], arguments: dict[str, Any]) -> Any:
         if self.in_thread:
             call = functools.partial(
-                contextvars.copy_context().run, _call_and_drain, self.function, arguments
+                contextvars.copy_context().run, _call_and_drain, function, arguments, True
             )
             result = await asyncio.get_running_loop().run_in_executor(tool_threads(), call)
         else:
-            result = _call_and_drain(self.function, arguments)
+            result = _call_and_drain(function, arguments, False)
         if inspect.isawaitable(result):
             result = await result
         if inspect.isasyncgen(result):
@@ -159,10 +188,160 @@ class Tool:
         return result
 
 
-def _call_and_drain(function: Callable[..., Any], arguments: dict[str, Any]) -> Any:
-    """Call a sync tool function; a generator it returns is run to its end (its items are the output)."""
-    result = function(**arguments)
-    return list(result) if inspect.isgenerator(result) else result
+def _call_and_drain(function: Callable[..., Any], arguments: dict[str, Any], in_thread: bool) -> Any:
+    """Call a sync tool function; a generator it returns is run to its end (its items are the output).
+
+    An exception the event loop would misread is raised as a stand-in of the same name (see
+    `ToolRaisedError`). A `KeyboardInterrupt` on the event loop's thread may be the user's Ctrl-C and
+    passes through; in a worker thread (no signal reaches one) it is the tool's own.
+    """
+    try:
+        result = function(**arguments)
+        return list(result) if inspect.isgenerator(result) else result
+    except KeyboardInterrupt as exc:
+        if not in_thread:
+            raise
+        raise _stand_in(exc) from exc
+    except _MISREAD as exc:
+        raise _stand_in(exc) from exc
+
+
+class ToolRaisedError(RuntimeError):
+    """A stand-in for an exception a sync tool raised that asyncio would misread, named like it.
+
+    `StopIteration` cannot cross into a future (the call never ended), `TimeoutError` read as the call's
+    own time limit, and a cancellation error, `GeneratorExit` or (from a worker thread)
+    `KeyboardInterrupt` cancelled or ended the whole run. The stand-in is an ordinary failure of the
+    call — its class is named like the original (`raised StopIteration: ...`), which is its `__cause__`.
+    """
+
+
+_MISREAD = (
+    StopIteration,
+    TimeoutError,
+    concurrent.futures.CancelledError,
+    asyncio.CancelledError,
+    GeneratorExit,
+)
+
+
+def _stand_in(exc: BaseException) -> ToolRaisedError:
+    kind = type(exc)
+    stand_in = _STAND_INS.get(kind)
+    if stand_in is None:
+        names = {"__module__": __name__, "__qualname__": kind.__name__}
+        stand_in = _STAND_INS.setdefault(kind, type(kind.__name__, (ToolRaisedError,), names))
+    return stand_in(_safe_str(exc))
+
+
+_STAND_INS: dict[type[BaseException], type[ToolRaisedError]] = {}
+
+
+def _validated(validator: type[BaseModel], arguments: dict[str, Any]) -> BaseModel:
+    """Validate; on failure, once more with what small models get wrong put right (see `_repaired`)."""
+    check = validator.__pydantic_validator__.validate_python
+    try:
+        return check(arguments)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        repaired = _repaired(validator, arguments, exc)
+        if repaired is None:
+            raise ToolArgumentsError(_explain(exc)) from None
+    try:
+        return check(repaired)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        raise ToolArgumentsError(_explain(exc)) from None
+
+
+_STRUCTURED = frozenset(
+    {"list_type", "tuple_type", "set_type", "frozen_set_type", "dict_type", "iterable_type",
+     "model_type", "model_attributes_type", "dataclass_type", "dataclass_args_type"}
+)  # fmt: skip
+
+
+def _repaired(
+    validator: type[BaseModel], arguments: dict[str, Any], exc: ValidationError
+) -> dict[str, Any] | None:
+    """The arguments with two slips of small models put right, where the intent is plain: a list or an
+    object sent as JSON text (`"[1, 2]"` for a `list[int]`) is decoded, and null for a parameter that
+    has a default is dropped (the default applies). None when neither happened."""
+    optional = {f.alias or n for n, f in validator.model_fields.items() if not f.is_required()}
+    fixed = dict(arguments)
+    for error in exc.errors(include_url=False):
+        key = error["loc"][0] if error["loc"] else None
+        if not isinstance(key, str) or key not in fixed:
+            continue
+        value = fixed[key]
+        if value is None and key in optional:
+            del fixed[key]
+        elif isinstance(value, str) and error["type"] in _STRUCTURED:
+            decoded = _json_container(value)
+            if decoded is not None:
+                fixed[key] = decoded
+    return fixed if fixed != arguments else None
+
+
+def _json_container(text: str) -> list[Any] | dict[str, Any] | None:
+    text = text.strip()
+    if not text.startswith(("[", "{")):
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, list | dict) else None
+
+
+def _detached(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments with the lists and dicts inside them copied, so a tool that changes its arguments
+    does not rewrite the call the run recorded (the model's message, events, the saved state). Iterative:
+    arguments nest as deep as JSON allows; a list or dict met twice is copied once."""
+    if not any(type(v) is list or type(v) is dict for v in arguments.values()):
+        return arguments
+    copies: dict[int, Any] = {}
+    top = dict(arguments)
+    stack: list[Any] = [top]
+    while stack:
+        node = stack.pop()
+        for key in range(len(node)) if type(node) is list else list(node):
+            value = node[key]
+            if type(value) is list or type(value) is dict:
+                if id(value) not in copies:
+                    copies[id(value)] = value.copy()
+                    stack.append(copies[id(value)])
+                node[key] = copies[id(value)]
+    return top
+
+
+def _renamed_fields(validator: type[BaseModel] | None) -> dict[str, str]:
+    if validator is None:
+        return {}
+    fields = validator.model_fields
+    return {n: f.alias for n, f in fields.items() if n.startswith(_RENAMED) and f.alias is not None}
+
+
+def _positional_only(function: Callable[..., Any]) -> tuple[tuple[str, Any], ...]:
+    """The positional-only parameters of `function` with their defaults (none when it has no signature)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple((p.name, p.default) for p in parameters if p.kind is p.POSITIONAL_ONLY)
+
+
+def _by_position(
+    function: Callable[..., Any], positional: tuple[tuple[str, Any], ...], arguments: dict[str, Any]
+) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """`function` with its positional-only arguments bound in order (a default fills a gap), and the rest."""
+    rest = dict(arguments)
+    values = []
+    for name, default in positional:
+        if name in rest:
+            values.append(rest.pop(name))
+        elif default is not inspect.Parameter.empty:
+            values.append(default)
+        else:
+            break  # missing: the call raises TypeError naming it
+    return functools.partial(function, *values), rest
 
 
 async def _collect(items: Any) -> list[Any]:
@@ -373,11 +552,11 @@ def _validator_for(
 ) -> type[BaseModel]:
     label = label or _function_name(fn)
     try:
-        hints = get_type_hints(_hinted(fn))
+        hints = get_type_hints(_hinted(fn), include_extras=True)  # keeps Annotated[int, Field(ge=0)]
     except Exception as exc:
         raise ConfigurationError(f"cannot read the type hints of tool function {label!r}: {exc}") from exc
     fields: dict[str, Any] = {}
-    for param in inspect.signature(fn).parameters.values():
+    for index, param in enumerate(inspect.signature(fn).parameters.values()):
         if param.name == skip:
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -385,9 +564,13 @@ def _validator_for(
             raise ConfigurationError(
                 f"tool function {label!r} takes {stars}{param.name}: tools need named parameters only"
             )
-        annotation = hints.get(param.name, Any)
-        default = ... if param.default is param.empty else param.default
-        fields[param.name] = (annotation, FieldInfo(default=default, description=docs.get(param.name)))
+        options: dict[str, Any] = {"default": ... if param.default is param.empty else param.default}
+        if param.name in docs:  # unset otherwise: an Annotated[..., Field(description=...)] stays
+            options["description"] = docs[param.name]
+        field_name = param.name
+        if _reserved(param.name):  # `json`, `model_config`, `_id`: a pydantic name, the model's key
+            field_name, options["alias"] = f"{_RENAMED}{index}", param.name
+        fields[field_name] = (hints.get(param.name, Any), Field(**options))
     config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
     try:
         return create_model(f"{label}_arguments", __config__=config, **fields)
@@ -395,8 +578,22 @@ def _validator_for(
         raise ConfigurationError(f"cannot build a schema for tool function {label!r}: {exc}") from exc
 
 
+_RENAMED = "thinkloop_param_"  # the field of a parameter whose name pydantic reserves (its alias is the name)
+
+
+def _reserved(name: str) -> bool:
+    """Whether a parameter's name cannot be a pydantic field's (private, `model_*`, a BaseModel member)."""
+    return name.startswith(("_", "model_")) or hasattr(BaseModel, name)
+
+
 def _schema_of(validator: type[BaseModel]) -> dict[str, Any]:
-    schema = validator.model_json_schema()
+    try:
+        with warnings.catch_warnings():  # a default that is not JSON (an object) is left out, silently
+            warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
+            schema = validator.model_json_schema()
+    except Exception as exc:
+        name = validator.__name__.removesuffix("_arguments")
+        raise ConfigurationError(f"cannot build a JSON schema for tool {name!r}: {exc}") from exc
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)
@@ -406,26 +603,51 @@ def _schema_of(validator: type[BaseModel]) -> dict[str, Any]:
 
 _SECTION_RE = re.compile(r"^(Args|Arguments|Parameters|Params):\s*$", re.IGNORECASE)
 _PARAM_RE = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
-_OTHER_SECTION_RE = re.compile(r"^(Returns?|Raises|Yields|Examples?|Notes?):\s*$", re.IGNORECASE)
+_OTHER_SECTION_RE = re.compile(
+    r"^(Returns?|Raises|Yields?|Examples?|Notes?|Warnings?|Warns|See Also|References|Todo|Attributes"
+    r"|Methods|Keyword Arg(ument)?s|Other Parameters):\s*$",
+    re.IGNORECASE,
+)
+_RULE_RE = re.compile(r"^\s*-{3,}\s*$")  # the line under a NumPy-style section header
+_NUMPY_PARAM_SECTIONS = {"parameters", "params", "arguments", "args", "other parameters", "keyword arguments"}
+_NUMPY_PARAM_RE = re.compile(r"^(\*{0,2}\w+(?:\s*,\s*\*{0,2}\w+)*)\s*(?::.*)?$")
+_SPHINX_PARAM_RE = re.compile(
+    r"^\s*:(?:param|parameter|arg|argument|key|keyword)\s+(?:[^:]*\s)?(\*{0,2}\w+)\s*:\s*(.*)$"
+)
+_SPHINX_FIELD_RE = re.compile(r"^\s*:\w+[^:]*:")
 
 
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """Split a Google-style docstring into its description and per-parameter docs."""
+    """Split a docstring into its description (what precedes the first section) and per-parameter docs,
+    from a Google (`Args:`), NumPy (`Parameters` over `----------`) or Sphinx (`:param x:`) style."""
     lines = doc.splitlines()
-    summary: list[str] = []
+    end = next((i for i in range(len(lines)) if _starts_section(lines, i)), len(lines))
+    params = {**_sphinx_params(lines), **_numpy_params(lines), **_google_params(lines)}
+    return "\n".join(lines[:end]).strip(), {name: text for name, text in params.items() if text}
+
+
+def _starts_section(lines: list[str], i: int) -> bool:
+    line = lines[i].strip()
+    return bool(
+        _SECTION_RE.match(line) or _OTHER_SECTION_RE.match(line) or _SPHINX_FIELD_RE.match(line)
+    ) or _numpy_header(lines, i)
+
+
+def _numpy_header(lines: list[str], i: int) -> bool:
+    return bool(lines[i].strip()) and i + 1 < len(lines) and bool(_RULE_RE.match(lines[i + 1]))
+
+
+def _google_params(lines: list[str]) -> dict[str, str]:
     params: dict[str, str] = {}
-    section = "summary"
-    current: str | None = None
+    in_args, current = False, None
     for line in lines:
         if _SECTION_RE.match(line.strip()):
-            section, current = "args", None
-        elif _OTHER_SECTION_RE.match(line.strip()):
-            section = "other"
-        elif section == "summary":
-            summary.append(line)
-        elif section == "args":
+            in_args, current = True, None
+        elif _OTHER_SECTION_RE.match(line.strip()) or _RULE_RE.match(line):
+            in_args = False
+        elif in_args:
             current = _add_param_line(line, params, current)
-    return "\n".join(summary).strip(), params
+    return params
 
 
 def _add_param_line(line: str, params: dict[str, str], current: str | None) -> str | None:
@@ -437,6 +659,42 @@ def _add_param_line(line: str, params: dict[str, str], current: str | None) -> s
     elif current is not None and line.strip():
         params[current] = f"{params[current]} {line.strip()}".strip()
     return current
+
+
+def _numpy_params(lines: list[str]) -> dict[str, str]:
+    """`name : type` at the margin, its description indented below, under `Parameters` / `----------`."""
+    params: dict[str, str] = {}
+    in_params = False
+    current: list[str] = []
+    for i, line in enumerate(lines):
+        if _numpy_header(lines, i):
+            in_params, current = line.strip().lower() in _NUMPY_PARAM_SECTIONS, []
+        elif not in_params or _RULE_RE.match(line) or not line.strip():
+            continue
+        elif not line[0].isspace():
+            match = _NUMPY_PARAM_RE.match(line.strip())
+            current = [n.strip().lstrip("*") for n in match.group(1).split(",")] if match else []
+            params.update(dict.fromkeys(current, ""))
+        else:
+            for name in current:
+                params[name] = f"{params[name]} {line.strip()}".strip()
+    return params
+
+
+def _sphinx_params(lines: list[str]) -> dict[str, str]:
+    """`:param name: text` (also `:param int name:`, `:arg`, `:keyword`), continued on indented lines."""
+    params: dict[str, str] = {}
+    current = None
+    for line in lines:
+        match = _SPHINX_PARAM_RE.match(line)
+        if match:
+            current = match.group(1).lstrip("*")
+            params[current] = match.group(2).strip()
+        elif _SPHINX_FIELD_RE.match(line) or (line.strip() and not line[0].isspace()):
+            current = None
+        elif current is not None and line.strip():
+            params[current] = f"{params[current]} {line.strip()}".strip()
+    return params
 
 
 # ------------------------------------------------------------------------------------------ registry
@@ -524,16 +782,28 @@ def as_tool(item: Tool | Callable[..., Any]) -> Tool:
 
 def render_output(value: Any) -> str:
     """Turn what a tool returned into observation text: text as it is; bytes decoded (invalid UTF-8
-    replaced); the items of a generator tool one per line when they are text; anything else as JSON, with
-    pydantic models, dataclasses, enums, dates, sets … inside it serialised as pydantic would."""
+    replaced; binary data — a NUL in its first 8 KiB — described, not shown); the items of a generator
+    tool one per line when they are text; anything else as JSON, with pydantic models, dataclasses,
+    enums, dates, sets … inside it serialised as pydantic would. Never raises: a value that cannot be
+    shown (its `__str__` raises, an integer too long to print) is described instead."""
+    try:
+        return _render(value)
+    except Exception as exc:
+        return (
+            f"(the tool returned a {type(value).__name__} that cannot be shown as text: "
+            f"{type(exc).__name__}: {_safe_str(exc)[:300]})"
+        )
+
+
+def _render(value: Any) -> str:
     if isinstance(value, str):
         return value
     if type(value) is int:
-        return str(value)
+        return _int_text(value)
     if value is None:
         return "(no output)"
     if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).decode("utf-8", errors="replace")
+        return _bytes_text(bytes(value))
     if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
         return "\n".join(value)
     if isinstance(value, BaseModel) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
@@ -544,16 +814,36 @@ def render_output(value: Any) -> str:
         return str(value)
 
 
+def _int_text(value: int) -> str:
+    """The digits; over Python's 4,300-digit limit for printing, the value rounded, with its length."""
+    try:
+        return str(value)
+    except ValueError:
+        exact = decimal.Decimal(
+            value
+        )  # not limited like str(); .adjusted() is the leading digit's power of 10
+        return f"{exact:.15e} (an integer of {exact.adjusted() + 1:,} digits)"
+
+
+def _bytes_text(data: bytes) -> str:
+    if b"\x00" in data[:8192]:
+        return f"({len(data):,} bytes of binary data, not shown; they begin {data[:16].hex(' ')})"
+    return data.decode("utf-8", errors="replace")
+
+
 def _jsonable(value: Any) -> Any:
     return pydantic_core.to_jsonable_python(value, fallback=str)
 
 
 def truncate_output(text: str, limit: int) -> tuple[str, bool]:
-    """Keep the head and tail of `text` within `limit` characters, saying how much was cut."""
+    """Keep the head and tail of `text` within `limit` characters, saying how many were cut (the count
+    is what is missing, the marker's own length included)."""
     if len(text) <= limit:
         return text, False
-    cut = len(text) - limit
-    marker = f"\n… [{cut} characters truncated of {len(text)}] …\n"
+    marker = ""
+    for _ in range(3):  # the count's digits change the marker's length: settle it
+        keep = max(limit - len(marker), 0)
+        marker = f"\n… [{len(text) - keep} characters truncated of {len(text)}] …\n"
     keep = max(limit - len(marker), 0)
     head = keep * 2 // 3
     tail = keep - head
