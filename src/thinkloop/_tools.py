@@ -291,12 +291,18 @@ def _json_container(text: str) -> list[Any] | dict[str, Any] | None:
     return value if isinstance(value, list | dict) else None
 
 
+_CONTAINERS = frozenset({list, dict})
+
+
 def _detached(arguments: dict[str, Any]) -> dict[str, Any]:
     """The arguments with the lists and dicts inside them copied, so a tool that changes its arguments
     does not rewrite the call the run recorded (the model's message, events, the saved state). Iterative:
     arguments nest as deep as JSON allows; a list or dict met twice is copied once."""
-    if not any(type(v) is list or type(v) is dict for v in arguments.values()):
-        return arguments
+    for value in arguments.values():
+        if type(value) in _CONTAINERS:
+            break
+    else:
+        return arguments  # only scalars (most calls): nothing to copy
     copies: dict[int, Any] = {}
     top = dict(arguments)
     stack: list[Any] = [top]
