@@ -705,3 +705,48 @@ def test_truncation_says_exactly_how_many_characters_are_missing() -> None:
         said = int(re.search(r"\[(\d+) characters truncated of (\d+)\]", out).group(1))  # type: ignore[union-attr]
         assert truncated and len(out) == limit
         assert out.count("x") + said == length  # was "1 characters truncated" when 41 were
+
+
+@tool
+async def impatient() -> str:
+    """Waits for something with its own short time limit."""
+    await asyncio.wait_for(asyncio.sleep(5), 0.01)
+    return "never"
+
+
+@tool
+async def abandons() -> str:
+    """Awaits a helper task that it cancels itself."""
+    helper = asyncio.ensure_future(asyncio.sleep(5))
+    asyncio.get_running_loop().call_later(0.01, helper.cancel)
+    await helper
+    return "never"
+
+
+@tool(timeout=0.05)
+async def slowpoke() -> str:
+    """Takes longer than its time limit."""
+    await asyncio.sleep(5)
+    return "never"
+
+
+async def test_an_async_tool_raising_timeout_or_cancelled_itself_is_a_failed_call_not_a_timeout() -> None:
+    """A tool's own `asyncio.wait_for` timing out was reported as the call's 120 s timeout after 0.01 s,
+    and a tool awaiting a task it cancelled ended the whole run as cancelled; a real time limit and a real
+    cancellation still are what they were."""
+    calls = [{"name": n, "args": {}} for n in ("impatient", "abandons", "slowpoke")]
+    model = ScriptedModel([{"tool_calls": calls}, "done"])
+    result = await Agent(model, tools=[impatient, abandons, slowpoke]).run("go")
+    assert result.output == "done"
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs[0].startswith("Error: impatient raised TimeoutError")
+    assert outputs[1].startswith("Error: abandons raised CancelledError")
+    assert outputs[2] == "Error: slowpoke was abandoned: it timed out after 0.05 s."
+
+    task = asyncio.ensure_future(
+        Agent(ScriptedModel([{"tool_calls": calls[2:]}, "done"]), tools=[slowpoke]).run("go")
+    )
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

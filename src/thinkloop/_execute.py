@@ -207,14 +207,16 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
             arguments = {**arguments, tool.context_param: _tool_context(run, call)}
         value = await _invoke(run, tool.invoke(arguments), timeout)
         text, success, kind = _valid_text(render_output(value)), True, None
-    except TimeoutError:
+    except DeadlineExceeded:  # not a TimeoutError the tool raised itself (`asyncio.wait_for` inside it)
         by_run = _run_out_of_time(run)
         why = "the run's time limit was reached" if by_run else f"it timed out after {timeout:g} s"
         text, success, kind = f"Error: {tool.name} was abandoned: {why}.", False, "timeout"
-    except asyncio.CancelledError:
-        raise
-    except (Exception, SystemExit) as exc:  # a tool calling sys.exit() does not end the agent's process
-        text, success, kind = f"Error: {tool.name} raised {type(exc).__name__}: {exc}", False, "exception"
+    except asyncio.CancelledError as exc:
+        if _cancelled_from_outside():
+            raise
+        text, success, kind = _raised(tool, exc)  # the tool's own (an inner task it awaited was cancelled)
+    except (Exception, SystemExit, GeneratorExit) as exc:  # sys.exit() in a tool does not end the process
+        text, success, kind = _raised(tool, exc)
     duration = time.perf_counter() - started
     limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
     text, truncated = truncate_output(text, limit)
@@ -283,6 +285,22 @@ def _run_out_of_time(run: RunContext) -> bool:
     return run_deadline is not None and run_deadline <= time.monotonic() + _TIMER_SLACK
 
 
+def _raised(tool: Tool, exc: BaseException) -> tuple[str, bool, ErrorKind]:
+    return f"Error: {tool.name} raised {type(exc).__name__}: {exc}", False, "exception"
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether a CancelledError is the run being cancelled (its task was asked to stop), not one a tool
+    raised by itself (after awaiting a task that was cancelled)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+class DeadlineExceeded(TimeoutError):
+    """An await cut at its deadline by `Deadlines` — not a `TimeoutError` the awaited code raised itself
+    (`asyncio.wait_for` inside a tool), which is that call's failure, not its timeout."""
+
+
 class Deadlines:
     """Time limits for the awaits of one run, kept with a single timer.
 
@@ -315,7 +333,7 @@ class Deadlines:
             result = await awaitable
         except asyncio.CancelledError:
             if entry[2] and task.uncancel() <= cancelling:
-                raise TimeoutError from None
+                raise DeadlineExceeded from None
             raise
         else:
             if entry[2]:  # it ended just as its deadline passed: withdraw our cancellation request

@@ -792,6 +792,11 @@ def render_output(value: Any) -> str:
     tool one per line when they are text; anything else as JSON, with pydantic models, dataclasses,
     enums, dates, sets … inside it serialised as pydantic would. Never raises: a value that cannot be
     shown (its `__str__` raises, an integer too long to print) is described instead."""
+    kind = type(value)
+    if kind is str:  # the common results first, without the layers below
+        return value  # type: ignore[no-any-return]
+    if kind is int and value.bit_length() < 14_000:  # fewer digits than Python's 4,300-digit print limit
+        return str(value)
     try:
         return _render(value)
     except Exception as exc:
