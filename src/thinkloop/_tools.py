@@ -143,9 +143,17 @@ class Tool:
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Return the validated (and coerced) arguments, or raise `ToolArgumentsError`."""
-        arguments = _detached(arguments)
-        if self.validator is not None:
-            values = dict(_validated(self.validator, arguments).__dict__)  # by name (extras aside)
+        for value in arguments.values():
+            if type(value) in _CONTAINERS:
+                arguments = _detached(arguments)
+                break  # (only scalars, most calls: nothing to copy)
+        validator = self.validator
+        if validator is not None:
+            try:
+                model = validator.__pydantic_validator__.validate_python(arguments)
+            except ValidationError as exc:
+                model = _revalidated(validator, arguments, exc)
+            values: dict[str, Any] = dict(model.__dict__)  # the validated fields, by name (extras aside)
             if self._renamed:
                 return {self._renamed.get(key, key): value for key, value in values.items()}
             return values
@@ -237,19 +245,16 @@ def _stand_in(exc: BaseException) -> ToolRaisedError:
 _STAND_INS: dict[type[BaseException], type[ToolRaisedError]] = {}
 
 
-def _validated(validator: type[BaseModel], arguments: dict[str, Any]) -> BaseModel:
-    """Validate; on failure, once more with what small models get wrong put right (see `_repaired`)."""
-    check = validator.__pydantic_validator__.validate_python
-    try:
-        return check(arguments)  # type: ignore[no-any-return]
-    except ValidationError as exc:
-        repaired = _repaired(validator, arguments, exc)
-        if repaired is None:
-            raise ToolArgumentsError(_explain(exc)) from None
-    try:
-        return check(repaired)  # type: ignore[no-any-return]
-    except ValidationError as exc:
+def _revalidated(validator: type[BaseModel], arguments: dict[str, Any], exc: ValidationError) -> BaseModel:
+    """After a failed validation: once more with what small models get wrong put right (see `_repaired`),
+    else `ToolArgumentsError` explaining the first failure."""
+    repaired = _repaired(validator, arguments, exc)
+    if repaired is None:
         raise ToolArgumentsError(_explain(exc)) from None
+    try:
+        return validator.__pydantic_validator__.validate_python(repaired)  # type: ignore[no-any-return]
+    except ValidationError as again:
+        raise ToolArgumentsError(_explain(again)) from None
 
 
 _STRUCTURED = frozenset(
