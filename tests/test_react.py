@@ -487,3 +487,47 @@ async def test_a_reply_asking_for_several_calls_in_one_is_corrected_and_no_call_
     assert result.output == "Anvil" and asked == ["Anvil"]
     corrections = [m.content for m in result.state.messages if m.kind == "correction"]
     assert len(corrections) == 1 and "several values" in corrections[0]
+
+
+# ============================================================================ JSON results, readable
+
+
+def test_json_results_are_shown_with_their_characters_not_their_escapes() -> None:
+    from thinkloop._react import readable_json
+
+    profile = '{"username": "mkovac", "name": "Marta Kova\\u010d", "mood": "\\ud83d\\ude00"}'  # json.dumps'
+    assert readable_json(profile) == '{"username": "mkovac", "name": "Marta Kovač", "mood": "😀"}'
+    assert readable_json('[\n  "K\\u00f6ln"\n]') == '[\n  "Köln"\n]'  # the layout is kept
+    kept = [
+        '{"path": "C:\\\\u00e9"}',  # an escaped backslash, then the letters u00e9
+        '{"quote": "\\u0022", "bell": "\\u0007", "half": "\\ud83d"}',  # escapes JSON needs, a lone surrogate
+        "Name: Kova\\u010d",  # not JSON: not ours to read
+        '{"name": "Kova\\u010d", broken',
+    ]
+    for text in kept:
+        assert readable_json(text) == text, text
+
+
+async def test_a_react_model_reads_a_json_result_with_its_characters() -> None:
+    from thinkloop import Agent, tool
+    from thinkloop.models._local import render_chatml
+    from thinkloop.testing import ScriptedModel
+
+    @tool
+    def user_profile(username: str) -> str:
+        """A user's profile, as JSON."""
+        return '{"name": "Marta Kova\\u010d", "joined": "2023-09-14"}'
+
+    model = ScriptedModel(
+        ['Action: user_profile\nAction Input: {"username": "mkovac"}', "Final Answer: Marta Kovač"],
+        tools=False,
+    )
+    result = await Agent(model, tools=[user_profile]).run("What is mkovac's name?")
+    assert result.output == "Marta Kovač"
+    seen = "\n".join(m.content for m in model.requests[1].messages)
+    assert 'Observation: {"name": "Marta Kovač", "joined": "2023-09-14"}' in seen
+    assert (
+        "Kova\\u010d" in [m for m in result.state.messages if m.role == "tool"][0].content
+    )  # stored as given
+    native = render_chatml(result.state.messages[:-1], [user_profile.definition])
+    assert '"Marta Kovač"' in "".join(s.text for s in native)  # <tool_response> of a native local model too

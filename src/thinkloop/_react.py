@@ -678,7 +678,7 @@ def render_transcript(messages: list[Message]) -> list[Message]:
             )
             out.append(Message(role="assistant", content=body, kind=msg.kind, step=msg.step))
         elif msg.role == "tool":
-            text = f"{OBSERVATION} {msg.content}"
+            text = f"{OBSERVATION} {readable_json(msg.content)}"
             if (
                 out
                 and out[-1].role == "user"
@@ -691,6 +691,36 @@ def render_transcript(messages: list[Message]) -> list[Message]:
         else:
             out.append(msg)
     return out
+
+
+_U_ESCAPE_RE = re.compile(
+    r"\\\\|\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})|\\u([0-9a-fA-F]{4})"
+)  # an escaped backslash first, so that the `u` after it is not read as an escape
+
+
+def readable_json(text: str) -> str:
+    """A JSON tool result with its `\\uXXXX` escapes written as the characters they stand for
+    (`"Kova\\u010d"` → `"Kovač"`), its layout kept; other text unchanged. Python's `json.dumps` escapes
+    every non-ASCII character by default, and small models copied the escapes into their answers."""
+    if "\\u" not in text or text.lstrip()[:1] not in ("{", "["):
+        return text
+
+    def char(match: re.Match[str]) -> str:
+        if match.group(0) == "\\\\":
+            return match.group(0)
+        if match.group(3) is None:
+            high, low = int(match.group(1), 16), int(match.group(2), 16)
+            return chr(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
+        code = int(match.group(3), 16)
+        keep = code < 0x20 or 0xD800 <= code < 0xE000 or chr(code) in '"\\' or not chr(code).isprintable()
+        return match.group(0) if keep else chr(code)
+
+    readable = _U_ESCAPE_RE.sub(char, text)
+    try:
+        same = json.loads(readable) == json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return readable if same else text
 
 
 # ------------------------------------------------------------------------ answers copied from the prompt

@@ -157,7 +157,7 @@ def _turn_segments(role: str, text: str) -> list[Segment]:
 def _turn_of(msg: Message, *, native: bool) -> tuple[str, str]:
     if msg.role == "tool":
         if native:
-            return "user", f"<tool_response>\n{msg.content}\n</tool_response>"
+            return "user", f"<tool_response>\n{_react.readable_json(msg.content)}\n</tool_response>"
         return "user", f"{_react.OBSERVATION} {msg.content}"
     if msg.role == "assistant" and msg.tool_calls:
         calls = "\n".join(_tool_call_text(c) for c in msg.tool_calls)
