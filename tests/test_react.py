@@ -531,3 +531,24 @@ async def test_a_react_model_reads_a_json_result_with_its_characters() -> None:
     )  # stored as given
     native = render_chatml(result.state.messages[:-1], [user_profile.definition])
     assert '"Marta Kovač"' in "".join(s.text for s in native)  # <tool_response> of a native local model too
+
+
+# ============================================================================ a call inside a call
+
+
+def test_a_tools_call_written_as_the_only_argument_of_another_tool_is_that_tools_call() -> None:
+    seen = (  # the 1.5B model, benchmarks/local_tasks_b.py: the calculator answered "unknown function 'fx_rate'"
+        "Thought: I need to calculate the exchange rate from GBP to USD today.\nAction: calculator\n"
+        "Action Input: {\"expression\": \"fx_rate(base='GBP', quote='USD', date='today')\"}"
+    )
+    step = parse_react(seen, ["calculator", "fx_rate"], call_id="c1")
+    assert step.call == ToolCall(
+        id="c1", name="fx_rate", arguments={"base": "GBP", "quote": "USD", "date": "today"}
+    )
+    for text in (
+        'Action: calculator\nAction Input: {"expression": "sqrt(2) * 3"}',  # a function, not a tool
+        'Action: calculator\nAction Input: {"expression": "calculator(expression=\'2+2\')"}',  # itself
+        'Action: search\nAction Input: {"query": "calculator(1)", "limit": 3}',  # not its only argument
+    ):
+        step = parse_react(text, ["calculator", "search", "fx_rate"], call_id="c1")
+        assert step.call is not None and step.call.name == text.split("\n")[0].removeprefix("Action: "), text

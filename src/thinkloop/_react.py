@@ -295,13 +295,15 @@ def _parse_action(
     name = _clean_name(name_text, tool_names)
     if not name:
         return ReactStep(thought=thought, error="The reply had 'Action:' but no tool name after it.")
-    return _action_step(thought, name, args_text, call_id)
+    return _action_step(thought, name, args_text, tool_names, call_id)
 
 
-def _action_step(thought: str, name: str, args_text: str, call_id: str) -> ReactStep:
+def _action_step(thought: str, name: str, args_text: str, tool_names: list[str], call_id: str) -> ReactStep:
     """The call of `name` with the arguments of `args_text`, or an error when they repeat a key."""
     args, raw = parse_arguments(args_text)
-    call = ToolCall(id=call_id, name=name, arguments=args, raw_arguments=raw)
+    call = _nested_call(args, name, tool_names, call_id) or ToolCall(
+        id=call_id, name=name, arguments=args, raw_arguments=raw
+    )
     repeated = repeated_keys(args_text) if raw is None else {}
     if repeated:
         key, values = next(iter(repeated.items()))
@@ -314,6 +316,19 @@ def _action_step(thought: str, name: str, args_text: str, call_id: str) -> React
             "list, write the values as one JSON list).",
         )
     return ReactStep(thought=thought, call=call)
+
+
+def _nested_call(args: dict[str, Any], name: str, tool_names: list[str], call_id: str) -> ToolCall | None:
+    """The call of another tool written as the only argument of this one, `calculator` with
+    `{"expression": "fx_rate(base='GBP', quote='USD')"}`: small models pass a tool's call to the
+    calculator (or another tool taking text) to run it; it is that tool's call."""
+    if len(args) != 1:
+        return None
+    value = next(iter(args.values()))
+    if not isinstance(value, str) or "(" not in value:
+        return None
+    inner = call_syntax(value.strip(), tool_names, call_id)
+    return inner if inner is not None and inner.name != name else None
 
 
 def repeated_keys(text: str) -> dict[str, list[Any]]:
@@ -359,7 +374,7 @@ def _parse_unlabelled_action(
         )
     if thought.strip() == name:
         thought = ""
-    return _action_step(thought, name, text[action_input.end() :], call_id)
+    return _action_step(thought, name, text[action_input.end() :], tool_names, call_id)
 
 
 def _clean_name(name_text: str, tool_names: list[str]) -> str:
