@@ -552,3 +552,64 @@ def test_a_tools_call_written_as_the_only_argument_of_another_tool_is_that_tools
     ):
         step = parse_react(text, ["calculator", "search", "fx_rate"], call_id="c1")
         assert step.call is not None and step.call.name == text.split("\n")[0].removeprefix("Action: "), text
+
+
+# ============================================================================ a reply stuck on one line
+
+
+class _Stutter:
+    """Stands in for llama.cpp's completion stream: the 0.5B model's reply, one line per piece, forever."""
+
+    def __init__(self, head: list[str], line: str) -> None:
+        self.head, self.line, self.sent, self.closed = head, line, 0, False
+
+    def create_completion(self, prompt: list[int], **kwargs: object):  # type: ignore[no-untyped-def]
+        def stream():  # type: ignore[no-untyped-def]
+            try:
+                for piece in self.head:
+                    self.sent += 1
+                    yield {"choices": [{"text": piece, "finish_reason": None}]}
+                while self.sent < 1000:
+                    self.sent += 1
+                    yield {"choices": [{"text": self.line, "finish_reason": None}]}
+            finally:
+                self.closed = True
+
+        return stream()
+
+
+def _job(streamed: list[str]):  # type: ignore[no-untyped-def]
+    import threading
+
+    from thinkloop.models._local import _Job
+
+    return _Job(segments=[], stop=[], max_tokens=1024, temperature=0.3, seed=0, on_text=streamed.append,
+                cancel=threading.Event())  # fmt: skip
+
+
+def test_a_local_reply_repeating_one_line_stops_with_one_copy_kept() -> None:
+    from thinkloop.models._local import _complete
+
+    head = [" 500 US dollars = 500 * 0.9187 EUR = 479.19 EUR\n"]
+    llm = _Stutter(head, "Thought: 479.19 EUR = 479.19 EUR\n")  # seen: to the 1,024-token limit, 98 s
+    streamed: list[str] = []
+    text, finish = _complete(llm, [1, 2], _job(streamed))
+    assert text == " 500 US dollars = 500 * 0.9187 EUR = 479.19 EUR\nThought: 479.19 EUR = 479.19 EUR"
+    assert finish == "stop" and llm.sent == 5 and llm.closed and len(streamed) == 5
+    assert parse_react("Thought:" + text, ["fx_rate"], call_id="c").final is not None
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["Thought: a\n", "b\n", "a\n", "a\n", "a\n", "Final Answer: a"],  # three in a row is not stuck
+        ["Final Answer:\n", "\n", "\n", "\n", "\n", "--\n", "--\n", "--\n", "--\n", "x"],  # blank or short
+    ],
+)
+def test_repeated_lines_short_of_a_stutter_are_kept(pieces: list[str]) -> None:
+    from thinkloop.models._local import _complete
+
+    llm = _Stutter(pieces, "")
+    llm.sent = 1000 - len(pieces)  # nothing after the pieces
+    text, _ = _complete(llm, [1], _job([]))
+    assert text == "".join(pieces)
