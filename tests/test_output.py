@@ -3,6 +3,7 @@ healing of answers that do not validate, forced final answers, serialisation."""
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass
 from typing import Literal
@@ -32,7 +33,9 @@ def call(name: str, **args: object) -> dict[str, object]:
 
 
 async def test_the_answer_is_validated_into_the_type_and_the_schema_is_in_the_prompt() -> None:
-    model = ScriptedModel([call("lookup", city="Oslo"), 'Here you go:\n```json\n{"name": "Oslo", "population": "709000"}\n```'])
+    model = ScriptedModel(
+        [call("lookup", city="Oslo"), 'Here you go:\n```json\n{"name": "Oslo", "population": "709000"}\n```']
+    )
     result = await Agent(model, tools=[lookup], output_type=City).run("How many people live in Oslo?")
     assert result.stop_reason is StopReason.FINAL_ANSWER
     assert result.parsed == City(name="Oslo", population=709000)
@@ -41,9 +44,14 @@ async def test_the_answer_is_validated_into_the_type_and_the_schema_is_in_the_pr
 
 
 async def test_an_answer_that_does_not_validate_goes_back_to_the_model_with_the_errors() -> None:
-    model = ScriptedModel(["Oslo has 709,000 people.", '{"name": "Oslo"}', '{"name": "Oslo", "population": 709000}'])
+    model = ScriptedModel(
+        ["Oslo has 709,000 people.", '{"name": "Oslo"}', '{"name": "Oslo", "population": 709000}']
+    )
     result = await Agent(model, output_type=City).run("Oslo?")
-    assert result.parsed == City(name="Oslo", population=709000) and result.stop_reason is StopReason.FINAL_ANSWER
+    assert (
+        result.parsed == City(name="Oslo", population=709000)
+        and result.stop_reason is StopReason.FINAL_ANSWER
+    )
     corrections = [m.content for m in result.state.messages if m.kind == "correction"]
     assert len(corrections) == 2
     assert "Input should be a valid dictionary or instance of City" in corrections[0]
@@ -55,7 +63,9 @@ async def test_answers_that_never_validate_end_the_run_with_error_and_keep_the_t
     result = await Agent(FunctionModel(lambda r: "about 700k"), output_type=City).run("Oslo?")
     assert result.stop_reason is StopReason.ERROR and result.parsed is None
     assert result.output == "about 700k"
-    assert result.error is not None and result.error.startswith("the final answer did not match the output type:")
+    assert result.error is not None and result.error.startswith(
+        "the final answer did not match the output type:"
+    )
     assert [m.kind for m in result.state.messages].count("correction") == 3
 
 
@@ -66,7 +76,11 @@ async def test_a_cut_off_object_is_never_completed_into_a_wrong_value() -> None:
 
 
 async def test_the_forced_final_answer_asks_for_the_format_and_is_parsed_when_it_validates() -> None:
-    replies = [call("lookup", city="Oslo"), call("lookup", city="Oslo "), '{"name": "Oslo", "population": 709000}']
+    replies = [
+        call("lookup", city="Oslo"),
+        call("lookup", city="Oslo "),
+        '{"name": "Oslo", "population": 709000}',
+    ]
     model = ScriptedModel(replies)
     result = await Agent(model, tools=[lookup], output_type=City, budget=Budget(max_steps=2)).run("Oslo?")
     assert result.stop_reason is StopReason.MAX_STEPS and result.forced_final
@@ -95,7 +109,9 @@ async def test_other_types(output_type: object, reply: str, expected: object) ->
 
 
 async def test_react_mode_and_serialisation_of_the_result() -> None:
-    model = ScriptedModel(['Thought: I know it.\nFinal Answer: {"name": "Oslo", "population": 709000}'], tools=False)
+    model = ScriptedModel(
+        ['Thought: I know it.\nFinal Answer: {"name": "Oslo", "population": 709000}'], tools=False
+    )
     events: list[Event] = []
     result = await Agent(model, output_type=City).run("Oslo?", on_event=events.append)
     assert result.parsed == City(name="Oslo", population=709000)
@@ -103,7 +119,10 @@ async def test_react_mode_and_serialisation_of_the_result() -> None:
     assert isinstance(done, Done)
     data = json.loads(done.model_dump_json())
     assert data["result"]["parsed"] == {"name": "Oslo", "population": 709000}
-    assert RunResult.model_validate_json(json.dumps(data["result"])).parsed == {"name": "Oslo", "population": 709000}
+    assert RunResult.model_validate_json(json.dumps(data["result"])).parsed == {
+        "name": "Oslo",
+        "population": 709000,
+    }
 
 
 async def test_without_an_output_type_nothing_changes() -> None:
@@ -152,3 +171,168 @@ async def test_an_output_validator_on_plain_text_answers_can_also_change_them() 
     result = await agent.run("?")
     assert result.parsed == "yes" and result.output == "  YES  "
     assert "JSON Schema" not in model.requests[0].messages[0].content  # no format rule for text
+
+
+# ------------------------------------------------------------ what small models write (Qwen2.5-Coder 0.5B/1.5B)
+
+
+class Price(BaseModel):
+    item: str
+    price: float
+
+
+class Color(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+class Shipment(BaseModel):
+    zip_code: str
+    tags: list[str]
+    color: Color
+
+
+OSLO = City(name="Oslo", population=709000)
+
+
+@pytest.mark.parametrize(
+    ("output_type", "reply", "expected"),
+    [
+        # a draft, then the final version: the last one wins (the first one used to)
+        (
+            City,
+            'Draft: {"name": "Osl", "population": 1}\nFinal: {"name": "Oslo", "population": 709000}',
+            OSLO,
+        ),
+        (
+            City,
+            '```json\n{"name": "Oslo"}\n```\nFixed:\n```json\n{"name": "Oslo", "population": 709000}\n```',
+            OSLO,
+        ),
+        # the answer wrapped, or the schema echoed around it
+        (City, '{"answer": {"name": "Oslo", "population": 709000}}', OSLO),
+        (City, '{"output": {"name": "Oslo", "population": 709000}}', OSLO),
+        (City, '{"City": {"name": "Oslo", "population": 709000}}', OSLO),
+        (
+            City,
+            '{"type": "object", "properties": {"name": "Oslo", "population": 709000}, "required": ["name"]}',
+            OSLO,
+        ),
+        (
+            City,
+            '{"name": "final_answer", "arguments": {"answer": {"name": "Oslo", "population": 709000}}}',
+            OSLO,
+        ),
+        (City, '[{"name": "Oslo", "population": 709000}]', OSLO),
+        (list[City], '{"name": "Oslo", "population": 709000}', [OSLO]),
+        (list[int], 'Result: {"result": [1, 2]}', [1, 2]),
+        # numbers written as text
+        (City, '{"name": "Oslo", "population": "709,000"}', OSLO),
+        (City, '{"Name": "Oslo", "Population": "709 000"}', OSLO),
+        (Price, '{"item": "tea", "price": "$12.50"}', Price(item="tea", price=12.5)),
+        (Price, "{'item': 'tea', 'price': '1,234.5 USD'}", Price(item="tea", price=1234.5)),
+        (int, "The answer is 42.", 42),
+        (int, "**42**", 42),
+        (float, "€3.5", 3.5),
+        # enum values and booleans as words
+        (Color, "RED", Color.RED),
+        (Color, '"Green"', Color.GREEN),
+        (Literal["yes", "no"], "Yes.", "yes"),
+        (Literal["yes", "no"], 'The answer is "no".', "no"),
+        (bool, "Yes!", True),
+        # one field at a time: a number for a string, one tag for a list, an enum value in capitals
+        (
+            Shipment,
+            '{"zip_code": 10115, "tags": "fragile", "color": "RED"}',
+            Shipment(zip_code="10115", tags=["fragile"], color=Color.RED),
+        ),
+    ],
+)
+def test_what_small_models_write_is_read_when_its_intent_is_unambiguous(
+    output_type: object, reply: str, expected: object
+) -> None:
+    spec = OutputSpec.of(output_type)
+    assert spec is not None
+    assert spec.parse(reply) == (expected, None)
+
+
+@pytest.mark.parametrize(
+    ("output_type", "reply", "got"),
+    [
+        (float, "12%", '"12%"'),  # 12 or 0.12?
+        (int, "about 700k", '"about 700k"'),
+        (int, "1.2 million", '"1.2 million"'),
+        (int, "Oslo had 709,000 people in 2023.", "Oslo had 709,000 people in 2023."),  # two numbers
+        (Literal["yes", "no"], "No, the answer is yes.", '"No, the answer is yes."'),
+        (Literal["yes", "no"], "Not yes.", '"Not yes."'),
+        (City, '[{"name": "Oslo", "population": 1}, {"name": "Bergen", "population": 2}]', "[{"),
+    ],
+)
+def test_what_is_ambiguous_is_not_guessed_and_the_model_is_shown_what_it_wrote(
+    output_type: object, reply: str, got: str
+) -> None:
+    spec = OutputSpec.of(output_type)
+    assert spec is not None
+    value, problem = spec.parse(reply)
+    assert value is None and problem is not None
+    assert f"(got {got}" in problem or got in problem
+
+
+def test_a_correction_says_what_was_wrong_and_shows_the_schema_and_the_shape_of_an_answer() -> None:
+    spec = OutputSpec.of(City)
+    assert spec is not None
+    _, problem = spec.parse('{"name": "Oslo", "population": "lots"}')
+    assert problem == (
+        "the final answer does not match the required format: population: Input should be a valid integer, "
+        'unable to parse string as an integer (got "lots"). Give the final answer again as JSON only (no other '
+        "text), matching this JSON Schema: "
+        + json.dumps(spec.schema, separators=(",", ":"))
+        + '. Its shape: {"name": <string>, "population": <integer>} (put the real values in place of the <…>).'
+    )
+    _, problem = OutputSpec.of(Color).parse("blue")  # type: ignore[union-attr]
+    assert 'Its shape: "red" or "green"' in (problem or "")
+
+
+def test_a_cut_off_answer_and_an_echoed_schema_are_named_as_such() -> None:
+    spec = OutputSpec.of(City)
+    assert spec is not None
+    _, cut = spec.parse('```json\n{"name": "Oslo", "population": 7')
+    assert cut is not None and cut.startswith("the JSON in the final answer is cut off")
+    schema = (
+        '{"type": "object", "properties": {"name": {"type": "string"}, "population": {"type": "integer"}}}'
+    )
+    _, echoed = spec.parse(schema)
+    assert (
+        echoed is not None and "It repeats the JSON Schema instead of giving values that match it." in echoed
+    )
+
+
+def test_a_copied_placeholder_of_the_shape_is_not_an_answer() -> None:
+    spec = OutputSpec.of(City)
+    assert spec is not None
+    value, problem = spec.parse('{"name": <string>, "population": 709000}')  # repaired into "string>"
+    assert value is None and problem is not None and "placeholder" in problem
+
+
+@pytest.mark.parametrize("reply", ["[" * 100_000 + "]" * 100_000, '{"a": ' * 50_000, "{" * 1000 + "'a'"])
+def test_absurdly_nested_json_is_a_correction_not_a_crash(reply: str) -> None:
+    spec = OutputSpec.of(City)
+    assert spec is not None
+    value, problem = spec.parse(reply)
+    assert value is None and problem is not None and "Give the final answer again" in problem
+
+
+async def test_json_inside_a_react_reasoning_block_is_not_the_answer() -> None:
+    reply = '<think>The format is {"name": "x"}</think>\n{"name": "Oslo", "population": 709000}'
+    model = ScriptedModel([reply, '{"name": "Z", "population": 1}'], tools=False)
+    result = await Agent(model, output_type=City).run("Oslo?")
+    assert result.parsed == OSLO and result.steps == 1
+
+
+async def test_answers_that_never_validate_end_with_the_last_correction_and_the_raw_text() -> None:
+    replies = ["about 700k", '{"name": "Oslo", "population": "about 700k"}', "Oslo: 700k", "Oslo!"]
+    result = await Agent(ScriptedModel(replies), output_type=City).run("Oslo?")
+    assert result.stop_reason is StopReason.ERROR and result.parsed is None and result.output == "Oslo!"
+    assert result.error is not None and '(got "Oslo!")' in result.error and "Its shape:" in result.error
+    corrections = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert '(got "about 700k")' in corrections[1]  # each correction shows what that answer held
