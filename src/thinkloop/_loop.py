@@ -834,7 +834,8 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
         return await finish(run, StopReason.FINAL_ANSWER, answer=answer)
     if ask_output_again(run, problem):
         return None
-    error = f"the final answer did not match the output type: {problem}"
+    what = problem.split(" Give the final answer again", 1)[0]  # the instructions were for the model
+    error = f"the final answer did not match the output type: {what}"
     return await finish(run, StopReason.ERROR, answer=answer, error=error)
 
 
