@@ -547,6 +547,7 @@ IMPOSSIBLE_USAGE = {
     "fraction": {"prompt_tokens": 1.5, "completion_tokens": 2},
     "boolean": {"prompt_tokens": True, "completion_tokens": 2},
     "not-an-object": "12 tokens",
+    "zeros": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},  # a server that does not count
 }
 
 
@@ -626,3 +627,195 @@ async def test_a_reply_trickled_byte_by_byte_ends_after_the_timeout_and_the_agen
             assert len(server.chat_requests) == 3  # the trickled reply was given up, then asked again
         finally:
             await model.aclose()
+
+
+# ======================================================================= dialects of tool calls and streams
+
+
+def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **fields: Any) -> dict[str, Any]:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": choices,
+        **fields,
+    }
+
+
+def events(*chunks: dict[str, Any]) -> Fault:
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    return Fault(200, body=body.encode(), headers={"content-type": "text/event-stream"})
+
+
+def call(index: int | None = None, id: str | None = None, name: str | None = None, args: str = "") -> Any:
+    entry: dict[str, Any] = {"function": {"arguments": args} | ({"name": name} if name is not None else {})}
+    return entry | ({"index": index} if index is not None else {}) | ({"id": id} if id is not None else {})
+
+
+TWO = [("c1", "add", {"a": 2, "b": 3}), ("c2", "add", {"a": 1})]
+STREAMED_CALLS = {
+    # Ollama: every call of a reply at index 0, whole, each with its own id
+    "ollama-index-0": (
+        [
+            chunk({"tool_calls": [call(0, "c1", "add", '{"a": 2, "b": 3}')]}),
+            chunk({"tool_calls": [call(0, "c2", "add", '{"a": 1}')]}),
+        ],
+        TWO,
+    ),
+    "two-at-one-index-in-one-chunk": (
+        [chunk({"tool_calls": [call(0, "c1", "add", '{"a": 2, "b": 3}'), call(0, "c2", "add", '{"a": 1}')]})],
+        TWO,
+    ),
+    "two-without-index-or-id-in-one-chunk": (
+        [
+            chunk(
+                {
+                    "tool_calls": [
+                        call(None, None, "add", '{"a": 2, "b": 3}'),
+                        call(None, None, "add", '{"a": 1}'),
+                    ]
+                }
+            )
+        ],
+        [("call_0", "add", {"a": 2, "b": 3}), ("call_1", "add", {"a": 1})],
+    ),
+    # LiteLLM: the id in every chunk, then the whole call again in a last chunk
+    "litellm-id-repeated-and-summary": (
+        [
+            chunk({"tool_calls": [call(0, "c1", "add", '{"a": 2,')]}),
+            chunk({"tool_calls": [call(0, "c1", None, ' "b": 3}')]}),
+            chunk({"tool_calls": [call(0, "c1", "add", '{"a": 2, "b": 3}')]}),
+        ],
+        TWO[:1],
+    ),
+    # LM Studio: an empty id and name in the chunks after the first
+    "lm-studio-empty-id-and-name": (
+        [
+            chunk({"tool_calls": [call(0, "c1", "add", '{"a": 2,')]}),
+            chunk({"tool_calls": [call(0, "", "", ' "b": 3}')]}),
+        ],
+        TWO[:1],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(STREAMED_CALLS))
+async def test_streamed_tool_calls_of_each_servers_dialect_are_neither_merged_nor_split(
+    server: OpenAICompatibleServer, model: OpenAIModel, name: str
+) -> None:
+    chunks, expected = STREAMED_CALLS[name]
+    server.add(events(*chunks, chunk({}, "tool_calls")))
+    response = await answer(model, streaming=True)
+    assert [(c.id, c.name, c.arguments) for c in response.tool_calls] == expected
+    assert all(c.raw_arguments is None for c in response.tool_calls)
+
+
+async def test_an_agent_runs_every_call_ollama_streams_at_index_0() -> None:
+    seen: list[tuple[int, int]] = []
+
+    @tool
+    def add(a: int, b: int = 0) -> int:
+        """Add two integers."""
+        seen.append((a, b))
+        return a + b
+
+    chunks = STREAMED_CALLS["ollama-index-0"][0]
+    script: list[ScriptItem] = [events(*chunks, chunk({}, "tool_calls")), "5 and 1."]
+    async with OpenAICompatibleServer(script) as server:
+        model = OpenAIModel("qwen2.5:7b", base_url=server.url, api_key="k", capabilities={"tools": True})
+        result = [e async for e in Agent(model, tools=[add]).stream("Add 2 and 3, and 1.")][-1].result  # type: ignore[attr-defined]
+        await model.aclose()
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "5 and 1."), result.error
+    assert seen == [(2, 3), (1, 0)]
+    sent = server.chat_requests[1]["messages"]
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == ["c1", "c2"]
+
+
+ARGUMENTS = '{"a": 2, "b": 3}'
+
+
+@BOTH
+@pytest.mark.parametrize(
+    "raw",
+    [
+        ARGUMENTS + "<|im_end|>",  # a chat template's end token left in (llama.cpp, vLLM's hermes parser)
+        ARGUMENTS + "\n</tool_call>",
+        ARGUMENTS + "<|call|>",  # gpt-oss's harmony token
+        ARGUMENTS + "\n\nI'll now add them.",  # a thinking model's commentary (Ollama)
+        ARGUMENTS + ARGUMENTS,  # the call repeated whole (LiteLLM's last chunk, some proxies)
+        json.dumps(ARGUMENTS),  # encoded twice
+        "```json\n" + ARGUMENTS + "\n```",
+    ],
+    ids=["im-end", "tool-call-tag", "harmony-call", "commentary", "repeated", "encoded-twice", "fenced"],
+)
+async def test_arguments_a_server_wraps_or_repeats_are_read(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool, raw: str
+) -> None:
+    server.add(Completion(tool_calls=[tool_call("add", raw, id="c1")]))
+    response = await answer(model, streaming)
+    assert [(c.name, c.arguments, c.raw_arguments) for c in response.tool_calls] == [
+        ("add", {"a": 2, "b": 3}, None)
+    ]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ['{"a": 2}{"a": 3}', '{"a": 2, "b', '{"a": 2}{"a": 3', '["a", 2]'],
+    ids=["two-objects", "cut", "cut-second", "list"],
+)
+async def test_arguments_that_may_hide_a_call_or_are_cut_stay_an_error_for_the_loop(
+    server: OpenAICompatibleServer, model: OpenAIModel, raw: str
+) -> None:
+    server.add(Completion(tool_calls=[tool_call("add", raw, id="c1")]))
+    response = await answer(model, streaming=False)
+    assert [(c.arguments, c.raw_arguments) for c in response.tool_calls] == [({}, raw)]
+
+
+def _llama_cpp(reply: ScriptItem) -> ScriptItem:
+    """llama.cpp's server: a history with tool-call arguments that are not JSON is answered with HTTP 500."""
+
+    def answer(request: Any) -> Any:
+        for message in request.json["messages"]:
+            for call in message.get("tool_calls") or []:
+                try:
+                    json.loads(call["function"]["arguments"])
+                except ValueError:
+                    error = {
+                        "code": 500,
+                        "message": "Failed to parse tool call arguments as JSON: [json.exception.parse_error.101] "
+                        "parse error at line 1, column 9: syntax error while parsing object key",
+                        "type": "server_error",
+                    }
+                    return Fault(500, body={"error": error})
+        return reply
+
+    return answer
+
+
+async def test_a_malformed_call_in_the_history_does_not_make_llama_cpp_fail_the_rest_of_the_run() -> None:
+    script = [
+        _llama_cpp(Completion(tool_calls=[tool_call("add", '{"a": 2, "b', id="c1")])),  # cut off
+        _llama_cpp(Completion(tool_calls=[tool_call("add", {"a": 2, "b": 3}, id="c2")])),
+        _llama_cpp("It is 5."),
+    ]
+    async with OpenAICompatibleServer(script) as server:
+        model = OpenAIModel("qwen", base_url=server.url, api_key="k", capabilities={"tools": True})
+        result = await Agent(model, tools=[add], model_retries=1).run("Add 2 and 3.")
+        await model.aclose()
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "It is 5."), result.error
+    second = server.chat_requests[1]["messages"]
+    sent = [c["function"]["arguments"] for m in second for c in m.get("tool_calls") or []]
+    assert sent == ["{}"]
+    results = [m["content"] for m in second if m["role"] == "tool"]
+    assert len(results) == 1 and '{"a": 2, "b' in results[0]  # the model still sees what it sent
+
+
+async def test_a_stream_whose_usage_chunk_came_is_complete_without_a_finish_reason(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    server.add(events(chunk({"content": "Hi"}), chunk(None, usage=usage)))
+    response = await answer(model, streaming=True)
+    assert (response.text, response.finish_reason, response.usage.output_tokens) == ("Hi", "stop", 2)

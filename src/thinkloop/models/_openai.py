@@ -298,7 +298,7 @@ class OpenAIModel(Model):
                 "OpenAI-compatible API that streams (or set capabilities={'streaming': False})"
             )
             raise ModelError(message, provider=self.provider, scope=scope)
-        if assembler.finish is None:
+        if assembler.finish is None and not assembler.usage_seen:  # the usage chunk is sent last
             message = (
                 "the stream ended before the reply was complete (no finish_reason): the connection was cut"
             )
@@ -663,8 +663,25 @@ def _wire_message(message: Message) -> dict[str, Any]:
 
 
 def _wire_call(call: ToolCall) -> dict[str, Any]:
-    arguments = call.raw_arguments if call.raw_arguments is not None else json.dumps(call.arguments)
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": _wire_arguments(call)},
+    }
+
+
+def _wire_arguments(call: ToolCall) -> str:
+    """The arguments of a call in the history as JSON text. Arguments the model sent that are not JSON (cut
+    off by the token limit, say) go back as `{}` — the tool's error result quotes them — since llama.cpp's
+    server answers HTTP 500 "Failed to parse tool call arguments as JSON" to every later request of the run,
+    and vLLM and strict proxies refuse them with HTTP 400."""
+    if call.raw_arguments is None:
+        return json.dumps(call.arguments)
+    try:
+        json.loads(call.raw_arguments)
+    except ValueError:
+        return "{}"
+    return call.raw_arguments
 
 
 def _wire_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
@@ -682,7 +699,8 @@ def _wire_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
 
 def _parse_arguments(call_id: str, name: str | None, raw: Any) -> ToolCall:
     """A tool call; arguments that are not a JSON object are kept as `raw_arguments`, never raised. Some
-    servers send the arguments as an object rather than JSON text: taken as they are."""
+    servers send the arguments as an object rather than JSON text: taken as they are. Text that holds one
+    object is read as it (see `_salvaged`)."""
     name = name if isinstance(name, str) else ""  # no name: answered as an unknown tool
     if isinstance(raw, dict):
         return ToolCall(id=call_id, name=name, arguments=raw)
@@ -694,10 +712,43 @@ def _parse_arguments(call_id: str, name: str | None, raw: Any) -> ToolCall:
     try:
         arguments = json.loads(text)
     except ValueError:
-        return ToolCall(id=call_id, name=name, raw_arguments=text)
+        arguments = _salvaged(text)
+    if isinstance(arguments, str):  # encoded twice: a JSON string holding the JSON object
+        arguments = _salvaged(arguments)
     if not isinstance(arguments, dict):
         return ToolCall(id=call_id, name=name, raw_arguments=text)
     return ToolCall(id=call_id, name=name, arguments=arguments)
+
+
+_FENCE = re.compile(r"^```[a-zA-Z]*\s*")
+
+
+def _salvaged(text: str) -> dict[str, Any] | None:
+    """The arguments object at the start of `text`, which is not JSON as a whole, or None.
+
+    What follows a complete object is dropped when it is not another call: a chat template's end token
+    (`<|im_end|>`, `<|call|>`, `</tool_call>`) or a thinking model's commentary left in by the server's
+    parser (Ollama, llama.cpp, vLLM), a Markdown fence's end, the same object again (LiteLLM's proxy repeats
+    a streamed call whole in a last chunk). A different object after it stays an error: one of two calls
+    would be lost. Text in a Markdown fence is read inside it."""
+    decoder = json.JSONDecoder()
+    rest = _FENCE.sub("", text.strip())
+    try:
+        value, end = decoder.raw_decode(rest)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    rest = rest[end:].lstrip()
+    while rest.startswith("{"):
+        try:
+            again, end = decoder.raw_decode(rest)
+        except ValueError:
+            return None
+        if again != value:
+            return None
+        rest = rest[end:].lstrip()
+    return value
 
 
 MAX_REPORTED_TOKENS = 100_000_000  # more than any model's window: a count above it is a server's bug
@@ -705,8 +756,8 @@ MAX_REPORTED_TOKENS = 100_000_000  # more than any model's window: a count above
 
 def _parse_usage(usage: Any) -> Usage:
     """Reported usage (one request), or an empty `Usage` (requests=0) so the loop estimates it: when the
-    server reports none, or counts that cannot be right (negative, fractional, not numbers, absurdly large),
-    which would otherwise corrupt the run's budget."""
+    server reports none, or counts that cannot be right (negative, fractional, not numbers, absurdly large;
+    zero for both, as servers that do not count send), which would otherwise corrupt the run's budget."""
     if usage is None:
         return Usage()
     prompt = _token_count(getattr(usage, "prompt_tokens", None))
@@ -714,7 +765,7 @@ def _parse_usage(usage: Any) -> Usage:
     if prompt is None or completion is None:
         logger.warning("the server reported impossible token counts (%r); they are estimated instead", usage)
         return Usage()
-    if prompt < 0 and completion < 0:  # neither reported
+    if prompt <= 0 and completion <= 0:  # neither reported, or zeros from a server that does not count
         return Usage()
     return Usage(input_tokens=max(prompt, 0), output_tokens=max(completion, 0), requests=1)
 
@@ -790,6 +841,15 @@ class _PartialCall:
     arguments: list[str] = field(default_factory=list)
 
 
+def _index_number(index: Any) -> int | None:
+    """A tool-call delta's `index` as a number (some servers send it as text), or None without one."""
+    if isinstance(index, int) and not isinstance(index, bool):
+        return index
+    if isinstance(index, str) and index.strip().isdigit():
+        return int(index)
+    return None
+
+
 class _StreamAssembler:
     """Turns stream chunks into deltas, and reassembles the complete response at the end."""
 
@@ -797,8 +857,10 @@ class _StreamAssembler:
         self.model_name = name
         self.text: list[str] = []
         self.calls: dict[int, _PartialCall] = {}
+        self.slots: dict[int, int] = {}  # the server's tool-call index -> the call of ours it is feeding
         self.finish: str | None = None
         self.usage = Usage()
+        self.usage_seen = False  # a usage chunk came: the server's last
         self.events = 0  # chunks received
         self.chars = 0  # characters of text and arguments received
 
@@ -808,6 +870,7 @@ class _StreamAssembler:
             self.model_name = chunk.model
         if chunk.usage is not None:
             self.usage = _parse_usage(chunk.usage)
+            self.usage_seen = True
         if not chunk.choices:
             return []
         choice = chunk.choices[0]
@@ -821,15 +884,17 @@ class _StreamAssembler:
             self.text.append(content)
             self.chars += len(content)
             out.append(TextDelta(text=content))
+        fed: set[int] = set()  # the calls this chunk fed
         for call in delta.tool_calls or []:
-            out.append(self._feed_call(call))
+            out.append(self._feed_call(call, fed))
         legacy = getattr(delta, "function_call", None)  # the pre-tools `functions` API: one call, index 0
         if legacy is not None and not delta.tool_calls:
-            out.append(self._feed_call(_LegacyDelta(function=legacy)))
+            out.append(self._feed_call(_LegacyDelta(function=legacy), fed))
         return out
 
-    def _feed_call(self, call: Any) -> ToolCallDelta:
-        index = call.index if call.index is not None else self._index_for(call.id)
+    def _feed_call(self, call: Any, fed: set[int]) -> ToolCallDelta:
+        index = self._slot(call, fed)
+        fed.add(index)
         partial = self.calls.setdefault(index, _PartialCall())
         function = call.function
         name = function.name if function is not None and isinstance(function.name, str) else None
@@ -844,11 +909,26 @@ class _StreamAssembler:
         self.chars += len(arguments)
         return ToolCallDelta(index=index, id=call.id or None, name=name or None, arguments_delta=arguments)
 
-    def _index_for(self, call_id: str | None) -> int:
-        """The index of a delta from a server that sends none: a new id starts a new call."""
-        if call_id and all(p.id != call_id for p in self.calls.values()):
-            return len(self.calls)
-        return max(self.calls, default=0)
+    def _slot(self, call: Any, fed: set[int]) -> int:
+        """The call of ours a tool-call delta feeds. By the server's `index`, unless the delta starts another
+        call there: one with a new id (Ollama sends every call of a reply at index 0, each with its id), or a
+        second entry for the same call in one chunk. Without an index (older Ollama, some proxies): the call
+        of its id, a new one for a new id, else the last call."""
+        call_id = call.id if isinstance(call.id, str) and call.id else None
+        server = _index_number(call.index)
+        slot: int | None
+        if server is None:
+            known = [i for i, p in self.calls.items() if call_id and p.id == call_id]
+            slot = known[-1] if known else None if call_id else max(self.calls, default=None)
+        else:
+            slot = self.slots.get(server)
+            if slot is not None and call_id and self.calls[slot].id not in ("", call_id):
+                slot = None
+        if slot is None or slot in fed:
+            slot = max(self.calls, default=-1) + 1
+        if server is not None:
+            self.slots[server] = slot
+        return slot
 
     def response(self) -> ModelResponse:
         calls = [
