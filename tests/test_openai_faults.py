@@ -819,3 +819,36 @@ async def test_a_stream_whose_usage_chunk_came_is_complete_without_a_finish_reas
     server.add(events(chunk({"content": "Hi"}), chunk(None, usage=usage)))
     response = await answer(model, streaming=True)
     assert (response.text, response.finish_reason, response.usage.output_tokens) == ("Hi", "stop", 2)
+
+
+def _reasoning_only(streaming: bool, key: str, finish: str = "stop") -> Fault:
+    """vLLM's reasoning parser with Qwen3 and thinking off: the answer in the reasoning, content null."""
+    answer = "The capital of France is Paris."
+    if streaming:
+        return events(
+            chunk({"role": "assistant", key: answer[:12]}), chunk({key: answer[12:]}), chunk({}, finish)
+        )
+    return completion_body({"role": "assistant", "content": None, key: answer, "tool_calls": []}, finish)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["run", "stream"])
+@pytest.mark.parametrize("key", ["reasoning_content", "reasoning"])
+async def test_an_answer_the_server_put_in_the_reasoning_is_not_lost(streaming: bool, key: str) -> None:
+    async with OpenAICompatibleServer([_reasoning_only(streaming, key)]) as server:
+        model = OpenAIModel("qwen3", base_url=server.url, api_key="k", capabilities={"tools": True})
+        agent = Agent(model, tools=[add])
+        if streaming:
+            result = [e async for e in agent.stream("Capital of France?")][-1].result  # type: ignore[attr-defined]
+        else:
+            result = await agent.run("Capital of France?")
+        await model.aclose()
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "The capital of France is Paris.")
+
+
+@BOTH
+async def test_reasoning_cut_off_by_the_token_limit_is_not_taken_for_the_reply(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool
+) -> None:
+    server.add(_reasoning_only(streaming, "reasoning_content", finish="length"))
+    response = await answer(model, streaming)
+    assert (response.text, response.finish_reason) == ("", "length")

@@ -816,13 +816,35 @@ def _parse_completion(completion: ChatCompletion, name: str) -> ModelResponse:
     )  # the pre-tools `functions` API, still sent by some servers
     if not calls and legacy is not None and getattr(legacy, "name", None):
         calls.append(_parse_arguments("call_0", legacy.name, getattr(legacy, "arguments", None)))
+    text = _content_text(message.content) or _content_text(getattr(message, "refusal", None))
     return ModelResponse(
-        text=_content_text(message.content) or _content_text(getattr(message, "refusal", None)),
+        text=_reply_text(text, _reasoning_text(message), calls, choice.finish_reason),
         tool_calls=calls,
         usage=_parse_usage(completion.usage),
         model_name=completion.model or name,
         finish_reason=_finish_reason(choice.finish_reason, bool(calls)),
     )
+
+
+def _reasoning_text(message: Any) -> str:
+    """The reasoning a server put beside the content (`reasoning_content`: vLLM, llama.cpp, DeepSeek;
+    `reasoning`: Ollama, OpenRouter, newer vLLM)."""
+    extra = getattr(message, "model_extra", None) or {}
+    for key in ("reasoning_content", "reasoning"):
+        value = extra.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _reply_text(text: str, reasoning: str, calls: list[ToolCall], finish: str | None) -> str:
+    """The reply's text; when it has neither text nor calls but the server put reasoning beside it, that
+    reasoning in `<think>` tags — vLLM's reasoning parser puts Qwen3's whole answer there when thinking is
+    off (content null), and the loop takes a reply that is all reasoning as the answer, or finds the calls
+    written in it. Not for a reply cut off while reasoning (finish_reason 'length')."""
+    if text.strip() or calls or not reasoning.strip() or finish == "length":
+        return text
+    return f"<think>{reasoning}</think>"
 
 
 @dataclass
@@ -856,6 +878,7 @@ class _StreamAssembler:
     def __init__(self, name: str) -> None:
         self.model_name = name
         self.text: list[str] = []
+        self.reasoning: list[str] = []  # kept for a reply whose answer the server put there (`_reply_text`)
         self.calls: dict[int, _PartialCall] = {}
         self.slots: dict[int, int] = {}  # the server's tool-call index -> the call of ours it is feeding
         self.finish: str | None = None
@@ -884,6 +907,10 @@ class _StreamAssembler:
             self.text.append(content)
             self.chars += len(content)
             out.append(TextDelta(text=content))
+        reasoning = _reasoning_text(delta)
+        if reasoning:
+            self.reasoning.append(reasoning)
+            self.chars += len(reasoning)
         fed: set[int] = set()  # the calls this chunk fed
         for call in delta.tool_calls or []:
             out.append(self._feed_call(call, fed))
@@ -936,7 +963,7 @@ class _StreamAssembler:
             for i, p in sorted(self.calls.items())
         ]
         return ModelResponse(
-            text="".join(self.text),
+            text=_reply_text("".join(self.text), "".join(self.reasoning), calls, self.finish),
             tool_calls=calls,
             usage=self.usage,
             model_name=self.model_name,
