@@ -348,6 +348,8 @@ async def test_llama_cpp_pythons_server_gets_the_run_in_react_from_its_first_ste
             assert len(switch) == 1 and "llama-cpp-python's server" in switch[0].reason
             assert model.capabilities.tools is False
             assert [r.path for r in server.requests].count("/v1/models") == 1  # looked at once
+            bodies = server.chat_requests
+            assert all(body.get("repeat_penalty") == 1.0 for body in bodies), "its 1.1 default garbles ReAct"
 
             again = await go(agent, "What is 17*23?", stream=stream)  # starts in ReAct: no switch, no listing
             assert again.output == "391" and again.state.mode == "react"

@@ -406,6 +406,9 @@ class OpenAIModel(Model):
         if server is None:
             return
         self.capabilities = dataclasses.replace(self.capabilities, tools=False)  # later runs: ReAct
+        # its sampling default repeat_penalty=1.1 penalises the tokens a ReAct step must repeat (`Action:`,
+        # quotes, braces, the tool's name); llama-cpp-python's own default, as the embedded model runs, is 1.0
+        self.extra_body.setdefault("repeat_penalty", 1.0)
         raise ToolsUnsupportedError(
             f"{server} at {self.base_url} takes tool definitions but hands the model's calls back as text and "
             "garbles its tool results, so the run goes on in text ReAct (tools described in the prompt); to "
