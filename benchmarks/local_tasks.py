@@ -538,8 +538,17 @@ def make_model(spec: str, seed: int) -> RecordingModel:
     return RecordingModel(variant or None, seed=seed)
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+async def main(
+    suite: list[Task] | None = None,
+    *,
+    name: str = "",
+    description: str = "",
+    before: Callable[[], None] | None = None,
+) -> None:
+    """Run `suite` (default: this module's tasks) with the command line's options; `before` resets the fake
+    tools' state before each task."""
+    suite = TASKS if suite is None else suite
+    parser = argparse.ArgumentParser(description=(description or __doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", default="local")
     parser.add_argument("--mode", default="auto", choices=["auto", "react", "native"])
     parser.add_argument("--runs", type=int, default=1)
@@ -551,22 +560,24 @@ async def main() -> None:
     args = parser.parse_args()
     tasks = [
         t
-        for t in TASKS
+        for t in suite
         if (not args.only or t.name in args.only.split(","))
         and (not args.kind or t.kind in args.kind.split(","))
     ]
     if not tasks:
         raise SystemExit(
-            f"no task named {args.only!r} of kind {args.kind!r}; tasks: {', '.join(t.name for t in TASKS)}"
+            f"no task named {args.only!r} of kind {args.kind!r}; tasks: {', '.join(t.name for t in suite)}"
         )
     totals: list[list[Outcome]] = []
     for run in range(args.runs):
         seed = args.seed + run
         model = make_model(args.model, seed)
         await model.load()
-        print(f"\n== {args.model}, mode {args.mode}, seed {seed}, {len(tasks)} tasks", flush=True)
+        print(f"\n== {name}{args.model}, mode {args.mode}, seed {seed}, {len(tasks)} tasks", flush=True)
         outcomes = []
         for task in tasks:
+            if before is not None:
+                before()
             o = await run_task(model, task, args.mode, args.max_steps)
             outcomes.append(o)
             mark = "PASS" if o.passed else "fail"

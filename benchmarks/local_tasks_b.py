@@ -17,25 +17,20 @@ Run:  .venv/bin/python benchmarks/local_tasks_b.py [--model local|local:0.5b] [-
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import json
 import re
-import sys
 from typing import Literal
 
 from local_tasks import (  # the runner and the answer checks are shared with the first suite
     Check,
-    Outcome,
     Task,
     has,
     lacks,
-    make_model,
+    main,
     num,
     numbers,
-    run_task,
-    summary,
     yes_no,
 )
 from pydantic import BaseModel
@@ -585,54 +580,5 @@ def reset() -> None:
     _FLAKY["calls"] = 0
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="local")
-    parser.add_argument("--mode", default="auto", choices=["auto", "react", "native"])
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-steps", type=int, default=8)
-    parser.add_argument("--only", default="", help="comma-separated task names")
-    parser.add_argument("--kind", default="", help="comma-separated task kinds (typed_args, pick, ...)")
-    parser.add_argument("--verbose", action="store_true", help="print the transcripts of failures")
-    args = parser.parse_args()
-    tasks = [
-        t
-        for t in TASKS
-        if (not args.only or t.name in args.only.split(","))
-        and (not args.kind or t.kind in args.kind.split(","))
-    ]
-    if not tasks:
-        raise SystemExit(
-            f"no task named {args.only!r} of kind {args.kind!r}; tasks: {', '.join(t.name for t in TASKS)}"
-        )
-    totals: list[list[Outcome]] = []
-    for run in range(args.runs):
-        seed = args.seed + run
-        model = make_model(args.model, seed)
-        await model.load()
-        print(f"\n== suite B, {args.model}, mode {args.mode}, seed {seed}, {len(tasks)} tasks", flush=True)
-        outcomes = []
-        for task in tasks:
-            reset()
-            o = await run_task(model, task, args.mode, args.max_steps)
-            outcomes.append(o)
-            print(
-                f"{'PASS' if o.passed else 'fail'}  {task.name:<19} {task.kind:<13} calls {o.calls}  tools "
-                f"{o.tool_calls}  {o.stop:<13} {o.seconds:5.1f}s  {o.output[:300]!r}",
-                flush=True,
-            )
-            if args.verbose and not o.passed:
-                print(f"  [task] {task.goal}")
-                print("\n".join(o.transcript), flush=True)
-        totals.append(outcomes)
-        summary(outcomes, f"seed {seed}")
-    if args.runs > 1:
-        print("\n== all runs: " + ", ".join(f"{sum(o.passed for o in r)}/{len(r)}" for r in totals))
-        summary([o for r in totals for o in r], f"{args.runs} runs")
-        per_task = {t.name: sum(r[i].passed for r in totals) for i, t in enumerate(tasks)}
-        print("per task (runs passed): " + ", ".join(f"{k} {v}" for k, v in per_task.items()))
-
-
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    asyncio.run(main(TASKS, name="suite B, ", description=__doc__ or "", before=reset))
