@@ -59,7 +59,8 @@ class CalculatorError(ValueError):
 def _mean(values: tuple[Any, ...]) -> float:
     if not values:
         raise CalculatorError("mean() needs at least one number, e.g. mean(3, 4, 8)")
-    return sum(values) / len(values)
+    total: float = sum(values)
+    return total / len(values)
 
 
 _PERCENT_OF_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%\s*of\b", re.IGNORECASE)
