@@ -1,7 +1,7 @@
 """The event loop of thinkloop's own entry points (`run_sync`, the CLI, `thinkloop serve`, workers).
 
-uvloop when it is installed (`pip install "thinkloop[fast]"`): with a thousand concurrent runs its timers
-and task switches cost about a tenth of the engine's time on asyncio's loop (`benchmarks/overhead.py`).
+uvloop when it is installed (`pip install "thinkloop[fast]"`): with a thousand concurrent runs a step
+executes ~9 % fewer instructions than on asyncio's loop (`benchmarks/overhead.py`, benchmarks/README.md).
 `THINKLOOP_EVENT_LOOP=asyncio` keeps asyncio's loop. Code that runs its own loop (`await agent.run(...)`
 in an application) runs on whatever loop that is: thinkloop works the same on both.
 """
