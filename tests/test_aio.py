@@ -16,33 +16,35 @@ async def _loop_module() -> str:
     return type(asyncio.get_running_loop()).__module__
 
 
-def test_entry_points_run_on_uvloop_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV, raising=False)
-    assert run(_loop_module()).startswith("uvloop")
+@pytest.mark.parametrize(
+    ("choice", "module"), [(None, "uvloop"), ("asyncio", "asyncio")], ids=["auto", "asyncio"]
+)
+def test_entry_points_run_on_uvloop_when_installed_else_on_request_asyncio(
+    monkeypatch: pytest.MonkeyPatch, choice: str | None, module: str
+) -> None:
+    if choice is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, choice)
+    assert run(_loop_module()).startswith(module)
     loop = new_event_loop()
     try:
-        assert type(loop).__module__.startswith("uvloop")
+        assert type(loop).__module__.startswith(module)
     finally:
         loop.close()
 
 
-def test_asyncio_loop_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV, "asyncio")
-    assert run(_loop_module()).startswith("asyncio")
-    loop = new_event_loop()
-    try:
-        assert type(loop).__module__.startswith("asyncio")
-    finally:
-        loop.close()
-
-
-def test_an_unknown_choice_or_a_missing_uvloop_asked_for_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unknown_choice_or_a_missing_uvloop_asked_for_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv(ENV, "trio")
     with pytest.raises(ConfigurationError, match="use auto .* uvloop or asyncio"):
         run(_loop_module())
     monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
     monkeypatch.setenv(ENV, "uvloop")
-    with pytest.raises(ConfigurationError, match=r"uvloop is not installed: pip install \"thinkloop\[fast\]\""):
+    with pytest.raises(
+        ConfigurationError, match=r"uvloop is not installed: pip install \"thinkloop\[fast\]\""
+    ):
         run(_loop_module())
     monkeypatch.setenv(ENV, "")  # auto without uvloop: asyncio's loop, no error
     assert run(_loop_module()).startswith("asyncio")
