@@ -841,6 +841,35 @@ def test_a_closed_stdout_stops_the_printing_not_the_run(cli: Cli, as_json: bool)
     assert saved["stop_reason"] == "final_answer"
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["list"],
+        ["list", "--json"],
+        ["show", "ID"],
+        ["replay", "ID"],
+        ["replay", "ID", "--json"],
+        ["export", "ID"],
+    ],
+)
+def test_a_reader_that_left_ends_a_runs_command_quietly_with_0(cli: Cli, command: list[str]) -> None:
+    """`thinkloop runs list | head -1` exited 1 without a word (click's and rich's closed-pipe handling):
+    a reader that has read enough is no error, as with `git log | head -1`."""
+    run = cli("run", "x", "--model", cli.script([call("calculator", expression="1+1"), text("2")]), "--json")
+    run_id = run.events()[0]["run_id"]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line: every write meets a closed pipe
+    try:
+        args = [*CLI, "runs", *[run_id if a == "ID" else a for a in command]]
+        proc = subprocess.run(
+            args, cwd=cli.dir, env=cli.env, stdin=subprocess.DEVNULL, stdout=write, stderr=subprocess.PIPE,
+            text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
 # ============================================================================================== docs
 
 _DOC_BLOCK = re.compile(r"<!-- cli example: ([^>]+?) -->\n```(?:json|bash)\n(.*?)```", re.DOTALL)

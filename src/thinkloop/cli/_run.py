@@ -6,9 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -26,6 +24,7 @@ from .._errors import ConfigurationError, ThinkloopError, UserError
 from .._events import Done, Event
 from .._loop import EventSink
 from ..models import Model, resolve_model
+from ..stores._owner import this_process
 from ._fail import describe_os_error
 from ._interrupt import EXIT_CODE as INTERRUPTED
 from ._interrupt import Interrupts
@@ -43,6 +42,7 @@ from ._options import (
     finite,
     read_goal,
 )
+from ._pipe import stdout_to_devnull
 from ._view import LiveView, exit_code
 
 T = TypeVar("T")
@@ -206,8 +206,7 @@ def cli_metadata(options: dict[str, Any], instructions: str) -> dict[str, Any]:
         "mcp": list(options["mcp"]),
         "hosts": str(Path(hosts).resolve()) if hosts is not None else None,
         "learn": bool(options.get("learn")),
-        "pid": os.getpid(),  # the process running it: `runs resume` refuses to run it twice at once
-        "host": socket.gethostname(),
+        **this_process(),  # the process running it: `runs resume` refuses to run it twice at once
     }
 
 
@@ -239,16 +238,7 @@ class Printer:
         except (BrokenPipeError, SystemExit):  # rich raises SystemExit(1) when stdout's reader is gone
             # `thinkloop run … | head`: stop printing and let the run finish (its exit code still counts)
             self.broken = True
-            _stdout_to_devnull()
-
-
-def _stdout_to_devnull() -> None:
-    """Point stdout at /dev/null, so the interpreter's last flush does not fail on the closed pipe."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    finally:
-        os.close(devnull)
+            stdout_to_devnull()
 
 
 async def load_model(spec: str | None, console: Console) -> Model:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +18,8 @@ from .. import _aio
 from .._errors import StateError, ThinkloopError, UserError
 from .._state import RunState
 from ..stores import RunSummary, Store, open_store
+from ..stores._owner import check_not_running, claim
+from ._pipe import Output, until_the_reader_leaves
 from ._run import drive, print_error
 
 T = TypeVar("T")
@@ -77,11 +77,15 @@ def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run.")] = False,
 ) -> None:
     """List saved runs, most recently updated first."""
-    console = Console()
     if status not in (None, "running", "done", "error"):
         error = UserError(f"--status must be running, done or error, not {status!r}")
         raise typer.Exit(print_error(Console(stderr=True), error))
     runs = _with_store(store, lambda s: s.list_runs(limit, status=status))  # type: ignore[arg-type]
+    with until_the_reader_leaves():
+        _print_runs(Output(), runs, as_json)
+
+
+def _print_runs(console: Console, runs: list[RunSummary], as_json: bool) -> None:
     if as_json:
         for run in runs:
             sys.stdout.write(run.model_dump_json() + "\n")
@@ -134,9 +138,9 @@ def _one_line(text: str, limit: int = 80) -> str:
 @runs_app.command("show")
 def show_command(run_id: RunId, store: StoreOption = None) -> None:
     """Show a run: its state, steps, tool calls, stop reason and usage."""
-    console = Console()
     state = _with_store(store, lambda s: _state(s, run_id))
-    _print_state(console, state)
+    with until_the_reader_leaves():
+        _print_state(Output(), state)
 
 
 def _print_state(console: Console, state: RunState) -> None:
@@ -190,19 +194,18 @@ def replay_command(
     """Re-render a run's event log the way the live view showed it."""
     from ._view import render_event
 
-    console = Console()
-
     async def job(s: Store) -> list[Any]:
         await _state(s, run_id)
         return await s.read_events(run_id)
 
-    for event in _with_store(store, job):
-        if as_json:
-            sys.stdout.write(event.model_dump_json() + "\n")
-        elif event.type == "answer_delta":
-            continue  # the answer is shown whole by `done`
-        else:
-            render_event(console, event)
+    events = _with_store(store, job)
+    console = Output()
+    with until_the_reader_leaves():
+        for event in events:
+            if as_json:
+                sys.stdout.write(event.model_dump_json() + "\n")
+            elif event.type != "answer_delta":  # the answer is shown whole by `done`
+                render_event(console, event)
 
 
 # ============================================================================================== export
@@ -230,7 +233,8 @@ def export_command(
 
     text = _with_store(store, job)
     if output is None:
-        sys.stdout.write(text + "\n")
+        with until_the_reader_leaves():
+            sys.stdout.write(text + "\n")
     else:
         output.write_text(text + "\n", encoding="utf-8")
         console.print(f"run {run_id} written to {output}")
@@ -285,36 +289,6 @@ def resume_command(
     raise typer.Exit(drive(_resume(run_id, store, model, options, as_json, console), Console(stderr=True)))
 
 
-def _check_not_running(run_id: str, cli: dict[str, Any]) -> None:
-    """A `UserError` when the process that last ran the run (`cli.pid` on this machine) is still alive:
-    resuming it would run it twice at once — the same tool calls, and one of them failing at its next
-    checkpoint. (Another machine's process cannot be checked.)"""
-    pid = cli.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
-        return
-    if cli.get("host") != socket.gethostname() or not _is_thinkloop(pid):
-        return
-    raise UserError(
-        f"run {run_id!r} is still running in process {pid} on this machine: stop it first (Ctrl-C there, "
-        f"or kill {pid} — the run is saved resumable), then resume it; --force resumes it anyway (only if "
-        "that process is not thinkloop running it)"
-    )
-
-
-def _is_thinkloop(pid: int) -> bool:
-    """Whether process `pid` is alive and (where /proc tells) a thinkloop command — not a reused pid."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        pass
-    try:
-        return b"thinkloop" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:  # no /proc (macOS …): alive is all that is known
-        return True
-
-
 async def _resume(
     run_id: str,
     store_url: str | None,
@@ -335,8 +309,8 @@ async def _resume(
         raw = state.metadata.get("cli")
         cli: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if not options["force"]:
-            _check_not_running(run_id, cli)
-        state.metadata["cli"] = {**cli, "pid": os.getpid(), "host": socket.gethostname()}
+            check_not_running(run_id, state.metadata, force="--force")
+        claim(state.metadata)
         await store.checkpoint(state, [])  # this process runs it now
     except StateError as exc:
         raise UserError(str(exc)) from None

@@ -1,0 +1,45 @@
+"""Output to a reader that went away: `thinkloop runs list | head -1`.
+
+A closed pipe is how a reader says it has read enough. A command that only prints (`runs list`, `show`,
+`replay`, `export`) then ends quietly with exit 0, as `git log | head -1` does — before, click turned the
+`BrokenPipeError` into exit 1, and rich's console into `SystemExit(1)`. A command that runs an agent
+(`run`, `runs resume`) stops printing and lets its run finish (`Printer` in `_run.py`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+from rich.console import Console
+
+
+def stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+class Output(Console):
+    """A console on stdout whose closed pipe raises `BrokenPipeError` (rich exits with 1 instead)."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, "the reader of stdout went away")
+
+
+@contextmanager
+def until_the_reader_leaves() -> Iterator[None]:
+    """Print in the block; a reader that closed stdout ends the command at once with exit 0."""
+    try:
+        yield
+        sys.stdout.flush()  # what is still buffered: its broken pipe is caught here, not at exit
+    except BrokenPipeError:
+        stdout_to_devnull()
+        raise typer.Exit(0) from None
