@@ -29,7 +29,7 @@ from typing import Any
 
 from thinkloop import Agent, Budget, Message, RunState, ToolCall, tool
 from thinkloop._events import Progress, ToolCallEvent, ToolResultEvent
-from thinkloop.stores import MemoryStore, PostgresStore, SQLiteStore, Store
+from thinkloop.stores import FileStore, MemoryStore, PostgresStore, SQLiteStore, Store
 from thinkloop.testing import ScriptedModel
 
 PG = os.environ.get("THINKLOOP_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -131,7 +131,11 @@ def ms(values: list[float]) -> str:
 
 async def main(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-"))
-    stores: dict[str, Store] = {"memory": MemoryStore(), "sqlite": SQLiteStore(tmp / "bench.db")}
+    stores: dict[str, Store] = {
+        "memory": MemoryStore(),
+        "sqlite": SQLiteStore(tmp / "bench.db"),
+        "file": FileStore(tmp / "files"),
+    }
     pg = await pg_store()
     if pg is not None:
         stores["postgres"] = pg[0]

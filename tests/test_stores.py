@@ -787,6 +787,49 @@ async def test_a_file_store_killed_in_the_middle_of_writes_always_loads(tmp_path
             assert len(await store.read_events("big")) == state.event_version
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a file descriptor through /proc")
+async def test_a_file_store_checkpoint_is_synced_to_disk_before_and_after_its_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing was synced: a power loss after the rename could leave an empty or truncated state file, or
+    a state whose events never reached the log (a run that could not be saved again)."""
+    import os
+
+    done: list[tuple[str, ...]] = []
+    real = {name: getattr(os, name) for name in ("fsync", "fdatasync", "replace")}
+
+    def syncing(name: str) -> Callable[[int], None]:
+        def sync(fd: int) -> None:
+            done.append(("sync", os.readlink(f"/proc/self/fd/{fd}")))
+            real[name](fd)
+
+        return sync
+
+    def replace(source: Any, target: Any) -> None:
+        done.append(("replace", str(source), str(target)))
+        real["replace"](source, target)
+
+    monkeypatch.setattr(os, "fsync", syncing("fsync"))
+    monkeypatch.setattr(os, "fdatasync", syncing("fdatasync"))
+    monkeypatch.setattr(os, "replace", replace)
+    root = (tmp_path / "files").resolve()
+    runs, store, state = root / "runs", FileStore(root), _state()
+    await store.checkpoint(state, _emit(state, RunStarted(goal="a goal", model="m", mode="native")))
+    assert {("sync", str(tmp_path)), ("sync", str(root))} <= set(done)  # the new directories' names
+    done.clear()
+    state.step = 1
+    await store.checkpoint(state, _emit(state, Progress(step=1, max_steps=5, usage=state.usage)))
+    tmp = runs / f".run-1.json.{os.getpid()}.tmp"
+    assert done == [
+        ("sync", str(runs / "run-1.events.jsonl")),  # the events first: the state must not be ahead of them
+        ("sync", str(tmp)),  # the new state, whole, before it takes the old one's name
+        ("replace", str(tmp), str(runs / "run-1.json")),
+        ("sync", str(runs)),  # the rename itself
+    ]
+    loaded = await store.load_state("run-1")
+    assert loaded is not None and loaded.step == 1
+
+
 async def test_lone_surrogates_in_a_run_are_saved_as_u_fffd(store: Store) -> None:
     """Text with half a surrogate pair (a model's `"\\ud83d"` escape, a file name decoded with
     surrogateescape) cannot be encoded as UTF-8: it is saved with U+FFFD there instead of failing the run."""

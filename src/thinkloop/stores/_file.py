@@ -8,6 +8,11 @@ Ids are checked (`[A-Za-z0-9_.-]`, no `..`) so no id can reach outside ROOT. Wri
 `flock` on ROOT/.lock, so several processes may share a root on one machine. A checkpoint appends the
 events, then replaces the state file; if a crash falls between the two, the next checkpoint drops the
 orphaned events (their state was never saved), so the log stays gap-free.
+
+A checkpoint is on disk when it returns, power loss included: what it appends is synced before the
+state is replaced; the new state is written to a temporary file and synced, renamed over the old one,
+and the directory synced (without the syncs a power loss after the rename could leave an empty or
+truncated state file, or a state whose events never reached the log).
 """
 
 from __future__ import annotations
@@ -84,8 +89,8 @@ class FileStore(Store):
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        (self.root / "runs").mkdir(parents=True, exist_ok=True)
-        (self.root / "sessions").mkdir(parents=True, exist_ok=True)
+        _make_dir(self.root / "runs")
+        _make_dir(self.root / "sessions")
         with open(self.root / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -118,8 +123,7 @@ class FileStore(Store):
             if len(existing) != expected:
                 existing = self._repair(run_id, existing, expected)
             if lines:
-                with open(log, "a", encoding="utf-8") as f:
-                    f.write("".join(line + "\n" for line in lines))
+                _append_synced(log, lines)
             if state_json is not None:
                 _write_atomic(self._state_path(run_id), state_json)
             for role, content in memory:
@@ -161,8 +165,7 @@ class FileStore(Store):
             actual = len(_read_lines(log))
             if actual != expected:
                 raise ConcurrencyError(run_id, expected, actual)
-            with open(log, "a", encoding="utf-8") as f:
-                f.write("".join(line + "\n" for line in lines))
+            _append_synced(log, lines)
 
     async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
         lines = await self._call(_read_lines, self._log_path(run_id))
@@ -206,8 +209,7 @@ class FileStore(Store):
 
     def _remember(self, session: str, role: MemoryRole, content: str) -> None:
         entry = MemoryEntry(session=session, role=role, content=clean_text(content), time=time.time())
-        with open(self._session_path(session), "a", encoding="utf-8") as f:
-            f.write(entry.model_dump_json() + "\n")
+        _append_synced(self._session_path(session), [entry.model_dump_json()])
 
     async def get_memory(self, session: str, limit: int | None = None) -> list[MemoryEntry]:
         lines = await self._call(_read_lines, self._session_path(session))
@@ -232,6 +234,50 @@ def _read_state(path: Path) -> bytes | None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Replace `path` by `text`: after a crash or a power loss it holds the old text or the new, whole.
+    The directory is synced too, which also puts on disk the names of files newly created in it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        _sync(f.fileno())
     os.replace(tmp, path)
+    _sync_dir(path.parent)
+
+
+def _append_synced(path: Path, lines: list[str]) -> None:
+    """Append the lines to `path` and sync them (and the name of a new file) to disk."""
+    new = not path.exists()
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+        f.flush()
+        _sync(f.fileno())
+    if new:
+        _sync_dir(path.parent)
+
+
+def _sync(fd: int) -> None:
+    """Sync a file's data and size to disk (not its access times, where the system can tell them apart)."""
+    getattr(os, "fdatasync", os.fsync)(fd)
+
+
+def _sync_dir(path: Path) -> None:
+    """fsync a directory: the names created, renamed or removed in it are then on disk (POSIX)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # a file system that cannot sync a directory (some network ones) just won't
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _make_dir(path: Path) -> None:
+    """`mkdir -p path`, each directory it creates synced into its parent."""
+    if path.is_dir():
+        return
+    if not path.parent.is_dir():
+        _make_dir(path.parent)
+    path.mkdir(exist_ok=True)
+    _sync_dir(path.parent)
