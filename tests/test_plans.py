@@ -923,6 +923,57 @@ async def test_a_resumed_run_does_not_rerun_plan_tasks_that_finished_before_the_
     assert result.output == "sent both"
 
 
+async def test_a_resumed_run_goes_on_counting_its_run_plan_attempts(tmp_path: Path) -> None:
+    # The attempts were counted in the plan tool's memory, which died with the process: a run that
+    # crashed after using up its attempts could call run_plan max_attempts times more after resuming.
+    sent: list[str] = []
+
+    @tool
+    def send(to: str) -> str:
+        """Send a message (not idempotent)."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    def plan(to: str) -> dict[str, Any]:
+        return {"tasks": [{"id": to, "tool": "send", "args": {"to": to}}]}
+
+    script: list[Any] = [
+        {"tool_calls": [{"name": "run_plan", "args": {"tasks": [{"id": "x", "tool": "nope", "args": {}}]}}]},
+        {"tool_calls": [{"name": "Run_Plan", "args": plan("bob")}]},  # a near miss of the name counts too
+        {"tool_calls": [{"name": "run_plan", "args": plan("carol")}]},  # the third: over the limit
+        "sent to bob only",
+    ]
+
+    class DiesAfterTheSecondPlan(SQLiteStore):
+        async def checkpoint(self, state: RunState, events: Any) -> None:
+            await super().checkpoint(state, events)
+            if sum(e.name.lower() == "run_plan" and e.status == "done" for e in state.ledger.values()) == 2:
+                raise _Crash
+
+    def agent(store: SQLiteStore) -> Agent:  # a new plan tool each time, as in a new process
+        tools = [plan_tool([send], max_attempts=2)]
+        return Agent(ScriptedModel(script, by_turn=True), tools=tools, store=store)
+
+    with pytest.raises(_Crash):
+        await agent(DiesAfterTheSecondPlan(tmp_path / "runs.db")).run("send to bob", run_id="r")
+    assert sent == ["bob"]
+    result = await agent(SQLiteStore(tmp_path / "runs.db")).resume("r")
+    assert sent == ["bob"]  # not ["bob", "carol"]
+    refused = [m.content for m in result.state.messages if m.role == "tool"][-1]
+    assert refused == (
+        "Error: run_plan raised PlanError: run_plan was already called 2 times in this run (the limit): "
+        "answer with what you have"
+    )
+    assert result.output == "sent to bob only"
+
+
+async def test_run_plan_outside_a_run_has_no_earlier_attempts() -> None:
+    run_plan = plan_tool([shout], max_attempts=1)
+    for _ in range(2):  # each direct call is a run of its own
+        output = await run_plan.invoke({"tasks": [{"id": "a", "tool": "shout", "args": {"text": "hi"}}]})
+        assert "[a] shout → ok: HI" in output
+
+
 def _counting_tool() -> tuple[Tool, dict[str, int]]:
     """A tool that records how many of its calls run at once."""
     seen = {"now": 0, "peak": 0, "calls": 0}

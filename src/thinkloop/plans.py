@@ -89,7 +89,6 @@ _REF_RE = re.compile(r"\$(\$?)\{([A-Za-z0-9_-]+)((?:\.[A-Za-z0-9_-]+)*)\}")
 _ANY_REF_RE = re.compile(r"\$(\$?)\{([^{}]*)\}")  # anything written like a reference, valid or not
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_OUTPUT_MAX_LENGTH = 10_000
-_MAX_REMEMBERED_RUNS = 256
 _MAX_JSON_STARTS = 32
 MAX_ARGS_DEPTH = 32  # levels of lists and objects in a task's args
 _MAX_LISTED = 20  # ids or problems quoted in one error: a 1,000-task plan gets a message a model can read
@@ -851,6 +850,8 @@ def plan_tool(
     (so the plan tool itself is LOW risk). A failed or invalid plan is a failed observation showing
     what went wrong; the model can call the tool again with a repaired plan — at most `max_attempts`
     calls per run. Completed tasks of the previous attempt with unchanged arguments are not re-run.
+    Both are read from the run's tool-call ledger, which is saved with the run: a resumed run goes on
+    counting its attempts and does not re-run the tasks that finished before it was interrupted.
 
     The tool has no time limit of its own (`timeout`, default none): each task is timed out on its own
     and the run's time limit still applies. With the agent's per-call timeout, a plan of several levels
@@ -858,29 +859,23 @@ def plan_tool(
     """
     _check_concurrency(max_concurrency)
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-    memory: dict[str, tuple[int, dict[str, TaskResult]]] = {}
 
-    async def run_plan(**arguments: Any) -> str:
+    async def run_plan(_context: ToolContext[Any] | None = None, **arguments: Any) -> str:
         from ._loop import current_run
 
         run = current_run.get()
-        key = run.state.run_id if run is not None else uuid.uuid4().hex  # outside a run: no memory
-        attempts, previous = memory.pop(key, (0, {}))
-        if run is not None:  # also what finished before a crash: this memory dies with the process
-            previous = _finished_in_ledger(run.state.ledger) | previous
+        attempts, previous = 0, {}  # outside a run (called directly): no earlier attempts
+        if run is not None and _context is not None:
+            attempts = _attempts_before(run, _context.call_id, name)
+            previous = _finished_in_ledger(run.state.ledger)
         if attempts >= max_attempts:
             raise PlanError(
                 f"{name} was already called {attempts} times in this run (the limit): answer with what you have"
             )
-        if run is not None:
-            memory[key] = (attempts + 1, previous)  # an invalid plan counts as an attempt too
-            while len(memory) > _MAX_REMEMBERED_RUNS:
-                del memory[next(iter(memory))]
-        plan = parse_plan(arguments)
+        plan = parse_plan(arguments)  # an invalid plan counts as an attempt too
         result = await execute_plan(
             plan, registry, attempt=attempts + 1, reuse=previous, max_concurrency=max_concurrency
         )
-        previous.update((k, r) for k, r in result.results.items() if r.success)
         if not result.ok:
             raise PlanError(
                 f"the plan failed.\n{result.summary()}\nFix the plan and call {name} again "
@@ -911,7 +906,21 @@ def plan_tool(
     description = "Run several tool calls as a plan (independent ones in parallel). " + plan_instructions(
         registry
     )
-    return Tool(name, description, schema, run_plan, risk=risk, timeout=timeout)
+    return Tool(name, description, schema, run_plan, risk=risk, timeout=timeout, context_param="_context")
+
+
+def _attempts_before(run: RunContext, call_id: str, name: str) -> int:
+    """How often the run called the plan tool `name` before its call `call_id`, from the run's ledger (in
+    the order the calls were made). A call that never started (refused by the safety gate, arguments that
+    did not validate) is no attempt; one cut off by a crash is."""
+    attempts = 0
+    for entry in run.state.ledger.values():
+        if entry.call_id == call_id:
+            break
+        if entry.status != "planned":
+            tool = run.tools.resolve(entry.name)  # the name as the model wrote it: `Run_Plan` too
+            attempts += tool is not None and tool.name == name
+    return attempts
 
 
 _PLAN_CALL_RE = re.compile(r"plan_[0-9a-f]{8}_([A-Za-z0-9_-]{1,64})")  # the ids `_Runner` gives its calls
