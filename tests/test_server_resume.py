@@ -7,6 +7,10 @@ app on the same store resumes it. The tool-call ledger decides what runs again: 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,7 @@ import httpx
 import pytest
 import websockets
 
-from test_resume import SCRIPT, Crash, Effects, crashing, ledger, observed
+from test_resume import SCRIPT, Crash, Effects, agent_for, crashing, ledger, observed
 from test_server import api, finished, make_agent, read_until, serve, start, waiting_approval
 from thinkloop import Agent
 from thinkloop.stores import MemoryStore, SQLiteStore, Store
@@ -172,6 +176,39 @@ async def test_resume_is_refused_when_the_server_is_full() -> None:
         await finished(client, waiting)
         state = await store.load_state("old")
         assert state is not None and not state.finished  # refused: nothing was done to it
+
+
+async def test_resume_is_refused_while_a_live_thinkloop_process_runs_the_run_unless_forced() -> None:
+    """The server resumed a run that `thinkloop run` in a terminal was still running (`runs resume`
+    refused it): two processes ran one run, the same tool calls, one failing at its next checkpoint."""
+    other = await asyncio.create_subprocess_exec(  # stands in for that process: alive, a thinkloop command
+        sys.executable, "-c", "import sys; sys.stdin.read()", "thinkloop", "run", stdin=subprocess.PIPE
+    )
+    try:
+        store = crashing(MemoryStore, observed(1), after=True)()
+        effects = Effects()
+        owner = {"pid": other.pid, "host": socket.gethostname()}
+        with pytest.raises(Crash):
+            await agent_for(store, effects).run("do the things", run_id="r", metadata={"cli": owner})
+        async with api(_app(agent_for(store, effects))) as client:
+            refused = await client.post("/api/runs/r/resume", json={})
+            assert refused.status_code == 409
+            assert refused.json()["error"] == (
+                f"run 'r' is still running in process {other.pid} on this machine: stop it first (Ctrl-C "
+                f"there, or kill {other.pid} — the run is saved resumable), then resume it; the body "
+                '{"force": true} resumes it anyway (only if that process is not thinkloop running it)'
+            )
+            state = await store.load_state("r")
+            assert state is not None and not state.finished and state.metadata["cli"] == owner  # untouched
+            assert effects.runs == ["fetch:k1"]
+
+            forced = await client.post("/api/runs/r/resume", json={"force": True})
+            assert forced.status_code == 202
+            assert (await finished(client, "r"))[-1]["result"]["output"] == "all done"
+        state = await store.load_state("r")
+        assert state is not None and state.metadata["cli"] == {"pid": os.getpid(), "host": owner["host"]}
+    finally:
+        await other.communicate(b"")
 
 
 # ============================================================================================ helpers

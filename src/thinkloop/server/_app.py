@@ -7,7 +7,8 @@
     GET  /api/runs/{id}/events?after=N        its events with seq > N
     WS   /api/runs/{id}/events?after=N        the same, then the live ones, up to `done`
     POST /api/runs/{id}/cancel                stop a running run (it ends as `cancelled`)
-    POST /api/runs/{id}/resume                resume a run the store has unfinished (e.g. after a crash)
+    POST /api/runs/{id}/resume                resume a run the store has unfinished (e.g. after a crash);
+                                              {force?}: even if a live process seems to run it still
     GET  /api/approvals                       the tool calls waiting for a person (?run_id)
     POST /api/runs/{id}/approvals/{call_id}   answer one: {decision: approve|deny|approve_always, message?}
     GET  /api/info                            the agent: model, tools, safety mode, limits
@@ -90,6 +91,14 @@ class ApiError(Exception):
 
 
 # ============================================================================================ bodies
+
+
+class ResumeRequest(BaseModel):
+    """The body of `POST /api/runs/{id}/resume` (optional)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    force: bool = False  # resume even if a live thinkloop process on this machine seems to run it still
 
 
 class RunRequest(BaseModel):
@@ -587,10 +596,12 @@ def _add_control_routes(app: FastAPI, manager: RunManager) -> None:
         return {"run_id": run_id, "status": "cancelling"}
 
     @app.post("/api/runs/{run_id}/resume", status_code=202)
-    async def resume_run(run_id: str, response: Response) -> dict[str, Any]:
+    async def resume_run(
+        run_id: str, response: Response, body: ResumeRequest | None = None
+    ) -> dict[str, Any]:
         run_id = _run_id(run_id)
         try:
-            await manager.resume(run_id)
+            await manager.resume(run_id, force=body is not None and body.force)
         except UnknownRunError:
             raise ApiError(404, f"no run {run_id!r}") from None
         except NotResumableError as exc:

@@ -8,7 +8,9 @@ running here (finished, or running in another process sharing the store) is foll
 event log, polled until its `done` event — or, if this server resumes it meanwhile, from then on live.
 
 A run the store has unfinished (its process died) can be resumed here (`resume()`): it continues as a
-live run whose event list starts with the events already logged, so its followers see one sequence.
+live run whose event list starts with the events already logged, so its followers see one sequence. A
+run that a live thinkloop process on this machine still runs (`thinkloop run` in a terminal, another
+`thinkloop serve`) is refused unless forced, as `thinkloop runs resume` refuses it (`stores._owner`).
 
 A follower never slows a run down: events are put on its queue without waiting; a follower that falls
 more than `MAX_QUEUED` events behind is dropped (`FollowerTooSlow`) and may reconnect with `after=`.
@@ -27,9 +29,12 @@ from typing import Any
 
 from .._agent import Agent
 from .._budget import Budget
-from .._errors import RunError, StateError, UserError
+from .._errors import ConcurrencyError, RunError, StateError, UserError
 from .._events import Event
+from .._state import RunState
 from ..stores import Store
+from ..stores._owner import KEY as OWNER_KEY
+from ..stores._owner import StillRunningError, check_not_running, claim
 
 logger = logging.getLogger("thinkloop.server")
 
@@ -47,7 +52,7 @@ class NotRunningError(StateError):
 
 
 class NotResumableError(StateError):
-    """The run cannot be resumed here: it ended, or it is running in this server already."""
+    """The run cannot be resumed here: it ended, or it is running in this server or another live process."""
 
 
 class TooManyRunsError(UserError):
@@ -153,23 +158,17 @@ class RunManager:
         )
         return live
 
-    async def resume(self, run_id: str) -> LiveRun:
+    async def resume(self, run_id: str, *, force: bool = False) -> LiveRun:
         """Resume in the background a run the store has unfinished, as `agent.resume()` does.
 
         The run goes on from its last checkpoint with its own budget and metadata; the tool-call
         ledger settles the calls the interruption cut short (a completed call is never run again).
-        Raises `UnknownRunError`, `NotResumableError` (it ended, or it runs here) or `TooManyRunsError`.
+        Raises `UnknownRunError`, `NotResumableError` (it ended, it runs here, or — unless `force` — a
+        live thinkloop process on this machine still runs it) or `TooManyRunsError`.
         """
         if run_id in self._live:
             raise NotResumableError(f"run {run_id!r} is running in this server already")
-        state = await self.store.load_state(run_id)
-        if state is None:
-            raise UnknownRunError(f"no run {run_id!r}")
-        if state.finished:
-            reason = state.stop_reason.value if state.stop_reason else state.phase
-            raise NotResumableError(
-                f"run {run_id!r} already ended ({reason}) and cannot be resumed: start a new run instead"
-            )
+        state = await self._resumable(run_id, force)
         logged = await self.store.read_events(run_id)
         if run_id in self._live:  # resumed by another request while the store was read
             raise NotResumableError(f"run {run_id!r} is running in this server already")
@@ -183,6 +182,27 @@ class RunManager:
         )
         self._launch(live, lambda: self.agent.resume(run_id, on_event=live.publish))
         return live
+
+    async def _resumable(self, run_id: str, force: bool) -> RunState:
+        """The run's saved state, if this server may resume it; it then records this process as its own."""
+        state = await self.store.load_state(run_id)
+        if state is None:
+            raise UnknownRunError(f"no run {run_id!r}")
+        if state.finished:
+            reason = state.stop_reason.value if state.stop_reason else state.phase
+            raise NotResumableError(
+                f"run {run_id!r} already ended ({reason}) and cannot be resumed: start a new run instead"
+            )
+        if OWNER_KEY not in state.metadata:  # a run no thinkloop command recorded its process in
+            return state
+        try:
+            if not force:
+                check_not_running(run_id, state.metadata, force='the body {"force": true}')
+            claim(state.metadata)  # this process runs it now: `thinkloop runs resume` elsewhere refuses it
+            await self.store.checkpoint(state, [])
+        except (StillRunningError, ConcurrencyError) as exc:  # the latter: another process saved it meanwhile
+            raise NotResumableError(str(exc)) from None
+        return state
 
     def _check_room(self) -> None:
         if self._closing:
