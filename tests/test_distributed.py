@@ -4,6 +4,7 @@ a worker killed mid-run and its run resumed by another without running a side ef
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -36,13 +37,18 @@ async def queue(dsn: str) -> AsyncIterator[JobQueue]:
         yield q
 
 
-def workers(dsn: str, effects: Path, names: list[str], *, lease: float = 1.0, env: dict[str, str] | None = None) -> list[subprocess.Popen[str]]:
+def workers(
+    dsn: str, effects: Path, names: list[str], *, lease: float = 1.0, env: dict[str, str] | None = None
+) -> list[subprocess.Popen[str]]:
     import os
 
     return [
         subprocess.Popen(
             [sys.executable, WORKER, dsn, str(effects), str(lease), name],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
         )  # fmt: skip
         for name in names
     ]
@@ -97,7 +103,9 @@ async def test_a_job_that_keeps_losing_its_worker_fails_after_max_attempts(dsn: 
         assert status is not None and (status.status, status.stop_reason) == ("failed", "error")
         assert "taken 3 time(s) (max_attempts=2)" in (status.error or "")
         async with PostgresStore(dsn) as store:
-            with pytest.raises(ThinkloopError, match="job p failed: run p abandoned: it was taken 3 time") as failed:
+            with pytest.raises(
+                ThinkloopError, match="job p failed: run p abandoned: it was taken 3 time"
+            ) as failed:
                 await q.wait("p", store)
             assert "inspect it with `thinkloop runs show p --store STORE`" in str(failed.value)
 
@@ -114,11 +122,15 @@ def note(text: str) -> str:
 async def test_a_worker_runs_jobs_and_wait_returns_their_results(dsn: str, queue: JobQueue) -> None:
     def reply(request: Any) -> Any:
         goal = request.messages[1].content
-        return {"tool_calls": [{"name": "note", "args": {"text": goal}}]} if request.turn == 0 else f"ok: {goal}"
+        return (
+            {"tool_calls": [{"name": "note", "args": {"text": goal}}]} if request.turn == 0 else f"ok: {goal}"
+        )
 
     async with PostgresStore(dsn) as store:
         ids = [await queue.submit(f"task {n}") for n in range(5)]
-        worker = Worker(Agent(FunctionModel(reply), tools=[note], store=store), queue, concurrency=3, poll_interval=0.05)
+        worker = Worker(
+            Agent(FunctionModel(reply), tools=[note], store=store), queue, concurrency=3, poll_interval=0.05
+        )
         await worker.serve(until_idle=True)
         assert sorted(worker.completed) == sorted(ids)
         results = [await queue.wait(i, store) for i in ids]
@@ -139,7 +151,9 @@ async def test_a_worker_that_lost_its_lease_stops_the_run(dsn: str, queue: JobQu
         await asyncio.sleep(seconds)
         return "waited"
 
-    model = FunctionModel(lambda r: {"tool_calls": [{"name": "slow", "args": {"seconds": 30}}]} if r.turn == 0 else "done")
+    model = FunctionModel(
+        lambda r: {"tool_calls": [{"name": "slow", "args": {"seconds": 30}}]} if r.turn == 0 else "done"
+    )
     async with PostgresStore(dsn) as store:
         await queue.submit("wait a long time", run_id="slowjob")
         worker = Worker(Agent(model, tools=[slow], store=store), queue, name="w1", poll_interval=0.05)
@@ -155,7 +169,9 @@ async def test_a_worker_that_lost_its_lease_stops_the_run(dsn: str, queue: JobQu
         assert state is not None and not state.finished and "interrupted" not in state.metadata
 
 
-async def test_a_worker_stopped_with_interrupt_hands_its_runs_back_resumable(dsn: str, queue: JobQueue) -> None:
+async def test_a_worker_stopped_with_interrupt_hands_its_runs_back_resumable(
+    dsn: str, queue: JobQueue
+) -> None:
     started = asyncio.Event()
     effects: list[str] = []
 
@@ -168,7 +184,9 @@ async def test_a_worker_stopped_with_interrupt_hands_its_runs_back_resumable(dsn
             await asyncio.sleep(30)
         return f"value of {key}"
 
-    model = FunctionModel(lambda r: {"tool_calls": [{"name": "fetch", "args": {"key": "k"}}]} if r.turn == 0 else "got it")
+    model = FunctionModel(
+        lambda r: {"tool_calls": [{"name": "fetch", "args": {"key": "k"}}]} if r.turn == 0 else "got it"
+    )
     async with PostgresStore(dsn) as store:
         await queue.submit("fetch k", run_id="handback")
         first = Worker(Agent(model, tools=[fetch], store=store), queue, name="w1", poll_interval=0.05)
@@ -207,7 +225,9 @@ def test_workers_in_several_processes_run_every_job_exactly_once(dsn: str, tmp_p
     assert len({line.split(":")[2] for line in done}) >= 2  # the work was shared
 
 
-def test_a_killed_workers_run_is_resumed_by_another_without_repeating_its_side_effect(dsn: str, tmp_path: Path) -> None:
+def test_a_killed_workers_run_is_resumed_by_another_without_repeating_its_side_effect(
+    dsn: str, tmp_path: Path
+) -> None:
     async def submit() -> None:
         async with JobQueue(dsn) as q:
             await q.submit("doomed", run_id="d1")
@@ -246,7 +266,9 @@ def test_worker_settings_are_checked(dsn: str) -> None:
         with pytest.raises(ConfigurationError, match="lease must be a positive number of seconds"):
             JobQueue(dsn, lease=lease)  # type: ignore[arg-type]
     for bad in (0, -2, 2.5, "3", True, None):
-        with pytest.raises(ConfigurationError, match=r"max_attempts must be a whole number ≥ 1 .*default 3\), got"):
+        with pytest.raises(
+            ConfigurationError, match=r"max_attempts must be a whole number ≥ 1 .*default 3\), got"
+        ):
             JobQueue(dsn, max_attempts=bad)  # type: ignore[arg-type]
     assert JobQueue(dsn).max_attempts == 3
 
@@ -291,15 +313,23 @@ def test_a_run_that_kills_every_worker_is_abandoned_after_max_attempts(dsn: str,
     async def check() -> None:
         async with JobQueue(dsn) as q, PostgresStore(dsn) as store:
             status = await q.status("p1")
-            assert status is not None and (status.status, status.stop_reason, status.attempts) == ("failed", "error", 3)
+            assert status is not None and (status.status, status.stop_reason, status.attempts) == (
+                "failed",
+                "error",
+                3,
+            )
             saved = await store.load_state("p1")
             assert saved is not None and saved.stop_reason is StopReason.ERROR and saved.phase == "error"
             assert saved.error == status.error
-            assert saved.error.startswith("run p1 abandoned after 2 attempt(s) (max_attempts=2): each one ended without finishing")
+            assert saved.error.startswith(
+                "run p1 abandoned after 2 attempt(s) (max_attempts=2): each one ended without finishing"
+            )
             assert f"`thinkloop runs show p1 --store {store.url}`" in saved.error
             assert saved.metadata["attempts"] == 2 and saved.metadata["abandoned"]["attempts"] == 2
             events = await store.read_events("p1")
-            assert [e.type for e in events[-2:]] == ["error", "done"] and events[-1].seq == saved.event_version
+            assert [e.type for e in events[-2:]] == ["error", "done"] and events[
+                -1
+            ].seq == saved.event_version
             with pytest.raises(ThinkloopError, match="job p1 failed: run p1 abandoned after 2 attempt"):
                 await q.wait("p1", store)
 
@@ -324,11 +354,15 @@ def hanging_agent(store: PostgresStore) -> tuple[Agent, asyncio.Event]:
         await asyncio.sleep(30)
         return "never"
 
-    model = FunctionModel(lambda r: {"tool_calls": [{"name": "hang", "args": {"key": "k"}}]} if r.turn == 0 else "done")
+    model = FunctionModel(
+        lambda r: {"tool_calls": [{"name": "hang", "args": {"key": "k"}}]} if r.turn == 0 else "done"
+    )
     return Agent(model, tools=[hang], store=store), hanging
 
 
-async def crash_once(agent: Agent, hanging: asyncio.Event, run_id: str, *, save: bool = False, **options: Any) -> None:
+async def crash_once(
+    agent: Agent, hanging: asyncio.Event, run_id: str, *, save: bool = False, **options: Any
+) -> None:
     """One attempt of `run_or_resume` that stops inside `hang`: with `save=False` as if its process died
     there (nothing more is written), with `save=True` interrupted by its worker's shutdown."""
     from thinkloop.distributed import run_or_resume
@@ -363,7 +397,9 @@ async def test_by_default_a_run_gets_three_attempts_and_a_shutdown_does_not_coun
             await agent.resume("r1")
 
         await crash_once(agent, hanging, "r2", max_attempts=1)
-        assert (await run_or_resume(agent, "r2", "hang around", max_attempts=1)).stop_reason is StopReason.ERROR
+        assert (
+            await run_or_resume(agent, "r2", "hang around", max_attempts=1)
+        ).stop_reason is StopReason.ERROR
 
 
 async def test_a_finished_run_is_never_run_again_and_settings_are_checked(dsn: str) -> None:
@@ -378,7 +414,9 @@ async def test_a_finished_run_is_never_run_again_and_settings_are_checked(dsn: s
         calls.append(text)
         return "ok"
 
-    model = FunctionModel(lambda r: {"tool_calls": [{"name": "once", "args": {"text": "x"}}]} if r.turn == 0 else "finished")
+    model = FunctionModel(
+        lambda r: {"tool_calls": [{"name": "once", "args": {"text": "x"}}]} if r.turn == 0 else "finished"
+    )
     async with PostgresStore(dsn) as store:
         agent = Agent(model, tools=[once], store=store)
         first = await run_or_resume(agent, "f1", "do it once")
@@ -396,11 +434,15 @@ async def test_a_finished_run_is_never_run_again_and_settings_are_checked(dsn: s
         lost = await run_or_resume(agent, "f3", "never saved", attempt=4, max_attempts=3, metadata={"n": 1})
         assert lost.stop_reason is StopReason.ERROR and "abandoned after 3 attempt(s)" in (lost.error or "")
         saved = await store.load_state("f3")
-        assert saved is not None and saved.finished and saved.goal == "never saved" and saved.metadata["n"] == 1
+        assert (
+            saved is not None and saved.finished and saved.goal == "never saved" and saved.metadata["n"] == 1
+        )
         assert calls == ["x"]
 
 
-async def test_a_job_whose_state_is_corrupt_fails_with_a_clear_error_and_the_worker_goes_on(dsn: str, queue: JobQueue) -> None:
+async def test_a_job_whose_state_is_corrupt_fails_with_a_clear_error_and_the_worker_goes_on(
+    dsn: str, queue: JobQueue
+) -> None:
     import psycopg
 
     from thinkloop.distributed import run_or_resume
@@ -412,7 +454,9 @@ async def test_a_job_whose_state_is_corrupt_fails_with_a_clear_error_and_the_wor
         await queue.submit("a healthy job", run_id="good")
         await run_or_resume(agent, "bad", "corrupt me")  # a state in the store …
         with psycopg.connect(dsn, autocommit=True) as conn:  # … then broken, and unfinished again
-            conn.execute("UPDATE thinkloop_runs SET state = '{\"run_id\": \"bad\", \"step\": \"three\"}' WHERE run_id = 'bad'")
+            conn.execute(
+                'UPDATE thinkloop_runs SET state = \'{"run_id": "bad", "step": "three"}\' WHERE run_id = \'bad\''
+            )
         worker = Worker(agent, queue, name="w1", poll_interval=0.05)
         await asyncio.wait_for(worker.serve(until_idle=True), 20)
         assert worker.completed == ["good"]
@@ -433,12 +477,16 @@ def test_cli_submit_and_worker(dsn: str, tmp_path: Path) -> None:
     import signal
 
     script = tmp_path / "script.json"
-    script.write_text(json.dumps([{"tool_calls": [{"name": "calculator", "args": {"expression": "6*7"}}]}, {"text": "42"}]))
+    script.write_text(
+        json.dumps([{"tool_calls": [{"name": "calculator", "args": {"expression": "6*7"}}]}, {"text": "42"}])
+    )
     env = {**os.environ, "THINKLOOP_QUEUE": dsn, "THINKLOOP_HOME": str(tmp_path / "home")}
     cli = [sys.executable, "-m", "thinkloop.cli"]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*cli, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        return subprocess.run(
+            [*cli, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
 
     first = run("submit", "What is 6*7?", "--run-id", "cli-1")
     assert first.returncode == 0 and first.stdout.strip() == "cli-1", first.stderr
@@ -458,3 +506,116 @@ def test_cli_submit_and_worker(dsn: str, tmp_path: Path) -> None:
     missing = subprocess.run([*cli, "submit", "x"], env={k: v for k, v in env.items() if k != "THINKLOOP_QUEUE"},
                              capture_output=True, text=True, timeout=60)  # fmt: skip
     assert missing.returncode == 2 and "no job queue" in missing.stderr
+
+
+# ================================================================================ faults of the queue
+
+
+async def test_rows_no_worker_can_run_fail_with_a_clear_error_and_the_worker_goes_on(
+    dsn: str, queue: JobQueue
+) -> None:
+    import psycopg
+
+    await queue.submit("a first healthy job", run_id="good-1")  # creates the table
+    bad = {  # rows written by something else than `submit`
+        "not-json": ("x", "{not json"),
+        "not-object": ("x", "[1, 2]"),
+        "bad-metadata": ("x", '{"budget": null, "metadata": "m", "session": null}'),
+        "bad-budget": ("x", '{"budget": {"speed": 3}, "metadata": {}, "session": null}'),
+        "blank-goal": ("  ", '{"budget": null, "metadata": {}, "session": null}'),
+        "../escape": ("x", '{"budget": null, "metadata": {}, "session": null}'),
+    }
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for n, (run_id, (goal, options)) in enumerate(bad.items()):
+            conn.execute(
+                "INSERT INTO thinkloop_jobs (run_id, goal, options, status, created_at, updated_at) "
+                "VALUES (%s, %s, %s, 'queued', %s, %s)", (run_id, goal, options, n, n),
+            )  # fmt: skip
+    await queue.submit("a second healthy job", run_id="good-2")
+    async with PostgresStore(dsn) as store:
+        worker = Worker(
+            Agent(FunctionModel(lambda r: "fine"), store=store), queue, name="w1", poll_interval=0.05
+        )
+        await asyncio.wait_for(worker.serve(until_idle=True), 60)  # did not crash on the first bad row
+        assert sorted(worker.completed) == ["good-1", "good-2"]
+        expected = {
+            "not-json": "its options are not JSON (",
+            "not-object": "its options must be a JSON object (as `JobQueue.submit` writes them), got '[1, 2]'",
+            "bad-metadata": "its option 'metadata' must be a dict or null, got 'm'",
+            "bad-budget": "the job's budget {'speed': 3} is not a budget",
+            "blank-goal": "its goal must be a non-empty string, got '  '",
+            "../escape": "run id",
+        }
+        for run_id, words in expected.items():
+            status = await queue.status(run_id)
+            assert status is not None and status.status == "failed", status
+            assert words in (status.error or ""), status.error
+            with pytest.raises(ThinkloopError, match=f"job {re.escape(run_id)} failed"):
+                await queue.wait(run_id, store)
+            if run_id != "../escape":
+                assert await store.load_state(run_id) is None  # nothing ran
+        assert (await queue.status("good-2")).status == "done"  # type: ignore[union-attr]
+
+
+def backend_pid(conn: Any) -> int:
+    return int(conn.pgconn.backend_pid)
+
+
+def terminate(dsn: str, *pids: int) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for pid in pids:
+            assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+
+
+async def test_a_worker_whose_database_connections_are_dropped_reconnects_and_loses_no_job(dsn: str) -> None:
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    @tool
+    async def step(n: int) -> str:
+        """Do a step (waits for the test)."""
+        started.set()
+        await release.wait()
+        return f"step {n} done"
+
+    model = FunctionModel(
+        lambda r: {"tool_calls": [{"name": "step", "args": {"n": 1}}]} if r.turn == 0 else "finished"
+    )
+    async with JobQueue(dsn, lease=1.0) as queue, PostgresStore(dsn) as store:
+        await queue.submit("first", run_id="j1")
+        worker = Worker(Agent(model, tools=[step], store=store), queue, name="w1", poll_interval=0.05)
+        serving = asyncio.create_task(worker.serve())
+        try:
+            await asyncio.wait_for(started.wait(), 30)
+            terminate(dsn, backend_pid(queue._conn), backend_pid(store._conn))  # mid-run: both connections
+            release.set()
+            async with asyncio.timeout(60):
+                result = await queue.wait("j1", store)
+            assert result.output == "finished" and worker.completed == ["j1"]
+
+            terminate(dsn, backend_pid(queue._conn))  # while idle, between claims
+            started.clear()
+            await queue.submit("second", run_id="j2")
+            async with asyncio.timeout(60):
+                second = await queue.wait("j2", store)
+            assert second.output == "finished" and not serving.done()
+            assert worker.completed == ["j1", "j2"]
+            assert [s.status for s in await queue.jobs()] == ["done", "done"]
+        finally:
+            worker.stop()
+            await asyncio.wait_for(serving, 30)
+
+
+async def test_a_worker_that_cannot_reach_its_queue_at_all_says_so(dsn: str) -> None:
+    async with (
+        PostgresStore(dsn) as store,
+        JobQueue("postgresql://postgres@127.0.0.1:1/test", lease=1.0) as queue,
+    ):
+        worker = Worker(Agent(FunctionModel(lambda r: "x"), store=store), queue)
+        with pytest.raises(
+            ThinkloopError,
+            match=r"the job queue's database postgresql://postgres@127.0.0.1:1/test failed: .*check that the server is running",
+        ):
+            await asyncio.wait_for(worker.serve(until_idle=True), 30)

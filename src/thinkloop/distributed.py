@@ -57,6 +57,8 @@ ABANDONED = "abandoned"  # {"attempts": n, "at": t}: the run was ended after too
 
 logger = logging.getLogger("thinkloop.distributed")
 
+_MAX_PAUSE = 5.0  # seconds at most between tries when the queue's database fails
+
 JobState = Literal["queued", "running", "done", "failed"]
 
 _NOW = "extract(epoch from clock_timestamp())"  # the database's clock: workers' clocks may disagree
@@ -122,7 +124,10 @@ class JobQueue:
                 f"lease must be a positive number of seconds (how long a worker holds a job without "
                 f"renewing it), got {lease!r}"
             )
+        from .stores._postgres import redacted_dsn
+
         self.dsn = dsn
+        self.url = redacted_dsn(dsn)  # shown in messages: without the password
         self.lease = float(lease)
         self.max_attempts = check_max_attempts(max_attempts)
         self._conn: Any = None
@@ -140,10 +145,35 @@ class JobQueue:
             self._conn = None
 
     async def _execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """One statement. A connection kept from earlier that turns out lost (the server restarted, an
+        administrator ended it, the network dropped it) is opened again and the statement retried once;
+        any other failure is a `ThinkloopError` saying which database failed and what to check."""
+        import psycopg
+
         async with self._lock:
-            conn = await self._connection()
-            cursor = await conn.execute(sql, params)
-            return list(await cursor.fetchall()) if cursor.description is not None else []
+            kept = self._conn is not None and not self._conn.closed
+            try:
+                try:
+                    return await self._statement(sql, params)
+                except psycopg.OperationalError:
+                    if not (kept and self._conn is not None and self._conn.closed):
+                        raise
+                    logger.warning("the job queue's connection to %s was lost: connecting again", self.url)
+                    self._conn = None
+                return await self._statement(sql, params)
+            except psycopg.Error as exc:
+                if self._conn is not None and self._conn.closed:
+                    self._conn = None  # the next statement connects again
+                reason = " ".join(str(exc).split())
+                raise ThinkloopError(
+                    f"the job queue's database {self.url} failed: {reason}; check that the server is "
+                    "running and reachable and that the database and user in the DSN exist"
+                ) from exc
+
+    async def _statement(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
+        conn = await self._connection()
+        cursor = await conn.execute(sql, params)
+        return list(await cursor.fetchall()) if cursor.description is not None else []
 
     async def _connection(self) -> Any:
         if self._conn is None or self._conn.closed:
@@ -248,13 +278,21 @@ class JobQueue:
                     f"with `thinkloop runs show {run_id} --store STORE`, fix the cause, and submit the "
                     "goal again under a new run id"
                 )
-                await self._execute(
-                    f"UPDATE thinkloop_jobs SET status = 'failed', worker = NULL, lease_until = NULL, "
-                    f"stop_reason = 'error', error = %s, updated_at = {_NOW} WHERE run_id = %s",
-                    (error, run_id),
-                )
+                await self._fail(run_id, error)
                 continue
-            return Job(run_id=run_id, goal=goal, attempt=attempts, options=json.loads(options))
+            job = _job(run_id, goal, options, attempts)
+            if isinstance(job, str):  # a row no worker can run: failed now, never handed out again
+                logger.error("%s", job)
+                await self._fail(run_id, job)
+                continue
+            return job
+
+    async def _fail(self, run_id: str, error: str) -> None:
+        await self._execute(
+            f"UPDATE thinkloop_jobs SET status = 'failed', worker = NULL, lease_until = NULL, "
+            f"stop_reason = 'error', error = %s, updated_at = {_NOW} WHERE run_id = %s",
+            (error, run_id),
+        )
 
     async def renew(self, job: Job, worker: str) -> bool:
         """Extend the lease; False when the job is no longer this worker's (another one took it over)."""
@@ -284,6 +322,39 @@ class JobQueue:
             f"attempts = greatest(attempts - 1, 0), updated_at = {_NOW} WHERE run_id = %s AND worker = %s",
             (job.run_id, worker),
         )
+
+
+def _job(run_id: str, goal: object, options: object, attempts: int) -> Job | str:
+    """The job of a claimed row, or what is wrong with the row (written to it by something else than
+    `submit`: a bad run id, goal or options) — that job fails with the reason instead of crashing workers."""
+    parsed = _options(options)
+    problem = parsed if isinstance(parsed, str) else None
+    try:
+        check_id(run_id)
+    except UserError as exc:
+        problem = str(exc)
+    if not (isinstance(goal, str) and goal.strip()):
+        problem = f"its goal must be a non-empty string, got {goal!r:.200}"
+    if problem is not None or isinstance(parsed, str) or not isinstance(goal, str):
+        return (
+            f"job {run_id!r} cannot be run: {problem}. Submit the goal again with `JobQueue.submit` "
+            "(or `thinkloop submit`)"
+        )
+    return Job(run_id=run_id, goal=goal, attempt=attempts, options=parsed)
+
+
+def _options(options: object) -> dict[str, Any] | str:
+    """A row's options as `submit` writes them, or what is wrong with them."""
+    try:
+        parsed = json.loads(options) if isinstance(options, str) else None
+    except ValueError as exc:
+        return f"its options are not JSON ({exc}): {options!r:.200}"
+    if not isinstance(parsed, dict):
+        return f"its options must be a JSON object (as `JobQueue.submit` writes them), got {options!r:.200}"
+    for key, kind in (("budget", dict), ("metadata", dict), ("session", str)):
+        if not isinstance(parsed.get(key), kind | None):
+            return f"its option {key!r} must be a {kind.__name__} or null, got {parsed.get(key)!r:.200}"
+    return parsed
 
 
 class Worker:
@@ -320,6 +391,7 @@ class Worker:
         self.completed: list[str] = []  # run ids this worker finished
         self._stopping = asyncio.Event()
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._reached = False  # whether a claim ever reached the queue's database
 
     @property
     def stopping(self) -> bool:
@@ -337,9 +409,20 @@ class Worker:
 
     async def serve(self, *, until_idle: bool = False) -> None:
         """Take and run jobs until `stop()` (or until nothing is left, with `until_idle`)."""
+        pause = self.poll_interval
         try:
             while not self._stopping.is_set():
-                job = await self.queue.claim(self.name) if len(self._running) < self.concurrency else None
+                try:
+                    job = await self._claim()
+                except ThinkloopError as exc:
+                    if not self._reached:  # never reached: a wrong DSN, no server — say so at once
+                        raise
+                    # reached before: a restart or a dropped connection; its jobs wait in the database
+                    pause = min(max(pause * 2, 0.5), _MAX_PAUSE)
+                    logger.warning("%s — taking jobs again in %.1f s", exc, pause)
+                    await self._pause(pause)
+                    continue
+                pause = self.poll_interval
                 if job is not None:
                     task = asyncio.create_task(self._drive(job), name=f"thinkloop-job-{job.run_id}")
                     self._running[job.run_id] = task
@@ -347,12 +430,23 @@ class Worker:
                     continue
                 if until_idle and not self._running:
                     return
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.poll_interval):
-                        await self._stopping.wait()
+                await self._pause(self.poll_interval)
         finally:
             if self._running:
                 await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    async def _claim(self) -> Job | None:
+        """The next job, if this worker has room for one."""
+        if len(self._running) >= self.concurrency:
+            return None
+        job = await self.queue.claim(self.name)
+        self._reached = True
+        return job
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         for run_id, running in list(self._running.items()):
@@ -376,7 +470,10 @@ class Worker:
                 await self._settle(self.queue.release(job, self.name))
             raise
         except Exception as exc:  # a failure of the engine, not of the run (those end with a stop reason)
-            logger.exception("job %s failed on %s", job.run_id, self.name)
+            if isinstance(exc, UserError | StateError):  # the job's own: a bad option, a corrupt state
+                logger.error("job %s failed on %s: %s", job.run_id, self.name, exc)
+            else:
+                logger.exception("job %s failed on %s", job.run_id, self.name)
             await self._settle(self.queue.finish(job, self.name, error=f"{type(exc).__name__}: {exc}"))
             return
         finally:
@@ -490,7 +587,12 @@ async def run_or_resume(
         logger.info("resuming run %s from its checkpoint (step %d, attempt %d)", run_id, state.step, number)
         return await agent.resume(run_id)
     if isinstance(budget, dict):
-        budget = Budget(**budget)
+        try:
+            budget = Budget(**budget)
+        except TypeError as exc:
+            raise ConfigurationError(
+                f"run {run_id}: the job's budget {budget!r:.200} is not a budget: {exc}"
+            ) from None
     metadata = {**(metadata or {}), ATTEMPTS: number, ATTEMPT_STARTED: time.time()}
     return await agent.run(goal, run_id=run_id, budget=budget, metadata=metadata, session=session)
 
