@@ -619,3 +619,131 @@ async def test_a_worker_that_cannot_reach_its_queue_at_all_says_so(dsn: str) -> 
             match=r"the job queue's database postgresql://postgres@127.0.0.1:1/test failed: .*check that the server is running",
         ):
             await asyncio.wait_for(worker.serve(until_idle=True), 30)
+
+
+# ==================================================================== worker processes: death, stall, stop
+
+
+def lease_expired(dsn: str, run_id: str, timeout: float = 60) -> None:
+    """Wait until the job's lease has run out (on the database's clock), so another worker may take it."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT lease_until < extract(epoch from clock_timestamp()) FROM thinkloop_jobs WHERE run_id = %s",
+                (run_id,),
+            ).fetchone()
+            if row is not None and row[0]:
+                return
+            time.sleep(0.05)
+    raise AssertionError(f"the lease of job {run_id} did not run out within {timeout} s")
+
+
+def wait_for_line(path: Path, line: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while line not in lines(path):
+        assert time.monotonic() < deadline, f"{line!r} never came: {lines(path)}"
+        time.sleep(0.02)
+
+
+def job_status(dsn: str, run_id: str) -> Any:
+    async def get() -> Any:
+        async with JobQueue(dsn) as q:
+            return await q.status(run_id)
+
+    return asyncio.run(get())
+
+
+def test_a_run_that_kills_its_worker_before_its_first_save_is_abandoned_after_max_attempts(
+    dsn: str, tmp_path: Path
+) -> None:
+    async def submit() -> None:
+        async with JobQueue(dsn) as q:
+            await q.submit("early", run_id="e1", metadata={"team": "ops"})
+
+    asyncio.run(submit())
+    effects = tmp_path / "effects.txt"
+    env = {"KILL_BEFORE_SAVE": "early", "MAX_ATTEMPTS": "2"}
+    for name in "AB":  # each dies before the run is first saved: nothing in the store counts it
+        (proc,) = workers(dsn, effects, [name], lease=0.5, env=env)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == -9, err
+        assert asyncio.run(stored(dsn, "e1")) is None
+        lease_expired(dsn, "e1")
+    (proc,) = workers(dsn, effects, ["C"], lease=0.5, env=env)
+    out, err = proc.communicate(timeout=60)  # the queue counted the claims: C ends the run, not runs it
+    assert proc.returncode == 0 and out.strip() == "", err
+    assert lines(effects) == ["recall:early:A", "recall:early:B"]
+    status = job_status(dsn, "e1")
+    assert (status.status, status.stop_reason, status.attempts) == ("failed", "error", 3)
+    assert status.error.startswith("run e1 abandoned after 2 attempt(s) (max_attempts=2)")
+    saved = asyncio.run(stored(dsn, "e1"))
+    assert saved.finished and saved.stop_reason is StopReason.ERROR and saved.goal == "early"
+    assert saved.metadata["team"] == "ops" and saved.metadata["abandoned"]["attempts"] == 2
+
+
+async def stored(dsn: str, run_id: str) -> Any:
+    async with PostgresStore(dsn) as store:
+        return await store.load_state(run_id)
+
+
+def test_a_worker_stopped_by_sigterm_hands_its_run_back_at_once_for_another_to_resume(
+    dsn: str, tmp_path: Path
+) -> None:
+    import signal
+
+    async def submit() -> None:
+        async with JobQueue(dsn) as q:
+            await q.submit("handover", run_id="h1")
+
+    asyncio.run(submit())
+    effects = tmp_path / "effects.txt"
+    (first,) = workers(dsn, effects, ["A"], lease=60, env={"SLOW_MARK": "600"})  # a 60 s lease, a 10 min tool
+    wait_for_line(effects, "record:handover:A")
+    first.send_signal(signal.SIGTERM)
+    out, err = first.communicate(timeout=60)  # at once: neither the tool nor the lease is waited for
+    assert first.returncode == 0 and out.strip() == "", err
+    status = job_status(dsn, "h1")
+    assert (status.status, status.worker, status.attempts) == ("queued", None, 0)  # released, not counted
+    saved = asyncio.run(stored(dsn, "h1"))
+    assert saved is not None and not saved.finished
+
+    (second,) = workers(dsn, effects, ["B"], lease=60)
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0 and out.strip() == "h1", err
+    assert lines(effects) == ["record:handover:A", "mark:handover:B"]  # record (a side effect) ran once
+    status = job_status(dsn, "h1")
+    assert (status.status, status.stop_reason, status.attempts) == ("done", "final_answer", 1)
+
+
+def test_a_worker_frozen_past_its_lease_stops_its_run_when_it_wakes(dsn: str, tmp_path: Path) -> None:
+    import signal
+
+    async def submit() -> None:
+        async with JobQueue(dsn) as q:
+            await q.submit("frozen", run_id="z1")
+
+    asyncio.run(submit())
+    effects = tmp_path / "effects.txt"
+    (stale,) = workers(dsn, effects, ["A"], lease=1.0, env={"SLOW_MARK": "3"})
+    wait_for_line(effects, "record:frozen:A")
+    stale.send_signal(signal.SIGSTOP)  # frozen (inside or before `mark`) …
+    try:
+        lease_expired(dsn, "z1")  # … past its lease: B takes the run over and finishes it
+        (rescuer,) = workers(dsn, effects, ["B"], lease=1.0)
+        out, err = rescuer.communicate(timeout=120)
+        assert rescuer.returncode == 0 and out.strip() == "z1", err
+        finished = asyncio.run(stored(dsn, "z1"))
+    finally:
+        stale.send_signal(signal.SIGCONT)  # … then it wakes
+    out, err = stale.communicate(timeout=60)
+    assert stale.returncode == 0 and out.strip() == "", err  # it completed nothing
+    done = lines(effects)
+    assert done.count("record:frozen:A") == 1 and "record:frozen:B" not in done
+    assert "mark:frozen:B" in done and set(done) <= {"record:frozen:A", "mark:frozen:A", "mark:frozen:B"}
+    after = asyncio.run(stored(dsn, "z1"))  # A wrote nothing over B's result
+    assert after.model_dump() == finished.model_dump() and after.answer == "done frozen"
+    status = job_status(dsn, "z1")
+    assert (status.status, status.stop_reason, status.attempts) == ("done", "final_answer", 2)

@@ -6,8 +6,11 @@ Each job's model (by turn): call `record` (not idempotent) with the goal as tag,
 then answer. Tools append `name:tag:worker` to EFFECTS. With KILL_IN_RECORD=GOAL the process kills
 itself with SIGKILL inside `record` for that goal, after its effect (a crash mid-run); with
 KILL_IN_MARK=GOAL, inside `mark` — which, being idempotent, is re-run on every resume: it kills every
-worker that takes the job (a poison run). With SLOW_MARK=SECONDS, `mark` sleeps that long first.
-MAX_ATTEMPTS sets the queue's `max_attempts`.
+worker that takes the job (a poison run). With KILL_BEFORE_SAVE=GOAL, the process kills itself before
+that goal's run is first saved (in the agent's learner, which it asks for lessons first): every time.
+With SLOW_MARK=SECONDS, `mark` sleeps that long first. MAX_ATTEMPTS sets the queue's `max_attempts`.
+SIGTERM stops the worker the way `thinkloop worker`'s second signal does: its runs are interrupted and
+their jobs handed back at once.
 """
 
 from __future__ import annotations
@@ -51,6 +54,19 @@ async def mark(tag: str) -> str:
     return f"marked {tag}"
 
 
+class Learner:
+    """Gives no lessons; kills the process when asked about KILL_BEFORE_SAVE's goal."""
+
+    async def recall(self, task: str, *, limit: int = 3) -> list[str]:
+        if os.environ.get("KILL_BEFORE_SAVE") == task:
+            effect(f"recall:{task}:{NAME}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return []
+
+    async def learn(self, record: object) -> None:
+        return None
+
+
 def reply(request):  # type: ignore[no-untyped-def]
     goal = request.messages[1].content
     if request.turn == 0:
@@ -63,8 +79,9 @@ def reply(request):  # type: ignore[no-untyped-def]
 async def main() -> None:
     attempts = int(os.environ.get("MAX_ATTEMPTS", "3"))
     async with JobQueue(DSN, lease=LEASE, max_attempts=attempts) as queue, PostgresStore(DSN) as store:
-        agent = Agent(FunctionModel(reply), tools=[record, mark], store=store)
+        agent = Agent(FunctionModel(reply), tools=[record, mark], store=store, experience=Learner())
         worker = Worker(agent, queue, name=NAME, concurrency=2, poll_interval=0.05)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: worker.stop(interrupt=True))
         await worker.serve(until_idle=True)
         print(",".join(worker.completed))
 
