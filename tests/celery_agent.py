@@ -5,7 +5,7 @@ Configured by the environment: TL_BROKER (broker URL), TL_QUEUE (the test's own 
 PostgreSQL store), TL_EFFECTS (a file the tools append their effects to), TL_SLOW (seconds the first
 `slow` call of a run sleeps), TL_VISIBILITY (Redis visibility timeout, seconds), TL_KILL (a goal whose
 `slow` call kills its process with SIGKILL, every time: a poison run), TL_MAX_ATTEMPTS (the task's
-`max_attempts`).
+`max_attempts`), TL_KILL_MAKE (when set, `make_agent()` kills its process with SIGKILL).
 
 Each run's model (by turn): call `record` (not idempotent) with the goal as tag, then `slow` (idempotent),
 then answer `done <goal>`. Effects are lines `tool:tag:pid`; `slow` writes `slow-start:tag:pid` first,
@@ -72,6 +72,9 @@ def reply(request: Any) -> Any:
 
 
 def make_agent() -> Agent:
+    if os.environ.get("TL_KILL_MAKE"):  # a worker that dies before any run is saved: every time
+        effect("make", os.environ["TL_KILL_MAKE"])
+        os.kill(os.getpid(), signal.SIGKILL)
     return Agent(FunctionModel(reply), tools=[record, slow], store=PostgresStore(os.environ["TL_DSN"]))
 
 

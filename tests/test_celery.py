@@ -36,7 +36,9 @@ def reachable(url: str) -> None:
     port = 6379 if url.startswith("redis") else 5672
     try:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except OSError as exc:  # CI starts both brokers (they run on every machine of this kind): never skipped there
+    except (
+        OSError
+    ) as exc:  # CI starts both brokers (they run on every machine of this kind): never skipped there
         pytest.skip(f"no broker at {url} ({exc}): start Redis / RabbitMQ on loopback to run this test")
 
 
@@ -55,7 +57,9 @@ class Cluster:
 
         self.app, self.run_agent = celery_agent.make_app(broker, self.queue)
 
-    def worker(self, name: str, *, pool: str = "prefork", concurrency: int = 1, **env: str) -> subprocess.Popen[bytes]:
+    def worker(
+        self, name: str, *, pool: str = "prefork", concurrency: int = 1, **env: str
+    ) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - the worker writes it until it ends
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "celery_agent", "worker", "--pool", pool, "-c", str(concurrency),
@@ -128,14 +132,23 @@ def load(dsn: str, run_id: str) -> Any:
 # ================================================================================ real workers
 
 
-def test_workers_run_submitted_runs_and_a_finished_run_is_not_run_again(cluster: Callable[..., Cluster]) -> None:
+def test_workers_run_submitted_runs_and_a_finished_run_is_not_run_again(
+    cluster: Callable[..., Cluster],
+) -> None:
     c = cluster("redis")
     jobs = [c.run_agent.submit(f"goal-{n}", run_id=c.id(f"job{n}"), metadata={"n": n}) for n in range(3)]
     c.worker("w1", concurrency=2)
     results = [job.get(timeout=30) for job in jobs]
     assert [r["output"] for r in results] == ["done goal-0", "done goal-1", "done goal-2"]
-    assert [r["run_id"] for r in results] == [c.id("job0"), c.id("job1"), c.id("job2")] == [job.id for job in jobs]
-    assert all(r["stop_reason"] == "final_answer" and r["ok"] and r["steps"] == 3 and r["tool_calls"] == 2 for r in results)
+    assert (
+        [r["run_id"] for r in results]
+        == [c.id("job0"), c.id("job1"), c.id("job2")]
+        == [job.id for job in jobs]
+    )
+    assert all(
+        r["stop_reason"] == "final_answer" and r["ok"] and r["steps"] == 3 and r["tool_calls"] == 2
+        for r in results
+    )
     assert json.loads(json.dumps(results)) == results  # what the result backend carries is plain JSON
     assert sorted(line.rsplit(":", 1)[0] for line in c.lines() if line.startswith("record")) == [
         "record:goal-0", "record:goal-1", "record:goal-2",
@@ -143,7 +156,9 @@ def test_workers_run_submitted_runs_and_a_finished_run_is_not_run_again(cluster:
     state = load(c.dsn, c.id("job1"))  # the full run is in the thinkloop store
     assert state.finished and state.metadata["n"] == 1 and state.answer == "done goal-1"
 
-    again = c.run_agent.submit("goal-0", run_id=c.id("job0")).get(timeout=30)  # delivered twice: not run twice
+    again = c.run_agent.submit("goal-0", run_id=c.id("job0")).get(
+        timeout=30
+    )  # delivered twice: not run twice
     assert again == results[0]
     assert len([line for line in c.lines() if line.startswith("record:goal-0:")]) == 1
     assert c.run_agent.result(c.id("job2")).get(timeout=5)["output"] == "done goal-2"
@@ -170,7 +185,9 @@ def test_a_killed_workers_run_is_redelivered_and_resumed_without_repeating_its_s
     restarted = [line for line in lines if line.startswith("slow-start:")]
     assert len(restarted) == 2 and restarted[1] != started  # the interrupted idempotent call re-ran on w2
     state = load(c.dsn, c.id("doomed"))
-    assert state.finished and state.step == 3 and [e.name for e in state.ledger.values()] == ["record", "slow"]
+    assert (
+        state.finished and state.step == 3 and [e.name for e in state.ledger.values()] == ["record", "slow"]
+    )
     assert f"resuming run {c.id('doomed')}" in c.log("w2")
 
 
@@ -180,7 +197,9 @@ def test_a_dead_pool_process_hands_its_run_back_to_its_worker(cluster: Callable[
     worker = c.worker("w1", concurrency=1)
     started = c.wait_for("slow-start:orphan:")
     os.kill(int(started.rsplit(":", 1)[1]), signal.SIGKILL)  # only the pool process running the task
-    result = job.get(timeout=30)  # reject_on_worker_lost: the worker requeued it, a new pool process resumed it
+    result = job.get(
+        timeout=30
+    )  # reject_on_worker_lost: the worker requeued it, a new pool process resumed it
     assert result["output"] == "done orphan", c.log("w1")
     assert worker.poll() is None  # the worker itself lives on
     assert len([line for line in c.lines() if line.startswith("record:")]) == 1
@@ -189,7 +208,9 @@ def test_a_dead_pool_process_hands_its_run_back_to_its_worker(cluster: Callable[
 
 
 @pytest.mark.parametrize("pool", ["threads", "solo"])
-def test_a_warm_shutdown_interrupts_the_runs_and_hands_them_back(pool: str, cluster: Callable[..., Cluster]) -> None:
+def test_a_warm_shutdown_interrupts_the_runs_and_hands_them_back(
+    pool: str, cluster: Callable[..., Cluster]
+) -> None:
     c = cluster("redis", TL_SLOW="60")
     job = c.run_agent.submit("paused", run_id=c.id("paused"))
     first = c.worker("w1", pool=pool, concurrency=2 if pool == "threads" else 1)
@@ -206,7 +227,9 @@ def test_a_warm_shutdown_interrupts_the_runs_and_hands_them_back(pool: str, clus
     c.worker("w2", pool=pool)  # the message was put back: another worker resumes the run
     assert job.get(timeout=30)["output"] == "done paused", c.log("w2")
     assert len([line for line in c.lines() if line.startswith("record:")]) == 1
-    assert len([line for line in c.lines() if line.startswith("slow:")]) == 1  # the interrupted one never ended
+    assert (
+        len([line for line in c.lines() if line.startswith("slow:")]) == 1
+    )  # the interrupted one never ended
 
 
 def queued(c: Cluster, expected: int) -> int:
@@ -227,7 +250,9 @@ def killed(c: Cluster, name: str, worker: subprocess.Popen[bytes]) -> None:
     assert worker.wait(10) == -signal.SIGKILL, c.log(name)
 
 
-def test_a_run_that_kills_every_worker_is_abandoned_after_max_attempts(cluster: Callable[..., Cluster]) -> None:
+def test_a_run_that_kills_every_worker_is_abandoned_after_max_attempts(
+    cluster: Callable[..., Cluster],
+) -> None:
     c = cluster("amqp", TL_KILL="poison", TL_MAX_ATTEMPTS="2")  # `slow` SIGKILLs its worker, every time
     job = c.run_agent.submit("poison", run_id=c.id("poison"))
     for attempt in (1, 2):
@@ -239,7 +264,9 @@ def test_a_run_that_kills_every_worker_is_abandoned_after_max_attempts(cluster: 
     last = c.worker("w3", pool="solo")  # RabbitMQ redelivered it: this worker ends the run instead
     result = job.get(timeout=30)
     assert (result["stop_reason"], result["ok"], result["output"]) == ("error", False, ""), c.log("w3")
-    assert (result["error"] or "").startswith(f"run {c.id('poison')} abandoned after 2 attempt(s) (max_attempts=2)")
+    assert (result["error"] or "").startswith(
+        f"run {c.id('poison')} abandoned after 2 attempt(s) (max_attempts=2)"
+    )
     assert f"thinkloop runs show {c.id('poison')} --store " in (result["error"] or "")
     lines = c.lines()
     assert len([line for line in lines if line.startswith("record:")]) == 1
@@ -249,6 +276,26 @@ def test_a_run_that_kills_every_worker_is_abandoned_after_max_attempts(cluster: 
     time.sleep(0.5)  # the worker acknowledges a message just after storing its result
     killed(c, "w3", last)
     time.sleep(0.5)  # a message it still held would be back in the queue by now (see above)
+    assert queued(c, 0) == 0  # acknowledged: never delivered again
+
+
+def test_a_run_whose_worker_dies_before_its_first_save_every_time_is_failed_after_max_attempts(
+    cluster: Callable[..., Cluster],
+) -> None:
+    c = cluster("amqp", TL_KILL_MAKE="1", TL_MAX_ATTEMPTS="2")  # make_agent() SIGKILLs its worker, every time
+    job = c.run_agent.submit("early", run_id=c.id("early"))
+    for attempt in (1, 2, 3):  # 3: the delivery meant to end the run dies as well (in make_agent())
+        worker = c.worker(f"w{attempt}", pool="solo")
+        assert worker.wait(60) == -signal.SIGKILL, c.log(f"w{attempt}")
+        assert queued(c, 1) == 1  # RabbitMQ requeued the unacknowledged message
+        assert load(c.dsn, c.id("early")) is None  # nothing in the store counted it
+    c.worker("w4", pool="solo", TL_KILL_MAKE="")  # the fourth fails the task without building an agent
+    with pytest.raises(
+        Exception, match=r"abandoned: its message was delivered 3 time\(s\) \(max_attempts=2\)"
+    ):
+        job.get(timeout=60)
+    made = c.lines()
+    assert len(made) == 3 and all(line.startswith("make:1:") for line in made)  # w4 built no agent
     assert queued(c, 0) == 0  # acknowledged: never delivered again
 
 
@@ -273,7 +320,9 @@ def test_a_run_whose_state_is_corrupt_fails_with_a_clear_error_and_is_not_redeli
         conn.execute("UPDATE thinkloop_runs SET state = %s WHERE run_id = %s", ('{"step": "three"}', run_id))
     job = c.run_agent.submit("broken", run_id=run_id)
     worker = c.worker("w1", pool="solo")
-    with pytest.raises(Exception, match=f"run '{run_id}': corrupt run state: .* so this job cannot run it") as failed:
+    with pytest.raises(
+        Exception, match=f"run '{run_id}': corrupt run state: .* so this job cannot run it"
+    ) as failed:
         job.get(timeout=30)
     assert "submit the goal again under a new run id" in str(failed.value)
     assert job.state == "FAILURE" and worker.poll() is None  # the worker lives on
@@ -298,16 +347,26 @@ WRITTEN: list[str] = []
 
 
 def _model() -> FunctionModel:
-    return FunctionModel(lambda r: {"tool_calls": [{"name": "write", "args": {"note": r.messages[1].content}}]} if r.turn == 0 else "written")
+    return FunctionModel(
+        lambda r: (
+            {"tool_calls": [{"name": "write", "args": {"note": r.messages[1].content}}]}
+            if r.turn == 0
+            else "written"
+        )
+    )
 
 
-def test_the_task_starts_a_new_run_resumes_an_unfinished_one_and_returns_a_finished_one(tmp_path: Path) -> None:
+def test_the_task_starts_a_new_run_resumes_an_unfinished_one_and_returns_a_finished_one(
+    tmp_path: Path,
+) -> None:
     import asyncio
 
     db = tmp_path / "runs.db"
     app = Celery("local", broker="memory://", backend="cache+memory://")
     app.conf.task_store_eager_result = True
-    run_agent = agent_task(app, lambda: Agent(_model(), tools=[write], store=SQLiteStore(db)), name="local.run")
+    run_agent = agent_task(
+        app, lambda: Agent(_model(), tools=[write], store=SQLiteStore(db)), name="local.run"
+    )
     WRITTEN.clear()
     try:
         fresh = run_agent.task.apply(args=("one",), task_id="r1").get()
@@ -322,7 +381,11 @@ def test_the_task_starts_a_new_run_resumes_an_unfinished_one_and_returns_a_finis
                 await asyncio.sleep(60)
                 return "never"
 
-            stopper = FunctionModel(lambda r: {"tool_calls": [{"name": "write", "args": {"note": "two"}}]} if r.turn == 0 else stall())
+            stopper = FunctionModel(
+                lambda r: (
+                    {"tool_calls": [{"name": "write", "args": {"note": "two"}}]} if r.turn == 0 else stall()
+                )
+            )
             async with SQLiteStore(db) as store:
                 agent = Agent(stopper, tools=[write], store=store)
                 task = asyncio.create_task(agent.run("two", run_id="r2"))
@@ -342,8 +405,17 @@ def test_agent_task_configures_redelivery_and_checks_its_input(tmp_path: Path) -
     app = Celery("cfg", broker="memory://")
     run_agent = agent_task(app, lambda: Agent(_model(), tools=[write]), name="cfg.run", rate_limit="10/s")
     task = run_agent.task
-    assert (task.acks_late, task.reject_on_worker_lost, task.track_started, task.rate_limit) == (True, True, True, "10/s")
-    assert app.conf.worker_prefetch_multiplier == 1 and app.conf.worker_cancel_long_running_tasks_on_connection_loss
+    # not `track_started`: the task writes STARTED itself, with its delivery count
+    assert (task.acks_late, task.reject_on_worker_lost, task.track_started, task.rate_limit) == (
+        True,
+        True,
+        False,
+        "10/s",
+    )
+    assert (
+        app.conf.worker_prefetch_multiplier == 1
+        and app.conf.worker_cancel_long_running_tasks_on_connection_loss
+    )
     mine = Celery("mine", broker="memory://")
     mine.conf.worker_prefetch_multiplier = 4
     assert agent_task(mine, lambda: Agent(_model()), acks_late=False).task.acks_late is False
@@ -352,7 +424,9 @@ def test_agent_task_configures_redelivery_and_checks_its_input(tmp_path: Path) -
         run_agent.submit("  ")
     with pytest.raises(ConfigurationError, match="run id"):
         run_agent.submit("x", run_id="../etc")
-    with pytest.raises(ConfigurationError, match="shared store"):  # the default store is this process's memory
+    with pytest.raises(
+        ConfigurationError, match="shared store"
+    ):  # the default store is this process's memory
         run_agent.task.apply(args=("x",), task_id="m1").get()
     run_agent.host.close()
     wrong = agent_task(Celery("wrong", broker="memory://"), lambda: "an agent", name="wrong.run")
@@ -370,7 +444,9 @@ def test_by_default_the_task_abandons_a_run_after_three_attempts_that_died(tmp_p
 
     db = tmp_path / "runs.db"
 
-    async def die_three_times() -> None:  # three attempts whose process "died" inside a tool (nothing saved after)
+    async def die_three_times() -> (
+        None
+    ):  # three attempts whose process "died" inside a tool (nothing saved after)
         hanging = asyncio.Event()
 
         @tool(idempotent=True)
@@ -380,7 +456,9 @@ def test_by_default_the_task_abandons_a_run_after_three_attempts_that_died(tmp_p
             await asyncio.sleep(30)
             return "never"
 
-        model = FunctionModel(lambda r: {"tool_calls": [{"name": "hang", "args": {}}]} if r.turn == 0 else "done")
+        model = FunctionModel(
+            lambda r: {"tool_calls": [{"name": "hang", "args": {}}]} if r.turn == 0 else "done"
+        )
         async with SQLiteStore(db) as store:
             agent = Agent(model, tools=[hang], store=store)
             for _ in range(3):
@@ -394,7 +472,9 @@ def test_by_default_the_task_abandons_a_run_after_three_attempts_that_died(tmp_p
     asyncio.run(die_three_times())
     app = Celery("poison", broker="memory://", backend="cache+memory://")
     app.conf.task_store_eager_result = True
-    run_agent = agent_task(app, lambda: Agent(_model(), tools=[write], store=SQLiteStore(db)), name="poison.run")
+    run_agent = agent_task(
+        app, lambda: Agent(_model(), tools=[write], store=SQLiteStore(db)), name="poison.run"
+    )
     WRITTEN.clear()
     try:
         summary = run_agent.task.apply(args=("hang",), task_id="p1").get()
@@ -412,3 +492,44 @@ def test_the_task_result_is_the_json_summary_of_the_run_result(tmp_path: Path) -
     assert json.loads(json.dumps(summary)) == summary
     assert summary["output"] == "written" and summary["stop_reason"] == StopReason.FINAL_ANSWER.value
     assert summary["run_id"] == result.run_id and summary["usage"]["requests"] == result.usage.requests == 2
+
+
+def test_deliveries_that_died_before_the_run_was_saved_count_as_attempts(tmp_path: Path) -> None:
+    """Deliveries are counted in the result backend (the STARTED state): those whose process died before
+    the run's first save — nothing in the store counts them — still lead to the run's end."""
+    db = tmp_path / "runs.db"
+    app = Celery("early", broker="memory://", backend="cache+memory://")
+    app.conf.task_store_eager_result = True
+    built: list[int] = []
+
+    def make_agent() -> Agent:
+        built.append(1)
+        return Agent(_model(), tools=[write], store=SQLiteStore(db))
+
+    run_agent = agent_task(app, make_agent, name="early.run", max_attempts=2)
+    WRITTEN.clear()
+
+    def died_after(run_id: str, deliveries: int) -> None:  # as the deliveries that died left it
+        app.backend.store_result(
+            run_id, {"pid": 1, "hostname": "w@h", "thinkloop_deliveries": deliveries}, "STARTED"
+        )
+
+    try:
+        first = run_agent.task.apply(args=("fine",), task_id="ok1").get()  # counted, then finished
+        assert first["output"] == "written" and WRITTEN == ["fine"]
+
+        died_after("e1", 2)  # two deliveries died: the third ends the run instead of running it
+        ended = run_agent.task.apply(args=("early",), task_id="e1").get()
+        assert (ended["stop_reason"], ended["ok"]) == ("error", False) and WRITTEN == ["fine"]
+        assert (ended["error"] or "").startswith("run e1 abandoned after 2 attempt(s) (max_attempts=2)")
+        assert run_agent.task.apply(args=("early",), task_id="e1").get() == ended  # ended for good
+
+        died_after("e2", 3)  # the one meant to end it died too (make_agent() itself may kill it)
+        failed = run_agent.task.apply(args=("early",), task_id="e2")
+        assert failed.state == "FAILURE"
+        assert str(failed.result).startswith(
+            "run e2 abandoned: its message was delivered 3 time(s) (max_attempts=2)"
+        )
+        assert WRITTEN == ["fine"]
+    finally:
+        run_agent.host.close()

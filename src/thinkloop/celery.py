@@ -35,12 +35,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from . import _aio
-from ._errors import ConfigurationError, UserError
+from ._errors import ConfigurationError, ThinkloopError, UserError
 from .distributed import DEFAULT_MAX_ATTEMPTS, check_max_attempts, run_or_resume, shared_store
 from .stores._base import check_id
 
 try:
-    from celery import signals
+    from celery import signals, states
+    from celery.backends.base import DisabledBackend
+    from celery.backends.rpc import RPCBackend
     from celery.exceptions import Reject
 except ImportError:  # pragma: no cover - the extra is not installed
     raise ImportError("thinkloop.celery needs Celery: pip install 'thinkloop[celery]'") from None
@@ -66,8 +68,9 @@ _APP_DEFAULTS = {
 _TASK_DEFAULTS = {
     "acks_late": True,  # acknowledged when the run has ended, not when it starts
     "reject_on_worker_lost": True,  # a pool process that dies hands its message back
-    "track_started": True,  # AsyncResult.state is STARTED while a worker drives the run
+    "track_started": False,  # the task marks itself STARTED, with its delivery count (`_Deliveries`)
 }
+_DELIVERIES = "thinkloop_deliveries"  # in the STARTED result's meta: the deliveries of the run so far
 
 
 class TaskResult(TypedDict):
@@ -216,6 +219,53 @@ class _AgentHost:
         loop.call_soon_threadsafe(loop.stop)
 
 
+class _Deliveries:
+    """Counts a run's deliveries in the result backend — the task's STARTED state, with `pid`, `hostname`
+    (as Celery's `track_started` writes it) and the count — so that a delivery whose process dies before
+    the run is first saved in the store (in `make_agent()`, while loading the state) counts as an attempt
+    too. Not counted without a result backend that another process can read (none, or `rpc://`)."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        backend = task.backend
+        self.backend = None if isinstance(backend, DisabledBackend | RPCBackend) else backend
+
+    def count(self, run_id: str) -> int | None:
+        """This delivery's number (1 for the first), saved before the run goes on; None if not counted."""
+        if self.backend is None:
+            return None
+        try:
+            meta = self.backend.get_task_meta(run_id)
+            info = meta.get("result") if meta.get("status") == states.STARTED else None
+            made = info.get(_DELIVERIES) if isinstance(info, dict) else None
+            number = made + 1 if isinstance(made, int) and not isinstance(made, bool) and made >= 0 else 1
+            self._save(run_id, number)
+        except Exception as exc:  # the backend is down: the store's own count still holds
+            logger.warning("counting the delivery of run %s in the result backend failed: %s", run_id, exc)
+            return None
+        return number
+
+    def uncount(self, run_id: str, number: int | None) -> None:
+        """Take back a delivery that handed its run back unharmed (interrupted by a warm shutdown)."""
+        if number is not None:
+            with contextlib.suppress(Exception):
+                self._save(run_id, number - 1)
+
+    def _save(self, run_id: str, number: int) -> None:
+        meta = {"pid": os.getpid(), "hostname": self.task.request.hostname, _DELIVERIES: number}
+        self.task.update_state(task_id=run_id, state=states.STARTED, meta=meta)
+
+
+def _undeliverable(run_id: str, deliveries: int, max_attempts: int) -> ThinkloopError:
+    return ThinkloopError(
+        f"run {run_id} abandoned: its message was delivered {deliveries - 1} time(s) (max_attempts="
+        f"{max_attempts}) and no delivery finished it — its workers died, the last one while ending it, "
+        "maybe before the run was first saved (in make_agent(), or while connecting MCP servers): "
+        f"inspect the workers' logs and `thinkloop runs show {run_id} --store STORE`, fix the cause, and "
+        "submit the goal again under a new run id"
+    )
+
+
 class AgentTask:
     """A Celery task running thinkloop runs (made by `agent_task`): `submit()` them, get their results.
 
@@ -286,7 +336,8 @@ def agent_task(
             abandoned: ended with stop reason `error` and a message saying so, its message acknowledged.
             An attempt interrupted by a warm shutdown does not count.
         options: more task options (`time_limit`, `rate_limit`, `autoretry_for` …); they may override the
-            defaults `acks_late=True`, `reject_on_worker_lost=True`, `track_started=True`.
+            defaults `acks_late=True`, `reject_on_worker_lost=True`, `track_started=False` (the task
+            writes STARTED itself, with the run's delivery count: leave it off).
 
     The app's `worker_prefetch_multiplier` is set to 1 and `worker_cancel_long_running_tasks_on_connection_loss`
     to True unless its configuration sets them. With Redis as broker, set `broker_transport_options=
@@ -305,10 +356,18 @@ def agent_task(
         self: Any, goal: str, budget: Any = None, metadata: Any = None, session: Any = None
     ) -> TaskResult:
         run_id = check_id(str(self.request.id))
-        options = {"budget": budget, "metadata": metadata, "session": session, "max_attempts": max_attempts}
+        counter = _Deliveries(self)
+        delivery = counter.count(run_id)
+        if delivery is not None and delivery > max_attempts + 1:  # even ending it killed its worker
+            raise _undeliverable(run_id, delivery, max_attempts)
+        options = {
+            "budget": budget, "metadata": metadata, "session": session,
+            "max_attempts": max_attempts, "attempt": delivery,
+        }  # fmt: skip
         try:
             result = host.call(lambda agent: host.drive(agent, run_id, goal, options))
         except _Interrupted:
+            counter.uncount(run_id, delivery)
             raise Reject(f"run {run_id} interrupted by the worker's shutdown", requeue=True) from None
         return task_result(result)
 
