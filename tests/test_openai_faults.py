@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 import socket
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -852,3 +853,139 @@ async def test_reasoning_cut_off_by_the_token_limit_is_not_taken_for_the_reply(
     server.add(_reasoning_only(streaming, "reasoning_content", finish="length"))
     response = await answer(model, streaming)
     assert (response.text, response.finish_reason) == ("", "length")
+
+
+# ============================================================= bodies that stall, trickle or never end; odd types
+
+
+_COMPLETION = {
+    "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there"}, "finish_reason": "stop"}],
+}  # fmt: skip
+
+
+@BOTH
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault(200, body=_COMPLETION, stall_body=True),
+        Fault(200, body=_COMPLETION, trickle=0.2),
+        Fault(503, "overloaded", stall_body=True),
+        Fault(503, "overloaded", trickle=0.2),
+    ],
+    ids=["json-stalled", "json-trickled", "error-stalled", "error-trickled"],
+)
+async def test_a_body_that_stalls_or_trickles_ends_in_a_retryable_timeout(
+    server: OpenAICompatibleServer, streaming: bool, fault: Fault
+) -> None:
+    """Headers come, the body does not (or a byte at a time): for a streaming request too, whose reply is a
+    whole JSON body (a server ignoring `stream`) or an error status (the SDK reads its body before raising).
+    Before, a stalled body escaped as httpx's raw ReadTimeout (not retried) and a trickled one hung."""
+    model = OpenAIModel("m", base_url=server.url, timeout=0.5)
+    server.add(fault)
+    with pytest.raises(
+        ModelRetryableError, match=r"no response from http://127\.0\.0\.1:\d+/v1 within 0\.5 s"
+    ):
+        await asyncio.wait_for(answer(model, streaming), 15)
+    await model.aclose()
+
+
+async def test_a_huge_body_in_place_of_a_stream_is_refused_before_it_is_all_read(
+    server: OpenAICompatibleServer, model: OpenAIModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_openai, "BODY_SLACK", 0)  # the limit is then 16 bytes per character of the reply
+    server.add(Fault(200, body=b"<html><title>Mirror</title>" + b"x" * 3_000_000, headers=HTML))
+    with pytest.raises(ModelError, match=r"the server's reply is larger than 1 MB") as info:
+        await answer(model, True, max_output_tokens=1024)  # 65,536 characters at most
+    assert not isinstance(info.value, ModelRetryableError)
+
+
+def _numbered(streaming: bool) -> Fault:
+    """A reply whose tool call's id and model name are numbers."""
+    arguments = json.dumps({"a": 1, "b": 2})
+    if not streaming:
+        body = {
+            **_COMPLETION, "model": 456,
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None,
+                "tool_calls": [{"id": 7, "type": "function", "function": {"name": "add", "arguments": arguments}}]}}],
+        }  # fmt: skip
+        return Fault(200, body=body)
+    delta = {
+        "tool_calls": [
+            {"index": 0, "id": 7, "type": "function", "function": {"name": "add", "arguments": arguments}}
+        ]
+    }
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": 456,
+             "choices": [{"index": 0, "delta": delta, "finish_reason": "tool_calls"}]}  # fmt: skip
+    return _event_stream(f"data: {json.dumps(chunk)}\n\n")
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["run", "stream"])
+async def test_ids_and_model_names_sent_as_numbers_are_read_as_text(streaming: bool, tmp_path: Any) -> None:
+    """Before, `"id": 7` became a ToolCall whose id was an int: the run state could not be saved (a
+    StateError out of agent.run), and a model name 456 broke the price lookup (a raw AttributeError)."""
+    from thinkloop.stores import SQLiteStore
+
+    async with OpenAICompatibleServer([_numbered(streaming), "It is 3."]) as server:
+        model = OpenAIModel("m", base_url=server.url, timeout=5)
+        async with SQLiteStore(tmp_path / "runs.db") as store:
+            agent = Agent(model, tools=[add], store=store)
+            if streaming:
+                result = [e async for e in agent.stream("Add 1 and 2", run_id="r")][-1].result  # type: ignore[attr-defined]
+            else:
+                result = await agent.run("Add 1 and 2", run_id="r")
+            saved = await store.load_state("r")
+        await model.aclose()
+    assert (result.stop_reason, result.output, result.tool_calls) == (StopReason.FINAL_ANSWER, "It is 3.", 1)
+    assert saved is not None and [c.id for m in saved.messages for c in m.tool_calls] == ["7"]
+    assert [m.tool_call_id for m in saved.messages if m.role == "tool"] == ["7"]
+
+
+@pytest.mark.parametrize(
+    ("events", "says", "retryable"),
+    [
+        (['data: {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": {"0": {}}}\n\n'],
+         r"malformed stream chunk \(KeyError", False),
+        (['data: {"status": "queued"}\n\n', 'data: {"status": "done"}\n\n'],
+         r"streamed 2 event\(s\) but no chat-completion chunk \(the first: \{\"status\": \"queued\"\}\)", False),
+        ([_HELLO], "the stream ended before the reply was complete", True),  # a real chunk, then no finish
+    ],
+    ids=["choices-an-object", "other-events-only", "no-finish"],
+)  # fmt: skip
+async def test_stream_chunks_of_another_shape_are_a_clear_error(
+    server: OpenAICompatibleServer, model: OpenAIModel, events: list[str], says: str, retryable: bool
+) -> None:
+    """Before, `choices` as an object escaped as a raw KeyError, and a stream of events that are not chat
+    completion chunks was called a cut connection (retried, to the same answer)."""
+    server.add(_event_stream(*events))
+    with pytest.raises(ModelError, match=says) as info:
+        await answer(model, True)
+    assert isinstance(info.value, ModelRetryableError) is retryable
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a full listen backlog drops SYNs on Linux")
+@BOTH
+async def test_a_host_that_never_accepts_the_connection_fails_in_the_connect_timeout(
+    streaming: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host that drops connection requests (a firewall, a wrong address) waited the whole `timeout`
+    (120 s by default, then retried): opening the connection has its own, shorter limit."""
+    monkeypatch.setattr(_openai, "CONNECT_TIMEOUT", 0.5)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)  # never accepted: once its backlog is full, the kernel drops new connections
+        port = listener.getsockname()[1]
+        fillers = [socket.socket() for _ in range(3)]
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+        model = OpenAIModel("m", base_url=f"http://127.0.0.1:{port}/v1", timeout=60)
+        try:
+            with pytest.raises(
+                ModelRetryableError, match=r"could not connect to http://127\.0\.0\.1:\d+/v1 within 0\.5 s"
+            ):
+                await asyncio.wait_for(answer(model, streaming), 30)
+        finally:
+            await model.aclose()
+            for filler in fillers:
+                filler.close()

@@ -15,7 +15,8 @@ The script is a list answered in order, one item per chat-completion request:
   in small pieces (`text_chunk_size`, `arguments_chunk_size`, `byte_chunk_size`) when asked to stream;
 - `Fault(status=429, headers={"Retry-After": "2"})`, `Fault(status=500)`, `Fault(drop=True)` (close the
   connection without answering), `Fault(delay=5)` (a slow reply), `Fault(hang=True)` (accept the request and
-  never answer), `Fault(502, body=b"<html>…", headers={"content-type": "text/html"})` (a proxy's error page),
+  never answer), `Fault(stall_body=True)` (headers, then never the body), `Fault(trickle=0.1)` (the body a byte
+  at a time), `Fault(502, body=b"<html>…", headers={"content-type": "text/html"})` (a proxy's error page),
   `Fault(200, body=b"{not json")` (a malformed body): a failure;
 - `context_overflow(limit=4096, prompt=5000)`: the real "prompt too long" error of OpenAI (HTTP 400,
   `code: "context_length_exceeded"`), or of vLLM or llama.cpp's server with `style=`;
@@ -146,7 +147,8 @@ class Fault:
 
     `body` defaults to an OpenAI-style `{"error": {"message": ..., "type": ...}}`; bytes are sent as they
     are (with `headers={"content-type": "text/event-stream"}`, a hand-written SSE stream). `hang=True` reads
-    the request and never answers (until the client gives up or the server stops).
+    the request and never answers (until the client gives up or the server stops); `stall_body=True` sends
+    the status line and headers, then never the body; `trickle=S` sends the body one byte every S seconds.
     """
 
     status: int = 500
@@ -156,6 +158,8 @@ class Fault:
     delay: float = 0.0
     drop: bool = False
     hang: bool = False
+    stall_body: bool = False
+    trickle: float | None = None
 
 
 def context_overflow(
@@ -393,7 +397,9 @@ class OpenAICompatibleServer:
             return
         overflow = self._overflow(body)
         item = overflow or self._next_item(request)
-        if isinstance(item, Fault) and item.hang:
+        if isinstance(item, Fault) and (item.hang or item.stall_body):
+            if item.stall_body:
+                await _send_json(writer, item.status, b"", item.headers, length=1_000)
             await reader.read()  # never answer: wait until the client hangs up (or the server stops)
             raise _Dropped
         if isinstance(item, Fault):
@@ -573,7 +579,7 @@ async def _send_fault(writer: asyncio.StreamWriter, fault: Fault) -> None:
     if fault.drop:
         raise _Dropped
     body = fault.body if fault.body is not None else _error_body(fault.message, fault.status)
-    await _send_json(writer, fault.status, body, fault.headers)
+    await _send_json(writer, fault.status, body, fault.headers, trickle=fault.trickle)
 
 
 async def _send_json(
@@ -583,12 +589,14 @@ async def _send_json(
     headers: dict[str, str] | None = None,
     *,
     trickle: float | None = None,
+    length: int | None = None,
 ) -> None:
+    """Send a JSON (or bytes) reply; `length` overrides its content-length (a body that never comes)."""
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     headers = {"content-type": "application/json"} | {k.lower(): v for k, v in (headers or {}).items()}
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
-    lines.append(f"content-length: {len(data)}")
+    lines.append(f"content-length: {len(data) if length is None else length}")
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + (b"" if trickle else data))
     await writer.drain()
     for byte in data if trickle else b"":

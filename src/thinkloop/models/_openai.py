@@ -59,6 +59,10 @@ __all__ = ["OpenAIModel"]
 MaxTokensParam = Literal["max_tokens", "max_completion_tokens"]
 
 DEFAULT_TIMEOUT = 120.0
+CONNECT_TIMEOUT = 10.0  # seconds to open a connection (at most `timeout`): a host that drops it fails fast
+BODY_SLACK = (
+    16 * 1024 * 1024
+)  # bytes read of a whole JSON reply to a streaming request beyond 16 per character
 AFTER_FINISH_WAIT = 5.0  # seconds a stream may stay silent after its finish_reason before it is closed
 LOCAL_API_KEY = "not-needed"  # sent to local servers, which ignore the key
 MAX_STOP_SEQUENCES = 4  # the chat-completions API accepts at most four
@@ -93,7 +97,8 @@ class OpenAIModel(Model):
         name: the model name the server knows, e.g. `gpt-4o-mini`, `deepseek-chat`, `qwen2.5:7b`.
         base_url: the API root, e.g. `http://localhost:11434/v1`; defaults to `$OPENAI_BASE_URL`, then OpenAI.
         api_key: defaults to `$OPENAI_API_KEY`; may be omitted for servers on this machine or a private network.
-        timeout: seconds to wait for a response (a whole reply; when streaming, each of its events).
+        timeout: seconds to wait for a response (a whole reply; when streaming, its headers and then each of
+            its events); opening the connection may take at most `CONNECT_TIMEOUT` (10 s) of them.
         max_retries: retries by the SDK itself; 0 by default, since retries and fallback belong to the router.
         capabilities: a `ModelCapabilities`, or a mapping of fields to override (e.g. `{"tools": False}` for
             a server without tool calling, which makes the loop use text ReAct).
@@ -151,12 +156,12 @@ class OpenAIModel(Model):
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
         if entry is None:
-            from openai import AsyncOpenAI
+            from openai import AsyncOpenAI, Timeout
 
             client = AsyncOpenAI(
                 api_key=self.api_key,
                 base_url=self.base_url,
-                timeout=self.timeout,
+                timeout=Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT)),
                 max_retries=self.max_retries,
             )
             lifetime = self._client_lifetime(client)
@@ -254,7 +259,13 @@ class OpenAIModel(Model):
             raise self._reported_error(text, kind, code, scope)
         try:
             return assembler.feed(chunk)
-        except (AttributeError, TypeError, IndexError) as exc:  # a chunk of the wrong shape
+        except (
+            AttributeError,
+            TypeError,
+            IndexError,
+            KeyError,
+            ValueError,
+        ) as exc:  # a chunk of the wrong shape
             message = (
                 f"the server sent a malformed stream chunk ({type(exc).__name__}: {exc}); check that base_url "
                 "is an OpenAI-compatible API"
@@ -298,6 +309,12 @@ class OpenAIModel(Model):
                 "OpenAI-compatible API that streams (or set capabilities={'streaming': False})"
             )
             raise ModelError(message, provider=self.provider, scope=scope)
+        if not assembler.shaped:  # no chat-completion chunk at all: retrying the same server will not help
+            message = (
+                f"the server streamed {assembler.events} event(s) but no chat-completion chunk (the first: "
+                f"{assembler.shapeless}); check that base_url is an OpenAI-compatible chat-completions API"
+            )
+            raise ModelError(message, provider=self.provider, scope=scope)
         if assembler.finish is None and not assembler.usage_seen:  # the usage chunk is sent last
             message = (
                 "the stream ended before the reply was complete (no finish_reason): the connection was cut"
@@ -310,10 +327,7 @@ class OpenAIModel(Model):
         or an error body with HTTP 200): the reply as one delta, or the error it holds."""
         from openai.types.chat import ChatCompletion
 
-        try:
-            body = (await stream.response.aread()).decode("utf-8", "replace")
-        finally:
-            await stream.close()
+        body = await self._whole_body(stream, scope, most)
         try:
             data = json.loads(body)
         except ValueError:
@@ -324,6 +338,34 @@ class OpenAIModel(Model):
         chunks: list[StreamChunk] = [TextDelta(text=response.text)] if response.text else []
         chunks += [ToolCallDelta(index=i, id=c.id, name=c.name) for i, c in enumerate(response.tool_calls)]
         return [*chunks, response]
+
+    async def _whole_body(self, stream: Any, scope: str, most: int) -> str:
+        """The body of a reply that is not an event stream, read within `timeout` (a trickled or stalled body
+        does not hang the run) and up to a size no reply of `most` characters needs (an endless one does not
+        fill the memory)."""
+        limit = most * 16 + BODY_SLACK
+        pieces: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.timeout):
+                async for piece in stream.response.aiter_bytes():
+                    size += len(piece)
+                    if size > limit:
+                        message = (
+                            f"the server's reply is larger than {limit // 1_000_000} MB, far more than a reply of "
+                            f"{most:,} characters needs; check that base_url is an OpenAI-compatible API"
+                        )
+                        raise ModelError(message, provider=self.provider, scope=scope)
+                    pieces.append(piece)
+        except TimeoutError:
+            raise self._no_response(scope) from None
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise self._transport_error(exc, scope) from exc
+        finally:
+            await stream.close()
+        return b"".join(pieces).decode("utf-8", "replace")
 
     def _response(self, completion: Any, scope: str, most: int) -> ModelResponse:
         """The `ModelResponse` of a whole (not streamed) reply, or a `ModelError` saying what is wrong with it."""
@@ -377,10 +419,11 @@ class OpenAIModel(Model):
         if "tools" in params and self._check_server:
             await self._refuse_tools_if_mishandled(client, scope)
         adapted: set[str] = set()
-        whole = None if params.get("stream") else self.timeout  # a stream's events have their own limit
         while True:
             try:
-                async with asyncio.timeout(whole):  # a reply trickled byte by byte never ends a read timeout
+                # a reply trickled byte by byte never ends a read timeout; a stream's call ends with its headers
+                # (its events have their own limit), or with the body of an error status, which could trickle too
+                async with asyncio.timeout(self.timeout):
                     return await client.chat.completions.create(**params)
             except TimeoutError:
                 raise self._no_response(scope) from None
@@ -390,6 +433,10 @@ class OpenAIModel(Model):
                     raise error from exc
             except ValueError as exc:  # a body that is not valid JSON (the SDK's json.loads)
                 raise self._not_json(exc, scope) from exc
+            except (
+                Exception
+            ) as exc:  # the HTTP library's own, which the SDK lets through (an error body's read)
+                raise self._transport_error(exc, scope) from exc
 
     async def _refuse_tools_if_mishandled(self, client: AsyncOpenAI, scope: str) -> None:
         """Once per model, before tools are first sent: a server known to mishandle them (from its model
@@ -460,6 +507,28 @@ class OpenAIModel(Model):
         message = f"no response from {where} within {self.timeout} s; retry later or raise `timeout`"
         return ModelRetryableError(message, provider=self.provider, scope=scope)
 
+    def _no_connection(self, scope: str) -> ModelRetryableError:
+        where = self.base_url or "api.openai.com"
+        seconds = min(self.timeout, CONNECT_TIMEOUT)
+        message = (
+            f"could not connect to {where} within {seconds:g} s (nothing accepted the connection: a wrong host "
+            "or port, a firewall dropping it, or the server is down); check base_url and that the server is running"
+        )
+        return ModelRetryableError(message, provider=self.provider, scope=scope)
+
+    def _transport_error(self, exc: Exception, scope: str) -> ModelError:
+        """A failure of the HTTP library (httpx) that the SDK did not wrap: a timeout or a lost connection
+        while a body was read (retryable); anything else is unexpected (not retryable)."""
+        kinds = {cls.__name__ for cls in type(exc).__mro__}
+        if "TimeoutException" in kinds:
+            return self._no_response(scope)
+        if "RequestError" in kinds:  # the connection broke, or the server spoke something other than HTTP
+            where = self.base_url or "api.openai.com"
+            detail = f": {exc}" if str(exc) else ""
+            message = f"the connection to {where} was lost while its reply was read ({type(exc).__name__}{detail}); retry the request"
+            return ModelRetryableError(message, provider=self.provider, scope=scope)
+        return ModelError(f"{type(exc).__name__}: {exc}", provider=self.provider, scope=scope)
+
     def _not_json(self, exc: ValueError, scope: str) -> ModelError:
         where = self.base_url or "api.openai.com"
         message = f"{where} sent a reply that is not valid JSON ({exc}); check that base_url is an OpenAI-compatible API"
@@ -494,7 +563,8 @@ class OpenAIModel(Model):
 
         where = self.base_url or "api.openai.com"
         if isinstance(exc, openai.APITimeoutError):
-            return self._no_response(scope)
+            connecting = type(exc.__cause__).__name__ == "ConnectTimeout"
+            return self._no_connection(scope) if connecting else self._no_response(scope)
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc.__context__
             detail = f" ({cause})" if cause and str(cause) else ""
@@ -813,7 +883,9 @@ def _parse_completion(completion: ChatCompletion, name: str) -> ModelResponse:
         function = getattr(call, "function", None)
         if function is None:  # a non-function ("custom") tool call: not something thinkloop sends
             continue
-        calls.append(_parse_arguments(call.id or f"call_{index}", function.name, function.arguments))
+        calls.append(
+            _parse_arguments(_text_id(call.id) or f"call_{index}", function.name, function.arguments)
+        )
     legacy = getattr(
         message, "function_call", None
     )  # the pre-tools `functions` API, still sent by some servers
@@ -824,7 +896,7 @@ def _parse_completion(completion: ChatCompletion, name: str) -> ModelResponse:
         text=_reply_text(text, _reasoning_text(message), calls, choice.finish_reason),
         tool_calls=calls,
         usage=_parse_usage(completion.usage),
-        model_name=completion.model or name,
+        model_name=_text_id(completion.model) or name,
         finish_reason=_finish_reason(choice.finish_reason, bool(calls)),
     )
 
@@ -866,6 +938,16 @@ class _PartialCall:
     arguments: list[str] = field(default_factory=list)
 
 
+def _text_id(value: Any) -> str:
+    """An id or a model name as text: some servers send numbers (`"id": 0`), which the run state, its events
+    and its stores could not hold; anything else that is not text is none ("")."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return ""
+
+
 def _index_number(index: Any) -> int | None:
     """A tool-call delta's `index` as a number (some servers send it as text), or None without one."""
     if isinstance(index, int) and not isinstance(index, bool):
@@ -888,12 +970,18 @@ class _StreamAssembler:
         self.usage = Usage()
         self.usage_seen = False  # a usage chunk came: the server's last
         self.events = 0  # chunks received
+        self.shapeless: str | None = (
+            None  # the first chunk of another shape, while no chat-completion chunk came
+        )
+        self.shaped = False  # a chat-completion chunk (with its `choices` list, or the usage) came
         self.chars = 0  # characters of text and arguments received
 
     def feed(self, chunk: ChatCompletionChunk) -> list[StreamChunk]:
         self.events += 1
-        if chunk.model:
-            self.model_name = chunk.model
+        self._check_shape(chunk)
+        model = _text_id(chunk.model)
+        if model:
+            self.model_name = model
         if chunk.usage is not None:
             self.usage = _parse_usage(chunk.usage)
             self.usage_seen = True
@@ -922,6 +1010,13 @@ class _StreamAssembler:
             out.append(self._feed_call(_LegacyDelta(function=legacy), fed))
         return out
 
+    def _check_shape(self, chunk: Any) -> None:
+        if isinstance(getattr(chunk, "choices", None), list) or getattr(chunk, "usage", None) is not None:
+            self.shaped = True
+        elif self.shapeless is None:
+            extra = getattr(chunk, "model_extra", None) or {}
+            self.shapeless = _clip(json.dumps(extra, ensure_ascii=False, default=str), 200)
+
     def _feed_call(self, call: Any, fed: set[int]) -> ToolCallDelta:
         index = self._slot(call, fed)
         fed.add(index)
@@ -931,20 +1026,21 @@ class _StreamAssembler:
         arguments = (function.arguments if function is not None else None) or ""
         if not isinstance(arguments, str):  # an object where a piece of JSON text belongs
             arguments = json.dumps(arguments, ensure_ascii=False, default=str)
-        if call.id:
-            partial.id = call.id
+        call_id = _text_id(call.id)
+        if call_id:
+            partial.id = call_id
         if name and name != partial.name:  # some servers repeat the whole name in every delta
             partial.name += name
         partial.arguments.append(arguments)
         self.chars += len(arguments)
-        return ToolCallDelta(index=index, id=call.id or None, name=name or None, arguments_delta=arguments)
+        return ToolCallDelta(index=index, id=call_id or None, name=name or None, arguments_delta=arguments)
 
     def _slot(self, call: Any, fed: set[int]) -> int:
         """The call of ours a tool-call delta feeds. By the server's `index`, unless the delta starts another
         call there: one with a new id (Ollama sends every call of a reply at index 0, each with its id), or a
         second entry for the same call in one chunk. Without an index (older Ollama, some proxies): the call
         of its id, a new one for a new id, else the last call."""
-        call_id = call.id if isinstance(call.id, str) and call.id else None
+        call_id = _text_id(call.id) or None
         server = _index_number(call.index)
         slot: int | None
         if server is None:
