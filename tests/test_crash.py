@@ -196,9 +196,11 @@ def test_the_cli_run_killed_inside_a_shell_call_resumes_without_running_it_again
         assert run.stdout is not None
         first = json.loads(run.stdout.readline())  # the run id is known from the first event
         assert first["type"] == "run_started"
-        for _ in range(600):
-            if (tmp_path / "pid.txt").exists() and (tmp_path / "effects.txt").exists():
-                break
+        deadline = time.monotonic() + 60
+        effects = tmp_path / "effects.txt"
+        # its effect written, not only its file opened (killed in between, the shell left it empty)
+        while not (effects.exists() and effects.read_text() == "started\n"):
+            assert time.monotonic() < deadline, "the shell call did not start within 60 s"
             time.sleep(0.05)
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=10)
@@ -225,3 +227,22 @@ def test_the_cli_run_killed_inside_a_shell_call_resumes_without_running_it_again
     assert result["error_kind"] == "unknown_outcome"
     assert events[-1]["type"] == "done" and events[-1]["result"]["output"] == "It was interrupted."
     assert (tmp_path / "effects.txt").read_text().split() == ["started"]
+
+
+def test_two_processes_resuming_one_run_at_once_run_nothing_twice(tmp_path: Path) -> None:
+    """Killed inside record(c) after its effect, the run is resumed by two processes at the same time: one
+    finishes it, the other is refused (it lost the race to write the log, or found the run ended) before
+    running anything; no record runs twice and the log has one `done`."""
+    crashed = _child("start", tmp_path, {"KILL_IN_TOOL": "3:after"})
+    assert crashed.returncode == -signal.SIGKILL
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(lambda _: _child("resume", tmp_path, {}), range(2)))
+    finished = [o for o in outcomes if o.returncode == 0]
+    refused = [o for o in outcomes if o.returncode != 0]
+    assert len(finished) == 1 and len(refused) == 1, [o.stderr[-400:] for o in outcomes]
+    assert json.loads(finished[0].stdout)["output"] == FINAL
+    assert ("ConcurrencyError" in refused[0].stderr) or ("already ended" in refused[0].stderr)
+    lines = Counter((tmp_path / "effects.txt").read_text().split())
+    assert all(lines[f"record:{t}"] == 1 for t in RECORDS), lines
+    problems = asyncio.run(_check_run(tmp_path, kills=1))
+    assert not [p for p in problems if "run_started" not in p], problems  # the loser may have logged nothing
