@@ -281,10 +281,17 @@ async def test_self_healing_then_giving_up() -> None:
 
 
 async def test_cancelled_run_records_its_state() -> None:
-    agent = Agent(ScriptedModel(["never"], latency=10))
+    asked = asyncio.Event()
+
+    async def wait(request: ModelRequest) -> str:
+        asked.set()
+        await asyncio.sleep(10)
+        return "never"
+
+    agent = Agent(FunctionModel(wait))
     events: list[Event] = []
     task = asyncio.create_task(agent.run("wait", on_event=events.append))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(asked.wait(), 30)  # the run waits in the model (a fixed sleep may end before)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

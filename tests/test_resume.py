@@ -181,6 +181,23 @@ async def test_resume_continues_with_the_same_counters_budget_and_script() -> No
     assert [s.resumed for s in starts] == [False, True]
 
 
+async def test_a_run_resumed_with_another_model_names_it_and_uses_react_if_it_takes_no_tools() -> None:
+    store = crashing(MemoryStore, observed(1), after=True)()
+    effects = Effects()
+    with pytest.raises(Crash):
+        await agent_for(store, effects).run("go", run_id="r")
+    saved = await store.load_state("r")
+    assert saved is not None and saved.mode == "native"
+
+    text_only = ScriptedModel(["Thought: done.\nFinal Answer: all done"], name="plain", tools=False)
+    result = await Agent(text_only, tools=effects.tools, store=store).resume("r")
+    assert result.output == "all done"
+    assert result.state.model == "test:plain" and result.state.metadata["models"] == [saved.model, "test:plain"]
+    assert result.state.mode == "react" and text_only.requests[0].tools == []  # tools described in the prompt
+    starts = [e for e in await store.read_events("r") if isinstance(e, RunStarted)]
+    assert [s.model for s in starts] == [saved.model, "test:plain"]
+
+
 async def test_a_finished_or_unknown_run_is_not_resumed() -> None:
     store = MemoryStore()
     agent = Agent(ScriptedModel(["hello"]), store=store)
@@ -384,6 +401,21 @@ class SlowSecondTurn(ScriptedModel):
         return await super().request(request)
 
 
+class Asked(ScriptedModel):
+    """A scripted model a test can await being asked for the n-th time (rather than sleep a guess)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._asked: dict[int, asyncio.Event] = {}
+
+    def asked(self, n: int) -> asyncio.Event:
+        return self._asked.setdefault(n, asyncio.Event())
+
+    async def request(self, request: Any) -> Any:
+        self.asked(len(self.requests) + 1).set()
+        return await super().request(request)
+
+
 async def _interrupt_when(agent: Agent, run_id: str, started: asyncio.Event, goal: str = "go") -> None:
     task = asyncio.create_task(agent.run(goal, run_id=run_id))
     await asyncio.wait_for(started.wait(), 5)
@@ -443,9 +475,10 @@ async def test_a_tool_running_when_interrupted_is_settled_by_the_ledger(tmp_path
 
 
 async def test_interrupt_without_an_id_stops_every_run_of_the_agent_and_cancel_still_ends_them() -> None:
-    agent = Agent(ScriptedModel(["never"] * 3, latency=30))
+    model = Asked(["never"] * 4, latency=30)
+    agent = Agent(model)
     tasks = [asyncio.create_task(agent.run("wait", run_id=f"run{i}")) for i in range(3)]
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(model.asked(3).wait(), 30)  # all three wait in the model
     assert sorted(agent.interrupt()) == ["run0", "run1", "run2"]
     for task in tasks:
         with pytest.raises(asyncio.CancelledError):
@@ -455,7 +488,7 @@ async def test_interrupt_without_an_id_stops_every_run_of_the_agent_and_cancel_s
         assert state is not None and not state.finished and state.step == 0
 
     cancelled = asyncio.create_task(agent.run("wait", run_id="run9"))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(model.asked(4).wait(), 30)
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
