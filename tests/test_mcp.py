@@ -650,19 +650,18 @@ async def test_closing_the_agent_with_a_call_in_flight_leaves_no_process() -> No
 
 async def test_a_hanging_call_times_out_and_the_connection_stays_usable() -> None:
     async with _faulty(timeout=0.5) as server:
-        model = ScriptedModel(
-            [
-                {"tool_calls": [{"name": "hang", "args": {}}]},
-                {"tool_calls": [{"name": "echo", "args": {"text": "still here"}}]},
-                "done",
-            ]
-        )
+        model = ScriptedModel([{"tool_calls": [{"name": "hang", "args": {}}]}, "done"])
         events: list[Any] = []
         await Agent(model, mcp_servers=[server], on_event=events.append).run("go")
         assert [r.output for r in _results(events)] == [
-            "Error: hang was abandoned: it timed out after 0.5 s.",
-            "echo: still here",
+            "Error: hang was abandoned: it timed out after 0.5 s."
         ]
+        # the same connection answers the next call (not bounded by the 0.5 s meant for `hang`: a busy
+        # machine may take that long to answer a call that succeeds)
+        assert server.connected
+        assert (
+            await asyncio.wait_for(server.call_tool("echo", {"text": "still here"}), 30) == "echo: still here"
+        )
 
 
 async def test_content_kinds_and_error_results_from_a_real_server() -> None:
@@ -699,15 +698,18 @@ async def test_a_server_that_never_answers_the_handshake_times_out_and_is_stoppe
     assert set(_our_children()) - before == set()
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 async def test_a_server_that_dies_between_calls_fails_the_next_call_clearly_and_is_reconnected() -> None:
     server = _faulty()
     model = ScriptedModel([{"tool_calls": [{"name": "echo", "args": {"text": "anyone?"}}]}, "back"])
     events: list[Any] = []
     agent = Agent(model, mcp_servers=[server], on_event=events.append)
+    before = set(_our_children())
     try:
         await server.list_tools()
+        (process,) = set(_our_children()) - before
         assert await server.call_tool("exit_soon", {}) == "bye"
-        await asyncio.sleep(1)  # the process exits while idle
+        assert await _dies(process)  # it exits while idle (0.2 s later; a fixed sleep may end before that)
         with pytest.raises(MCPToolError, match=r"MCP server 'faulty' died during the call of 'echo'"):
             await asyncio.wait_for(server.call_tool("echo", {"text": "anyone?"}), 10)
         assert not server.connected
