@@ -263,9 +263,20 @@ class Agent:
         A run that already ended raises `StateError`.
         """
         state = await load_resumable(self._store_for("resume a run"), check_id(run_id))
+        self._adopt(state)
         run = self._context(state, budget=budget, sinks=[_check_sink(on_event)], stream=False)
         run.deps = deps
         return await self._drive(run, resumed=True)
+
+    def _adopt(self, state: RunState) -> None:
+        """A run resumed with another model names it (events, `runs show`; the earlier ones in
+        `metadata["models"]`), and goes on in text ReAct if the new model takes no tool definitions."""
+        if state.model == self.model.spec:
+            return
+        state.metadata.setdefault("models", [state.model]).append(self.model.spec)
+        state.model = self.model.spec
+        if state.mode == "native" and self._initial_mode() == "react":
+            state.mode = "react"
 
     def resume_sync(self, run_id: str, **kwargs: Any) -> RunResult:
         """`resume()` for code without an event loop."""
