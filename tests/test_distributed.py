@@ -701,7 +701,7 @@ def test_a_worker_stopped_by_sigterm_hands_its_run_back_at_once_for_another_to_r
     asyncio.run(submit())
     effects = tmp_path / "effects.txt"
     (first,) = workers(dsn, effects, ["A"], lease=60, env={"SLOW_MARK": "600"})  # a 60 s lease, a 10 min tool
-    wait_for_line(effects, "record:handover:A")
+    wait_for_line(effects, "mark-start:handover:A")
     first.send_signal(signal.SIGTERM)
     out, err = first.communicate(timeout=60)  # at once: neither the tool nor the lease is waited for
     assert first.returncode == 0 and out.strip() == "", err
@@ -713,7 +713,11 @@ def test_a_worker_stopped_by_sigterm_hands_its_run_back_at_once_for_another_to_r
     (second,) = workers(dsn, effects, ["B"], lease=60)
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0 and out.strip() == "h1", err
-    assert lines(effects) == ["record:handover:A", "mark:handover:B"]  # record (a side effect) ran once
+    assert lines(effects) == [
+        "record:handover:A",
+        "mark-start:handover:A",
+        "mark:handover:B",
+    ]  # record ran once
     status = job_status(dsn, "h1")
     assert (status.status, status.stop_reason, status.attempts) == ("done", "final_answer", 1)
 
@@ -728,8 +732,8 @@ def test_a_worker_frozen_past_its_lease_stops_its_run_when_it_wakes(dsn: str, tm
     asyncio.run(submit())
     effects = tmp_path / "effects.txt"
     (stale,) = workers(dsn, effects, ["A"], lease=1.0, env={"SLOW_MARK": "3"})
-    wait_for_line(effects, "record:frozen:A")
-    stale.send_signal(signal.SIGSTOP)  # frozen (inside or before `mark`) …
+    wait_for_line(effects, "mark-start:frozen:A")
+    stale.send_signal(signal.SIGSTOP)  # frozen inside `mark` (outside any store transaction) …
     try:
         lease_expired(dsn, "z1")  # … past its lease: B takes the run over and finishes it
         (rescuer,) = workers(dsn, effects, ["B"], lease=1.0)
@@ -742,8 +746,55 @@ def test_a_worker_frozen_past_its_lease_stops_its_run_when_it_wakes(dsn: str, tm
     assert stale.returncode == 0 and out.strip() == "", err  # it completed nothing
     done = lines(effects)
     assert done.count("record:frozen:A") == 1 and "record:frozen:B" not in done
-    assert "mark:frozen:B" in done and set(done) <= {"record:frozen:A", "mark:frozen:A", "mark:frozen:B"}
+    assert "mark:frozen:B" in done and set(done) <= {
+        "record:frozen:A",
+        "mark-start:frozen:A",
+        "mark:frozen:A",
+        "mark:frozen:B",
+    }
     after = asyncio.run(stored(dsn, "z1"))  # A wrote nothing over B's result
     assert after.model_dump() == finished.model_dump() and after.answer == "done frozen"
     status = job_status(dsn, "z1")
     assert (status.status, status.stop_reason, status.attempts) == ("done", "final_answer", 2)
+
+
+async def test_a_store_failure_mid_job_leaves_the_job_to_be_taken_again_not_failed(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store that does not answer in time (here: its event table locked, as by a worker frozen inside a
+    checkpoint) is a passing failure: the job is taken again once its lease runs out, not failed for good."""
+    import logging
+
+    import psycopg
+
+    failed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "job t1 failed on w1" in record.getMessage():
+                loop.call_soon_threadsafe(failed.set)
+
+    watch = Watch()
+    logging.getLogger("thinkloop.distributed").addHandler(watch)
+    async with JobQueue(dsn, lease=1.0) as queue, PostgresStore(dsn, timeout=1.0) as store:
+        assert await store.load_state("warm-up") is None  # connected, tables made
+        await queue.submit("hello", run_id="t1")
+        worker = Worker(
+            Agent(FunctionModel(lambda r: "fine"), store=store), queue, name="w1", poll_interval=0.05
+        )
+        with psycopg.connect(dsn) as blocker:
+            blocker.execute("LOCK TABLE thinkloop_events IN EXCLUSIVE MODE")  # held until the block ends
+            serving = asyncio.create_task(worker.serve())
+            await asyncio.wait_for(failed.wait(), 60)
+            blocker.rollback()
+        try:
+            async with asyncio.timeout(60):
+                result = await queue.wait("t1", store)
+            assert result.output == "fine" and worker.completed == ["t1"]
+            status = await queue.status("t1")
+            assert status is not None and (status.status, status.attempts) == ("done", 2)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(serving, 30)
+            logging.getLogger("thinkloop.distributed").removeHandler(watch)

@@ -8,7 +8,7 @@ itself with SIGKILL inside `record` for that goal, after its effect (a crash mid
 KILL_IN_MARK=GOAL, inside `mark` — which, being idempotent, is re-run on every resume: it kills every
 worker that takes the job (a poison run). With KILL_BEFORE_SAVE=GOAL, the process kills itself before
 that goal's run is first saved (in the agent's learner, which it asks for lessons first): every time.
-With SLOW_MARK=SECONDS, `mark` sleeps that long first. MAX_ATTEMPTS sets the queue's `max_attempts`.
+With SLOW_MARK=SECONDS, `mark` writes `mark-start:tag:worker` and sleeps that long first. MAX_ATTEMPTS sets the queue's `max_attempts`.
 SIGTERM stops the worker the way `thinkloop worker`'s second signal does: its runs are interrupted and
 their jobs handed back at once.
 """
@@ -47,7 +47,10 @@ def record(tag: str) -> str:
 @tool(idempotent=True)
 async def mark(tag: str) -> str:
     """Mark a tag (idempotent)."""
-    await asyncio.sleep(float(os.environ.get("SLOW_MARK", "0")))
+    slow = float(os.environ.get("SLOW_MARK", "0"))
+    if slow:
+        effect(f"mark-start:{tag}:{NAME}")
+    await asyncio.sleep(slow)
     effect(f"mark:{tag}:{NAME}")
     if os.environ.get("KILL_IN_MARK") == tag:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -470,11 +470,7 @@ class Worker:
                 await self._settle(self.queue.release(job, self.name))
             raise
         except Exception as exc:  # a failure of the engine, not of the run (those end with a stop reason)
-            if isinstance(exc, UserError | StateError):  # the job's own: a bad option, a corrupt state
-                logger.error("job %s failed on %s: %s", job.run_id, self.name, exc)
-            else:
-                logger.exception("job %s failed on %s", job.run_id, self.name)
-            await self._settle(self.queue.finish(job, self.name, error=f"{type(exc).__name__}: {exc}"))
+            await self._failed(job, exc)
             return
         finally:
             lease.cancel()
@@ -485,6 +481,20 @@ class Worker:
         finished = await self._settle(self.queue.finish(job, self.name, stop_reason=stop_reason, error=error))
         if finished and error is None:
             self.completed.append(job.run_id)
+
+    async def _failed(self, job: Job, exc: Exception) -> None:
+        """A job's own fault (a bad option, a corrupt run state) fails it: no attempt could do better.
+        Anything else — the store timing out or unreachable, a run row locked by a frozen worker, a bug —
+        may pass: the job is left to its lease, and taken again when that runs out, as if this worker had
+        died (an attempt counted toward `max_attempts`)."""
+        if isinstance(exc, UserError | _CorruptRun):
+            logger.error("job %s failed on %s: %s", job.run_id, self.name, exc)
+            await self._settle(self.queue.finish(job, self.name, error=f"{type(exc).__name__}: {exc}"))
+            return
+        logger.error(
+            "job %s failed on %s (attempt %d of %d): it will be taken again when its lease runs out",
+            job.run_id, self.name, job.attempt, self.queue.max_attempts, exc_info=exc,
+        )  # fmt: skip
 
     async def _run(self, job: Job) -> RunResult:
         options = job.options
@@ -597,11 +607,17 @@ async def run_or_resume(
     return await agent.run(goal, run_id=run_id, budget=budget, metadata=metadata, session=session)
 
 
+class _CorruptRun(StateError):
+    """The run's state in the store cannot be loaded: a job cannot run it, however often it tries."""
+
+
 async def _load(store: Store, run_id: str) -> RunState | None:
     try:
         return await store.load_state(run_id)
     except StateError as exc:
-        raise StateError(
+        if not str(exc).startswith(f"run {run_id!r}: "):  # what the stores say of a state they refuse
+            raise  # the store failed (unreachable, no answer in time), not the state: that may pass
+        raise _CorruptRun(
             f"{exc} — so this job cannot run it: repair or delete the run in {store.url or 'the store'}, "
             "or submit the goal again under a new run id",
             state=exc.state,
