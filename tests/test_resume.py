@@ -192,7 +192,10 @@ async def test_a_run_resumed_with_another_model_names_it_and_uses_react_if_it_ta
     text_only = ScriptedModel(["Thought: done.\nFinal Answer: all done"], name="plain", tools=False)
     result = await Agent(text_only, tools=effects.tools, store=store).resume("r")
     assert result.output == "all done"
-    assert result.state.model == "test:plain" and result.state.metadata["models"] == [saved.model, "test:plain"]
+    assert result.state.model == "test:plain" and result.state.metadata["models"] == [
+        saved.model,
+        "test:plain",
+    ]
     assert result.state.mode == "react" and text_only.requests[0].tools == []  # tools described in the prompt
     starts = [e for e in await store.read_events("r") if isinstance(e, RunStarted)]
     assert [s.model for s in starts] == [saved.model, "test:plain"]
@@ -545,3 +548,19 @@ async def test_a_resumed_run_interrupted_or_cancelled_while_it_reruns_a_pending_
 
     with pytest.raises(StateError, match="already ended"):
         await agent().resume("r3")
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_new_run_with_the_id_of_a_saved_run_is_a_clear_error_and_the_saved_run_is_kept(
+    kind: str, tmp_path: Path
+) -> None:
+    store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "runs.db")
+    await Agent(ScriptedModel(["first answer"]), store=store).run("first goal", run_id="r1")
+    model = ScriptedModel(["second answer"])
+    with pytest.raises(
+        UserError, match=r"a run with id 'r1' already exists in the store: give the new run another"
+    ):
+        await Agent(model, store=store).run("second goal", run_id="r1")
+    saved = await store.load_state("r1")
+    assert saved is not None and saved.goal == "first goal" and saved.answer == "first answer"
+    assert model.requests == []

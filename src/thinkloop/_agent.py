@@ -14,7 +14,7 @@ from . import _aio
 from ._budget import Budget, PriceTable
 from ._context import DEFAULT_MAX_CONTEXT_TOKENS, ContextManager, Summarizer
 from ._discovery import ToolDiscovery
-from ._errors import ConfigurationError, UserError
+from ._errors import ConcurrencyError, ConfigurationError, UserError
 from ._events import Done, Event, RunResult, RunStarted
 from ._execute import AllowAll, ToolGate
 from ._guards import GuardConfig, Guards
@@ -495,7 +495,7 @@ class Agent:
         if self.experience is not None:
             await self._use_lessons(run, resumed=resumed)
         run.emit(lambda: RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
-        await run.checkpoint()  # recorded before the first model call: a crash leaves a resumable run
+        await self._first_checkpoint(run, resumed=resumed)
         token = current_run.set(run)  # lets a router emit its `model_attempt` events to this run
         self._active[state.run_id] = (run, asyncio.current_task())
         try:
@@ -506,6 +506,20 @@ class Agent:
         if self.experience is not None and result.stop_reason is not StopReason.CANCELLED:
             self._learn_later(result.state)
         return result
+
+    @staticmethod
+    async def _first_checkpoint(run: RunContext, *, resumed: bool) -> None:
+        """Recorded before the first model call: a crash leaves a resumable run."""
+        try:
+            await run.checkpoint()
+        except ConcurrencyError as exc:
+            if resumed or exc.expected != 0:
+                raise
+            run_id = run.state.run_id
+            raise UserError(
+                f"a run with id {run_id!r} already exists in the store: give the new run another run_id "
+                f"(or, if that run is unfinished, continue it with agent.resume({run_id!r}))"
+            ) from exc
 
     # ------------------------------------------------------------------------------------ experience
 
