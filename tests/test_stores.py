@@ -1009,3 +1009,22 @@ async def test_a_state_file_copied_under_another_run_id_is_a_clear_error(tmp_pat
             await store.load_state("b")
         loaded = await store.load_state("a")
         assert loaded is not None and loaded.run_id == "a"
+
+
+async def test_a_postgres_writer_frozen_inside_a_transaction_does_not_block_the_next_owner(
+    pg_dsn: str,
+) -> None:
+    """A worker stopped (SIGSTOP) mid-write holds its transaction's locks; the server ends its session after
+    half the store's timeout, so the worker that took the run over saves within its own timeout."""
+    async with PostgresStore(pg_dsn, timeout=8) as frozen, PostgresStore(pg_dsn, timeout=8) as next_owner:
+        state = _state()
+        await frozen.checkpoint(state, [])
+        conn = await frozen._connection()
+        await conn.execute("BEGIN")
+        await conn.execute("LOCK TABLE thinkloop_events IN ACCESS EXCLUSIVE MODE")  # then it "freezes"
+        loaded = await next_owner.load_state("run-1")
+        assert loaded is not None
+        await next_owner.checkpoint(
+            loaded, _emit(loaded, RunStarted(goal="a goal", model="m", mode="native"))
+        )
+        assert [e.type for e in await next_owner.read_events("run-1")] == ["run_started"]

@@ -98,6 +98,12 @@ class PostgresStore(Store):
                 ) from None
             async with asyncio.timeout(self.timeout):
                 conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                # a writer frozen inside a transaction (SIGSTOP, a debugger) must not hold the run's rows
+                # past half the timeout: the server ends its session, and the process that took over goes on
+                await conn.execute(
+                    "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                    (str(max(1000, int(self.timeout * 500))),),
+                )
             try:
                 await self._bounded(conn, _migrate)
             except BaseException:
