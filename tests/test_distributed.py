@@ -798,3 +798,52 @@ async def test_a_store_failure_mid_job_leaves_the_job_to_be_taken_again_not_fail
             worker.stop()
             await asyncio.wait_for(serving, 30)
             logging.getLogger("thinkloop.distributed").removeHandler(watch)
+
+
+async def test_sigterm_to_the_cli_worker_hands_its_running_jobs_back_at_once(
+    dsn: str, tmp_path: Path
+) -> None:
+    """A service manager's SIGTERM (SIGKILL follows within seconds) interrupts the running runs and requeues
+    their jobs, resumable — it used to wait for them to finish (here a 10-minute shell command)."""
+    import json
+    import os
+    import signal
+
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps([{"tool_calls": [{"name": "shell", "args": {"command": "sleep 600"}}]}, "done"])
+    )
+    env = {**os.environ, "THINKLOOP_QUEUE": dsn, "THINKLOOP_HOME": str(tmp_path / "home")}
+    async with JobQueue(dsn) as jobs:
+        await jobs.submit("Wait a long time", run_id="long-1")
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "thinkloop.cli", "worker", "--model", f"script:{script}", "--tools", "shell",
+             "--yes", "--workspace", str(tmp_path)],
+            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            store = PostgresStore(dsn)
+            async with store:
+                for _ in range(600):  # up to 60 s for the worker to start and the shell command to run
+                    state = await store.load_state("long-1")
+                    if state is not None and any(e.status == "started" for e in state.ledger.values()):
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    worker.kill()
+                    raise AssertionError(
+                        f"the worker never started the shell command: {worker.communicate()}"
+                    )
+            worker.send_signal(signal.SIGTERM)
+            _, err = await asyncio.to_thread(worker.communicate, timeout=60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+        assert worker.returncode == 0, err
+        assert "interrupting the running jobs" in err
+        status = await jobs.status("long-1")
+        assert status is not None and status.status == "queued" and status.worker is None
+    async with PostgresStore(dsn) as store:
+        saved = await store.load_state("long-1")
+        assert saved is not None and not saved.finished

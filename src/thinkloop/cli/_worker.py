@@ -118,18 +118,18 @@ async def _serve(
         worker = Worker(agent, jobs, concurrency=concurrency)
         loop = asyncio.get_running_loop()
 
-        def on_signal() -> (
-            None
-        ):  # the first: finish the running jobs, take no new ones; the second: interrupt them
-            if worker.stopping:
+        def on_signal(sig: signal.Signals) -> None:
+            # SIGTERM (a service manager stopping us, SIGKILL to follow): hand the runs back at once.
+            # Ctrl-C: the first finishes the running jobs and takes no new ones; the second interrupts them
+            if worker.stopping or sig is signal.SIGTERM:
                 console.print("interrupting the running jobs: they go back to the queue, resumable")
                 worker.stop(interrupt=True)
             else:
-                console.print("stopping: finishing the running jobs (signal again to interrupt them)")
+                console.print("stopping: finishing the running jobs (Ctrl-C again to interrupt them)")
                 worker.stop()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
+            loop.add_signal_handler(sig, on_signal, sig)
         console.print(f"worker {worker.name} · queue {jobs.dsn.split('@')[-1]} · {concurrency} at a time")
         try:
             await worker.serve(until_idle=until_idle)
