@@ -816,30 +816,27 @@ async def test_sigterm_to_the_cli_worker_hands_its_running_jobs_back_at_once(
     env = {**os.environ, "THINKLOOP_QUEUE": dsn, "THINKLOOP_HOME": str(tmp_path / "home")}
     async with JobQueue(dsn) as jobs:
         await jobs.submit("Wait a long time", run_id="long-1")
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "thinkloop.cli", "worker", "--model", f"script:{script}", "--tools", "shell",
-             "--yes", "--workspace", str(tmp_path)],
-            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "thinkloop.cli", "worker", "--model", f"script:{script}", "--tools", "shell",
+            "--yes", "--workspace", str(tmp_path),
+            env=env, cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         try:
-            store = PostgresStore(dsn)
-            async with store:
+            async with PostgresStore(dsn) as store:
                 for _ in range(600):  # up to 60 s for the worker to start and the shell command to run
                     state = await store.load_state("long-1")
                     if state is not None and any(e.status == "started" for e in state.ledger.values()):
                         break
                     await asyncio.sleep(0.1)
                 else:
-                    worker.kill()
-                    raise AssertionError(
-                        f"the worker never started the shell command: {worker.communicate()}"
-                    )
+                    raise AssertionError("the worker never started the shell command")
             worker.send_signal(signal.SIGTERM)
-            _, err = await asyncio.to_thread(worker.communicate, timeout=60)
+            _, stderr = await asyncio.wait_for(worker.communicate(), 60)
         finally:
-            if worker.poll() is None:
+            if worker.returncode is None:
                 worker.kill()
-                worker.communicate()
+                await worker.communicate()
+        err = stderr.decode()
         assert worker.returncode == 0, err
         assert "interrupting the running jobs" in err
         status = await jobs.status("long-1")
