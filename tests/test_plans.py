@@ -607,8 +607,8 @@ async def test_run_plan_attempts_are_bounded_per_run() -> None:
 
 async def test_run_plan_is_not_cut_by_the_per_call_timeout_when_each_task_is_within_it() -> None:
     async def step(n: int) -> str:
-        """0.4 s each: well within the 1 s per-call timeout; three in a row always exceed it."""
-        await asyncio.sleep(0.4)
+        """0.5 s each: well within the 1.2 s per-call timeout; three in a row (1.5 s) always exceed it."""
+        await asyncio.sleep(0.5)
         return f"step {n}"
 
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -621,7 +621,7 @@ async def test_run_plan_is_not_cut_by_the_per_call_timeout_when_each_task_is_wit
     agent = Agent(
         model,
         tools=[plan_tool([Tool("step", "step", schema, step)])],
-        tool_timeout=0.5,
+        tool_timeout=1.2,
         on_event=events.append,
     )
     await agent.run("three steps")

@@ -474,7 +474,7 @@ HOLD_LOCK = textwrap.dedent(
     conn = sqlite3.connect(sys.argv[1], isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
     print("held", flush=True)
-    time.sleep(float(sys.argv[2]))
+    sys.stdin.readline()  # held until the test says so (a fixed time could end before a slow test got there)
     conn.execute("COMMIT")
     """
 )
@@ -493,7 +493,7 @@ async def test_sqlite_waits_for_another_processes_lock_then_fails_saying_what_to
     async with SQLiteStore(db) as first:
         state = await _saved(first)
     holder = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", HOLD_LOCK, str(db), "1.2", stdout=subprocess.PIPE
+        sys.executable, "-c", HOLD_LOCK, str(db), stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     try:
         assert holder.stdout is not None and await holder.stdout.readline() == b"held\n"
@@ -518,7 +518,10 @@ async def test_sqlite_waits_for_another_processes_lock_then_fails_saying_what_to
             assert "database is locked" in message and "another process held its write lock" in message
             assert f"fuser {db}" in message and "busy_timeout" in message and "resume the run" in message
             assert ticks >= 10  # the event loop went on while the worker thread waited
-            await asyncio.wait_for(holder.wait(), 10)
+            assert holder.stdin is not None
+            holder.stdin.write(b"release\n")
+            await holder.stdin.drain()
+            await asyncio.wait_for(holder.wait(), 30)
             await store.checkpoint(state, events)  # once the lock is free, the same save succeeds
             assert [e.seq for e in await store.read_events("run-1")] == [1, 2]
     finally:
@@ -931,8 +934,9 @@ async def test_a_postgres_lock_held_past_the_timeout_fails_the_save_and_the_next
 
     import psycopg
 
-    async with PostgresStore(pg_dsn, timeout=0.5) as store:
-        state = await _saved(store)
+    async with PostgresStore(pg_dsn) as store:
+        state = await _saved(store)  # connecting and the first save may be slow on a busy machine
+        store.timeout = 0.5  # what is tested: a save blocked by another session's lock
         events = _emit(state, Status(text="second"))
         with psycopg.connect(pg_dsn) as other:  # a session that locks the log and keeps it
             other.execute("LOCK TABLE thinkloop_events IN ACCESS EXCLUSIVE MODE")
