@@ -213,7 +213,8 @@ def test_workers_in_several_processes_run_every_job_exactly_once(dsn: str, tmp_p
 
     ids = asyncio.run(submit())
     effects = tmp_path / "effects.txt"
-    procs = workers(dsn, effects, ["A", "B", "C"])
+    (tmp_path / "started").mkdir()
+    procs = workers(dsn, effects, ["A", "B", "C"], env={"START_BARRIER": f"{tmp_path / 'started'}:3"})
     outputs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
     completed = [rid for out, _ in outputs for rid in out.strip().split(",") if rid]

@@ -9,6 +9,9 @@ KILL_IN_MARK=GOAL, inside `mark` — which, being idempotent, is re-run on every
 worker that takes the job (a poison run). With KILL_BEFORE_SAVE=GOAL, the process kills itself before
 that goal's run is first saved (in the agent's learner, which it asks for lessons first): every time.
 With SLOW_MARK=SECONDS, `mark` writes `mark-start:tag:worker` and sleeps that long first. MAX_ATTEMPTS sets the queue's `max_attempts`.
+With START_BARRIER=DIR:N the worker creates DIR/NAME once its queue and store are open, then waits (up to
+60 s) until N workers have done so before it takes a job: processes that start at different speeds on a
+busy machine then share the work.
 SIGTERM stops the worker the way `thinkloop worker`'s second signal does: its runs are interrupted and
 their jobs handed back at once.
 """
@@ -19,6 +22,8 @@ import asyncio
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 from thinkloop import Agent, tool
 from thinkloop.distributed import JobQueue, Worker
@@ -79,12 +84,26 @@ def reply(request):  # type: ignore[no-untyped-def]
     return f"done {goal}"
 
 
+def _barrier(spec: str | None) -> None:
+    if not spec:
+        return
+    where, count = spec.rsplit(":", 1)
+    folder = Path(where)
+    (folder / NAME).touch()
+    for _ in range(600):
+        if len(list(folder.iterdir())) >= int(count):
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"worker {NAME}: the other workers never started")
+
+
 async def main() -> None:
     attempts = int(os.environ.get("MAX_ATTEMPTS", "3"))
     async with JobQueue(DSN, lease=LEASE, max_attempts=attempts) as queue, PostgresStore(DSN) as store:
         agent = Agent(FunctionModel(reply), tools=[record, mark], store=store, experience=Learner())
         worker = Worker(agent, queue, name=NAME, concurrency=2, poll_interval=0.05)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: worker.stop(interrupt=True))
+        await asyncio.to_thread(_barrier, os.environ.get("START_BARRIER"))
         await worker.serve(until_idle=True)
         print(",".join(worker.completed))
 
