@@ -60,9 +60,8 @@ MaxTokensParam = Literal["max_tokens", "max_completion_tokens"]
 
 DEFAULT_TIMEOUT = 120.0
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection (at most `timeout`): a host that drops it fails fast
-BODY_SLACK = (
-    16 * 1024 * 1024
-)  # bytes read of a whole JSON reply to a streaming request beyond 16 per character
+# bytes read of a whole JSON reply to a streaming request beyond 16 per character of the reply asked for
+BODY_SLACK = 16 * 1024 * 1024
 AFTER_FINISH_WAIT = 5.0  # seconds a stream may stay silent after its finish_reason before it is closed
 LOCAL_API_KEY = "not-needed"  # sent to local servers, which ignore the key
 MAX_STOP_SEQUENCES = 4  # the chat-completions API accepts at most four
