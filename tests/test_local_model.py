@@ -671,3 +671,28 @@ def test_the_prompt_cache_default_follows_the_environment(
     monkeypatch.setenv("THINKLOOP_HOME", str(tmp_path / "home"))
     assert LocalModel().prompt_cache.directory == tmp_path / "home" / "prompt-cache"  # type: ignore[union-attr]
     assert LocalModel(prompt_cache=tmp_path / "own").prompt_cache.directory == tmp_path / "own"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("info", "flags", "warned"),
+    [
+        (b"CPU : AVX2 = 1 | AMX_INT8 = 1 | OPENMP = 1 |", "fpu avx2 amx_tile hypervisor", True),
+        (b"CPU : AVX2 = 1 | AMX_INT8 = 1 | OPENMP = 1 |", "fpu avx2 amx_tile", False),  # bare metal
+        (
+            b"CPU : AVX2 = 1 | AVX512 = 1 | OPENMP = 1 |",
+            "fpu avx2 amx_tile hypervisor",
+            False,
+        ),  # built without
+    ],
+)
+def test_a_llama_cpp_built_with_amx_on_a_virtual_machine_is_warned_about(
+    info: bytes, flags: str, warned: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    with caplog.at_level("WARNING", logger="thinkloop.models"):
+        assert _local._warn_if_amx_on_a_vm(lambda: info, str(cpuinfo)) is warned
+    assert ("Illegal instruction" in caplog.text and "AMX off" in caplog.text) is warned
+    assert (
+        _local._warn_if_amx_on_a_vm(lambda: info, str(tmp_path / "missing")) is False
+    )  # no /proc: no warning

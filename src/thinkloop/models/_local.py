@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 import uuid
 import weakref
@@ -262,8 +263,31 @@ def _load_runtime(path: Path, n_ctx: int, n_threads: int, seed: int) -> _Runtime
                 ) from exc
             if not _RUNTIMES:
                 atexit.register(_close_all)
+                _warn_if_amx_on_a_vm(lambda: sys.modules["llama_cpp"].llama_print_system_info())
             runtime = _RUNTIMES[key] = _Runtime(llm, path)
         return runtime
+
+
+AMX_WARNING = (
+    "llama.cpp was built with Intel AMX and this is a virtual machine: some lose the AMX tile state, and the "
+    "process then dies with 'Illegal instruction' (SIGILL) in the middle of a prompt. If it does, rebuild "
+    "llama-cpp-python without AMX (docs/local-model.md, 'AMX off')"
+)
+
+
+def _warn_if_amx_on_a_vm(system_info: Callable[[], Any], cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Warn when llama.cpp (its `llama_print_system_info`) uses AMX under a hypervisor; True when it warned."""
+    try:
+        info = system_info()
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except Exception:  # a check for a warning: never the reason a model does not load
+        return False
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    if "AMX_INT8 = 1" in text and "hypervisor" in flags:
+        logger.warning(AMX_WARNING)
+        return True
+    return False
 
 
 def _close_all() -> None:
