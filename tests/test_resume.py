@@ -548,19 +548,3 @@ async def test_a_resumed_run_interrupted_or_cancelled_while_it_reruns_a_pending_
 
     with pytest.raises(StateError, match="already ended"):
         await agent().resume("r3")
-
-
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-async def test_a_new_run_with_the_id_of_a_saved_run_is_a_clear_error_and_the_saved_run_is_kept(
-    kind: str, tmp_path: Path
-) -> None:
-    store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "runs.db")
-    await Agent(ScriptedModel(["first answer"]), store=store).run("first goal", run_id="r1")
-    model = ScriptedModel(["second answer"])
-    with pytest.raises(
-        UserError, match=r"a run with id 'r1' already exists in the store: give the new run another"
-    ):
-        await Agent(model, store=store).run("second goal", run_id="r1")
-    saved = await store.load_state("r1")
-    assert saved is not None and saved.goal == "first goal" and saved.answer == "first answer"
-    assert model.requests == []

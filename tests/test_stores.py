@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from conftest import PG_DSN, private_schema
-from thinkloop import Agent, ConcurrencyError, ConfigurationError, RunState, StateError, tool
+from thinkloop import Agent, ConcurrencyError, ConfigurationError, RunState, StateError, UserError, tool
 from thinkloop._events import Done, Progress, RunResult, RunStarted, Status
 from thinkloop._state import StopReason
 from thinkloop.stores import (
@@ -278,10 +278,14 @@ async def test_an_agent_run_is_recorded_with_a_gap_free_event_log(store: Store) 
 
 async def test_a_second_run_with_the_same_id_is_refused(store: Store) -> None:
     await Agent(ScriptedModel(["one"]), store=store).run("first", run_id="same")
-    with pytest.raises(ConcurrencyError):
-        await Agent(ScriptedModel(["two"]), store=store).run("second", run_id="same")
+    model = ScriptedModel(["two"])
+    with pytest.raises(
+        UserError, match=r"a run with id 'same' already exists in the store: give the new run another"
+    ):
+        await Agent(model, store=store).run("second", run_id="same")
     saved = await store.load_state("same")
-    assert saved is not None and saved.answer == "one"
+    assert saved is not None and saved.answer == "one" and saved.goal == "first"
+    assert model.requests == []
 
 
 # ============================================================================================ open_store
