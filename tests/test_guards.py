@@ -209,6 +209,40 @@ def test_different_errors_each_time_end_as_no_progress() -> None:
     assert "no new useful result" in (result.error or "")
 
 
+def test_errors_differing_only_in_values_get_their_own_hint_but_do_not_stop_the_run() -> None:
+    @tool
+    def section(number: int, title: str = "x") -> str:
+        """A handbook section."""
+        raise LookupError(f"section {number} ({title!r}) is not available; available: 7")
+
+    args = itertools.count(8)
+    model = FunctionModel(
+        lambda r: (
+            "no such section" if is_final(r) else call("section", number=next(args), title=f"s{next(args)}")
+        )
+    )
+    result, events = run(Agent(model, tools=[section]))
+
+    assert result.stop_reason is StopReason.NO_PROGRESS  # not dangerous_loop: each call tried another value
+    hints = [e for e in events if isinstance(e, Hint)]
+    assert [(h.step, h.reason) for h in hints] == [(2, "similar_errors"), (4, "change_approach")]
+    assert "each time for another value" in hints[0].text and "which values exist" in hints[0].text
+
+
+def test_error_fingerprints_keep_exact_errors_apart_and_group_similar_ones() -> None:
+    from thinkloop._guards import _error_fingerprint, _similar_streak, _streak
+
+    a = _error_fingerprint("section:section 8 is not available; available: 7")
+    b = _error_fingerprint("section:section 9 is not available; available: 7")
+    c = _error_fingerprint("get_project:no project named 'Project X'")
+    d = _error_fingerprint('get_project:no project named "Project Y\'s"')
+    e = _error_fingerprint("get_contact:no contact named 'Project X'")
+    assert a != b and a.split("/")[1] == b.split("/")[1]
+    assert c.split("/")[1] == d.split("/")[1] != e.split("/")[1]
+    assert _streak([a, b]) == 1 and _similar_streak([a, b]) == 2
+    assert _similar_streak(["0f1e", "0f1e"]) == 2  # a state saved before: the exact digests alone
+
+
 # ==================================================================================== failure counting
 
 
@@ -511,3 +545,4 @@ def test_the_forced_final_prompt_lists_what_failed_and_what_worked() -> None:
     assert 'broken({"x": 2}) failed: Error: broken raised' in prompt
     assert prompt.count('broken({"x": 1}) failed') == 1  # listed once, at its latest failure
     assert 'lookup({"key": "alpha"}) -> ' in prompt
+

@@ -8,7 +8,9 @@
   whose calls were all blocked — the run stops as `dangerous_loop`.
 - **Repeated errors.** A step whose executed calls all failed has an error fingerprint; the same
   fingerprint twice in a row gets a "change approach" hint, `max_repeated_errors` in a row stop the
-  run as `dangerous_loop`.
+  run as `dangerous_loop`. Errors that differ only in their numbers and quoted values ("section 8 is
+  not available", "section 9 is not available": a model guessing values) get a hint of their own after
+  two in a row, but never stop the run: trying other values may be legitimate exploration.
 - **Consecutive failures.** A failed observation is an executed call whose `ToolOutcome.success` is
   False: a tool error or exception, invalid arguments, an unknown tool, a denied call, a timeout.
   Blocked repeats are counted by the loop detector instead. Any success resets the counter.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -51,6 +54,11 @@ DEFAULT_HINTS: dict[str, str] = {
     "repeated_error": (
         "Checkpoint: your last {count} steps failed with the same error. Repeating the call will not help: "
         "read the error, then change the arguments or the tool, or answer with what you already know."
+    ),
+    "similar_errors": (
+        "Checkpoint: your last {count} steps failed with the same error, each time for another value. "
+        "Guessing more values will not help: read the error (it may say which values exist), then use a value "
+        "it names or a different tool, or answer with what you already know."
     ),
     "summarise": (  # restates the task: asked to "summarise", small models gave the summary as the answer
         "Checkpoint: you are halfway through your step budget. The task: {goal} "
@@ -170,6 +178,22 @@ def _digest(text: str) -> str:
     return digest
 
 
+_VALUES_RE = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|\d+(?:[.,:/-]\d+)*")
+
+
+def _error_fingerprint(text: str) -> str:
+    """`exact/similar`: the digest of an error, and of the error with its numbers and quoted values
+    blanked (errors of one call tried with other values share the second part)."""
+    similar = hashlib.blake2b(_VALUES_RE.sub("#", text).strip().encode(errors="replace"), digest_size=8)
+    return f"{_digest(text)}/{similar.hexdigest()}"
+
+
+def _similar_streak(errors: list[str]) -> int:
+    """How many error fingerprints at the end of `errors` share their `similar` part (states saved before
+    it existed hold the exact digest alone)."""
+    return _streak([e.rpartition("/")[2] for e in errors[-8:]])
+
+
 def _push(items: list[str], item: str, keep: int) -> None:
     """Append `item`, keeping the last `keep` items (in place)."""
     items.append(item)
@@ -282,7 +306,7 @@ class Guards:
                 g.recent_errors.clear()
         elif executed:
             errors = "\n".join(sorted(f"{o.call.name}:{o.output}" for o in executed))
-            _push(g.recent_errors, _digest(errors), 8)
+            _push(g.recent_errors, _error_fingerprint(errors), 8)
         useful = False
         for outcome in outcomes:  # every outcome is looked at (it may be a result not seen before)
             useful = self._useful(outcome, g) or useful
@@ -300,7 +324,7 @@ class Guards:
                     g.recent_errors.clear()
             else:
                 g.consecutive_failures += 1
-                _push(g.recent_errors, _digest(f"{outcome.call.name}:{outcome.output}"), 8)
+                _push(g.recent_errors, _error_fingerprint(f"{outcome.call.name}:{outcome.output}"), 8)
         useful = self._useful(outcome, g)
         g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
         if g.recent_signatures:
@@ -379,9 +403,9 @@ class Guards:
         if not (g.recent_errors or g.recent_thoughts) and state.step not in hint_rounds(max_steps).values():
             return None  # the common case: no streak, and not a checkpoint round
         key = self._checkpoint_key(state, max_steps)
-        errors = _streak(g.recent_errors)
+        errors = _similar_streak(g.recent_errors)
         if key is None and errors == 2:
-            key = "repeated_error"
+            key = "repeated_error" if _streak(g.recent_errors) == 2 else "similar_errors"
         thoughts = _streak(g.recent_thoughts)
         if key is None and thoughts == self.config.max_repeated_thoughts - 1:
             key, errors = "repeated_thought", thoughts
@@ -396,7 +420,7 @@ class Guards:
         rounds = hint_rounds(max_steps)
         if step == rounds["change_approach"]:
             repeats = g.total_calls > 0 and g.repeated_calls / g.total_calls > 0.5
-            stuck = repeats or g.consecutive_failures >= 3 or _streak(g.recent_errors) >= 2
+            stuck = repeats or g.consecutive_failures >= 3 or _similar_streak(g.recent_errors) >= 2
             return "change_approach" if stuck else None
         if step == rounds["summarise"]:
             return "summarise"
