@@ -17,6 +17,7 @@ from thinkloop import (
     ModelRequest,
     Price,
     PriceTable,
+    RiskLevel,
     RunState,
     StateError,
     StopReason,
@@ -716,6 +717,50 @@ async def test_arguments_a_small_model_gets_slightly_wrong_are_understood() -> N
     assert outputs[4].startswith("Error: the arguments of add were not a JSON object: '3 4'")
     assert outputs[5].startswith("Error: the arguments of weather were not a JSON object")
     assert outputs[6].startswith("Error: invalid arguments for add: ")
+    assert result.output == "done"
+
+
+async def test_arguments_a_tool_does_not_take_are_ignored_when_the_rest_is_valid_and_the_model_told() -> None:
+    @tool
+    def offices() -> str:
+        """Every office."""
+        return '[{"city": "Dublin"}, {"city": "Austin"}]'
+
+    @tool
+    def sales(store: str, months: int = 3) -> str:
+        """Sales of a store."""
+        return f"{store}: {months} months"
+
+    @tool(risk=RiskLevel.HIGH)
+    def delete(path: str) -> str:
+        """Delete a file."""
+        return f"deleted {path}"
+
+    model = ScriptedModel(
+        [
+            call("offices", city="Dublin"),  # the 0.5B model's filter: the tool takes none
+            call("sales", store="Kiosk 4", month_count=6, region="north"),
+            call("sales", shop="Kiosk 4"),  # the required argument is missing: still an error
+            call("delete", path="a.txt", dry_run=True),  # a call that acts runs only as written
+            "done",
+        ]
+    )
+    result = await Agent(model, tools=[offices, sales, delete]).run("x")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs[0] == (
+        '[{"city": "Dublin"}, {"city": "Austin"}]\nNote: offices has no argument "city", so it was ignored: '
+        "the result above is for the call without it (it takes no arguments)."
+    )
+    assert outputs[1] == (
+        'Kiosk 4: 3 months\nNote: sales has no arguments "month_count", "region", so they were ignored: the '
+        "result above is for the call without them (its arguments are store, months)."
+    )
+    assert outputs[2].startswith(
+        "Error: invalid arguments for sales: store: Field required; shop: Extra inputs"
+    )
+    assert outputs[3].startswith(
+        "Error: invalid arguments for delete: dry_run: Extra inputs are not permitted"
+    )
     assert result.output == "done"
 
 

@@ -81,6 +81,7 @@ class _Prepared:
     arguments: dict[str, object]
     risk: RiskLevel
     decision: Decision = "auto"
+    note: str = ""  # told to the model after the result (arguments that were ignored)
 
 
 async def execute_calls(
@@ -132,14 +133,17 @@ def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Pr
     given = call.arguments if raw is None else _as_sole_argument(tool, raw)
     if given is None:
         return _failed(call, "invalid_arguments", _bad_json_message(call, tool))
+    note = ""
     try:
         arguments = tool.validate(given)
     except ToolArgumentsError as exc:
         retried = _validated_unwrapped(tool, given)
         if retried is None:
+            retried, note = _validated_without_extras(tool, given)
+        if retried is None:
             return _failed(call, "invalid_arguments", _invalid_args_message(tool, str(exc)))
         arguments = retried
-    return _Prepared(call, tool, arguments, tool.risk_for(arguments))
+    return _Prepared(call, tool, arguments, tool.risk_for(arguments), note=note)
 
 
 _WRAPPERS = frozenset({"arguments", "args", "parameters", "params", "input", "kwargs", "action_input"})
@@ -173,6 +177,36 @@ def _validated_unwrapped(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any
         return tool.validate(value)
     except ToolArgumentsError:
         return None
+
+
+def _validated_without_extras(tool: Tool, arguments: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """Arguments the tool does not take, beside others that are valid (`list_offices(city="Dublin")`): the
+    call without them, validated, and a note for the model naming what was ignored (it may have meant to
+    filter, and must not read the result as filtered). (None, "") when there are none, the rest is not
+    valid either, or the call is rated above low risk: a call that acts runs only as written (an ignored
+    `dry_run` would change what it does)."""
+    properties = tool.parameters.get("properties") or {}
+    extra = [key for key in arguments if key not in properties]
+    if not extra:
+        return None, ""
+    rest = {key: value for key, value in arguments.items() if key in properties}
+    try:
+        validated = tool.validate(rest)
+    except ToolArgumentsError:
+        return None, ""
+    if tool.risk_for(validated) is not RiskLevel.LOW:
+        return None, ""
+    return validated, _ignored_note(tool.name, extra, list(properties))
+
+
+def _ignored_note(name: str, extra: list[str], takes: list[str]) -> str:
+    listed = ", ".join(json.dumps(key, ensure_ascii=False) for key in extra)
+    one = len(extra) == 1
+    arguments = f"its arguments are {', '.join(takes)}" if takes else "it takes no arguments"
+    return (
+        f"Note: {name} has no argument{'' if one else 's'} {listed}, so {'it was' if one else 'they were'} ignored: the result "
+        f"above is for the call without {'it' if one else 'them'} ({arguments})."
+    )
 
 
 def _decided(
@@ -220,6 +254,8 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     duration = time.perf_counter() - started
     limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
     text, truncated = truncate_output(text, limit)
+    if prepared.note:
+        text = f"{text}\n{prepared.note}"
     outcome = ToolOutcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
     run.mark_done(call.id, text, success, error_kind=kind)
     if run.step_saves:
