@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from typing import Any
 
 import pytest
@@ -546,3 +547,19 @@ def test_the_forced_final_prompt_lists_what_failed_and_what_worked() -> None:
     assert prompt.count('broken({"x": 1}) failed') == 1  # listed once, at its latest failure
     assert 'lookup({"key": "alpha"}) -> ' in prompt
 
+
+def test_the_forced_final_prompt_shows_json_results_with_their_characters() -> None:
+    """The results listed for the forced answer are written as the model saw them in the run (`Kovač`, not
+    `Kova\\u010d`, which small models copy into their answers)."""
+
+    @tool
+    def profile(user: str) -> str:
+        """A user's profile, as JSON."""
+        return json.dumps({"name": "Marta Kovač", "user": user})  # ensure_ascii: "Kova\\u010d"
+
+    script = [call("profile", user="mk"), call("profile", user="mk2"), "Marta Kovač; no phone was found."]
+    model = ScriptedModel(script)
+    result = Agent(model, tools=[profile], budget=Budget(max_steps=2)).run_sync("What is mk's phone number?")
+    assert result.forced_final
+    prompt = model.requests[-1].messages[-1].content
+    assert 'profile({"user": "mk"}) -> {"name": "Marta Kovač", "user": "mk"}' in prompt
