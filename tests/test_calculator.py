@@ -165,3 +165,26 @@ def test_sums_and_means_as_small_models_write_them() -> None:
     assert evaluate("sum()") == 0
     with pytest.raises(CalculatorError, match=r"mean\(\) needs at least one number"):
         evaluate("mean()")
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # copied from a table in a tool result (benchmarks/local_tasks_b.py, balances_total): a tuple before
+        ("1,284,557.32 + 903,118.75 + 2,716,040.08", 4903716.15),
+        ("(1,000 + 5) * 2", 2010),
+        ("15% of 1,200", 180),
+        ("max(1,234)", 234),  # inside a function's parentheses a comma separates arguments
+        ("sum(1,284, 2)", 287),
+    ],
+)
+def test_thousands_separators_where_a_comma_cannot_separate_arguments(
+    expression: str, expected: float
+) -> None:
+    assert evaluate(expression) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("expression", ["1,2345 + 1", "1, 284", "12,34"])
+def test_commas_that_are_not_thousands_separators_are_still_refused(expression: str) -> None:
+    with pytest.raises(CalculatorError, match="unsupported element"):
+        evaluate(expression)

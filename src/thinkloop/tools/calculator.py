@@ -8,6 +8,8 @@ with `n` beyond ±10,000 and a costly modular power are refused before they are 
 integer too long to print whole is shown in scientific notation.
 Percentages as people (and small models) write them are read too: a `%` right after a number and
 before no operand means "/100" (`86.4 * 15%` is 12.96, `15% of 86.4` too); `10 % 3` stays the remainder.
+So are thousands separators where a comma could not separate arguments: `1,284,557.32 + 903,118.75` (as
+tables in tool results write numbers) is 2187676.07, while `max(1,234)` stays 234.
 """
 
 from __future__ import annotations
@@ -67,6 +69,26 @@ _PERCENT_OF_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%\s*of\b", re.IGNORECASE)
 _PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%(?!\s*[\w.(])")
 
 
+_THOUSANDS_RE = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.,])")
+
+
+def _without_thousands_separators(text: str) -> str:
+    """`1,284,557.32` as 1284557.32 where its commas could only make a tuple, which is refused anyway:
+    not inside a function's parentheses, where they separate arguments (`max(1,234)`)."""
+    if "," not in text or not _THOUSANDS_RE.search(text):
+        return text
+    in_call: list[bool] = []  # per character: is the innermost open bracket a function call's?
+    stack: list[bool] = []
+    for i, char in enumerate(text):
+        in_call.append(bool(stack) and stack[-1])
+        if char in "([":
+            before = text[:i].rstrip()
+            stack.append(char == "(" and bool(before) and (before[-1].isalnum() or before[-1] == "_"))
+        elif char in ")]" and stack:
+            stack.pop()
+    return _THOUSANDS_RE.sub(lambda m: m[0] if in_call[m.start()] else m[0].replace(",", ""), text)
+
+
 def evaluate(expression: str) -> int | float:
     """Evaluate an arithmetic expression safely. Raises `CalculatorError` with a clear message."""
     text = _normalise(expression)
@@ -106,6 +128,7 @@ def _normalise(expression: str) -> str:
         raise CalculatorError(f"the expression is longer than {_MAX_LENGTH} characters")
     text = text.replace("^", "**").replace("×", "*").replace("÷", "/")
     text = _PERCENT_RE.sub(r"(\1/100)", _PERCENT_OF_RE.sub(r"(\1/100)*", text))
+    text = _without_thousands_separators(text)
     if not text:
         raise CalculatorError("the expression is empty")
     if len(text) > _MAX_LENGTH:
