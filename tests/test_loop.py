@@ -764,6 +764,29 @@ async def test_arguments_a_tool_does_not_take_are_ignored_when_the_rest_is_valid
     assert result.output == "done"
 
 
+async def test_a_failed_call_using_another_tool_inside_its_argument_is_told_to_call_that_tool_first() -> None:
+    @tool
+    def monthly_sales(store: str) -> str:
+        """Unit sales of a store."""
+        return "January: 18,432, February: 21,907, March: 19,655"
+
+    model = ScriptedModel(
+        [
+            call("calculator", expression="sum(monthly_sales['Kiosk 4'][:3]) / 3"),  # the 1.5B model, 3 times
+            call("calculator", expression="monthly_sales + 1"),  # a name, not a call: no note
+            "done",
+        ]
+    )
+    result = await Agent(model, tools=[calculator, monthly_sales]).run("x")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs[0].startswith("Error: calculator raised CalculatorError: unsupported element")
+    assert outputs[0].endswith(
+        "\nNote: monthly_sales is a tool, which calculator cannot call. Call monthly_sales first, on its own, "
+        "then use the values it returns in calculator."
+    )
+    assert "Note:" not in outputs[1]
+
+
 # ====================================================================== answers handed in as a tool call
 
 

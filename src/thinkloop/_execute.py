@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import json
 import math
+import re
 import time
 import types
 from collections.abc import Awaitable, Coroutine, Generator
@@ -251,6 +252,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         text, success, kind = _raised(tool, exc)  # the tool's own (an inner task it awaited was cancelled)
     except (Exception, SystemExit, GeneratorExit) as exc:  # sys.exit() in a tool does not end the process
         text, success, kind = _raised(tool, exc)
+        text += _nested_call_note(run, tool, prepared.arguments)
     duration = time.perf_counter() - started
     limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
     text, truncated = truncate_output(text, limit)
@@ -319,6 +321,24 @@ def _run_out_of_time(run: RunContext) -> bool:
     """Whether the run's own time limit has (about) passed: what ended a call that timed out."""
     run_deadline = run.deadline
     return run_deadline is not None and run_deadline <= time.monotonic() + _TIMER_SLACK
+
+
+def _nested_call_note(run: RunContext, tool: Tool, arguments: dict[str, object]) -> str:
+    """After a failed call whose text argument uses another tool (`calculator` with
+    `"sum(monthly_sales['Kiosk 4'][:3]) / 3"`): a note that the tool must be called first, on its own. ""
+    otherwise."""
+    texts = [
+        value for value in arguments.values() if isinstance(value, str) and ("(" in value or "[" in value)
+    ]
+    if not texts:
+        return ""
+    for name in run.visible_names():
+        if name != tool.name and any(re.search(rf"\b{re.escape(name)}\s*[(\[]", text) for text in texts):
+            return (
+                f"\nNote: {name} is a tool, which {tool.name} cannot call. Call {name} first, on its own, then "
+                f"use the values it returns in {tool.name}."
+            )
+    return ""
 
 
 def _raised(tool: Tool, exc: BaseException) -> tuple[str, bool, ErrorKind]:
