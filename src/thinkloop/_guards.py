@@ -404,8 +404,11 @@ class Guards:
             return None  # the common case: no streak, and not a checkpoint round
         key = self._checkpoint_key(state, max_steps)
         errors = _similar_streak(g.recent_errors)
+        similar = errors >= 2 and _streak(g.recent_errors) < 2
         if key is None and errors == 2:
-            key = "repeated_error" if _streak(g.recent_errors) == 2 else "similar_errors"
+            key = "similar_errors" if similar else "repeated_error"
+        elif key == "change_approach" and similar:
+            key = "similar_errors"  # the same advice, saying what is going wrong: guessing values
         thoughts = _streak(g.recent_thoughts)
         if key is None and thoughts == self.config.max_repeated_thoughts - 1:
             key, errors = "repeated_thought", thoughts
