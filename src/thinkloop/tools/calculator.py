@@ -45,6 +45,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "sum": lambda *xs: sum(xs), "mean": lambda *xs: _mean(xs), "avg": lambda *xs: _mean(xs),
     "average": lambda *xs: _mean(xs),
 }  # fmt: skip  # sum/mean of numbers as small models write them: sum(18432, 21907, 19655) / 3
+_OF_NUMBERS = frozenset({"sum", "mean", "avg", "average", "min", "max"})  # also given one list of numbers
 _CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
 _MAX_EXPONENT = 10_000
 _MAX_FACTORIAL = 1_000
@@ -167,7 +168,11 @@ def _call(node: ast.Call) -> Any:
     if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS or node.keywords:
         allowed = ", ".join(sorted(_FUNCTIONS))
         raise CalculatorError(f"unknown function {ast.unparse(node.func)!r}; allowed: {allowed}")
-    args = [_eval(a) for a in node.args]
+    listed = node.args[0] if len(node.args) == 1 else None
+    if isinstance(listed, ast.List | ast.Tuple) and node.func.id in _OF_NUMBERS:
+        args = [_eval(a) for a in listed.elts]  # sum([1, 2, 3]), as Python writes it
+    else:
+        args = [_eval(a) for a in node.args]
     if node.func.id == "factorial" and args and abs(args[0]) > _MAX_FACTORIAL:
         raise CalculatorError(f"factorial argument is too large (limit {_MAX_FACTORIAL})")
     if node.func.id == "pow" and len(args) == 2:
