@@ -564,3 +564,4 @@ def test_the_forced_final_prompt_shows_json_results_with_their_characters() -> N
     assert result.forced_final
     prompt = model.requests[-1].messages[-1].content
     assert 'profile({"user": "mk"}) -> {"name": "Marta Kovač", "user": "mk"}' in prompt
+    assert prompt.endswith("say what could not be found: never make up a value.")

@@ -17,7 +17,8 @@ DEFAULT_RULES: tuple[str, ...] = (
 FINAL_ANSWER_PROMPT = (
     "Do not call any more tools: answer the task now with what you have found.{facts}\n"
     "The task: {goal}\n"
-    "Write your best final answer to the task. If part of it could not be found, say which part."
+    "Write your final answer to the task from these results only. If they do not contain what the task asks "
+    "for, or part of it, say what could not be found: never make up a value."
 )
 # The stop reason ({reason}, e.g. "The run reached the step limit of 8.") is not in the default wording:
 # the embedded 1.5B model answered it ("The instruction to stop now is contradictory", or repeated it
