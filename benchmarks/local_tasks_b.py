@@ -437,9 +437,10 @@ def only_word(*words: str) -> Check:
 
 
 NOT_FOUND = has(
-    "not found", "no product", "no such", "not exist", "n't exist", "no match", "unable to find", "could not find",
-    "couldn't find", "cannot find", "can't find", "not available", "no information", "not listed", "none",
-    "no record", "not in", "doesn't have", "does not have", "not provided", "not include", "no ",
+    "not found", "not be found", "no product", "no such", "not exist", "n't exist", "no match", "unable to find",
+    "could not find", "couldn't find", "cannot find", "can't find", "not available", "no information",
+    "not listed", "none", "no record", "not in", "doesn't have", "does not have", "not provided", "not include",
+    "no ",
 )  # fmt: skip
 
 
