@@ -1014,9 +1014,8 @@ def _known_facts(run: RunContext, limit: int = 12) -> list[str]:
             call = f"{entry.name}({args[:200]})"
             words = _words(args)
             relevance = len(words & goal) / len(words) if words else 0.0
-            result = _react.readable_json(entry.output)[
-                :1000
-            ]  # "Kovač", as the model saw it, not "Kova\u010d"
+            # JSON shown with its characters ("Kovač"), as the model saw it during the run
+            result = _react.readable_json(entry.output)[:1000]
             facts[call] = (order, f"{call} -> {result}", relevance)
     recent = sorted(facts.values())[-limit:]
     return [text for _, text, _ in sorted(recent, key=lambda f: (f[2], f[0]))]
