@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import private_schema
-from thinkloop import Agent, StopReason, ThinkloopError, UserError, tool
+from thinkloop import Agent, ConfigurationError, StopReason, ThinkloopError, UserError, tool
 from thinkloop.distributed import JobQueue, Worker
 from thinkloop.stores import PostgresStore
 from thinkloop.testing import FunctionModel
@@ -845,3 +845,69 @@ async def test_sigterm_to_the_cli_worker_hands_its_running_jobs_back_at_once(
     async with PostgresStore(dsn) as store:
         saved = await store.load_state("long-1")
         assert saved is not None and not saved.finished
+
+
+async def test_a_statement_the_database_does_not_answer_fails_within_timeout_and_the_next_works(
+    dsn: str,
+) -> None:
+    import psycopg
+
+    async with JobQueue(dsn) as queue:
+        await queue.submit(
+            "first", run_id="t1"
+        )  # creates the table; connecting may be slow on a busy machine
+        queue.timeout = 1.0
+        with psycopg.connect(dsn) as other:  # a session that locks the queue and keeps it
+            other.execute("LOCK TABLE thinkloop_jobs IN ACCESS EXCLUSIVE MODE")
+            started = time.monotonic()
+            with pytest.raises(
+                ThinkloopError, match=r"did not answer within 1 s; check that the server is running"
+            ):
+                await queue.submit("second", run_id="t2")
+            assert time.monotonic() - started < 10
+        queue.timeout = 30.0
+        await queue.submit("third", run_id="t3")  # lock released: a new connection
+        await asyncio.sleep(0.5)  # (what the server applied, it applied when the lock went: long done)
+        # the server gave the statement up too: it was not applied once the lock was released
+        assert sorted(j.run_id for j in await queue.jobs("queued")) == ["t1", "t3"]
+        await queue.submit("second", run_id="t2")
+    with pytest.raises(ConfigurationError, match="timeout must be a positive number of seconds"):
+        JobQueue(dsn, timeout=0)
+
+
+async def test_a_worker_that_cannot_renew_its_lease_for_a_whole_lease_stops_the_run(
+    dsn: str, queue: JobQueue
+) -> None:
+    """The database stops answering the worker (here: a lock on the queue): once its lease (1 s) has gone
+    unrenewed, another worker may have the job, so the run is stopped without writing anything more."""
+    import psycopg
+
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def slow(seconds: float) -> str:
+        """Wait."""
+        started.set()
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+        return "waited"
+
+    model = FunctionModel(
+        lambda r: {"tool_calls": [{"name": "slow", "args": {"seconds": 60}}]} if r.turn == 0 else "done"
+    )
+    async with PostgresStore(dsn) as store:
+        await queue.submit("wait a long time", run_id="cut")
+        worker = Worker(Agent(model, tools=[slow], store=store), queue, name="w1", poll_interval=0.05)
+        serving = asyncio.create_task(worker.serve(until_idle=True))
+        await asyncio.wait_for(started.wait(), 30)
+        with psycopg.connect(dsn) as other:
+            other.execute("LOCK TABLE thinkloop_jobs IN ACCESS EXCLUSIVE MODE")
+            locked = time.monotonic()
+            await asyncio.wait_for(stopped.wait(), 30)  # not after the tool's 60 s
+            assert time.monotonic() - locked >= 0.6  # not before its lease could have run out
+        await asyncio.wait_for(serving, 60)  # the lock gone, the job (lease expired) is taken again: resumed
+        status = await queue.status("cut")
+        assert status is not None and status.status == "done" and status.attempts == 2

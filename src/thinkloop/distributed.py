@@ -116,21 +116,38 @@ class JobQueue:
         max_attempts: times a job's run may be started or resumed; a run that ended that many times
             without finishing (its worker died or lost it) is abandoned — ended with stop reason `error`
             — and its job marked failed, so a run that kills its workers cannot kill them all.
+        timeout: seconds connecting or one statement may take (a lease renewal: at most a third of the
+            lease); past it the connection is shut and the statement fails (a database that does not
+            answer never hangs a worker).
     """
 
-    def __init__(self, dsn: str, *, lease: float = 30.0, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
-        if isinstance(lease, bool) or not isinstance(lease, int | float) or not 0 < lease < float("inf"):
-            raise ConfigurationError(
-                f"lease must be a positive number of seconds (how long a worker holds a job without "
-                f"renewing it), got {lease!r}"
-            )
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        lease: float = 30.0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout: float = 30.0,
+    ) -> None:
+        for what, value in (("lease", lease), ("timeout", timeout)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                meaning = (
+                    "how long a worker holds a job without renewing it"
+                    if what == "lease"
+                    else ("how long connecting or one statement may take")
+                )
+                raise ConfigurationError(
+                    f"{what} must be a positive number of seconds ({meaning}), got {value!r}"
+                )
         from .stores._postgres import redacted_dsn
 
         self.dsn = dsn
         self.url = redacted_dsn(dsn)  # shown in messages: without the password
         self.lease = float(lease)
+        self.timeout = float(timeout)
         self.max_attempts = check_max_attempts(max_attempts)
         self._conn: Any = None
+        self._server_limit: int | None = None  # the connection's statement_timeout (ms) as last set
         self._lock = asyncio.Lock()
 
     async def __aenter__(self) -> JobQueue:
@@ -144,36 +161,76 @@ class JobQueue:
             await self._conn.close()
             self._conn = None
 
-    async def _execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-        """One statement. A connection kept from earlier that turns out lost (the server restarted, an
+    async def _execute(
+        self, sql: str, params: Any = None, *, seconds: float | None = None
+    ) -> list[tuple[Any, ...]]:
+        """One statement, within `seconds` (default: the queue's `timeout`; waiting for this process's other
+        statements included). A connection kept from earlier that turns out lost (the server restarted, an
         administrator ended it, the network dropped it) is opened again and the statement retried once;
         any other failure is a `ThinkloopError` saying which database failed and what to check."""
         import psycopg
 
-        async with self._lock:
+        limit = self.timeout if seconds is None else seconds
+        try:
+            async with asyncio.timeout(limit):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise self._no_answer(limit) from None
+        try:
             kept = self._conn is not None and not self._conn.closed
             try:
-                try:
-                    return await self._statement(sql, params)
-                except psycopg.OperationalError:
-                    if not (kept and self._conn is not None and self._conn.closed):
-                        raise
-                    logger.warning("the job queue's connection to %s was lost: connecting again", self.url)
-                    self._conn = None
-                return await self._statement(sql, params)
-            except psycopg.Error as exc:
-                if self._conn is not None and self._conn.closed:
-                    self._conn = None  # the next statement connects again
-                reason = " ".join(str(exc).split())
-                raise ThinkloopError(
-                    f"the job queue's database {self.url} failed: {reason}; check that the server is "
-                    "running and reachable and that the database and user in the DSN exist"
-                ) from exc
+                return await self._statement(sql, params, limit)
+            except psycopg.OperationalError as exc:
+                if isinstance(exc, psycopg.errors.QueryCanceled) or not (kept and self._lost()):
+                    raise
+                logger.warning("the job queue's connection to %s was lost: connecting again", self.url)
+            return await self._statement(sql, params, limit)
+        except psycopg.errors.QueryCanceled:  # the server gave up at `statement_timeout`: nothing applied
+            raise self._no_answer(limit) from None
+        except TimeoutError:
+            conn, self._conn = self._conn, None  # shut by `bounded`: the next statement connects again
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            raise self._no_answer(limit) from None
+        except psycopg.Error as exc:
+            self._lost()  # the next statement connects again
+            reason = " ".join(str(exc).split())
+            raise ThinkloopError(
+                f"the job queue's database {self.url} failed: {reason}; check that the server is "
+                "running and reachable and that the database and user in the DSN exist"
+            ) from exc
+        finally:
+            self._lock.release()
 
-    async def _statement(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
-        conn = await self._connection()
-        cursor = await conn.execute(sql, params)
-        return list(await cursor.fetchall()) if cursor.description is not None else []
+    def _lost(self) -> bool:
+        """Forget a connection that is closed (the next statement opens a new one); True if it was."""
+        if self._conn is not None and self._conn.closed:
+            self._conn = None
+            return True
+        return False
+
+    def _no_answer(self, seconds: float) -> ThinkloopError:
+        return ThinkloopError(
+            f"the job queue's database {self.url} did not answer within {seconds:g} s; check that the "
+            "server is running and reachable (and not blocked by a lock), or raise JobQueue(timeout=)"
+        )
+
+    async def _statement(self, sql: str, params: Any, seconds: float) -> list[tuple[Any, ...]]:
+        from .stores._postgres import bounded
+
+        limit = max(1, int(seconds * 1000))
+
+        async def statement(conn: Any) -> list[tuple[Any, ...]]:
+            if self._server_limit != limit:  # the server gives up too: a statement cut off here is not
+                await conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(limit),))
+                self._server_limit = limit  # applied later, when the lock it waited for is released
+            cursor = await conn.execute(sql, params)
+            return list(await cursor.fetchall()) if cursor.description is not None else []
+
+        async with asyncio.timeout(seconds):
+            conn = await self._connection()
+        return await bounded(conn, statement, seconds)
 
     async def _connection(self) -> Any:
         if self._conn is None or self._conn.closed:
@@ -188,7 +245,7 @@ class JobQueue:
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
                 for statement in _SCHEMA:
                     await conn.execute(statement)
-            self._conn = conn
+            self._conn, self._server_limit = conn, None
         return self._conn
 
     # -------------------------------------------------------------------------------- submitting
@@ -300,6 +357,7 @@ class JobQueue:
             f"UPDATE thinkloop_jobs SET lease_until = {_NOW} + %s, updated_at = {_NOW} "
             "WHERE run_id = %s AND worker = %s AND status = 'running' RETURNING 1",
             (self.lease, job.run_id, worker),
+            seconds=min(self.timeout, self.lease / 3),
         )
         return bool(rows)
 
@@ -507,19 +565,29 @@ class Worker:
         )  # fmt: skip
 
     async def _keep_lease(self, job: Job, run: asyncio.Task[RunResult]) -> bool:
-        """Renew the lease every third of it; when it is lost, stop the run (True) — another worker has it."""
+        """Renew the lease every third of it; when it is lost — taken over, or not renewed for a whole
+        lease (the database unreachable: another worker may have it by now) — stop the run (True)."""
+        renewed = time.monotonic()
         while True:
             await asyncio.sleep(self.queue.lease / 3)
             try:
                 ours = await self.queue.renew(job, self.name)
-            except Exception as exc:  # the database is unreachable: keep running, try again
-                logger.warning("renewing the lease of job %s failed: %s", job.run_id, exc)
-                continue
+            except Exception as exc:  # the database is unreachable: keep running while the lease lasts
+                if time.monotonic() - renewed < self.queue.lease:
+                    logger.warning("renewing the lease of job %s failed: %s", job.run_id, exc)
+                    continue
+                logger.warning(
+                    "job %s: its lease could not be renewed for %g s (%s); another worker may have it, "
+                    "stopping it here", job.run_id, self.queue.lease, exc,
+                )  # fmt: skip
+                ours = False
             if not ours:
-                logger.warning("job %s was taken over by another worker; stopping it here", job.run_id)
+                if time.monotonic() - renewed < self.queue.lease:
+                    logger.warning("job %s was taken over by another worker; stopping it here", job.run_id)
                 if not self.agent.interrupt(job.run_id, save=False):  # writes nothing: the run is not ours
                     run.cancel()  # not started yet (loading its state)
                 return True
+            renewed = time.monotonic()
 
     async def _settle(self, update: Any) -> bool:
         """A queue update that must not be lost to a cancellation of the worker."""

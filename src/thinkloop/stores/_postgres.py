@@ -136,23 +136,7 @@ class PostgresStore(Store):
                 raise self._failure(f"no answer within timeout ({self.timeout:g} s)") from None
 
     async def _bounded(self, conn: Any, op: Callable[[Any], Awaitable[T]]) -> T:
-        """`op(conn)`; past `timeout`, the connection is shut so the operation fails at once (cancelling a
-        query waits for a server that does not answer) and `TimeoutError` raised."""
-        task = asyncio.ensure_future(op(conn))
-        try:
-            done, _ = await asyncio.wait({task}, timeout=self.timeout)
-        except BaseException:
-            task.cancel()
-            raise
-        if not done:
-            _shut(conn)
-            await asyncio.wait({task}, timeout=5.0)  # on a shut socket it fails at once
-            if task.done():
-                task.cancelled() or task.exception()  # retrieved: never logged as unhandled
-            else:
-                task.cancel()
-            raise TimeoutError
-        return task.result()
+        return await bounded(conn, op, self.timeout)
 
     def _lost(self) -> bool:
         """Forget a connection that is closed (the next operation opens a new one); True if it was."""
@@ -339,6 +323,26 @@ def _check_dsn(dsn: str, shown: str) -> None:
 def _passwords(dsn: str) -> list[str]:
     found = re.findall(r"://[^/@:]*:([^/]*)@", dsn) + re.findall(r"password\s*=\s*'?([^'\s]+)", dsn, re.I)
     return [p for p in found if p]
+
+
+async def bounded(conn: Any, op: Callable[[Any], Awaitable[T]], seconds: float) -> T:
+    """`op(conn)`; past `seconds`, the connection is shut so the operation fails at once (cancelling a
+    query waits for a server that does not answer) and `TimeoutError` raised."""
+    task = asyncio.ensure_future(op(conn))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except BaseException:
+        task.cancel()
+        raise
+    if not done:
+        _shut(conn)
+        await asyncio.wait({task}, timeout=5.0)  # on a shut socket it fails at once
+        if task.done():
+            task.cancelled() or task.exception()  # retrieved: never logged as unhandled
+        else:
+            task.cancel()
+        raise TimeoutError
+    return task.result()
 
 
 def _shut(conn: Any) -> None:
