@@ -226,8 +226,8 @@ def test_errors_differing_only_in_values_get_their_own_hint_but_do_not_stop_the_
 
     assert result.stop_reason is StopReason.NO_PROGRESS  # not dangerous_loop: each call tried another value
     hints = [e for e in events if isinstance(e, Hint)]
-    # at round 4 the "change approach" checkpoint is due: it says what goes wrong instead (as at round 2 of 8)
-    assert [(h.step, h.reason) for h in hints] == [(2, "similar_errors"), (4, "similar_errors")]
+    # the third guess gets the hint; at round 4 the "change approach" checkpoint is due: it says what goes wrong
+    assert [(h.step, h.reason) for h in hints] == [(3, "similar_errors"), (4, "similar_errors")]
     assert "each time for another value" in hints[0].text and "which values exist" in hints[0].text
 
 

@@ -10,7 +10,7 @@
   fingerprint twice in a row gets a "change approach" hint, `max_repeated_errors` in a row stop the
   run as `dangerous_loop`. Errors that differ only in their numbers and quoted values ("section 8 is
   not available", "section 9 is not available": a model guessing values) get a hint of their own after
-  two in a row, but never stop the run: trying other values may be legitimate exploration.
+  three in a row, but never stop the run: trying other values may be legitimate exploration.
 - **Consecutive failures.** A failed observation is an executed call whose `ToolOutcome.success` is
   False: a tool error or exception, invalid arguments, an unknown tool, a denied call, a timeout.
   Blocked repeats are counted by the loop detector instead. Any success resets the counter.
@@ -186,6 +186,12 @@ def _error_fingerprint(text: str) -> str:
     blanked (errors of one call tried with other values share the second part)."""
     similar = hashlib.blake2b(_VALUES_RE.sub("#", text).strip().encode(errors="replace"), digest_size=8)
     return f"{_digest(text)}/{similar.hexdigest()}"
+
+
+# Errors differing only in their values, in a row, that get the "similar_errors" hint: at two, a model
+# trying another date after a failure was told to stop guessing and wandered off to unrelated tools
+# (benchmarks/README.md, eighth session); three is guessing.
+_GUESSES = 3
 
 
 def _similar_streak(errors: list[str]) -> int:
@@ -403,12 +409,17 @@ class Guards:
         if not (g.recent_errors or g.recent_thoughts) and state.step not in hint_rounds(max_steps).values():
             return None  # the common case: no streak, and not a checkpoint round
         key = self._checkpoint_key(state, max_steps)
-        errors = _similar_streak(g.recent_errors)
-        similar = errors >= 2 and _streak(g.recent_errors) < 2
+        errors, similar = _streak(g.recent_errors), _similar_streak(g.recent_errors)
+        guessing = similar >= _GUESSES and errors < 2
         if key is None and errors == 2:
-            key = "similar_errors" if similar else "repeated_error"
-        elif key == "change_approach" and similar:
-            key = "similar_errors"  # the same advice, saying what is going wrong: guessing values
+            key = "repeated_error"
+        elif key is None and guessing and similar == _GUESSES:
+            key, errors = "similar_errors", similar
+        elif key == "change_approach" and guessing:
+            key, errors = (
+                "similar_errors",
+                similar,
+            )  # the same advice, saying what goes wrong: guessing values
         thoughts = _streak(g.recent_thoughts)
         if key is None and thoughts == self.config.max_repeated_thoughts - 1:
             key, errors = "repeated_thought", thoughts
@@ -423,7 +434,7 @@ class Guards:
         rounds = hint_rounds(max_steps)
         if step == rounds["change_approach"]:
             repeats = g.total_calls > 0 and g.repeated_calls / g.total_calls > 0.5
-            stuck = repeats or g.consecutive_failures >= 3 or _similar_streak(g.recent_errors) >= 2
+            stuck = repeats or g.consecutive_failures >= 3 or _streak(g.recent_errors) >= 2
             return "change_approach" if stuck else None
         if step == rounds["summarise"]:
             return "summarise"
