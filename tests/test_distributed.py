@@ -54,6 +54,16 @@ def workers(
     ]
 
 
+def submit_one(dsn: str, goal: str, **options: Any) -> None:
+    """Queue one job from a test that drives worker processes (no event loop of its own)."""
+
+    async def submit() -> None:
+        async with JobQueue(dsn) as q:
+            await q.submit(goal, **options)
+
+    asyncio.run(submit())
+
+
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -229,11 +239,7 @@ def test_workers_in_several_processes_run_every_job_exactly_once(dsn: str, tmp_p
 def test_a_killed_workers_run_is_resumed_by_another_without_repeating_its_side_effect(
     dsn: str, tmp_path: Path
 ) -> None:
-    async def submit() -> None:
-        async with JobQueue(dsn) as q:
-            await q.submit("doomed", run_id="d1")
-
-    asyncio.run(submit())
+    submit_one(dsn, "doomed", run_id="d1")
     effects = tmp_path / "effects.txt"
     (killed,) = workers(dsn, effects, ["A"], env={"KILL_IN_RECORD": "doomed"})
     killed.communicate(timeout=60)
@@ -288,20 +294,14 @@ def poison_workers(dsn: str, effects: Path, name: str) -> tuple[int, str, str]:
 def test_a_run_that_kills_every_worker_is_abandoned_after_max_attempts(dsn: str, tmp_path: Path) -> None:
     import os
 
-    async def submit() -> None:
-        async with JobQueue(dsn) as q:
-            await q.submit("poison", run_id="p1")
-
-    async def state() -> Any:
-        async with PostgresStore(dsn) as store:
-            return await store.load_state("p1")
-
-    asyncio.run(submit())
+    submit_one(dsn, "poison", run_id="p1")
     effects = tmp_path / "effects.txt"
     for attempt, name in enumerate("AB", start=1):
         code, _, err = poison_workers(dsn, effects, name)
         assert code == -9, err  # SIGKILLed inside `mark`
-        saved = asyncio.run(state())  # counted before the attempt ran: the count survived the process
+        saved = asyncio.run(
+            stored(dsn, "p1")
+        )  # counted before the attempt ran: the count survived the process
         assert not saved.finished and saved.metadata["attempts"] == attempt
         time.sleep(0.6)  # its lease (0.5 s) runs out
     assert lines(effects) == ["record:poison:A", "mark:poison:A", "mark:poison:B"]
@@ -660,11 +660,7 @@ def job_status(dsn: str, run_id: str) -> Any:
 def test_a_run_that_kills_its_worker_before_its_first_save_is_abandoned_after_max_attempts(
     dsn: str, tmp_path: Path
 ) -> None:
-    async def submit() -> None:
-        async with JobQueue(dsn) as q:
-            await q.submit("early", run_id="e1", metadata={"team": "ops"})
-
-    asyncio.run(submit())
+    submit_one(dsn, "early", run_id="e1", metadata={"team": "ops"})
     effects = tmp_path / "effects.txt"
     env = {"KILL_BEFORE_SAVE": "early", "MAX_ATTEMPTS": "2"}
     for name in "AB":  # each dies before the run is first saved: nothing in the store counts it
@@ -695,11 +691,7 @@ def test_a_worker_stopped_by_sigterm_hands_its_run_back_at_once_for_another_to_r
 ) -> None:
     import signal
 
-    async def submit() -> None:
-        async with JobQueue(dsn) as q:
-            await q.submit("handover", run_id="h1")
-
-    asyncio.run(submit())
+    submit_one(dsn, "handover", run_id="h1")
     effects = tmp_path / "effects.txt"
     (first,) = workers(dsn, effects, ["A"], lease=60, env={"SLOW_MARK": "600"})  # a 60 s lease, a 10 min tool
     wait_for_line(effects, "mark-start:handover:A")
@@ -726,11 +718,7 @@ def test_a_worker_stopped_by_sigterm_hands_its_run_back_at_once_for_another_to_r
 def test_a_worker_frozen_past_its_lease_stops_its_run_when_it_wakes(dsn: str, tmp_path: Path) -> None:
     import signal
 
-    async def submit() -> None:
-        async with JobQueue(dsn) as q:
-            await q.submit("frozen", run_id="z1")
-
-    asyncio.run(submit())
+    submit_one(dsn, "frozen", run_id="z1")
     effects = tmp_path / "effects.txt"
     (stale,) = workers(dsn, effects, ["A"], lease=1.0, env={"SLOW_MARK": "3"})
     wait_for_line(effects, "mark-start:frozen:A")
