@@ -1,7 +1,8 @@
 """Black-box tests of the `thinkloop` command line: the real CLI in a subprocess, with a scripted model.
 
-Every test runs `python -m thinkloop.cli …` with `THINKLOOP_HOME` in a temporary directory (so the default
-SQLite store is there) and `--model script:FILE`. Approvals are tested with no terminal (stdin is
+Every test runs `python -m thinkloop.cli …` (those of the `thinkloop` script's start, the script itself)
+with `THINKLOOP_HOME` in a temporary directory (so the default SQLite store is there) and
+`--model script:FILE`. Approvals are tested with no terminal (stdin is
 /dev/null) and at a terminal (a pseudo-terminal the CLI owns as its controlling terminal).
 """
 
@@ -670,6 +671,81 @@ def test_a_third_sigint_quits_at_once_and_the_run_is_kept(cli: Cli) -> None:
     resumed = cli("runs", "resume", saved["run_id"], "--yes", "--json", timeout=60)
     assert resumed.code == 0, resumed.stderr
     assert done_result(resumed)["output"] == "finished"
+
+
+# --------------------------------------------------------------- while the `thinkloop` script starts
+
+SCRIPT = Path(sys.executable).parent / "thinkloop"  # the console script pip generated in this venv
+
+# Put on PYTHONPATH as `sitecustomize`: when MODULE is imported while `thinkloop` is being imported, says
+# so on stdout and waits there for the test's SIGINT (Python's own handler raises KeyboardInterrupt in it).
+_HOLD_THE_IMPORT = """
+import sys
+import time
+
+
+class _Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r} and "thinkloop" in sys.modules:
+            sys.meta_path.remove(self)
+            sys.stdout.write("importing " + name + "\\n")
+            sys.stdout.flush()
+            time.sleep(300)  # until the SIGINT
+        return None
+
+
+sys.meta_path.insert(0, _Hold())
+"""
+
+
+@pytest.mark.parametrize("module", ["pydantic", "typer"])  # under thinkloop/__init__, thinkloop/cli
+def test_ctrl_c_while_the_script_imports_thinkloop_exits_130_quietly(cli: Cli, module: str) -> None:
+    hook = cli.dir / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_HOLD_THE_IMPORT.format(module=module), encoding="utf-8")
+    env = {**cli.env, "PYTHONPATH": str(hook)}
+    proc = subprocess.Popen(
+        [str(SCRIPT), "runs", "list"], cwd=cli.dir, env=env, text=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == f"importing {module}\n"  # the import is held: no race
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert (proc.returncode, out, err) == (130, "", "cancelled\n")
+
+
+def test_the_script_runs_the_cli_through_its_entry_point(cli: Cli) -> None:
+    assert "from _thinkloop_cli import main" in SCRIPT.read_text(encoding="utf-8"), (
+        "the installed `thinkloop` script is stale: reinstall the package (pip install -e .)"
+    )
+    proc = subprocess.run(
+        [str(SCRIPT), "--help"], cwd=cli.dir, env=cli.env, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert " run " in proc.stdout and " runs " in proc.stdout
+    bad = subprocess.run(
+        [str(SCRIPT), "run"], cwd=cli.dir, env=cli.env, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "missing argument" in bad.stderr.lower()  # exit codes pass through
+
+
+def test_importing_thinkloop_and_its_cli_leaves_ctrl_c_to_python() -> None:
+    """The script's Ctrl-C handling is in its entry point: a program using the library keeps Python's."""
+    check = (
+        "import signal, thinkloop, thinkloop.cli, _thinkloop_cli\n"
+        "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
 
 
 # =============================================================================================== MCP
