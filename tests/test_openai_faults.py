@@ -9,6 +9,8 @@ import json
 import re
 import socket
 import sys
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -292,6 +294,62 @@ async def test_a_stream_without_done_is_complete_when_it_finished(
     assert (await answer(model, True)).text == "hello"
     held = await answer(model, True)  # returned after 0.2 s of silence following finish_reason, not 2 s
     assert (held.text, held.finish_reason, held.usage.input_tokens) == ("hi", "stop", 10)
+
+
+@pytest.mark.parametrize("usage", [(10, 5), None], ids=["with-usage", "no-usage"])
+async def test_a_stream_that_reached_done_without_a_finish_reason_is_complete(
+    server: OpenAICompatibleServer, model: OpenAIModel, usage: tuple[int, int] | None
+) -> None:
+    """vLLM, llama.cpp, Ollama, LM Studio and proxies in front of other APIs sometimes send no finish_reason
+    (null in every chunk); a stream that ended with `data: [DONE]` is complete all the same — "stop", or
+    "tool_calls" with calls — rather than retried as cut (the same reply again, every time)."""
+    server.add(
+        Completion(text="The answer is 42.", send_finish=False, usage=usage),
+        Completion(tool_calls=[tool_call("add", {"a": 1, "b": 2})], send_finish=False, usage=usage),
+    )
+    text = await answer(model, True)
+    assert (text.text, text.finish_reason) == ("The answer is 42.", "stop")
+    calls = await answer(model, True)
+    assert calls.finish_reason == "tool_calls"
+    assert [(c.name, c.arguments) for c in calls.tool_calls] == [("add", {"a": 1, "b": 2})]
+    assert calls.usage.requests == (0 if usage is None else 1)
+
+
+@pytest.mark.parametrize("done", ["data: [DONE]\n\n", "data:[DONE]\r\n\r\n", "data: [DONE]"])
+async def test_a_hand_written_stream_ending_in_done_without_a_finish_reason_is_complete(
+    server: OpenAICompatibleServer, model: OpenAIModel, done: str
+) -> None:
+    """The same with the `[DONE]` line as servers write it: with or without the space, CRLF line ends, or
+    the body ending right after it (the SDK reads the event then). Before: "the stream ended before the
+    reply was complete", retried."""
+    body = (_HELLO + done).encode()
+    server.add(Fault(200, body=body, headers={"content-type": "text/event-stream"}))
+    response = await answer(model, True)
+    assert (response.text, response.finish_reason) == ("Hel", "stop")
+
+
+async def test_a_stream_without_finish_reason_or_done_is_a_retryable_cut(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    """The same streams without `[DONE]` (a clean end of the HTTP body, so no connection error) stay cut:
+    nothing says the model finished."""
+    server.add(Completion(text="The answer is", send_finish=False, send_done=False, usage=None))
+    with pytest.raises(ModelRetryableError, match=r"the stream ended before the reply was complete"):
+        await answer(model, True)
+
+
+async def test_done_inside_a_reply_is_not_the_end_of_the_stream(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    """`[DONE]` is only the end as an event of its own: a reply whose text says `data: [DONE]` on a line of
+    its own (in one event's JSON, its newlines escaped) and then breaks off is still cut."""
+    server.add(
+        Completion(
+            text="say\ndata: [DONE]\nnow", text_chunk_size=100, send_finish=False, send_done=False, usage=None
+        )
+    )
+    with pytest.raises(ModelRetryableError, match=r"the stream ended before the reply was complete"):
+        await answer(model, True)
 
 
 async def test_a_stream_that_ends_before_finishing_or_stalls_is_retryable(
@@ -901,9 +959,109 @@ async def test_a_huge_body_in_place_of_a_stream_is_refused_before_it_is_all_read
 ) -> None:
     monkeypatch.setattr(_openai, "BODY_SLACK", 0)  # the limit is then 16 bytes per character of the reply
     server.add(Fault(200, body=b"<html><title>Mirror</title>" + b"x" * 3_000_000, headers=HTML))
-    with pytest.raises(ModelError, match=r"the server's reply is larger than 1 MB") as info:
+    with pytest.raises(ModelError, match=r"the server's reply is larger than 1,048,576 bytes") as info:
         await answer(model, True, max_output_tokens=1024)  # 65,536 characters at most
     assert not isinstance(info.value, ModelRetryableError)
+
+
+HUGE = 200_000_000  # bytes of blank space in a reply: a misbehaving server's body
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [Completion(text="hi", padding=HUGE, chunked=True), Completion(text="hi", padding=HUGE)],
+    ids=["request-chunked", "request-announced"],
+)
+async def test_a_huge_json_reply_is_refused_as_it_arrives_and_memory_stays_bounded(
+    server: OpenAICompatibleServer, model: OpenAIModel, monkeypatch: pytest.MonkeyPatch, reply: Completion
+) -> None:
+    """A (non-streamed) chat completion with 200 MB of whitespace in it — valid JSON, which the SDK read
+    whole into memory before. Now reading stops at the limit (16 bytes per character of the reply asked
+    for, plus BODY_SLACK), or before it starts when the body announces its size: a clear ModelError, not
+    retried, and neither the client nor the server got anywhere near the 200 MB."""
+    monkeypatch.setattr(_openai, "BODY_SLACK", 0)  # the limit is then 1,048,576 bytes
+    server.add(reply)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelError) as info:
+            await asyncio.wait_for(model.request(ask(max_output_tokens=1024)), 60)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not isinstance(info.value, ModelRetryableError)
+    message = str(info.value)
+    assert message.startswith(
+        "openai: chat completion failed: the server's reply is larger than 1,048,576 bytes ("
+    )
+    assert "far more than a reply of at most 65,536 characters needs" in message
+    assert "raise max_output_tokens if its replies are meant to be this large" in message
+    if reply.chunked:
+        assert re.search(r"\(reading it stopped at 1,0[0-9,]+ bytes\)", message), message
+    else:
+        assert re.search(r"\(it announced 200,000,\d{3} bytes\)", message), message
+    assert peak < 40_000_000, (
+        f"{peak:,} bytes held while the reply came"
+    )  # 200 MB before (400 MB at its peak)
+    assert server.padding_sent < 50_000_000, f"the server sent {server.padding_sent:,} bytes"
+    server.add("after")
+    assert (await model.request(ask())).text == "after"  # the model (and its client) still work
+
+
+async def test_a_compressed_body_is_bounded_as_it_is_decompressed(
+    server: OpenAICompatibleServer, model: OpenAIModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gzip body of 200 KB that inflates to 200 MB (httpx decompresses what the server says it sent): it
+    is the inflated body that is held, so it is the inflated bytes that are counted."""
+    monkeypatch.setattr(_openai, "BODY_SLACK", 0)
+    packer = zlib.compressobj(wbits=31)  # gzip
+    spaces = b" " * 1_000_000
+    parts = [packer.compress(b"{")] + [packer.compress(spaces) for _ in range(HUGE // len(spaces))]
+    parts.append(packer.compress(json.dumps(_COMPLETION)[1:].encode()) + packer.flush())
+    body = b"".join(parts)
+    assert len(body) < 1_048_576  # under the limit as sent
+    server.add(Fault(200, body=body, headers={"content-encoding": "gzip"}))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelError, match=r"larger than 1,048,576 bytes \(reading it stopped at ") as info:
+            await asyncio.wait_for(model.request(ask(max_output_tokens=1024)), 60)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not isinstance(info.value, ModelRetryableError)
+    assert peak < 40_000_000, f"{peak:,} bytes held while the reply came"
+
+
+async def test_a_huge_line_in_an_event_stream_is_refused_as_it_arrives(
+    server: OpenAICompatibleServer, model: OpenAIModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event stream whose first line (an SSE comment) is 200 MB long: the SDK's event decoder buffers a
+    line until its end, so a stream is bounded by bytes too, not only by the reply's characters."""
+    monkeypatch.setattr(_openai, "BODY_SLACK", 0)
+    server.add(Completion(text="hi", padding=HUGE))
+    with pytest.raises(ModelError) as info:
+        await asyncio.wait_for(answer(model, True, max_output_tokens=1024), 60)
+    assert not isinstance(info.value, ModelRetryableError)
+    assert str(info.value).startswith(
+        "openai: streaming chat completion failed: the server's reply is larger than 1,048,576 bytes "
+        "(reading it stopped at "
+    )
+    assert server.padding_sent < 50_000_000, f"the server sent {server.padding_sent:,} bytes"
+
+
+async def test_a_reply_within_the_limit_is_read_whole(
+    server: OpenAICompatibleServer, model: OpenAIModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit is on the body, not a guess: just under it, chunked or announced, streamed or not, the reply
+    is read (padding counts; the envelope of a reply of 2 characters is a few hundred bytes)."""
+    monkeypatch.setattr(_openai, "BODY_SLACK", 0)
+    server.add(
+        Completion(text="ok", padding=1_000_000, chunked=True),
+        Completion(text="ok", padding=1_000_000),
+        Completion(text="ok", padding=1_000_000),
+    )
+    assert (await model.request(ask(max_output_tokens=1024))).text == "ok"
+    assert (await model.request(ask(max_output_tokens=1024))).text == "ok"
+    assert (await answer(model, True, max_output_tokens=1024)).text == "ok"
 
 
 def _numbered(streaming: bool) -> Fault:
@@ -954,9 +1112,8 @@ async def test_ids_and_model_names_sent_as_numbers_are_read_as_text(streaming: b
          r"malformed stream chunk \(KeyError", False),
         (['data: {"status": "queued"}\n\n', 'data: {"status": "done"}\n\n'],
          r"streamed 2 event\(s\) but no chat-completion chunk \(the first: \{\"status\": \"queued\"\}\)", False),
-        ([_HELLO], "the stream ended before the reply was complete", True),  # a real chunk, then no finish
     ],
-    ids=["choices-an-object", "other-events-only", "no-finish"],
+    ids=["choices-an-object", "other-events-only"],
 )  # fmt: skip
 async def test_stream_chunks_of_another_shape_are_a_clear_error(
     server: OpenAICompatibleServer, model: OpenAIModel, events: list[str], says: str, retryable: bool

@@ -25,7 +25,8 @@ The script is a list answered in order, one item per chat-completion request:
 Streams can also break: `Completion(drop_after_bytes=N)` cuts the connection in the middle of an SSE event,
 `Completion(send_done=False)` ends the stream without `data: [DONE]`, `Completion(stall_after_events=N)`
 stops sending after N events but keeps the connection open (with `keepalive_every=S`, sending an SSE comment
-every S seconds meanwhile).
+every S seconds meanwhile), `Completion(send_finish=False)` never sends a `finish_reason`. A reply can be huge:
+`Completion(padding=N)` sends N bytes of blank space in it, made as they are sent (`server.padding_sent`).
 
 With `context_window=N` the server itself answers the overflow error (in `overflow_style`) to every request
 whose prompt is longer than N tokens — counted as the characters of the messages and tools / 4 + 1, or by
@@ -47,7 +48,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
@@ -120,6 +121,12 @@ class Completion:
             proxies such as OpenRouter do while they wait for their upstream: bytes keep coming, events not.
         trickle: when not streaming, send the reply one byte every this many seconds (a server or proxy
             that trickles its body: no read ever waits long, the whole reply takes long).
+        padding: bytes of blank space sent in the reply, made as they are sent (a misbehaving server's huge
+            body, which the server never holds): when not streaming, JSON whitespace after the body's `{`;
+            when streaming, an SSE comment line before the first event. `server.padding_sent` counts the
+            bytes of it written.
+        chunked: when not streaming, send the body in HTTP chunks, without a content-length.
+        send_finish: when streaming, False sends no `finish_reason` (null in every chunk, as some servers do).
     """
 
     text: str = ""
@@ -139,6 +146,9 @@ class Completion:
     stall_after_events: int | None = None
     keepalive_every: float | None = None
     trickle: float | None = None
+    padding: int = 0
+    chunked: bool = False
+    send_finish: bool = True
 
 
 @dataclass
@@ -261,6 +271,7 @@ class OpenAICompatibleServer:
         self.count_tokens = count_tokens or prompt_tokens
         self.overflow_style: OverflowStyle = overflow_style
         self.overflows = 0
+        self.padding_sent = 0  # bytes of `Completion(padding=N)` written
         self.requests: list[RecordedRequest] = []
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -465,7 +476,32 @@ class OpenAICompatibleServer:
         ]
         if item.usage is not None:
             payload["usage"] = _usage(item.usage)
+        if item.padding or item.chunked:
+            await self._send_padded(writer, json.dumps(payload).encode(), item)
+            return
         await _send_json(writer, 200, payload, trickle=item.trickle)
+
+    async def _send_padded(self, writer: asyncio.StreamWriter, data: bytes, item: Completion) -> None:
+        """`data`, a JSON object, with `item.padding` spaces after its `{`, as it is written."""
+        framing = (
+            "transfer-encoding: chunked" if item.chunked else f"content-length: {len(data) + item.padding}"
+        )
+        writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{framing}\r\n\r\n".encode())
+        write = _write_chunks if item.chunked else _write_plain
+        await write(writer, data[:1], None)
+        await self._pad(writer, item.padding, write)
+        await write(writer, data[1:], None)
+        if item.chunked:
+            writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def _pad(self, writer: asyncio.StreamWriter, size: int, write: _Writer) -> None:
+        """`size` spaces, 64 KiB at a time, each written once the client has read enough of the ones before."""
+        while size > 0:
+            piece = _SPACES[: min(size, len(_SPACES))]
+            await write(writer, piece, None)
+            self.padding_sent += len(piece)
+            size -= len(piece)
 
     async def _send_stream(
         self, writer: asyncio.StreamWriter, item: Completion, body: Any, reader: asyncio.StreamReader
@@ -481,6 +517,10 @@ class OpenAICompatibleServer:
             events.append("[DONE]")
         head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         writer.write(head.encode())
+        if item.padding:  # one SSE comment line, `:` and the spaces
+            await _write_chunks(writer, b":", None)
+            await self._pad(writer, item.padding, _write_chunks)
+            await _write_chunks(writer, b"\n\n", None)
         sent = 0
         for count, event in enumerate(events):
             if item.stall_after_events is not None and count >= item.stall_after_events:
@@ -516,7 +556,7 @@ class OpenAICompatibleServer:
             yield chunk({"tool_calls": [{**head, "function": {"name": call["name"], "arguments": ""}}]})
             for piece in _pieces(call["arguments"], item.arguments_chunk_size):
                 yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
-        yield chunk({}, _finish(item, calls))
+        yield chunk({}, _finish(item, calls) if item.send_finish else None)
         if include_usage and item.usage is not None:
             yield {**base, "choices": [], "usage": _usage(item.usage)}
 
@@ -620,6 +660,15 @@ async def _stall(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, kee
     finally:
         hung_up.cancel()
     raise _Dropped
+
+
+_SPACES = b" " * 65_536
+_Writer = Callable[[asyncio.StreamWriter, bytes, int | None], Awaitable[None]]
+
+
+async def _write_plain(writer: asyncio.StreamWriter, data: bytes, size: int | None) -> None:
+    writer.write(data)
+    await writer.drain()
 
 
 async def _write_chunks(writer: asyncio.StreamWriter, data: bytes, size: int | None) -> None:

@@ -10,6 +10,8 @@ so `import thinkloop` stays fast.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import datetime
 import email.utils
@@ -60,7 +62,7 @@ MaxTokensParam = Literal["max_tokens", "max_completion_tokens"]
 
 DEFAULT_TIMEOUT = 120.0
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection (at most `timeout`): a host that drops it fails fast
-# bytes read of a whole JSON reply to a streaming request beyond 16 per character of the reply asked for
+# bytes of a reply body (JSON or event stream) read beyond 16 per character of the reply asked for
 BODY_SLACK = 16 * 1024 * 1024
 AFTER_FINISH_WAIT = 5.0  # seconds a stream may stay silent after its finish_reason before it is closed
 LOCAL_API_KEY = "not-needed"  # sent to local servers, which ignore the key
@@ -155,13 +157,16 @@ class OpenAIModel(Model):
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
         if entry is None:
-            from openai import AsyncOpenAI, Timeout
+            from openai import AsyncOpenAI, DefaultAsyncHttpxClient, Timeout
 
+            timeout = Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT))
             client = AsyncOpenAI(
                 api_key=self.api_key,
                 base_url=self.base_url,
-                timeout=Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT)),
+                timeout=timeout,
                 max_retries=self.max_retries,
+                # the SDK reads a whole (non-streamed) body into memory: bounded by `_bound_body` as it arrives
+                http_client=DefaultAsyncHttpxClient(timeout=timeout, event_hooks={"response": [_bound_body]}),
             )
             lifetime = self._client_lifetime(client)
             self._clients[loop] = (client, lifetime)
@@ -220,7 +225,8 @@ class OpenAIModel(Model):
                     break
                 for piece in self._feed(assembler, chunk, scope):
                     yield piece
-        yield self._checked(self._streamed_response(assembler, scope, most), scope)
+        done = bool(getattr(stream, "response", None) and stream.response.extensions.get(_DONE_SEEN))
+        yield self._checked(self._streamed_response(assembler, scope, most, done), scope)
 
     async def _next_chunk(self, stream: Any, assembler: _StreamAssembler, scope: str) -> Any:
         """The next chunk of `stream`, or None when it has ended; failures as `ModelError`s saying where in
@@ -296,9 +302,13 @@ class OpenAIModel(Model):
         )
         return ModelRetryableError(message, provider=self.provider, scope=scope)
 
-    def _streamed_response(self, assembler: _StreamAssembler, scope: str, most: int) -> ModelResponse:
+    def _streamed_response(
+        self, assembler: _StreamAssembler, scope: str, most: int, done: bool
+    ) -> ModelResponse:
         """The assembled reply of a stream that ended: cut at `most` characters (as if the model had hit
-        its token limit), or an error when the stream was empty or ended before the model finished."""
+        its token limit), or an error when the stream was empty or ended before the model finished. A stream
+        that ended with `data: [DONE]` (`done`) is complete even without a `finish_reason` or usage, which
+        some servers and proxies never send: its finish is "stop", or "tool_calls" with calls."""
         response = assembler.response()
         if assembler.chars > most:
             return response.model_copy(update={"text": response.text[:most], "finish_reason": "length"})
@@ -314,9 +324,10 @@ class OpenAIModel(Model):
                 f"{assembler.shapeless}); check that base_url is an OpenAI-compatible chat-completions API"
             )
             raise ModelError(message, provider=self.provider, scope=scope)
-        if assembler.finish is None and not assembler.usage_seen:  # the usage chunk is sent last
+        if assembler.finish is None and not assembler.usage_seen and not done:  # the usage chunk comes last
             message = (
-                "the stream ended before the reply was complete (no finish_reason): the connection was cut"
+                "the stream ended before the reply was complete (no finish_reason, no [DONE]): the connection "
+                "was cut; retry the request"
             )
             raise ModelRetryableError(message, provider=self.provider, scope=scope)
         return response
@@ -340,21 +351,12 @@ class OpenAIModel(Model):
 
     async def _whole_body(self, stream: Any, scope: str, most: int) -> str:
         """The body of a reply that is not an event stream, read within `timeout` (a trickled or stalled body
-        does not hang the run) and up to a size no reply of `most` characters needs (an endless one does not
-        fill the memory)."""
-        limit = most * 16 + BODY_SLACK
+        does not hang the run) and up to a size no reply of `most` characters needs (`_bound_body`: an endless
+        one does not fill the memory)."""
         pieces: list[bytes] = []
-        size = 0
         try:
             async with asyncio.timeout(self.timeout):
                 async for piece in stream.response.aiter_bytes():
-                    size += len(piece)
-                    if size > limit:
-                        message = (
-                            f"the server's reply is larger than {limit // 1_000_000} MB, far more than a reply of "
-                            f"{most:,} characters needs; check that base_url is an OpenAI-compatible API"
-                        )
-                        raise ModelError(message, provider=self.provider, scope=scope)
                     pieces.append(piece)
         except TimeoutError:
             raise self._no_response(scope) from None
@@ -412,11 +414,20 @@ class OpenAIModel(Model):
         parts is adapted (in `params`) and sent again, once per part: a reply room that does not fit the
         window (vLLM counts `max_tokens` against it), an optional parameter the server does not take (see
         `_unsupported`). Tools the server does not take raise `ToolsUnsupportedError`."""
-        from openai import APIStatusError, OpenAIError
-
         client = await self._get_client()
         if "tools" in params and self._check_server:
             await self._refuse_tools_if_mishandled(client, scope)
+        most = _reply_chars(params[self.max_tokens_param])
+        # what `_bound_body` bounds the reply's body by, as it arrives (in this task, streamed or not)
+        sending = _sending.set(_Sending(most, scope, self.provider, self.base_url or "api.openai.com"))
+        try:
+            return await self._send(client, params, scope)
+        finally:
+            _sending.reset(sending)
+
+    async def _send(self, client: AsyncOpenAI, params: dict[str, Any], scope: str) -> Any:
+        from openai import APIStatusError, OpenAIError
+
         adapted: set[str] = set()
         while True:
             try:
@@ -426,7 +437,11 @@ class OpenAIModel(Model):
                     return await client.chat.completions.create(**params)
             except TimeoutError:
                 raise self._no_response(scope) from None
+            except ModelError:  # a body too large (`_bound_body`), as the SDK lets it through
+                raise
             except OpenAIError as exc:
+                if isinstance(exc.__cause__, ModelError):  # …or as older SDKs wrap it (APIConnectionError)
+                    raise exc.__cause__ from None
                 error = self._wrap_error(exc, scope)
                 if not isinstance(exc, APIStatusError) or not self._adapt(params, exc, error, adapted):
                     raise error from exc
@@ -1067,6 +1082,78 @@ class _StreamAssembler:
             model_name=self.model_name,
             finish_reason=_finish_reason(self.finish, bool(calls)),
         )
+
+
+# ========================================================================================= reply bodies
+
+
+@dataclass(frozen=True)
+class _Sending:
+    """The request `_create` is sending, for `_bound_body` to bound its reply by."""
+
+    most: int  # characters of the reply asked for (`_reply_chars`)
+    scope: str
+    provider: str
+    where: str  # the server
+
+
+_sending: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar("thinkloop_sending", default=None)
+_DONE_SEEN = "thinkloop.done"  # in a streamed reply's `extensions` once its `data: [DONE]` came
+_DONE_LINE = re.compile(rb"[\r\n]data: ?\[DONE\]")
+
+
+def _body_limit(most: int) -> int:
+    """The most bytes read of a reply body of at most `most` characters: 16 a character, plus `BODY_SLACK`."""
+    return most * 16 + BODY_SLACK
+
+
+async def _bound_body(response: Any) -> None:
+    """The HTTP client's response hook, run when the headers have come, before the body is read: a body that
+    would be larger than `_body_limit` fails with a `ModelError` (not retried) — announced so, before it is
+    read; else as soon as that many bytes have come (the SDK reads a whole JSON body into memory, and an
+    event stream's line until its end). The body is counted as decoded, as it is held. A stream's
+    `data: [DONE]` is noted in `response.extensions`."""
+    sending = _sending.get() or _Sending(0, "request", "openai", "the server")  # a model listing
+    limit = _body_limit(sending.most)
+    announced = str(response.headers.get("content-length") or "")
+    if announced.isdigit() and int(announced) > limit:
+        raise _too_large(sending, limit, f"it announced {int(announced):,} bytes")
+    stream = "event-stream" in str(response.headers.get("content-type") or "").lower()
+    response.aiter_bytes = _BoundedBody(response, limit, sending, stream)
+
+
+class _BoundedBody:
+    """`response.aiter_bytes`, counting what it yields (see `_bound_body`)."""
+
+    def __init__(self, response: Any, limit: int, sending: _Sending, stream: bool) -> None:
+        self.response = response
+        self.read = response.aiter_bytes  # the method of the response's class
+        self.limit = limit
+        self.sending = sending
+        self.stream = stream
+
+    async def __call__(self, chunk_size: int | None = None) -> AsyncIterator[bytes]:
+        size = 0
+        before = b"\n"  # the end of the previous piece: a `data: [DONE]` line may straddle two
+        async with contextlib.aclosing(self.read(chunk_size)) as pieces:
+            async for piece in pieces:
+                size += len(piece)
+                if size > self.limit:
+                    raise _too_large(self.sending, self.limit, f"reading it stopped at {size:,} bytes")
+                if self.stream and _DONE_LINE.search(before[-16:] + piece):
+                    self.response.extensions[_DONE_SEEN] = True
+                before = piece
+                yield piece
+
+
+def _too_large(sending: _Sending, limit: int, size: str) -> ModelError:
+    message = (
+        f"the server's reply is larger than {limit:,} bytes ({size}), far more than a reply of at most "
+        f"{sending.most:,} characters needs (16 bytes a character, plus {BODY_SLACK:,} bytes); check that "
+        f"{sending.where} is an OpenAI-compatible API (not a proxy's or another service's page), or raise "
+        "max_output_tokens if its replies are meant to be this large"
+    )
+    return ModelError(message, provider=sending.provider, scope=sending.scope)
 
 
 # ============================================================================================== errors
