@@ -6,17 +6,23 @@ Playwright's own browser download is never used (`executable_path`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import FastAPI
 
-from test_resume import SCRIPT, Effects, crashing, observed
-from test_server import HOSTILE, serve
+from test_resume import SCRIPT, Crash, Effects, agent_for, crashing, observed
+from test_server import HOSTILE, finished, serve
 from test_server_resume import interrupt
 from thinkloop import Agent, Budget, RiskLevel, tool
 from thinkloop.safety import PendingApprovals, SafetyController
@@ -217,3 +223,105 @@ async def test_resume_an_interrupted_run_with_the_button() -> None:
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > logged  # no gap, no duplicate
     assert [text.endswith("(resumed)") for text in resumed] == [False, True]
     assert effects.runs == ["fetch:k1", "send:bob", "fetch:k2"]  # fetch k1 not again
+
+
+@contextlib.asynccontextmanager
+async def live_thinkloop_process() -> AsyncIterator[dict[str, Any]]:
+    """A live process whose command line names thinkloop (as `thinkloop run` in a terminal): its owner record."""
+    other = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import sys; sys.stdin.read()", "thinkloop", "run", stdin=subprocess.PIPE
+    )
+    try:
+        yield {"pid": other.pid, "host": socket.gethostname()}
+    finally:
+        await other.communicate(b"")
+
+
+async def test_a_run_a_live_process_still_runs_is_resumed_only_with_resume_anyway() -> None:
+    """The page showed the 409 of such a run with no way to force it: `{"force": true}` was API-only."""
+    expect = async_api.expect
+    async with live_thinkloop_process() as owner:
+        store = crashing(MemoryStore, observed(1), after=True)()
+        effects = Effects()
+        with pytest.raises(Crash):  # stopped after step 1 (fetch k1), still owned by that process
+            await agent_for(store, effects).run("do the things", run_id="r", metadata={"cli": owner})
+        async with open_page(create_app(agent_for(store, effects))) as tab:
+            anyway = tab.get_by_role("button", name="Resume anyway")
+            run = tab.locator("#runs li")
+            await expect(run.locator(".badge")).to_have_text("unfinished")
+            await run.click()
+            await expect(tab.locator("#run-note")).to_contain_text("did not finish")
+            await expect(anyway).to_be_hidden()
+
+            await tab.click("#resume")  # refused: the page says why, and offers to force it
+            pid = owner["pid"]
+            await expect(tab.locator("#run-note")).to_have_text(
+                f"run 'r' is still running in process {pid} on this machine: stop it first (Ctrl-C "
+                f"there, or kill {pid} — the run is saved resumable), then resume it; the body "
+                '{"force": true} resumes it anyway (only if that process is not thinkloop running it)'
+            )
+            await expect(anyway).to_be_visible()
+            await expect(tab.locator("#force-resume")).to_contain_text("may still be running this run")
+            await expect(tab.locator("#force-resume")).to_contain_text("a tool call could run twice")
+            await expect(tab.locator("#resume")).to_be_enabled()
+            state = await store.load_state("r")
+            assert state is not None and not state.finished and state.metadata["cli"] == owner  # untouched
+            assert effects.runs == ["fetch:k1"]
+
+            await anyway.click()
+            await expect(tab.locator("#answer")).to_have_text("all done", timeout=30_000)
+            await expect(tab.locator("#stop-reason")).to_contain_text("final_answer")
+            await expect(anyway).to_be_hidden()
+            await expect(tab.locator("#resume")).to_be_hidden()
+            await expect(run.locator(".badge")).to_have_text("final_answer")
+            resumed = await tab.locator("#events li.run_started").all_text_contents()
+        state = await store.load_state("r")
+        assert state is not None and state.finished
+        assert state.metadata["cli"] == {"pid": os.getpid(), "host": owner["host"]}  # the server's now
+    assert [text.endswith("(resumed)") for text in resumed] == [False, True]
+    assert effects.runs == ["fetch:k1", "send:bob", "fetch:k2"]  # fetch k1 not again
+
+
+async def test_resume_anyway_is_offered_for_no_other_refusal() -> None:
+    """A 409 that forcing cannot change (the run runs in this server already) and a 429 are only shown."""
+    expect = async_api.expect
+    store = crashing(MemoryStore, observed(1), after=True)()
+    effects = Effects()
+    await interrupt(store, effects, "r")
+    store.armed = True  # type: ignore[attr-defined]  # dies again, in a second run
+    await interrupt(store, effects, "late")
+    gate = asyncio.Event()
+
+    async def reply(request: Any) -> Reply:
+        await gate.wait()  # a resumed run stays running until the test lets it answer
+        return "all done"
+
+    agent = Agent(FunctionModel(reply), tools=effects.tools, store=store)
+    async with open_page(create_app(agent, max_active_runs=1)) as tab:
+        anyway = tab.get_by_role("button", name="Resume anyway")
+        await tab.locator('#runs li[data-run-id="r"]').click()
+        await expect(tab.locator("#resume")).to_be_visible()
+        async with httpx.AsyncClient(base_url=tab.url) as client:  # resumed elsewhere (another tab)
+            assert (await client.post("/api/runs/r/resume", json={})).status_code == 202
+        await expect(tab.locator("#events li.run_started")).to_have_count(2)
+
+        await tab.click("#resume")
+        await expect(tab.locator("#run-note")).to_have_text("run 'r' is running in this server already")
+        await expect(tab.locator("#resume")).to_be_enabled()
+        await expect(anyway).to_be_hidden()
+
+        await tab.locator('#runs li[data-run-id="late"]').click()  # the server's only slot is taken
+        await tab.click("#resume")
+        await expect(tab.locator("#run-note")).to_have_text(
+            "the server is running 1 runs, its limit: try again when one has ended"
+        )
+        await expect(tab.locator("#resume")).to_be_enabled()
+        await expect(anyway).to_be_hidden()
+
+        gate.set()
+        async with httpx.AsyncClient(base_url=tab.url) as client:
+            await finished(client, "r")
+        await tab.click("#resume")  # room again: resumed as usual
+        await expect(tab.locator("#answer")).to_have_text("all done", timeout=30_000)
+        await expect(anyway).to_be_hidden()
+    assert effects.runs == ["fetch:k1", "fetch:k1"]  # one per run, before each stopped

@@ -62,9 +62,16 @@ async function api(method, path, body) {
   }
   if (!response.ok) {
     const message = data && data.error ? data.error : `${response.status} ${response.statusText}`;
-    throw new Error(message);
+    throw Object.assign(new Error(message), { status: response.status });
   }
   return data;
+}
+
+// A resume refused because a live thinkloop process on this machine seems to run the run still: the only 409
+// that `{"force": true}` overrides, and the only one whose message offers it (not "already ended", nor "running
+// in this server already").
+function forceable(error) {
+  return error.status === 409 && error.message.includes('{"force": true}');
 }
 
 // ------------------------------------------------------------------------------------------ the token
@@ -191,6 +198,7 @@ function selectRun(runId) {
   $("cancel").hidden = false;
   $("cancel").disabled = false;
   $("resume").hidden = true;
+  $("force-resume").hidden = true;
   api("GET", `/api/runs/${encodeURIComponent(runId)}`)
     .then((data) => {
       if (view.runId !== runId) return;
@@ -254,18 +262,24 @@ async function reconnect(runId) {
   if (view.runId === runId && !auth.locked && !view.socket) openSocket();
 }
 
-async function resumeRun() {
+// `force`: resume even if a live process seems to run it still ("Resume anyway", offered after that refusal only).
+async function resumeRun(force) {
   const runId = view.runId;
   $("resume").disabled = true;
+  $("resume-force").disabled = true;
   try {
-    await api("POST", `/api/runs/${encodeURIComponent(runId)}/resume`);
+    await api("POST", `/api/runs/${encodeURIComponent(runId)}/resume`, force ? { force: true } : {});
   } catch (error) {
+    if (view.runId !== runId) return; // another run is shown now
     $("run-note").textContent = error.message;
+    $("force-resume").hidden = !forceable(error);
     $("resume").disabled = false;
+    $("resume-force").disabled = false;
     return;
   }
   if (view.runId !== runId) return;
   $("resume").hidden = true;
+  $("force-resume").hidden = true;
   $("run-note").textContent = "Resumed.";
   $("cancel").hidden = false;
   $("cancel").disabled = false;
@@ -338,6 +352,7 @@ function finish(result) {
     `${result.usage.input_tokens + result.usage.output_tokens} tokens · ${seconds(result.duration)}`;
   $("cancel").hidden = true;
   $("resume").hidden = true;
+  $("force-resume").hidden = true;
   for (const callId of view.approvals.keys()) settleApproval(callId, null);
   loadRuns();
 }
@@ -399,7 +414,8 @@ function settleApproval(callId, decision) {
 document.addEventListener("DOMContentLoaded", () => {
   $("start-form").addEventListener("submit", startRun);
   $("cancel").addEventListener("click", cancelRun);
-  $("resume").addEventListener("click", resumeRun);
+  $("resume").addEventListener("click", () => resumeRun(false));
+  $("resume-force").addEventListener("click", () => resumeRun(true));
   $("token-form").addEventListener("submit", submitToken);
   loadInfo();
   loadRuns();
