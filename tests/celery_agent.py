@@ -5,7 +5,9 @@ Configured by the environment: TL_BROKER (broker URL), TL_QUEUE (the test's own 
 PostgreSQL store), TL_EFFECTS (a file the tools append their effects to), TL_SLOW (seconds the first
 `slow` call of a run sleeps), TL_VISIBILITY (Redis visibility timeout, seconds), TL_KILL (a goal whose
 `slow` call kills its process with SIGKILL, every time: a poison run), TL_MAX_ATTEMPTS (the task's
-`max_attempts`), TL_KILL_MAKE (when set, `make_agent()` kills its process with SIGKILL).
+`max_attempts`), TL_KILL_MAKE (when set, `make_agent()` kills its process with SIGKILL), TL_STORE_TIMEOUT
+(the store's `timeout`, seconds), TL_STORE_RETRY_DELAY (the task's `store_retry_delay`), TL_SLOW_UNTIL (a
+file: the first `slow` call of a run waits until it exists, instead of sleeping TL_SLOW seconds).
 
 Each run's model (by turn): call `record` (not idempotent) with the goal as tag, then `slow` (idempotent),
 then answer `done <goal>`. Effects are lines `tool:tag:pid`; `slow` writes `slow-start:tag:pid` first,
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +59,19 @@ async def slow(tag: str) -> str:
     effect("slow-start", tag)
     if os.environ.get("TL_KILL") == tag:
         os.kill(os.getpid(), signal.SIGKILL)
-    if first:
+    if first and os.environ.get("TL_SLOW_UNTIL"):
+        await asyncio.to_thread(appears, Path(os.environ["TL_SLOW_UNTIL"]))
+    elif first:
         await asyncio.sleep(float(os.environ.get("TL_SLOW", "0")))
     effect("slow", tag)
     return f"slept on {tag}"
+
+
+def appears(path: Path, timeout: float = 120) -> None:
+    """Wait until the test creates `path` (its signal to go on)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def reply(request: Any) -> Any:
@@ -75,7 +87,8 @@ def make_agent() -> Agent:
     if os.environ.get("TL_KILL_MAKE"):  # a worker that dies before any run is saved: every time
         effect("make", os.environ["TL_KILL_MAKE"])
         os.kill(os.getpid(), signal.SIGKILL)
-    return Agent(FunctionModel(reply), tools=[record, slow], store=PostgresStore(os.environ["TL_DSN"]))
+    store = PostgresStore(os.environ["TL_DSN"], timeout=float(os.environ.get("TL_STORE_TIMEOUT", "30")))
+    return Agent(FunctionModel(reply), tools=[record, slow], store=store)
 
 
 def make_app(broker: str, queue: str, visibility: float | None = None) -> tuple[Celery, AgentTask]:
@@ -88,7 +101,8 @@ def make_app(broker: str, queue: str, visibility: float | None = None) -> tuple[
     if visibility is not None:
         app.conf.broker_transport_options = {"visibility_timeout": visibility}
     attempts = int(os.environ.get("TL_MAX_ATTEMPTS", "3"))
-    return app, agent_task(app, make_agent, name="tests.run", max_attempts=attempts)
+    delay = float(os.environ.get("TL_STORE_RETRY_DELAY", "2"))
+    return app, agent_task(app, make_agent, name="tests.run", max_attempts=attempts, store_retry_delay=delay)
 
 
 if "TL_QUEUE" in os.environ:  # a worker process

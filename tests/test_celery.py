@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,9 @@ import pytest
 from celery import Celery
 
 from conftest import private_schema
-from thinkloop import Agent, ConfigurationError, StopReason, UserError, tool
+from thinkloop import Agent, ConfigurationError, RunState, StateError, StopReason, UserError, tool
 from thinkloop.celery import agent_task, task_result
+from thinkloop.events import Event
 from thinkloop.stores import PostgresStore, SQLiteStore
 from thinkloop.testing import FunctionModel
 
@@ -334,6 +335,42 @@ def test_a_run_whose_state_is_corrupt_fails_with_a_clear_error_and_is_not_redeli
     assert c.lines() == []
 
 
+def logged(c: Cluster, name: str, text: str, timeout: float = 60) -> None:
+    """Wait until the worker `name` has logged `text` (its log only grows)."""
+    deadline = time.monotonic() + timeout
+    while text not in c.log(name):
+        assert time.monotonic() < deadline, f"{name} did not log {text!r} within {timeout} s: {c.log(name)}"
+        time.sleep(0.05)
+
+
+def test_a_store_that_fails_mid_run_retries_the_task_and_the_retry_resumes_the_run(
+    cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """The real PostgreSQL store fails — its runs table locked past the store's timeout — when the run's
+    `slow` call ends, after `record`: the task is retried through the broker, and the retry resumes the
+    run once the store is back, without running `record` again."""
+    import psycopg
+
+    go = tmp_path / "go"
+    c = cluster("redis", TL_SLOW_UNTIL=str(go), TL_STORE_TIMEOUT="2", TL_STORE_RETRY_DELAY="0.5")
+    job = c.run_agent.submit("flaky", run_id=c.id("flaky"))
+    c.worker("w1", pool="solo")
+    c.wait_for("slow-start:flaky:", timeout=60)
+    with psycopg.connect(c.dsn) as locker:  # a transaction: the lock holds until it ends
+        locker.execute("LOCK TABLE thinkloop_runs IN ACCESS EXCLUSIVE MODE")
+        go.touch()  # `slow` ends; saving its result (and then the run's end) waits past the timeout
+        logged(c, "w1", f"run {c.id('flaky')}: its store failed (the PostgreSQL store")
+        logged(c, "w1", "s (retry 1 of 5)")  # retried through the broker, after a delay
+    result = job.get(timeout=60)  # the lock is released: the retry goes on from the last checkpoint
+    assert (result["output"], result["stop_reason"]) == ("done flaky", "final_answer"), c.log("w1")
+    lines = c.lines()
+    assert len([line for line in lines if line.startswith("record:")]) == 1  # never again
+    assert len([line for line in lines if line.startswith("slow-start:")]) == 2  # idempotent: run again
+    state = load(c.dsn, c.id("flaky"))
+    assert state.finished and state.metadata["attempts"] >= 2  # resumed (a busy machine may retry again)
+    assert f"resuming run {c.id('flaky')}" in c.log("w1")
+
+
 # =============================================================================== in this process
 
 
@@ -436,6 +473,12 @@ def test_agent_task_configures_redelivery_and_checks_its_input(tmp_path: Path) -
     for bad in (0, -1, "3", 2.5, True):
         with pytest.raises(ConfigurationError, match=r"max_attempts must be a whole number ≥ 1 .*, got"):
             agent_task(Celery("bad", broker="memory://"), lambda: Agent(_model()), max_attempts=bad)
+    for bad in (-1, "5", 2.5, True):
+        with pytest.raises(ConfigurationError, match=r"store_retries must be a whole number ≥ 0 .*, got"):
+            agent_task(Celery("bad", broker="memory://"), lambda: Agent(_model()), store_retries=bad)
+    for bad in (0, -1.0, float("inf"), "2", False):
+        with pytest.raises(ConfigurationError, match=r"store_retry_delay must be a positive number"):
+            agent_task(Celery("bad", broker="memory://"), lambda: Agent(_model()), store_retry_delay=bad)
 
 
 def test_by_default_the_task_abandons_a_run_after_three_attempts_that_died(tmp_path: Path) -> None:
@@ -532,5 +575,129 @@ def test_deliveries_that_died_before_the_run_was_saved_count_as_attempts(tmp_pat
             "run e2 abandoned: its message was delivered 3 time(s) (max_attempts=2)"
         )
         assert WRITTEN == ["fine"]
+    finally:
+        run_agent.host.close()
+
+
+class FlakyStore(SQLiteStore):
+    """A real SQLite store that fails as an unreachable one does (the `StateError` the stores raise): its
+    first `reads` reads of a run, and its first `saves` saves made once a tool call has ended."""
+
+    def __init__(self, path: Path, *, reads: int = 0, saves: int = 0) -> None:
+        super().__init__(path)
+        self.failing_reads, self.failing_saves = reads, saves
+        self.reads = 0
+        self.failed: list[str] = []
+
+    def _down(self, what: str) -> StateError:
+        self.failed.append(what)
+        return StateError(f"the SQLite store {self.path} failed: disk I/O error; check the disk")
+
+    async def load_state(self, run_id: str) -> RunState | None:
+        self.reads += 1
+        if self.failing_reads > 0:
+            self.failing_reads -= 1
+            raise self._down("read")
+        return await super().load_state(run_id)
+
+    async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+        if self.failing_saves > 0 and any(e.status == "done" for e in state.ledger.values()):
+            self.failing_saves -= 1  # the tool ran, and its result cannot be saved
+            raise self._down("save")
+        await super().checkpoint(state, events)
+
+
+def flaky_task(db: Path, store: FlakyStore, model: FunctionModel | None = None, **options: Any) -> Any:
+    app = Celery("flaky", broker="memory://", backend="cache+memory://")
+    app.conf.task_store_eager_result = True
+    return agent_task(
+        app, lambda: Agent(model or _model(), tools=[write], store=store), name="flaky.run", **options
+    )
+
+
+@pytest.mark.parametrize(
+    ("fails", "failed", "attempts", "options"),
+    [
+        ({"reads": 4}, ["read"] * 4, 1, {}),  # the store cannot be read when the task starts
+        ({"reads": 4}, ["read"] * 4, 1, {"ignore_result": True}),  # no RETRY state resets the count
+        ({"saves": 2}, ["save"] * 2, 2, {}),  # nor written after the tool ran (nor the run's end after)
+        ({"reads": 2, "saves": 2}, ["read", "read", "save", "save"], 2, {}),
+    ],
+    ids=["at-start", "at-start-results-ignored", "after-a-tool-call", "both"],
+)
+def test_a_store_that_fails_for_a_while_retries_the_task_and_the_run_finishes_once(
+    fails: dict[str, int], failed: list[str], attempts: int, options: dict[str, Any], tmp_path: Path
+) -> None:
+    """Store failures retry the delivery (those before the run is saved are not attempts: 4 of them
+    with `max_attempts=2` here); the retry resumes the run, and the tool that ran is not run again."""
+    import asyncio
+
+    db = tmp_path / "runs.db"
+    store = FlakyStore(db, **fails)
+    run_agent = flaky_task(db, store, store_retries=4, max_attempts=2, **options)
+    WRITTEN.clear()
+    try:
+        job = run_agent.task.apply(args=("one",), task_id="f1")
+        assert job.state == "SUCCESS", job.result
+        summary = job.get()
+        assert (summary["output"], summary["stop_reason"], summary["ok"]) == ("written", "final_answer", True)
+        assert WRITTEN == ["one"]  # the side effect happened once
+        assert store.failed == failed  # every failure was met, each by a delivery of its own
+    finally:
+        run_agent.host.close()
+
+    async def saved() -> RunState | None:
+        async with SQLiteStore(db) as plain:
+            return await plain.load_state("f1")
+
+    state = asyncio.run(saved())
+    assert state is not None and state.finished and state.answer == "written"
+    assert state.metadata["attempts"] == attempts  # resumed after the failure mid-run, not started again
+    assert [e.name for e in state.ledger.values()] == ["write"]
+
+
+def test_a_store_that_keeps_failing_fails_the_task_after_its_retries_with_the_stores_error(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "runs.db"
+    store = FlakyStore(db, reads=1_000)
+    run_agent = flaky_task(db, store, store_retries=2)
+    WRITTEN.clear()
+    try:
+        job = run_agent.task.apply(args=("one",), task_id="down1")
+        assert job.state == "FAILURE"
+        assert isinstance(job.result, StateError)
+        assert str(job.result).startswith(
+            f"run down1: its store failed on 3 deliveries (store_retries=2), the last time with: "
+            f"the SQLite store {db} failed: disk I/O error"
+        )
+        assert "submit the goal again with the same run id" in str(job.result)
+        assert store.reads == 3 and WRITTEN == []  # one try per delivery: the first and two retries
+
+        store.failing_reads = 0  # the store is back: submitting the run id again runs it
+        assert run_agent.task.apply(args=("one",), task_id="down1").get()["output"] == "written"
+        assert WRITTEN == ["one"]
+    finally:
+        run_agent.host.close()
+
+
+def test_a_runs_own_errors_end_it_at_once_and_are_not_retried(tmp_path: Path) -> None:
+    def broken(request: Any) -> str:
+        raise RuntimeError("the model is down")
+
+    db = tmp_path / "runs.db"
+    store = FlakyStore(db)
+    run_agent = flaky_task(db, store, FunctionModel(broken), store_retries=3)
+    try:
+        ended = run_agent.task.apply(args=("one",), task_id="own1")
+        assert ended.state == "SUCCESS"  # the run ended (with an error); the task did its job
+        summary = ended.get()
+        assert (summary["stop_reason"], summary["ok"]) == ("error", False)
+        assert "the model is down" in (summary["error"] or "")
+        assert store.reads == 1  # one delivery
+
+        bad = run_agent.task.apply(args=("two",), kwargs={"budget": {"max_stepz": 3}}, task_id="own2")
+        assert bad.state == "FAILURE" and "is not a budget" in str(bad.result)
+        assert store.reads == 2 and store.failed == []  # one delivery each, none retried
     finally:
         run_agent.host.close()

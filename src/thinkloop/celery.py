@@ -12,6 +12,9 @@ prefetched at a time), so the broker redelivers it when its worker dies and anot
 the run. A warm shutdown of a `threads` or `solo` worker interrupts its runs (saved unfinished) and
 hands their messages back at once. A run that keeps killing its worker is not redelivered forever: after
 `max_attempts` (3) attempts it is abandoned — ended with stop reason `error` — and its message acknowledged.
+A store that fails (unreachable, not answering, locked: a `StateError`) fails only the delivery: the task
+is retried with a growing delay (`store_retries`, 5), the run resumed from its last checkpoint, and only
+then does the task fail, with the store's error.
 
     app = Celery("agents", broker="redis://127.0.0.1:6379/0", backend="redis://127.0.0.1:6379/0")
     run_agent = agent_task(app, lambda: Agent("openai:gpt-4o-mini", store=PostgresStore(DSN)))
@@ -35,8 +38,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from . import _aio
-from ._errors import ConfigurationError, ThinkloopError, UserError
-from .distributed import DEFAULT_MAX_ATTEMPTS, check_max_attempts, run_or_resume, shared_store
+from ._errors import ConfigurationError, StateError, ThinkloopError, UserError
+from .distributed import (
+    DEFAULT_MAX_ATTEMPTS,
+    _CorruptRun,
+    check_max_attempts,
+    run_or_resume,
+    shared_store,
+)
 from .stores._base import check_id
 
 try:
@@ -71,6 +80,9 @@ _TASK_DEFAULTS = {
     "track_started": False,  # the task marks itself STARTED, with its delivery count (`_Deliveries`)
 }
 _DELIVERIES = "thinkloop_deliveries"  # in the STARTED result's meta: the deliveries of the run so far
+DEFAULT_STORE_RETRIES = 5
+DEFAULT_STORE_RETRY_DELAY = 2.0  # seconds before the first retry; doubled for each one after it
+_MAX_STORE_RETRY_DELAY = 300.0
 
 
 class TaskResult(TypedDict):
@@ -256,6 +268,58 @@ class _Deliveries:
         self.task.update_state(task_id=run_id, state=states.STARTED, meta=meta)
 
 
+class _StoreRetries:
+    """What the task does when the run's store fails (a `StateError` that is not the run's own: the store
+    unreachable, not answering in time, locked — not a corrupt state): the delivery is retried, `retries`
+    times at most, after `delay` seconds doubled each time; the next delivery resumes the run from its
+    last checkpoint (a tool call whose end could not be saved is not run again unless it is idempotent)."""
+
+    def __init__(self, retries: object, delay: object) -> None:
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ConfigurationError(
+                f"store_retries must be a whole number ≥ 0 (how many times a delivery whose store failed is "
+                f"retried; default {DEFAULT_STORE_RETRIES}), got {retries!r}"
+            )
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 < delay < float("inf"):
+            raise ConfigurationError(
+                f"store_retry_delay must be a positive number of seconds (the wait before the first retry "
+                f"when the store failed, doubled for each one after it), got {delay!r}"
+            )
+        self.retries, self.delay = retries, float(delay)
+
+    @staticmethod
+    def transient(exc: BaseException) -> bool:
+        """Whether `exc` is the store failing (worth another delivery), not something no retry mends."""
+        return isinstance(exc, StateError) and not isinstance(exc, _CorruptRun)
+
+    def retry(
+        self, task: Any, run_id: str, exc: StateError, counter: _Deliveries, delivery: int | None
+    ) -> Exception:
+        """The exception that ends this delivery: Celery's `Retry` (a copy of the message, due after the
+        delay, is sent before this one is acknowledged), or — the retries used up — the task's failure."""
+        made = int(task.request.retries or 0)
+        if made >= self.retries:
+            return StateError(  # Celery logs it, and acknowledges the message
+                f"run {run_id}: its store failed on {made + 1} deliveries (store_retries="
+                f"{self.retries}), the last time with: {exc} — once the store works again, submit the "
+                "goal again with the same run id: the run resumes from its last checkpoint (or starts, if "
+                "it has none)",
+                state=exc.state,
+            )
+        delay = min(self.delay * 2**made, _MAX_STORE_RETRY_DELAY)
+        logger.warning(
+            "run %s: its store failed (%s); retrying in %g s (retry %d of %d)",
+            run_id, exc, delay, made + 1, self.retries,
+        )  # fmt: skip
+        try:
+            retry: Exception = task.retry(exc=exc, countdown=delay, max_retries=self.retries, throw=False)
+        except Reject:  # the broker took no copy: hand this message back instead of dropping it
+            back: Exception = Reject(f"run {run_id}: its store failed; retry not sent", requeue=True)
+            return back
+        counter.uncount(run_id, delivery)  # it handed the run back: not an attempt that died
+        return retry
+
+
 def _undeliverable(run_id: str, deliveries: int, max_attempts: int) -> ThinkloopError:
     return ThinkloopError(
         f"run {run_id} abandoned: its message was delivered {deliveries - 1} time(s) (max_attempts="
@@ -315,6 +379,8 @@ def agent_task(
     name: str = "thinkloop.run",
     interrupt_on_shutdown: bool = True,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    store_retries: int = DEFAULT_STORE_RETRIES,
+    store_retry_delay: float = DEFAULT_STORE_RETRY_DELAY,
     **options: Any,
 ) -> AgentTask:
     """Register on the Celery `app` a task that drives thinkloop runs with the agent `make_agent()` builds.
@@ -335,6 +401,13 @@ def agent_task(
             ended without finishing — its worker died, e.g. a tool that crashes the process — is then
             abandoned: ended with stop reason `error` and a message saying so, its message acknowledged.
             An attempt interrupted by a warm shutdown does not count.
+        store_retries: how many times a delivery whose store failed — a `StateError` from reading or
+            saving the run (the database unreachable, not answering, locked), not a corrupt state — is
+            retried (Celery's `retry`, the same task id) before the task fails with that error. The next
+            delivery resumes the run from its last checkpoint. A run's own errors (the model failing, a
+            budget running out) end the run as before and are never retried.
+        store_retry_delay: seconds before the first such retry; doubled for each one after it (at most
+            300 s): 2, 4, 8, 16, 32 s by default.
         options: more task options (`time_limit`, `rate_limit`, `autoretry_for` …); they may override the
             defaults `acks_late=True`, `reject_on_worker_lost=True`, `track_started=False` (the task
             writes STARTED itself, with the run's delivery count: leave it off).
@@ -347,6 +420,7 @@ def agent_task(
     if not callable(make_agent):
         raise ConfigurationError(f"make_agent must be a function that builds an Agent, not {make_agent!r}")
     max_attempts = check_max_attempts(max_attempts)
+    store = _StoreRetries(store_retries, store_retry_delay)
     for key, value in _APP_DEFAULTS.items():
         if key not in app.conf.changes:
             app.conf[key] = value
@@ -369,6 +443,10 @@ def agent_task(
         except _Interrupted:
             counter.uncount(run_id, delivery)
             raise Reject(f"run {run_id} interrupted by the worker's shutdown", requeue=True) from None
+        except StateError as exc:
+            if not store.transient(exc):
+                raise
+            raise store.retry(self, run_id, exc, counter, delivery) from exc
         return task_result(result)
 
     run.__doc__ = (
