@@ -13,7 +13,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+import thinkloop.server._runs as runs_module
 from test_resume import SCRIPT, Crash, Effects, agent_for, crashing, observed
 from test_server import HOSTILE, finished, serve
 from test_server_resume import interrupt
@@ -28,6 +29,7 @@ from thinkloop import Agent, Budget, RiskLevel, tool
 from thinkloop.safety import PendingApprovals, SafetyController
 from thinkloop.server import create_app
 from thinkloop.stores import MemoryStore
+from thinkloop.stores._owner import StillRunningError, check_not_running
 from thinkloop.testing import FunctionModel, Reply, ScriptedModel
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -237,9 +239,24 @@ async def live_thinkloop_process() -> AsyncIterator[dict[str, Any]]:
         await other.communicate(b"")
 
 
-async def test_a_run_a_live_process_still_runs_is_resumed_only_with_resume_anyway() -> None:
-    """The page showed the 409 of such a run with no way to force it: `{"force": true}` was API-only."""
+async def test_a_run_a_live_process_still_runs_is_resumed_only_with_resume_anyway(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The page showed the 409 of such a run with no way to force it: `{"force": true}` was API-only.
+
+    The page knows that refusal by the answer's `"forceable": true`, not by its message (which it only
+    shows): here the server words it without mentioning `{"force": true}`, and the button is offered all
+    the same.
+    """
     expect = async_api.expect
+
+    def reworded(run_id: str, metadata: Mapping[str, Any], force: str) -> None:
+        try:
+            check_not_running(run_id, metadata, force)
+        except StillRunningError:
+            raise StillRunningError(f"process {owner['pid']} may be running run {run_id!r} still") from None
+
+    monkeypatch.setattr(runs_module, "check_not_running", reworded)
     async with live_thinkloop_process() as owner:
         store = crashing(MemoryStore, observed(1), after=True)()
         effects = Effects()
@@ -254,11 +271,8 @@ async def test_a_run_a_live_process_still_runs_is_resumed_only_with_resume_anywa
             await expect(anyway).to_be_hidden()
 
             await tab.click("#resume")  # refused: the page says why, and offers to force it
-            pid = owner["pid"]
             await expect(tab.locator("#run-note")).to_have_text(
-                f"run 'r' is still running in process {pid} on this machine: stop it first (Ctrl-C "
-                f"there, or kill {pid} — the run is saved resumable), then resume it; the body "
-                '{"force": true} resumes it anyway (only if that process is not thinkloop running it)'
+                f"process {owner['pid']} may be running run 'r' still"
             )
             await expect(anyway).to_be_visible()
             await expect(tab.locator("#force-resume")).to_contain_text("may still be running this run")
@@ -305,10 +319,14 @@ async def test_resume_anyway_is_offered_for_no_other_refusal() -> None:
             assert (await client.post("/api/runs/r/resume", json={})).status_code == 202
         await expect(tab.locator("#events li.run_started")).to_have_count(2)
 
-        await tab.click("#resume")
-        await expect(tab.locator("#run-note")).to_have_text("run 'r' is running in this server already")
+        await tab.route("**/api/runs/r/resume", offer_force_in_words)
+        await tab.click("#resume")  # a message offering {"force": true} is no offer without "forceable"
+        await expect(tab.locator("#run-note")).to_have_text(
+            "run 'r' is running in this server already (the body {\"force\": true} cannot change that)"
+        )
         await expect(tab.locator("#resume")).to_be_enabled()
         await expect(anyway).to_be_hidden()
+        await tab.unroute("**/api/runs/r/resume")
 
         await tab.locator('#runs li[data-run-id="late"]').click()  # the server's only slot is taken
         await tab.click("#resume")
@@ -325,3 +343,12 @@ async def test_resume_anyway_is_offered_for_no_other_refusal() -> None:
         await expect(tab.locator("#answer")).to_have_text("all done", timeout=30_000)
         await expect(anyway).to_be_hidden()
     assert effects.runs == ["fetch:k1", "fetch:k1"]  # one per run, before each stopped
+
+
+async def offer_force_in_words(route: Any) -> None:
+    """The server's answer with its message mentioning {"force": true}: the page must not take it for an offer."""
+    response = await route.fetch()
+    body = await response.json()
+    assert response.status == 409 and list(body) == ["error"]
+    body["error"] += ' (the body {"force": true} cannot change that)'
+    await route.fulfill(response=response, json=body)

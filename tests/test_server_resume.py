@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import websockets
 
 from test_resume import SCRIPT, Crash, Effects, agent_for, crashing, ledger, observed
 from test_server import api, finished, make_agent, read_until, serve, start, waiting_approval
-from thinkloop import Agent
+from thinkloop import Agent, Event, RunState
 from thinkloop.stores import MemoryStore, SQLiteStore, Store
 from thinkloop.testing import FunctionModel, Reply, ScriptedModel
 
@@ -68,9 +69,9 @@ async def test_resume_over_http_continues_on_the_same_websocket_and_runs_no_tool
 
             again = await client.post("/api/runs/r/resume", json={})
             assert again.status_code == 409
-            assert again.json()["error"] == (
-                "run 'r' already ended (final_answer) and cannot be resumed: start a new run instead"
-            )
+            assert again.json() == {  # no "forceable": {"force": true} cannot resume an ended run
+                "error": "run 'r' already ended (final_answer) and cannot be resumed: start a new run instead"
+            }
             unknown = await client.post("/api/runs/nope/resume", json={})
             assert unknown.status_code == 404 and unknown.json() == {"error": "no run 'nope'"}
             run = (await client.get("/api/runs/r")).json()["run"]
@@ -116,7 +117,9 @@ async def test_a_resumed_run_is_followed_live_from_its_first_event_and_can_wait_
 
             conflict = await client.post("/api/runs/r/resume", json={})
             assert conflict.status_code == 409
-            assert conflict.json()["error"] == "run 'r' is running in this server already"
+            assert conflict.json() == {"error": "run 'r' is running in this server already"}  # not forceable
+            forced = await client.post("/api/runs/r/resume", json={"force": True})
+            assert forced.status_code == 409 and forced.json() == conflict.json()  # indeed
             runs = (await client.get("/api/runs")).json()["runs"]
             assert [(r["run_id"], r["active"]) for r in runs] == [("r", True)]
             async with websockets.connect(f"{served.ws}/api/runs/r/events?after=0") as late:  # from seq 1
@@ -172,6 +175,7 @@ async def test_resume_is_refused_when_the_server_is_full() -> None:
         await waiting_approval(client, waiting)
         full = await client.post("/api/runs/old/resume", json={})
         assert full.status_code == 429 and "its limit" in full.json()["error"]
+        assert list(full.json()) == ["error"]
         await client.post(f"/api/runs/{waiting}/approvals/c0", json={"decision": "deny"})
         await finished(client, waiting)
         state = await store.load_state("old")
@@ -193,11 +197,14 @@ async def test_resume_is_refused_while_a_live_thinkloop_process_runs_the_run_unl
         async with api(_app(agent_for(store, effects))) as client:
             refused = await client.post("/api/runs/r/resume", json={})
             assert refused.status_code == 409
-            assert refused.json()["error"] == (
-                f"run 'r' is still running in process {other.pid} on this machine: stop it first (Ctrl-C "
-                f"there, or kill {other.pid} — the run is saved resumable), then resume it; the body "
-                '{"force": true} resumes it anyway (only if that process is not thinkloop running it)'
-            )
+            assert refused.json() == {  # the one 409 {"force": true} overrides, marked so for clients
+                "error": (
+                    f"run 'r' is still running in process {other.pid} on this machine: stop it first (Ctrl-C "
+                    f"there, or kill {other.pid} — the run is saved resumable), then resume it; the body "
+                    '{"force": true} resumes it anyway (only if that process is not thinkloop running it)'
+                ),
+                "forceable": True,
+            }
             state = await store.load_state("r")
             assert state is not None and not state.finished and state.metadata["cli"] == owner  # untouched
             assert effects.runs == ["fetch:k1"]
@@ -209,6 +216,38 @@ async def test_resume_is_refused_while_a_live_thinkloop_process_runs_the_run_unl
         assert state is not None and state.metadata["cli"] == {"pid": os.getpid(), "host": owner["host"]}
     finally:
         await other.communicate(b"")
+
+
+async def test_a_run_another_process_saved_meanwhile_is_refused_and_not_forceable() -> None:
+    """Another writer saves the run between the server's read and its claim: 409, which forcing cannot change."""
+
+    class RacedStore(crashing(MemoryStore, observed(1), after=True)):  # type: ignore[misc]
+        race = False  # armed: the next checkpoint without events (the server's claim) is raced
+
+        async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+            if self.race and not events:  # another process appends first
+                self.race = False
+                logged = await self.read_events(state.run_id)
+                await self.append_events(state.run_id, logged[-1:], len(logged))
+            await super().checkpoint(state, events)
+
+    store = RacedStore()
+    effects = Effects()
+    owner = {"pid": os.getpid(), "host": socket.gethostname()}  # recorded, so the server claims the run
+    with pytest.raises(Crash):
+        await agent_for(store, effects).run("do the things", run_id="r", metadata={"cli": owner})
+    logged = len(await store.read_events("r"))
+    async with api(_app(agent_for(store, effects))) as client:
+        for body in ({}, {"force": True}):
+            store.race = True
+            refused = await client.post("/api/runs/r/resume", json=body)
+            assert refused.status_code == 409
+            assert list(refused.json()) == ["error"]  # no "forceable"
+            assert "another writer appended first" in refused.json()["error"]
+            assert not store.race and len(await store.read_events("r")) > logged
+            logged = len(await store.read_events("r"))
+        assert (await client.get("/api/runs")).json()["runs"][0]["active"] is False
+    assert effects.runs == ["fetch:k1"]
 
 
 # ============================================================================================ helpers

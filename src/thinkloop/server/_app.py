@@ -82,12 +82,16 @@ TOKEN_PROTOCOL = "thinkloop.token."  # + the token in base64url without padding:
 
 
 class ApiError(Exception):
-    """An error answered as `{"error": message}` with `status`."""
+    """An error answered as `{"error": message}` with `status`; `extra` adds fields to that body."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, extra: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.extra = dict(extra or {})
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.message, **self.extra}, status_code=self.status)
 
 
 # ============================================================================================ bodies
@@ -233,7 +237,7 @@ def _approvals_of(agent: Agent) -> PendingApprovals | None:
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -330,7 +334,7 @@ class _JsonBodies:
             body = await _read_body(headers, receive)
             _check_json(body)
         except ApiError as exc:
-            await JSONResponse({"error": exc.message}, status_code=exc.status)(scope, receive, send)
+            await exc.response()(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive), send)
 
@@ -604,8 +608,8 @@ def _add_control_routes(app: FastAPI, manager: RunManager) -> None:
             await manager.resume(run_id, force=body is not None and body.force)
         except UnknownRunError:
             raise ApiError(404, f"no run {run_id!r}") from None
-        except NotResumableError as exc:
-            raise ApiError(409, str(exc)) from None
+        except NotResumableError as exc:  # only a forceable one says so: `{"force": true}` resumes it
+            raise ApiError(409, str(exc), {"forceable": True} if exc.forceable else None) from None
         except TooManyRunsError as exc:
             raise ApiError(429, str(exc)) from None
         except ShuttingDownError as exc:

@@ -52,7 +52,15 @@ class NotRunningError(StateError):
 
 
 class NotResumableError(StateError):
-    """The run cannot be resumed here: it ended, or it is running in this server or another live process."""
+    """The run cannot be resumed here: it ended, or it is running in this server or another live process.
+
+    `forceable` is True only when `resume(force=True)` would resume it: a live thinkloop process on this
+    machine seems to run it still (the other refusals hold whatever the caller says).
+    """
+
+    def __init__(self, message: str, *, forceable: bool = False) -> None:
+        super().__init__(message)
+        self.forceable = forceable
 
 
 class TooManyRunsError(UserError):
@@ -163,8 +171,9 @@ class RunManager:
 
         The run goes on from its last checkpoint with its own budget and metadata; the tool-call
         ledger settles the calls the interruption cut short (a completed call is never run again).
-        Raises `UnknownRunError`, `NotResumableError` (it ended, it runs here, or — unless `force` — a
-        live thinkloop process on this machine still runs it) or `TooManyRunsError`.
+        Raises `UnknownRunError`, `NotResumableError` (it ended, it runs here, another process saved it
+        meanwhile, or — unless `force` — a live thinkloop process on this machine still runs it: the one
+        case with `forceable` True) or `TooManyRunsError`.
         """
         if run_id in self._live:
             raise NotResumableError(f"run {run_id!r} is running in this server already")
@@ -200,7 +209,9 @@ class RunManager:
                 check_not_running(run_id, state.metadata, force='the body {"force": true}')
             claim(state.metadata)  # this process runs it now: `thinkloop runs resume` elsewhere refuses it
             await self.store.checkpoint(state, [])
-        except (StillRunningError, ConcurrencyError) as exc:  # the latter: another process saved it meanwhile
+        except StillRunningError as exc:
+            raise NotResumableError(str(exc), forceable=True) from None
+        except ConcurrencyError as exc:  # another process saved it meanwhile: forcing cannot change that
             raise NotResumableError(str(exc)) from None
         return state
 

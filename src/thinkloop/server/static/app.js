@@ -62,16 +62,17 @@ async function api(method, path, body) {
   }
   if (!response.ok) {
     const message = data && data.error ? data.error : `${response.status} ${response.statusText}`;
-    throw Object.assign(new Error(message), { status: response.status });
+    // `body`: the server's whole answer (null if not JSON), for fields beyond `error` (e.g. `forceable`)
+    throw Object.assign(new Error(message), { status: response.status, body: data });
   }
   return data;
 }
 
 // A resume refused because a live thinkloop process on this machine seems to run the run still: the only 409
-// that `{"force": true}` overrides, and the only one whose message offers it (not "already ended", nor "running
-// in this server already").
+// that `{"force": true}` overrides, which the server marks `"forceable": true` (not "already ended", nor "running
+// in this server already"). Its message is only shown, never parsed.
 function forceable(error) {
-  return error.status === 409 && error.message.includes('{"force": true}');
+  return error.status === 409 && Boolean(error.body) && error.body.forceable === true;
 }
 
 // ------------------------------------------------------------------------------------------ the token
