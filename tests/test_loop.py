@@ -862,11 +862,12 @@ def _two_step_model() -> ScriptedModel:
             {"tool_calls": [{"name": "record", "args": {"item": "a"}}]},
             {"tool_calls": [{"name": "record", "args": {"item": "b"}}]},
             "done",
-        ]
+        ],
+        by_turn=True,  # a resumed run goes on with the reply of its turn
     )
 
 
-async def test_a_store_that_fails_mid_run_stops_it_before_the_unsaved_call_and_loses_nothing(
+async def test_a_store_that_fails_mid_run_stops_it_unfinished_before_the_unsaved_call_and_loses_nothing(
     tmp_path: Path,
 ) -> None:
     effects: list[str] = []
@@ -879,14 +880,21 @@ async def test_a_store_that_fails_mid_run_stops_it_before_the_unsaved_call_and_l
 
     # checkpoints: 1 run started; 2 'a' started, 3 'a' done, 4 observations; 5 'b' started -> fails
     store = _FailingStore(tmp_path / "runs.db", fail_from=5)
+    agent = Agent(_two_step_model(), tools=[record], store=store)
     with pytest.raises(
-        StateError, match=r"disk full.*final state could not be saved.*error's `state`"
+        StateError, match=r"disk full.*stopped unfinished at step 2: once the store works, agent\.resume"
     ) as caught:
-        await Agent(_two_step_model(), tools=[record], store=store).run("Record a then b.")
+        await agent.run("Record a then b.")
     assert effects == ["a"]  # 'b' never ran: its start could not be saved
     state = caught.value.state
-    assert state is not None and state.stop_reason is StopReason.ERROR and "disk full" in (state.error or "")
-    assert [e.status for e in state.ledger.values()] == ["done", "started"]
+    assert state is not None and state.stop_reason is None and not state.finished
+    assert [e.status for e in state.ledger.values()] == ["done", "planned"]  # 'b' never started
+    assert "from its last checkpoint" in str(caught.value)  # the store was still failing
+
+    store.fail_from = 1_000_000  # the store works again: the run goes on from its last checkpoint
+    result = await agent.resume(state.run_id)
+    assert result.output == "done" and result.stop_reason is StopReason.FINAL_ANSWER
+    assert effects == ["a", "b"]  # 'a' not run again, 'b' run once
 
     for error in (OSError(28, "No space left on device"), KeyError("boom")):  # a store of the user's making
         store = _FailingStore(tmp_path / f"{type(error).__name__}.db", fail_from=2, error=error)
@@ -894,18 +902,46 @@ async def test_a_store_that_fails_mid_run_stops_it_before_the_unsaved_call_and_l
             await Agent(_two_step_model(), tools=[record], store=store).run("Record a then b.")
 
 
-async def test_events_of_a_failed_checkpoint_are_saved_by_the_next_one(tmp_path: Path) -> None:
+async def test_a_store_failure_that_passes_leaves_the_run_resumable_with_its_latest_results(
+    tmp_path: Path,
+) -> None:
+    """One failed save ('a' done), then the store is back: the run stops unfinished (it used to be saved as
+    finished with `error`, so nothing could resume it), saved as it is, and resuming finishes it."""
+    effects: list[str] = []
+
     @tool
     def record(item: str) -> str:
-        """Record an item."""
+        """Record an item (a side effect)."""
+        effects.append(item)
         return f"recorded {item}"
 
-    store = _FailingStore(tmp_path / "runs.db", fail_from=3, times=1)  # one failure, then the store is back
-    result = await Agent(_two_step_model(), tools=[record], store=store).run("Record a then b.")
-    assert result.stop_reason is StopReason.ERROR and "disk full" in (result.error or "")
-    events = await store.read_events(result.run_id)
+    store = _FailingStore(tmp_path / "runs.db", fail_from=3, times=1)
+    agent = Agent(_two_step_model(), tools=[record], store=store)
+    with pytest.raises(
+        StateError, match=r"disk full.*stopped unfinished.*continues it as it is now"
+    ) as caught:
+        await agent.run("Record a then b.")
+    run_id = caught.value.state.run_id  # type: ignore[union-attr]
+    saved = await store.load_state(run_id)
+    assert saved is not None and not saved.finished
+    assert [(e.name, e.status) for e in saved.ledger.values()] == [("record", "done")]  # its result was kept
+    result = await agent.resume(run_id)
+    assert result.stop_reason is StopReason.FINAL_ANSWER and effects == ["a", "b"]
+    events = await store.read_events(run_id)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))  # no gap where the failure was
-    assert events[-1].type == "done" and (await store.load_state(result.run_id)).finished  # type: ignore[union-attr]
+    assert "error" in [e.type for e in events] and events[-1].type == "done"
+
+
+async def test_a_run_whose_final_save_fails_keeps_its_stop_reason(tmp_path: Path) -> None:
+    """The final checkpoint failed: the error says the run ended, and its state says how (it was turned
+    into an `error` run before)."""
+    store = _FailingStore(tmp_path / "runs.db", fail_from=2)  # 1 run started; 2 the end
+    with pytest.raises(
+        StateError, match=r"disk full \(simulated\) — the run ended \(final_answer\) but its final state"
+    ) as caught:
+        await Agent(ScriptedModel(["42"]), store=store).run("The answer?")
+    state = caught.value.state
+    assert state is not None and state.stop_reason is StopReason.FINAL_ANSWER and state.answer == "42"
 
 
 async def test_a_model_that_raises_something_unexpected_ends_the_run_with_an_error() -> None:

@@ -231,9 +231,10 @@ def _decided(
 async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     """Run one approved call: ledger start, timeout, render, truncate, ledger done."""
     call, tool = prepared.call, prepared.tool
-    run.mark_started(call)
     if run.step_saves:  # saved before it runs: a crash now leaves it "started", never run twice unseen
-        await run.checkpoint()
+        await run.ledger_started(call)
+    else:
+        run.mark_started(call)
     timeout = tool.timeout if tool.timeout is not None else run.config.tool_timeout
     started = time.perf_counter()
     try:

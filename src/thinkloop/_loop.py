@@ -232,10 +232,16 @@ class RunContext:
         self.saved = True
 
     async def ledger_started(self, call: ToolCall) -> None:
-        """Mark a call as started (its planned entry, or a new one) and save that before it runs."""
+        """Mark a call as started (its planned entry, or a new one) and save that before it runs. When the
+        save fails the call does not run: its entry is planned again (a resume runs it, it never ran)."""
         self.mark_started(call)
-        if self.step_saves:
+        if not self.step_saves:
+            return
+        try:
             await self.checkpoint()
+        except StateError:
+            self.state.ledger[call.id].status = "planned"
+            raise
 
     async def ledger_done(
         self, call_id: str, output: str, success: bool, *, error_kind: str | None = None
@@ -339,8 +345,8 @@ async def run_loop(run: RunContext, *, resumed: bool = False) -> RunResult:
         else:
             await finish(run, StopReason.CANCELLED, error="the run was cancelled")
         raise
-    except RunError as exc:
-        return await finish(run, StopReason.ERROR, error=str(exc))
+    except RunError as exc:  # the run ends with `error`; a store failure (StateError) is raised instead
+        return await ended_by_error(run, exc)
 
 
 # =============================================================================================== steps
@@ -1066,6 +1072,38 @@ async def suspend(run: RunContext) -> None:
         await run.checkpoint()
     except Exception as exc:  # e.g. another process took the run over: its state is not ours to save
         logger.warning("saving interrupted run %s failed (%s: %s)", state.run_id, type(exc).__name__, exc)
+
+
+async def ended_by_error(run: RunContext, error: RunError) -> RunResult:
+    """A `RunError` ends the run with `error` — unless the store failed (a `StateError`): that is not the
+    run's failure, so it stops unfinished and resumable (`store_failed`), and the error is raised."""
+    if isinstance(error, StateError):
+        raise await store_failed(run, error) from error
+    return await finish(run, StopReason.ERROR, error=str(error))
+
+
+async def store_failed(run: RunContext, error: StateError) -> StateError:
+    """The error to raise when the store could not save the run (SPEC §9): a run that had ended keeps its
+    stop reason (`finish` says its final state could not be saved). Any other run stops unfinished, as
+    if its process had stopped — a tool whose start could not be saved did not run — so that it can be
+    resumed once the store works again; one more save is tried first (the store may be back already: the
+    resume then starts from the latest results)."""
+    run.deadlines.close()
+    state = run.state
+    if state.finished:
+        return error
+    run.emit(lambda: ErrorEvent(message=str(error)))
+    try:
+        await run.checkpoint()
+        saved = "as it is now"
+    except Exception as exc:  # still failing: the last checkpoint that was saved is where it resumes
+        logger.warning("saving run %s after its store failed failed again: %s", state.run_id, exc)
+        saved = "from its last checkpoint"
+    return StateError(
+        f"{error} — run {state.run_id} stopped unfinished at step {state.step}: once the store works, "
+        f"agent.resume({state.run_id!r}) continues it {saved}, without running a finished tool call again",
+        state=state,
+    )
 
 
 async def finish(
