@@ -729,7 +729,8 @@ async def _abandon(store: Store, state: RunState, *, attempts: int, max_attempts
     message = (
         f"run {state.run_id} abandoned after {attempts} attempt(s) (max_attempts={max_attempts}): each one "
         "ended without finishing — its worker process died (killed, out of memory, a crash in a tool or "
-        "a library) or lost the run. Inspect where it stopped with "
+        "a library), lost the run, or could not save it (the store failing: see the workers' logs). Inspect "
+        "where it stopped with "
         f"`thinkloop runs show {state.run_id}{where}`, fix the cause, and submit the goal again under a "
         "new run id."
     )
