@@ -152,12 +152,17 @@ def main() -> None:
     print(f"history growth: 50-step / 10-step per-step cost = {s50 / s10:.2f}x (target <= 1.1x)")
     loops = ["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"]
     for runs in (1000,) if args.quick else (1000, 10000):
-        for loop in loops:  # asyncio's loop, and uvloop (the loop of thinkloop's entry points when installed)
+        # asyncio's loop and uvloop (the loop of thinkloop's entry points when installed), with the entry
+        # points' collector threshold; and with Python's (THINKLOOP_GC=python: an application's own loop)
+        for loop, collector in [(loop, "auto") for loop in loops] + [(loops[-1], "python")]:
             command = [sys.executable, __file__, "--concurrent", str(runs), "--loop", loop]
-            c = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+            env = {**os.environ, _aio.GC_ENV: collector}
+            out = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
+            c = json.loads(out)
             print(
-                f"{runs} concurrent 10-step runs, 20 ms latency, {loop}: {c['wall']:.2f} s = {c['wall'] / 0.2:.2f}x "
-                f"the ideal 0.2 s (raw loop {c['raw_wall']:.2f} s); peak RSS +{c['kib_per_run']:.1f} KiB per run"
+                f"{runs} concurrent 10-step runs, 20 ms latency, {loop}, collector {collector}: {c['wall']:.2f} s = "
+                f"{c['wall'] / 0.2:.2f}x the ideal 0.2 s (raw loop {c['raw_wall']:.2f} s); "
+                f"peak RSS +{c['kib_per_run']:.1f} KiB per run"
             )
     ours, base = import_time(5)
     print(f"import thinkloop: {ours:.0f} ms (import json {base:.1f} ms)")
