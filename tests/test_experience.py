@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -419,3 +421,49 @@ async def test_what_a_learner_recalls_is_checked_before_it_reaches_the_prompt(
     model = ScriptedModel(["ok"])
     result = await Agent(model, experience=Learner()).run("go")
     assert result.state.metadata["lessons"] == expected and len(model.requests[0].messages[0].content) < 3_000
+
+
+def test_one_book_learning_from_several_threads_and_event_loops_keeps_every_lesson(tmp_path: Path) -> None:
+    """`run_sync` in several threads, one book: each thread has its own event loop. The book's asyncio
+    lock, taken by one loop and waited for by another, left the second waiting for ever (its wake-up was
+    set from the wrong thread) or raised "bound to a different event loop"."""
+    path = tmp_path / "lessons.jsonl"
+    book = LessonBook(path)
+    a_writing, release, b_ready = threading.Event(), threading.Event(), threading.Event()
+    append = book._append
+
+    def slow_append(new: Any) -> None:  # the first writer holds the book while the second comes
+        if not a_writing.is_set():
+            a_writing.set()
+            assert release.wait(30)
+        append(new)
+
+    async def distill(run: RunRecord) -> list[str]:
+        if run.task.startswith("pears"):
+            b_ready.set()
+        return await rule_lessons(run)
+
+    book._append = slow_append  # type: ignore[method-assign]
+    book.distill = distill
+    errors: list[BaseException] = []
+
+    def learn(task: str) -> None:
+        try:
+            asyncio.run(book.learn(record(task, tools=PRICE_THEN_MULTIPLY)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=learn, args=("apples for a pie",), daemon=True)
+    first.start()
+    assert a_writing.wait(30)
+    second = threading.Thread(target=learn, args=("pears for a tart",), daemon=True)
+    second.start()
+    assert b_ready.wait(30)
+    time.sleep(0.2)  # the second goes on to wait for the book (only a chance to get there: never a result)
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert not first.is_alive() and not second.is_alive(), "a thread learning a lesson never finished"
+    assert errors == []
+    tasks = {lesson.task for lesson in LessonBook(path).lessons()}
+    assert tasks == {"apples for a pie", "pears for a tart"} == {lesson.task for lesson in book.lessons()}

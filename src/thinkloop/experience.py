@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -256,7 +257,9 @@ class LessonBook:
         self.max_lessons = max_lessons
         self.min_relevance = min_relevance
         self._lessons: list[Lesson] | None = None  # loaded on first use
-        self._lock = asyncio.Lock()
+        # one book may serve agents in several threads, each with its own event loop (`run_sync` in
+        # threads): a thread lock, held in a worker thread, never an asyncio one bound to one loop
+        self._lock = threading.Lock()
 
     # ----------------------------------------------------------------------------------- learning
 
@@ -265,9 +268,13 @@ class LessonBook:
         texts = [_clip_lesson(t) for t in await self.distill(record) if isinstance(t, str) and t.strip()]
         if not texts:
             return
+        await asyncio.to_thread(self._keep, texts, record)
+
+    def _keep(self, texts: list[str], record: RunRecord) -> None:
+        """Add the lessons not known yet, in memory and in the file (in a worker thread, under the lock)."""
         tools = sorted({u.name for u in record.tools})
-        async with self._lock:
-            lessons = await self._loaded()
+        with self._lock:
+            lessons = self._all()
             known = {lesson.text for lesson in lessons}
             new = [
                 Lesson(
@@ -282,12 +289,13 @@ class LessonBook:
             ]
             if not new:
                 return
-            lessons.extend(new)
-            if len(lessons) > self.max_lessons:
-                del lessons[: len(lessons) - self.max_lessons]
-                await asyncio.to_thread(self._rewrite, list(lessons))
+            if len(lessons) + len(new) > self.max_lessons:
+                kept = [*lessons, *new][-self.max_lessons :]
+                self._rewrite(kept)
             else:
-                await asyncio.to_thread(self._append, new)
+                kept = [*lessons, *new]
+                self._append(new)
+            self._lessons = kept  # a new list: a recall reading the old one meanwhile is not disturbed
 
     def lessons(self) -> list[Lesson]:
         """Every lesson kept, oldest first."""
@@ -295,9 +303,10 @@ class LessonBook:
 
     def clear(self) -> None:
         """Forget every lesson (the file is emptied)."""
-        self._lessons = []
-        if self.path is not None and self.path.exists():
-            self._rewrite([])
+        with self._lock:
+            self._lessons = []
+            if self.path is not None and self.path.exists():
+                self._rewrite([])
 
     # ------------------------------------------------------------------------------------ recalling
 
