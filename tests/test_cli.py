@@ -249,8 +249,8 @@ def test_model_error_exits_1(cli: Cli) -> None:
         (["--model", ""], "error: --model is empty (''): name a model"),
         (["--model", " "], "error: --model is empty (' '): name a model"),
         (["--store", "nope://x"], "error: unknown store URL 'nope://x'"),
-        (["--timeout", "0"], "error: Budget.timeout must be a positive"),
-        (["--max-cost", "-1"], "error: Budget.max_cost must be a positive"),
+        (["--timeout", "0"], "error: --timeout must be above 0, got 0"),
+        (["--max-cost", "-1"], "error: --max-cost must be above 0, got -1"),
         (["--tools", "ssh_execute"], "error: ssh_execute needs hosts"),
         (["--tools", "ssh_execute", "--hosts", "missing-hosts.json"], "cannot read the hosts file"),
         (
@@ -944,6 +944,149 @@ def test_a_reader_that_left_ends_a_runs_command_quietly_with_0(cli: Cli, command
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr) == (0, "")
+
+
+# ======================================================================== hostile environment
+
+FULL = Path("/dev/full")
+needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="no /dev/full on this system")
+
+
+def saved_runs(cli: Cli) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in cli("runs", "list", "--json").stdout.splitlines()]
+
+
+@pytest.mark.parametrize("closed", [">&-", ">&- 2>&-", "<&- >&-"])
+def test_closed_standard_streams_neither_abort_nor_lose_the_run(cli: Cli, closed: str) -> None:
+    """`thinkloop run … >&-`: uvloop aborted the process (exit status 134) when a file took fd 1 or 2."""
+    model = cli.script([call("calculator", expression="6*7"), text("42")])
+    command = " ".join([*CLI, "run", "x", "--model", model, "--json"])
+    proc = subprocess.run(
+        ["sh", "-c", f"exec {command} {closed}"], cwd=cli.dir, env=cli.env, stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Assertion" not in proc.stderr
+    (saved,) = saved_runs(cli)
+    assert saved["stop_reason"] == "final_answer"
+
+
+@needs_dev_full
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "live-view"])
+def test_a_run_whose_stdout_is_a_full_disk_finishes_saved_and_says_so(cli: Cli, as_json: bool) -> None:
+    """`> /dev/full`: the event sink raised into the run (a traceback, the sink dropped, exit 1 with no
+    word of why); now the run goes on, is saved, and one line says the output is incomplete."""
+    model = cli.script([call("calculator", expression="6*7"), text("42")])
+    with FULL.open("w") as full:
+        proc = subprocess.run(
+            [*CLI, "run", "x", "--model", model, *(["--json"] if as_json else [])], cwd=cli.dir,
+            env=cli.env, stdin=subprocess.DEVNULL, stdout=full, stderr=subprocess.PIPE, text=True,
+            timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: could not write the output to stdout (No space left on device)"), line
+    (saved,) = saved_runs(cli)
+    assert saved["stop_reason"] == "final_answer" and f"runs show {saved['run_id']}" in line
+
+
+@needs_dev_full
+@pytest.mark.parametrize("command", [["list"], ["list", "--json"], ["show", "ID"], ["export", "ID"]])
+def test_runs_output_to_a_full_disk_is_one_clear_error(cli: Cli, command: list[str]) -> None:
+    run_id = cli("run", "x", "--model", cli.script([text("ok")]), "--json").events()[0]["run_id"]
+    with FULL.open("w") as full:
+        proc = subprocess.run(
+            [*CLI, "runs", *[run_id if a == "ID" else a for a in command]], cwd=cli.dir, env=cli.env,
+            stdin=subprocess.DEVNULL, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 1
+    (line,) = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: could not write the output to stdout (No space left on device)"), line
+
+
+def test_export_to_a_file_that_cannot_be_written_names_it(cli: Cli) -> None:
+    run_id = cli("run", "x", "--model", cli.script([text("ok")]), "--json").events()[0]["run_id"]
+    r = cli("runs", "export", run_id, "-o", str(cli.dir))
+    assert r.code == 2 and "Traceback" not in r.stderr
+    (line,) = [line for line in r.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"error: could not write run {run_id} to {str(cli.dir)!r}: Is a directory"), line
+
+
+def test_columns_zero_still_prints_the_answer_and_the_errors(cli: Cli) -> None:
+    """Rich took COLUMNS=0 as a width of 0 and printed nothing at all: no answer, no error, no help."""
+    cli.env["COLUMNS"] = "0"
+    r = cli("run", "x", "--model", cli.script([text("forty-two")]))
+    assert r.code == 0 and "forty-two" in r.stdout, r.stdout + r.stderr
+    bad = cli("run", "x", "--model", "nosuch")
+    assert bad.code == 2 and bad.stderr.startswith("error: unknown model 'nosuch'"), bad.stderr
+    assert "--model" in cli("run", "--help").stdout
+
+
+@pytest.mark.parametrize("variable", ["THINKLOOP_EVENT_LOOP", "THINKLOOP_GC"])
+def test_a_bad_loop_variable_is_one_line_without_a_warning(cli: Cli, variable: str) -> None:
+    cli.env[variable] = "bogus"
+    r = cli("run", "x", "--model", cli.script([text("unused")]))
+    assert r.code == 2
+    (line,) = [line for line in r.stderr.splitlines() if line.strip()]  # no "never awaited" warning
+    assert line.startswith(f"error: {variable}='bogus'"), r.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "args"),
+    [("THINKLOOP_MODEL", ["run", "x"]), ("THINKLOOP_STORE", ["run", "x", "--model", "script:s.json"]),
+     ("THINKLOOP_STORE", ["runs", "list"])],
+)  # fmt: skip
+def test_a_bad_default_from_the_environment_names_its_variable(
+    cli: Cli, variable: str, args: list[str]
+) -> None:
+    cli.script([text("unused")], name="s.json")
+    cli.env[variable] = "bogus"
+    r = cli(*args)
+    assert r.code == 2 and r.stdout == ""
+    (line,) = [line for line in r.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: ") and f"${variable}='bogus'" in line, line
+
+
+@pytest.mark.parametrize(("option", "value"), [("--max-cost", "0"), ("--max-cost", "-1"), ("--timeout", "0")])
+def test_a_limit_of_zero_or_less_is_a_usage_error_in_the_options_terms(
+    cli: Cli, option: str, value: str
+) -> None:
+    r = cli("run", "x", "--model", cli.script([text("unused")]), option, value)
+    assert r.code == 2
+    assert (
+        r.stderr
+        == f"error: {option} must be above 0, got {value}: give a positive number, or leave {option} out for no limit\n"
+    )
+
+
+def test_runs_list_takes_a_huge_limit_as_all(cli: Cli) -> None:
+    cli("run", "x", "--model", cli.script([text("ok")]))
+    r = cli("runs", "list", "--json", "--limit", str(10**25))
+    assert r.code == 0, r.stderr  # was: "unexpected OverflowError … this is a bug"
+    assert len(r.stdout.splitlines()) == 1
+
+
+def test_runs_show_never_splits_the_run_id(cli: Cli) -> None:
+    run_id = cli("run", "x", "--model", cli.script([text("ok")]), "--json").events()[0]["run_id"]
+    cli.env["COLUMNS"] = "20"
+    shown = cli("runs", "show", run_id)
+    assert shown.code == 0 and run_id in shown.stdout, shown.stdout
+
+
+def test_submit_checks_its_goal_queue_and_store_before_queuing(cli: Cli) -> None:
+    """A NUL byte (PostgreSQL text cannot hold it), a queue that is not a PostgreSQL URL, and a bad
+    --store of --wait are usage errors before the queue is touched (the job was queued, then the store
+    failed; the others failed at the first query as if the server were down)."""
+    nul = run_with_stdin(cli, b"a\x00b", "submit", "-", "--queue", "postgresql://nobody@127.0.0.1:1/db")
+    assert nul.code == 2 and "NUL byte (at character 2)" in nul.stderr, nul.stderr
+    for queue in ("bogus", "mysql://x/y"):
+        r = cli("submit", "hi", "--queue", queue)
+        assert r.code == 2 and "is not a PostgreSQL URL" in r.stderr, r.stderr
+        w = cli("worker", "--queue", queue, "--until-idle", "--model", "script:none.json")
+        assert w.code == 2 and "is not a PostgreSQL URL" in w.stderr, w.stderr
+    unreachable = "postgresql://nobody@127.0.0.1:1/db"  # port 1: nothing listens
+    r = cli("submit", "hi", "--queue", unreachable, "--wait", "--store", "bogus")
+    assert r.code == 2 and r.stderr.startswith("error: unknown store URL 'bogus'"), r.stderr
 
 
 # ============================================================================================== docs

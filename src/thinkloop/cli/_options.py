@@ -50,6 +50,18 @@ def finite(value: float | None) -> float | None:
     return value
 
 
+def check_limits(**limits: float | None) -> None:
+    """`--max-cost 0`, `--timeout -1`: a `UserError` in the option's terms (`Budget` said
+    `Budget.max_cost must be … or None (no limit)`, in Python's)."""
+    for name, value in limits.items():
+        if value is not None and value <= 0:
+            option = "--" + name.replace("_", "-")
+            raise UserError(
+                f"{option} must be above 0, got {value:g}: give a positive number, or leave {option} out "
+                "for no limit"
+            )
+
+
 def positive_seconds(value: float) -> float:
     """A typer callback for a duration that must be finite and above zero."""
     if not (math.isfinite(value) and value > 0):

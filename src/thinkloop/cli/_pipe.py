@@ -8,6 +8,7 @@ A closed pipe is how a reader says it has read enough. A command that only print
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -16,6 +17,8 @@ from contextlib import contextmanager
 
 import typer
 from rich.console import Console
+
+from ._fail import describe_os_error
 
 
 def stdout_to_devnull() -> None:
@@ -43,3 +46,12 @@ def until_the_reader_leaves() -> Iterator[None]:
     except BrokenPipeError:
         stdout_to_devnull()
         raise typer.Exit(0) from None
+    except OSError as exc:  # `> /dev/full`, an I/O error: the output is incomplete, and that is an error
+        stdout_to_devnull()  # (the interpreter's last flush would fail again)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(
+                f"error: could not write the output to stdout ({describe_os_error(exc)}): what was printed "
+                "is incomplete; write it to another place (a disk with free space, a file with -o for export)\n"
+            )
+            sys.stderr.flush()
+        raise typer.Exit(1) from None

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -38,6 +39,7 @@ from ._options import (
     StoreOption,
     ToolsOption,
     WorkspaceOption,
+    check_limits,
     check_text,
     finite,
     read_goal,
@@ -46,6 +48,8 @@ from ._pipe import stdout_to_devnull
 from ._view import LiveView, exit_code
 
 T = TypeVar("T")
+MODEL_VARIABLE = "THINKLOOP_MODEL"
+STORE_VARIABLE = "THINKLOOP_STORE"
 
 
 def run_command(
@@ -95,6 +99,7 @@ def run_command(
         check_text("--instructions", instructions)
         if trace is not None:
             check_trace_file(trace)
+        check_limits(max_cost=max_cost, timeout=timeout)
         budget = Budget(max_steps=max_steps, max_tokens=max_tokens, max_cost=max_cost, timeout=timeout)
         options = dict(
             tools=tools, safety=safety, yes=yes, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts,
@@ -130,6 +135,8 @@ def drive(main: Coroutine[Any, Any, int], errors: Console) -> int:
             code = INTERRUPTED
         except ThinkloopError as exc:
             code = print_error(errors, exc)
+        finally:  # never started (a bad THINKLOOP_EVENT_LOOP …): no "never awaited" warning under the error
+            main.close()
     if code == INTERRUPTED:
         code = interrupts.exit_code
         hint = interrupts.resume_hint
@@ -192,7 +199,14 @@ async def _run(
     finally:
         view.close()
         await _close(agent)
-    return exit_code(show.done)
+    return show.exit_code(saved=kept(agent))
+
+
+def kept(agent: Agent) -> bool:
+    """Whether the agent's runs outlive the process (a store that is not in memory)."""
+    from ..stores import MemoryStore
+
+    return agent.store is not None and not isinstance(agent.store, MemoryStore)
 
 
 def cli_metadata(options: dict[str, Any], instructions: str) -> dict[str, Any]:
@@ -223,8 +237,11 @@ class Printer:
         self.as_json = as_json
         self.done: Done | None = None
         self.broken = False
+        self.failed: OSError | ValueError | None = None  # stdout could not be written (a full disk …)
+        self.run_id = ""
 
     def __call__(self, event: Event) -> None:
+        self.run_id = event.run_id
         if isinstance(event, Done):
             self.done = event
         if self.broken:
@@ -239,6 +256,28 @@ class Printer:
             # `thinkloop run … | head`: stop printing and let the run finish (its exit code still counts)
             self.broken = True
             stdout_to_devnull()
+        except (OSError, ValueError) as exc:  # `> /dev/full`, an I/O error, a closed stdout: never raise
+            # into the run (its listener would be dropped, with a traceback, and `done` never seen here)
+            self.broken = True
+            self.failed = exc
+            stdout_to_devnull()
+
+    def exit_code(self, saved: bool) -> int:
+        """The run's exit code (`exit_code`); if its output could not be written, says so on stderr and
+        returns 1 (or the run's own code when that is not 0): what was printed is incomplete."""
+        code = exit_code(self.done)
+        if self.failed is None:
+            return code
+        reason = describe_os_error(self.failed) if isinstance(self.failed, OSError) else str(self.failed)
+        ended = f"ended with {self.done.result.stop_reason.value}" if self.done else "stopped"
+        where = f"`thinkloop runs show {self.run_id}` shows it" if saved else "nothing outlives the process"
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(
+                f"error: could not write the output to stdout ({reason}): run {self.run_id} went on "
+                f"and {ended}, but what was printed is incomplete; {where}\n"
+            )
+            sys.stderr.flush()
+        return code or 1
 
 
 async def load_model(spec: str | None, console: Console) -> Model:
@@ -251,10 +290,19 @@ async def load_model(spec: str | None, console: Console) -> Model:
             f"--model is empty ({spec!r}): name a model — local, openai:MODEL, router:A,B, script:FILE — "
             "or leave the option out for $THINKLOOP_MODEL, else the local model"
         )
+    variable = os.environ.get(MODEL_VARIABLE, "") if spec is None else ""
     try:
         model = resolve_model(spec)
     except OSError as exc:
-        raise ConfigurationError(f"cannot read the model {spec!r}: {describe_os_error(exc)}") from None
+        what = f"${MODEL_VARIABLE}={variable!r}" if variable else repr(spec)
+        raise ConfigurationError(f"cannot read the model {what}: {describe_os_error(exc)}") from None
+    except ConfigurationError as exc:
+        if not variable:
+            raise
+        raise ConfigurationError(  # the user typed no model: say where this one came from
+            f"{exc} (the model came from ${MODEL_VARIABLE}={variable!r}: fix or unset the variable, or "
+            "give --model)"
+        ) from None
     load = getattr(model, "load", None)
     if load is not None:
         with console.status(f"Loading {model.spec} (first use assembles and maps the weights)…"):
@@ -398,9 +446,23 @@ def _safety(mode: str, yes: bool, console: Console) -> Any:
 
 
 def _store(url: str | None) -> Any:
+    return open_store_named(url)
+
+
+def open_store_named(url: str | None) -> Any:
+    """`open_store(url)`; a bad URL that came from `$THINKLOOP_STORE` (no `--store`) says so."""
     from ..stores import open_store
 
-    return open_store(url)
+    variable = os.environ.get(STORE_VARIABLE, "") if not url else ""
+    try:
+        return open_store(url)
+    except ConfigurationError as exc:
+        if not variable.strip():
+            raise
+        raise ConfigurationError(
+            f"{exc} (the store came from ${STORE_VARIABLE}={variable!r}: fix or unset the variable, or "
+            "give --store)"
+        ) from None
 
 
 async def _close(agent: Agent) -> None:

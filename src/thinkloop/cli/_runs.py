@@ -15,12 +15,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import _aio
-from .._errors import StateError, ThinkloopError, UserError
+from .._errors import ConfigurationError, StateError, ThinkloopError, UserError
 from .._state import RunState
-from ..stores import RunSummary, Store, open_store
+from ..stores import RunSummary, Store
 from ..stores._owner import check_not_running, claim
+from ._fail import describe_os_error
 from ._pipe import Output, until_the_reader_leaves
-from ._run import drive, print_error
+from ._run import drive, open_store_named, print_error
 
 T = TypeVar("T")
 
@@ -40,6 +41,7 @@ StoreOption = Annotated[
     ),
 ]
 RunId = Annotated[str, typer.Argument(help="The run's id (see `thinkloop runs list`).")]
+MAX_LIMIT = 2**31 - 1  # what every store's LIMIT takes (SQLite's INTEGER overflowed at 2**63)
 
 
 def _with_store(url: str | None, job: Callable[[Store], Awaitable[T]]) -> T:
@@ -47,7 +49,7 @@ def _with_store(url: str | None, job: Callable[[Store], Awaitable[T]]) -> T:
     on stderr (stdout holds only the command's output: with --json, only JSON lines)."""
 
     async def main() -> T:
-        store = open_store(url)
+        store = open_store_named(url)
         try:
             return await job(store)
         finally:
@@ -80,6 +82,7 @@ def list_command(
     if status not in (None, "running", "done", "error"):
         error = UserError(f"--status must be running, done or error, not {status!r}")
         raise typer.Exit(print_error(Console(stderr=True), error))
+    limit = min(limit, MAX_LIMIT)  # `--limit 99999999999999999999` means all: no store takes a bigger LIMIT
     runs = _with_store(store, lambda s: s.list_runs(limit, status=status))  # type: ignore[arg-type]
     with until_the_reader_leaves():
         _print_runs(Output(), runs, as_json)
@@ -145,8 +148,9 @@ def show_command(run_id: RunId, store: StoreOption = None) -> None:
 
 def _print_state(console: Console, state: RunState) -> None:
     u = state.usage
-    console.print(
-        f"[bold]run[/] {state.run_id} · agent {escape(state.agent_name)} · model {escape(state.model)}"
+    console.print(  # soft-wrapped: the run id is never split over two lines (narrow terminal)
+        f"[bold]run[/] {state.run_id} · agent {escape(state.agent_name)} · model {escape(state.model)}",
+        soft_wrap=True,
     )
     console.print(f"[bold]goal:[/] {escape(state.goal)}")
     status = state.stop_reason.value if state.stop_reason else f"unfinished ({state.phase})"
@@ -163,7 +167,7 @@ def _print_state(console: Console, state: RunState) -> None:
     if state.error:
         console.print(f"[yellow]{escape(state.error)}[/]")
     if not state.finished:
-        console.print(f"[dim]resume it with: thinkloop runs resume {state.run_id}[/]")
+        console.print(f"[dim]resume it with: thinkloop runs resume {state.run_id}[/]", soft_wrap=True)
 
 
 def _print_message(
@@ -236,8 +240,15 @@ def export_command(
         with until_the_reader_leaves():
             sys.stdout.write(text + "\n")
     else:
-        output.write_text(text + "\n", encoding="utf-8")
-        console.print(f"run {run_id} written to {output}")
+        try:
+            output.write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:
+            error = ConfigurationError(
+                f"could not write run {run_id} to {str(output)!r}: {describe_os_error(exc)}; give -o a file "
+                "in a directory that exists, that you may write to, on a disk with free space"
+            )
+            raise typer.Exit(print_error(console, error)) from None
+        console.print(f"run {run_id} written to {output}", soft_wrap=True)
 
 
 # ============================================================================================== resume
@@ -300,10 +311,10 @@ async def _resume(
     from .._budget import Budget
     from .._resume import load_resumable
     from ._options import DEFAULT_TOOLS
-    from ._run import Printer, build_agent, resumable_on_ctrl_c
-    from ._view import LiveView, exit_code
+    from ._run import Printer, build_agent, kept, resumable_on_ctrl_c
+    from ._view import LiveView
 
-    store = open_store(store_url)
+    store = open_store_named(store_url)
     try:  # refuses an unknown or finished run before loading a model: the user named the wrong run (exit 2)
         state = await load_resumable(store, run_id)
         raw = state.metadata.get("cli")
@@ -345,4 +356,4 @@ async def _resume(
             await aclose()
         if isinstance(agent.store, Store):
             await agent.store.aclose()
-    return exit_code(show.done)
+    return show.exit_code(saved=kept(agent))

@@ -33,10 +33,31 @@ QueueOption = Annotated[
 
 
 def _queue_url(queue: str | None) -> str:
-    url = queue or os.environ.get("THINKLOOP_QUEUE")
-    if not url:
+    """The queue's PostgreSQL URL, checked before anything runs: one that is not a PostgreSQL URL or is
+    malformed is a usage error (it failed at the first query, as if the server were down)."""
+    from ..stores._postgres import PostgresStore, redacted_dsn
+
+    url = queue or os.environ.get("THINKLOOP_QUEUE") or ""
+    if not url.strip():
         raise UserError("no job queue: pass --queue postgresql://user@host/db or set THINKLOOP_QUEUE")
+    if not (url.lower().startswith(("postgresql:", "postgres:")) or "=" in url):
+        raise UserError(
+            f"the job queue {redacted_dsn(url)!r} is not a PostgreSQL URL: give --queue "
+            "postgresql://user@host/db (or set THINKLOOP_QUEUE to one)"
+        )
+    PostgresStore(url)  # parses the URL (connects at first use): a malformed one is a ConfigurationError
     return url
+
+
+def _check_goal(goal: str) -> str:
+    """The queue keeps the goal in PostgreSQL, whose text cannot hold a NUL byte."""
+    nul = goal.find("\x00")
+    if nul >= 0:
+        raise UserError(
+            f"the goal holds a NUL byte (at character {nul + 1}), which the job queue (PostgreSQL text) "
+            "cannot store: remove it, e.g. tr -d '\\000' < goal.txt | thinkloop submit -"
+        )
+    return goal
 
 
 def worker_command(
@@ -155,7 +176,7 @@ def submit_command(
     console = Console()
     errors = Console(stderr=True)
     try:
-        goal = read_goal(goal)
+        goal = _check_goal(read_goal(goal))
         url = _queue_url(queue)
         code = _aio.run(_submit(url, goal, run_id, max_steps, wait, store or url, console))
     except ThinkloopError as exc:
@@ -175,13 +196,13 @@ async def _submit(
     from ..distributed import JobQueue
     from ..stores import open_store
 
-    async with JobQueue(url) as jobs:
+    # the store --wait reads is opened first: a bad --store must not fail after the job was queued
+    async with open_store(store_url if wait else "memory:") as store, JobQueue(url) as jobs:
         budget = Budget(max_steps=max_steps) if max_steps else None
         submitted = await jobs.submit(goal, run_id=run_id, budget=budget)
         console.print(submitted, soft_wrap=True)
         if not wait:
             return 0
-        async with open_store(store_url) as store:
-            result = await jobs.wait(submitted, store)
+        result = await jobs.wait(submitted, store)
         console.print(escape(result.output), soft_wrap=True)
         return 0 if result.ok else 3
