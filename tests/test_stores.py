@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -1036,3 +1037,48 @@ async def test_a_postgres_writer_frozen_inside_a_transaction_does_not_block_the_
             loaded, _emit(loaded, RunStarted(goal="a goal", model="m", mode="native"))
         )
         assert [e.type for e in await next_owner.read_events("run-1")] == ["run_started"]
+
+
+def test_one_postgres_store_serves_agents_in_several_threads_and_closes_what_it_opened(pg_dsn: str) -> None:
+    """`run_sync` in three threads at once, one `PostgresStore`: each thread runs its own event loop. The
+    store's one connection and asyncio lock belonged to the first loop, and the others' saves failed
+    ("… is bound to a different event loop"); now each loop has its own connection, closed with its loop."""
+    import threading
+    import uuid
+
+    import psycopg
+
+    name = f"tl-{uuid.uuid4().hex[:12]}"
+    dsn = f"{pg_dsn}&application_name={name}"
+    store = PostgresStore(dsn)
+    together = threading.Barrier(3, timeout=60)
+
+    @tool
+    def meet(who: str) -> str:
+        """Wait until the three runs are all in the middle of their run."""
+        together.wait()
+        return f"met {who}"
+
+    results: dict[str, str] = {}
+
+    def run(who: str) -> None:
+        calls = [{"name": "meet", "args": {"who": who}}]
+        model = ScriptedModel([{"tool_calls": calls}, f"done {who}"])
+        try:
+            result = Agent(model, tools=[meet], store=store).run_sync(f"meet {who}")
+            results[who] = f"{result.stop_reason.value}: {result.output}"
+        except Exception as exc:
+            results[who] = repr(exc)
+
+    threads = [threading.Thread(target=run, args=(who,), daemon=True) for who in ("ann", "bob", "cy")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert results == {who: f"final_answer: done {who}" for who in ("ann", "bob", "cy")}
+    with psycopg.connect(PG_DSN, autocommit=True) as admin:  # each loop's connection closed with its loop
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        deadline = time.monotonic() + 30  # a server process ends a moment after its client said goodbye
+        while (left := admin.execute(sql, (name,)).fetchone()) != (0,) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left == (0,)

@@ -14,7 +14,9 @@ import os
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .._errors import ConcurrencyError, ConfigurationError, StateError
@@ -76,20 +78,47 @@ class PostgresStore(Store):
         timeout: seconds one operation (connecting included) may take; a server that does not answer
             in time is a `StateError`, never a hang.
 
-    One connection per store, opened on first use; operations of one store are serialised on it. A
-    connection lost between two operations (a server restart, a dropped connection) is opened again.
+    One connection per store and event loop, opened on first use and closed when that loop shuts down
+    (agents in several threads, each `run_sync` with its own loop, may share a store); operations on one
+    loop are serialised on its connection. A connection lost between two operations (a server restart, a
+    dropped connection) is opened again.
     """
 
     def __init__(self, dsn: str, *, timeout: float = 30.0) -> None:
         self.dsn = dsn
         self.url = redacted_dsn(dsn)  # shown in messages: without the password
         self.timeout = timeout
-        self._conn: Any = None
-        self._lock = asyncio.Lock()
+        self._links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Link] = weakref.WeakKeyDictionary()
         _check_dsn(dsn, self.url)
 
+    def _link(self) -> _Link:
+        """The running event loop's connection (a psycopg connection waits on the loop it serves)."""
+        loop = asyncio.get_running_loop()
+        link = self._links.get(loop)
+        if link is None:
+            link = self._links[loop] = _Link()
+        return link
+
+    async def _closed_with_the_loop(self, link: _Link) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            conn, link.conn = link.conn, None
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    @property
+    def _conn(self) -> Any:
+        """The running loop's connection, if open (None outside a loop)."""
+        try:
+            return self._link().conn
+        except RuntimeError:
+            return None
+
     async def _connection(self) -> Any:
-        if self._conn is None or self._conn.closed:
+        link = self._link()
+        if link.conn is None or link.conn.closed:
             try:
                 import psycopg
             except ImportError:
@@ -109,8 +138,11 @@ class PostgresStore(Store):
             except BaseException:
                 await conn.close()
                 raise
-            self._conn = conn
-        return self._conn
+            link.conn = conn
+            if link.lifetime is None:  # closed when the loop shuts its async generators down (asyncio.run)
+                link.lifetime = self._closed_with_the_loop(link)
+                await anext(link.lifetime)
+        return link.conn
 
     async def _run(self, op: Callable[[Any], Awaitable[T]], *, retry: Callable[[], bool] = lambda: True) -> T:
         """`op(conn)`, one operation at a time, within `timeout`. When a connection kept from an earlier
@@ -119,8 +151,9 @@ class PostgresStore(Store):
         saying where and what to check (the next operation connects again)."""
         import psycopg
 
-        async with self._lock:
-            reused = self._conn is not None and not self._conn.closed
+        link = self._link()
+        async with link.lock:
+            reused = link.conn is not None and not link.conn.closed
             try:
                 try:
                     return await self._bounded(await self._connection(), op)
@@ -140,13 +173,15 @@ class PostgresStore(Store):
 
     def _lost(self) -> bool:
         """Forget a connection that is closed (the next operation opens a new one); True if it was."""
-        if self._conn is not None and self._conn.closed:
-            self._conn = None
+        link = self._link()
+        if link.conn is not None and link.conn.closed:
+            link.conn = None
             return True
         return False
 
     async def _drop(self) -> None:
-        conn, self._conn = self._conn, None
+        link = self._link()
+        conn, link.conn = link.conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 await conn.close()
@@ -282,6 +317,15 @@ class PostgresStore(Store):
             return list(await cur.fetchall())
 
         return await self._run(fetch)
+
+
+@dataclass
+class _Link:
+    """A store's connection on one event loop, and the lock that serialises its operations."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    conn: Any = None
+    lifetime: AsyncGenerator[None, None] | None = None
 
 
 async def _migrate(conn: Any) -> None:
