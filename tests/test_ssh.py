@@ -388,3 +388,41 @@ async def test_commands_that_cannot_run_are_refused_before_connecting(command: s
     executor = SSHExecutor({"nowhere": SSHHost(hostname="127.0.0.1", port=_free_port(), connect_timeout=0.5)})
     with pytest.raises(ShellCommandError, match=re.escape(problem)):  # not "cannot connect": checked first
         await executor.execute("nowhere", command)
+
+
+def test_one_pooling_executor_used_from_several_threads_keeps_a_pool_per_event_loop(server: Server) -> None:
+    """Two threads, each with its own event loop (`run_sync` in each), one executor reusing connections:
+    a call on the second loop threw away the first loop's pool (and left its connection open), so the
+    first loop's next call opened a new one."""
+    import threading
+
+    executor = SSHExecutor({"lab": server.host()}, reuse_connections=True)
+    turn = {name: threading.Event() for name in ("a1", "b1")}
+    seen: dict[str, list[str]] = {"a": [], "b": []}
+    errors: list[BaseException] = []
+
+    async def calls(name: str, wait_for: str | None, then: str, again_after: str | None) -> None:
+        if wait_for is not None:
+            await asyncio.to_thread(turn[wait_for].wait, 60)
+        seen[name].append((await executor.execute("lab", "echo $SSH_CONNECTION"))["stdout"])
+        turn[then].set()
+        if again_after is not None:
+            await asyncio.to_thread(turn[again_after].wait, 60)
+        seen[name].append((await executor.execute("lab", "echo $SSH_CONNECTION"))["stdout"])
+
+    def thread(*args: Any) -> None:
+        try:
+            asyncio.run(calls(*args))
+        except BaseException as exc:
+            errors.append(exc)
+
+    # a: call, (b calls), call again; b: call, then again after a's second call
+    first = threading.Thread(target=thread, args=("a", None, "a1", "b1"), daemon=True)
+    second = threading.Thread(target=thread, args=("b", "a1", "b1", None), daemon=True)
+    first.start()
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert errors == [] and not first.is_alive() and not second.is_alive()
+    assert len(set(seen["a"])) == 1 and len(set(seen["b"])) == 1  # each loop reused its own connection
+    assert seen["a"][0] != seen["b"][0] != ""  # and the two loops did not share one

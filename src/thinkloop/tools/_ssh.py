@@ -17,7 +17,9 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -115,9 +117,18 @@ class SSHExecutor:
         self.timeout = timeout
         self.output_limit = output_limit
         self.reuse_connections = reuse_connections
-        self._pool: dict[str, Any] = {}
-        self._connecting: dict[str, asyncio.Lock] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # pooled connections (and the locks of their opening) belong to the event loop that opened them:
+        # agents in several threads (each `run_sync` with its own loop) have a pool each
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
+
+    @property
+    def _pool(self) -> dict[str, Any]:
+        """The running event loop's pooled connections by host."""
+        loop = asyncio.get_running_loop()
+        pool = self._pools.get(loop)
+        if pool is None:
+            pool = self._pools[loop] = _Pool()
+        return pool.connections
 
     def __repr__(self) -> str:
         return f"SSHExecutor(hosts={sorted(self.hosts)})"
@@ -176,24 +187,22 @@ class SSHExecutor:
         }
 
     async def _pooled(self, host: str, config: SSHHost) -> Any:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # connections (and locks) belong to one event loop
-            self._pool, self._connecting, self._loop = {}, {}, loop
+        pool = self._pool  # this loop's
+        entry = self._pools[asyncio.get_running_loop()]
+        if entry.lifetime is None:  # its connections are closed when the loop shuts down (asyncio.run)
+            entry.lifetime = _closed_with_the_loop(entry)
+            await anext(entry.lifetime)
         # one connection attempt per host at a time: parallel calls (a plan's tasks) each opened one,
         # and all but the last were dropped from the pool unclosed
-        async with self._connecting.setdefault(host, asyncio.Lock()):
-            connection = self._pool.get(host)
+        async with entry.connecting.setdefault(host, asyncio.Lock()):
+            connection = pool.get(host)
             if connection is None or connection.is_closed():
-                connection = self._pool[host] = await _connect(host, config)
+                connection = pool[host] = await _connect(host, config)
         return connection
 
     async def aclose(self) -> None:
-        """Close pooled connections."""
-        pool, self._pool = self._pool, {}
-        for connection in pool.values():
-            connection.close()
-            with contextlib.suppress(Exception):
-                await connection.wait_closed()
+        """Close the pooled connections of the running event loop (other loops' close with their loop)."""
+        await _close_all(self._pool)
 
     def as_tool(self, name: str = "ssh_execute") -> Tool:
         hosts = ", ".join(sorted(self.hosts))
@@ -387,3 +396,28 @@ async def _kill_remote(connection: Any, pid: int | None, seconds: float, shell_e
         async with asyncio.timeout(10):
             await connection.run(f"kill -KILL -- -{pid} 2>/dev/null || kill -KILL {pid}", check=False)
     return _timeout_note(seconds, shell_exit)
+
+
+@dataclass
+class _Pool:
+    """One event loop's pooled connections, the locks of their opening, and what closes them with the loop."""
+
+    connections: dict[str, Any] = field(default_factory=dict)
+    connecting: dict[str, asyncio.Lock] = field(default_factory=dict)
+    lifetime: AsyncGenerator[None, None] | None = None
+
+
+async def _closed_with_the_loop(pool: _Pool) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        await _close_all(pool.connections)
+
+
+async def _close_all(connections: dict[str, Any]) -> None:
+    opened = list(connections.values())
+    connections.clear()
+    for connection in opened:
+        connection.close()
+        with contextlib.suppress(Exception):
+            await connection.wait_closed()
