@@ -1082,3 +1082,30 @@ def test_one_postgres_store_serves_agents_in_several_threads_and_closes_what_it_
         while (left := admin.execute(sql, (name,)).fetchone()) != (0,) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert left == (0,)
+
+
+async def test_listing_a_file_store_whose_root_is_a_file_is_the_same_error_as_reading_it(
+    tmp_path: Path,
+) -> None:
+    """`runs list` said there were no runs (exit 0) where `runs show` said what was wrong."""
+    root = tmp_path / "notes.txt"
+    root.write_text("not a directory")
+    store = FileStore(root)
+    with pytest.raises(
+        StateError, match=r"notes\.txt failed: .*Not a directory.*check that .* is a directory"
+    ):
+        await store.load_state("run-1")
+    with pytest.raises(
+        StateError, match=r"notes\.txt failed: .*Not a directory.*check that .* is a directory"
+    ):
+        await store.list_runs()
+
+
+async def test_a_sqlite_file_of_another_program_with_a_runs_table_is_named_as_not_thinkloop(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT)")
+    with pytest.raises(StateError, match="no such column.*not a thinkloop SQLite database"):
+        await SQLiteStore(path).list_runs()

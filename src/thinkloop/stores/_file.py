@@ -186,6 +186,8 @@ class FileStore(Store):
     def _summaries(self) -> list[RunSummary]:
         runs = self.root / "runs"
         if not runs.is_dir():
+            if self.root.exists() and not self.root.is_dir():  # the error the other operations give
+                raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(self.root))
             return []
         out = []
         for path in runs.glob("*.json"):

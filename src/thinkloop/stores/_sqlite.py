@@ -118,7 +118,7 @@ class SQLiteStore(Store):
             hint = (
                 f"cannot create the directory {self.path.parent}: choose a path in a directory you can write"
             )
-        elif "not a database" in text or "malformed" in text or "encrypted" in text:
+        elif any(sign in text for sign in ("not a database", "malformed", "encrypted", "no such column")):
             hint = "the file is not a thinkloop SQLite database or is damaged: move it away, or use another store"
         elif "locked" in text or "busy" in text:
             hint = (
