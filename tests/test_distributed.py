@@ -216,6 +216,39 @@ async def test_a_worker_stopped_with_interrupt_hands_its_runs_back_resumable(
         assert effects == ["k", "k"]  # idempotent: the interrupted call was run again on resume
 
 
+async def test_a_worker_stopped_with_interrupt_while_a_run_loads_hands_it_back_at_once(
+    dsn: str, queue: JobQueue
+) -> None:
+    """`stop(interrupt=True)` interrupts the agent's runs — but a job still loading its state (or setting
+    its run up) had no run in the agent yet: the worker then waited for that run to end, whatever it took."""
+    loading, release = asyncio.Event(), asyncio.Event()
+
+    class SlowStore(PostgresStore):
+        async def load_state(self, run_id: str) -> Any:
+            loading.set()
+            await release.wait()  # a store slow to answer
+            return await super().load_state(run_id)
+
+    model = FunctionModel(lambda r: "done")
+    async with SlowStore(dsn) as store:
+        await queue.submit("anything", run_id="loading")
+        worker = Worker(Agent(model, store=store), queue, name="w1", poll_interval=0.05)
+        serving = asyncio.create_task(worker.serve())
+        try:
+            await asyncio.wait_for(loading.wait(), 10)
+            worker.stop(interrupt=True)
+            await asyncio.wait({serving}, timeout=10)
+            assert serving.done(), "the worker waited for a run that was still loading"  # not at once
+        finally:
+            release.set()
+            await serving
+        status = await queue.status("loading")
+        assert status is not None and status.status == "queued" and worker.completed == []
+        second = Worker(Agent(model, store=store), queue, name="w2", poll_interval=0.05)
+        await second.serve(until_idle=True)
+        assert (await queue.wait("loading", store)).output == "done" and second.completed == ["loading"]
+
+
 def test_workers_in_several_processes_run_every_job_exactly_once(dsn: str, tmp_path: Path) -> None:
     async def submit() -> list[str]:
         async with JobQueue(dsn) as q:

@@ -449,6 +449,7 @@ class Worker:
         self.completed: list[str] = []  # run ids this worker finished
         self._stopping = asyncio.Event()
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._runs: dict[str, asyncio.Task[RunResult]] = {}  # each job's run (loading, set up, or running)
         self._reached = False  # whether a claim ever reached the queue's database
 
     @property
@@ -463,7 +464,9 @@ class Worker:
         self._stopping.set()
         if interrupt:
             for run_id in list(self._running):
-                self.agent.interrupt(run_id)
+                run = self._runs.get(run_id)
+                if not self.agent.interrupt(run_id) and run is not None:
+                    run.cancel()  # still loading its state or setting up: nothing of it ran, nothing to save
 
     async def serve(self, *, until_idle: bool = False) -> None:
         """Take and run jobs until `stop()` (or until nothing is left, with `until_idle`)."""
@@ -513,7 +516,8 @@ class Worker:
 
     async def _drive(self, job: Job) -> None:
         """Run (or resume) one job under a renewed lease; the job ends done or failed, or goes back."""
-        run = asyncio.create_task(self._run(job))
+        run = self._runs[job.run_id] = asyncio.create_task(self._run(job))
+        run.add_done_callback(lambda _: self._runs.pop(job.run_id, None))
         lease = asyncio.create_task(self._keep_lease(job, run))
         try:
             result = await asyncio.shield(
