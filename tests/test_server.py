@@ -229,6 +229,7 @@ async def test_non_json_bodies_are_refused() -> None:
         (b'["clean up"]', 422, "body: the body must be a JSON object"),
         (b"", 422, "body: the body is missing"),
         (json.dumps({"goal": "x" * 10_000_000}).encode(), 413, "larger than 2097152 bytes"),
+        (b'{"goal": "x", "max_steps": ' + b"9" * 5000 + b"}", 400, "the body has a number too long to read"),
     ],
 )
 async def test_bodies_that_are_not_a_json_object_get_a_clear_4xx(
@@ -727,6 +728,70 @@ async def test_stopping_the_server_interrupts_runs_and_closes_streams(tmp_path: 
     assert [e.type for e in await store.read_events(run_id)][-1] == "approval_requested"
     assert purges.done == []
     await store.aclose()
+
+
+async def test_a_body_that_never_arrives_is_408_and_does_not_hold_up_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client sending its body byte by byte (or stalling) held its request open for ever — and uvicorn's
+    graceful shutdown waits for open requests, so Ctrl-C never stopped the server nor saved its runs."""
+    import thinkloop.server._app as app_module
+
+    monkeypatch.setattr(app_module, "BODY_TIMEOUT", 1.0)
+    agent, _ = make_agent(ScriptedModel([]))
+    async with serve(create_app(agent)) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(served.url.rsplit(":", 1)[1]))
+        head = (
+            "POST /api/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+        )
+        writer.write(f"{head}\r\n{{".encode())  # 1 byte of 100, and no more
+        await writer.drain()
+        await eventually(lambda: served.server.server_state.tasks)  # the request is in the application
+    # the server stopped (within `serve`'s 15 s) although the body never came; the client got told why
+    answer = await asyncio.wait_for(reader.read(), 15)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert b"the body did not arrive within 1 s: send the whole request at once" in answer
+    assert await agent.store.list_runs(10) == []  # type: ignore[union-attr]
+
+
+async def test_a_run_failing_with_a_long_non_ascii_error_closes_its_stream_with_1011_and_a_reason() -> None:
+    """A close reason may hold 123 bytes: a run's failure cut to 120 *characters*, some not ASCII, failed
+    the close itself ("control frame too long"), so the client got no code and no reason."""
+
+    class Flaky(MemoryStore):  # a short name: the reason reaches the error's own text
+        saved = 0
+
+        async def checkpoint(self, state: Any, events: Any) -> None:
+            self.saved += 1
+            if self.saved > 1:
+                raise OSError("é" * 300)
+            await super().checkpoint(state, events)
+
+    @tool
+    def note(text: str) -> str:
+        """Note something."""
+        return text
+
+    go = asyncio.Event()
+
+    async def reply(request: Any) -> Reply:
+        await go.wait()
+        return {"tool_calls": [{"name": "note", "args": {"text": "x"}}]}
+
+    agent = Agent(FunctionModel(reply), tools=[note], store=Flaky())
+    async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
+        run_id = await start(client)
+        async with websockets.connect(f"{served.ws}/api/runs/{run_id}/events") as ws:
+            assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "run_started"
+            go.set()
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    await asyncio.wait_for(ws.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+    reason = closed.value.rcvd.reason
+    assert reason.startswith("the run failed: ") and "éé…" in reason
+    assert len(reason.encode()) <= 123
 
 
 # ======================================================================== thinkloop serve (CLI)

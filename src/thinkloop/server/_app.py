@@ -84,14 +84,24 @@ TOKEN_PROTOCOL = "thinkloop.token."  # + the token in base64url without padding:
 class ApiError(Exception):
     """An error answered as `{"error": message}` with `status`; `extra` adds fields to that body."""
 
-    def __init__(self, status: int, message: str, extra: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.extra = dict(extra or {})
+        self.headers = dict(headers or {})
 
     def response(self) -> JSONResponse:
-        return JSONResponse({"error": self.message, **self.extra}, status_code=self.status)
+        return JSONResponse(
+            {"error": self.message, **self.extra}, status_code=self.status, headers=self.headers
+        )
 
 
 # ============================================================================================ bodies
@@ -307,6 +317,7 @@ def _run_id(run_id: str) -> str:
 
 
 MAX_BODY = 2 * 1024 * 1024  # bytes: room for the longest goal (100,000 characters) even \u-escaped
+BODY_TIMEOUT = 30.0  # seconds from a POST's headers until its whole body must have arrived (else 408)
 
 
 class _JsonBodies:
@@ -340,13 +351,30 @@ class _JsonBodies:
 
 
 async def _read_body(headers: Headers, receive: Receive) -> bytes:
-    """The request's body, or `ApiError(413)` as soon as it is longer than `MAX_BODY` bytes."""
-    too_big = ApiError(
-        413, f"the body is larger than {MAX_BODY} bytes, the most this server takes: send a shorter goal"
-    )
+    """The request's body: `ApiError(413)` as soon as it is longer than `MAX_BODY` bytes, `ApiError(408)` if
+    it has not all arrived `BODY_TIMEOUT` seconds after the request's headers (a client trickling it in
+    would hold the request open for ever, and with it the server's graceful shutdown)."""
     length = headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY:
-        raise too_big
+        raise _too_big()
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT):
+            return await _receive_body(receive)
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"the body did not arrive within {BODY_TIMEOUT:g} s: send the whole request at once",
+            headers={"Connection": "close"},
+        ) from None
+
+
+def _too_big() -> ApiError:
+    return ApiError(
+        413, f"the body is larger than {MAX_BODY} bytes, the most this server takes: send a shorter goal"
+    )
+
+
+async def _receive_body(receive: Receive) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -356,7 +384,7 @@ async def _read_body(headers: Headers, receive: Receive) -> bytes:
         chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY:
-            raise too_big
+            raise _too_big()
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
@@ -380,6 +408,10 @@ def _check_json(body: bytes) -> None:
         ) from None
     except RecursionError:
         raise ApiError(400, "the body's JSON is nested too deeply: send a flat JSON object") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (Python's limit for converting one)
+        raise ApiError(
+            400, f"the body has a number too long to read ({exc}): send numbers of sane size"
+        ) from None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -685,7 +717,7 @@ def _add_stream_route(app: FastAPI, manager: RunManager) -> None:
         if code == 1000:
             code, reason = await _pump(websocket, manager, run_id, int(after))
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await websocket.close(code=code, reason=reason)
+            await websocket.close(code=code, reason=_close_reason(reason))
 
 
 async def _check_stream(manager: RunManager, run_id: str, after: str) -> tuple[int, str]:
@@ -711,9 +743,9 @@ async def _pump(websocket: WebSocket, manager: RunManager, run_id: str, after: i
             async for event in manager.follow(run_id, after):
                 await websocket.send_text(event.model_dump_json())
         except FollowerTooSlowError as exc:
-            return 1013, str(exc)[:120]
+            return 1013, _close_reason(str(exc))
         except RunFailedError as exc:
-            return 1011, f"the run failed: {exc}"[:120]
+            return 1011, _close_reason(f"the run failed: {exc}")
         return 1000, "done"
 
     async def until_disconnect() -> tuple[int, str]:
@@ -739,6 +771,18 @@ async def _pump(websocket: WebSocket, manager: RunManager, run_id: str, after: i
         logger.warning("streaming the events of run %s failed: %r", run_id, exc)
         return 1011, "internal error"
     return 1000, "client left"
+
+
+MAX_CLOSE_REASON = 123  # bytes of UTF-8: a close frame's reason may not be longer (RFC 6455 §5.5)
+
+
+def _close_reason(text: str) -> str:
+    """`text` cut to what a close frame can carry, at a character boundary: a longer reason (120
+    characters of which some are not ASCII) fails the close, and the client gets no code and no reason."""
+    data = text.encode("utf-8")
+    if len(data) <= MAX_CLOSE_REASON:
+        return text
+    return data[: MAX_CLOSE_REASON - 3].decode("utf-8", "ignore") + "…"
 
 
 def _same_origin(websocket: WebSocket) -> bool:
