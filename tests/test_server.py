@@ -286,6 +286,25 @@ async def test_unknown_runs_are_404() -> None:
         assert bad.status_code == 422 and "decision" in bad.json()["error"]
 
 
+async def test_a_long_id_in_a_path_is_not_echoed_whole() -> None:
+    agent, _ = make_agent(ScriptedModel(purge_then_answer("x")))
+    async with api(create_app(agent)) as client:
+        run_id = await start(client)
+        await waiting_approval(client, run_id)
+        for method, path in [
+            ("GET", f"/api/runs/{'a' * 10_000}"),
+            ("POST", f"/api/runs/{'a' * 10_000}/cancel"),
+            ("POST", f"/api/runs/{run_id}/approvals/{'c' * 10_000}"),
+            ("GET", f"/static/{'s' * 10_000}"),
+        ]:
+            response = await client.request(method, path, json={"decision": "approve"})
+            assert response.status_code == 404, response.text
+            error = response.json()["error"]
+            assert len(error) < 300 and "… (10000 characters)" in error, error
+        await client.post(f"/api/runs/{run_id}/cancel", json={})
+        await finished(client, run_id)
+
+
 async def test_an_after_too_large_for_the_store_is_422_not_a_500(tmp_path: Path) -> None:
     """SQLite holds 64-bit integers: `?after=` with 30 digits overflowed in the store (500)."""
     agent, _ = make_agent(ScriptedModel(["ok"]), store=SQLiteStore(tmp_path / "runs.db"))

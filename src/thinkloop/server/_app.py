@@ -313,7 +313,14 @@ def _run_id(run_id: str) -> str:
     try:
         return check_id(run_id)
     except ConfigurationError:
-        raise ApiError(404, f"no run {run_id!r}") from None
+        raise ApiError(404, f"no run {_shown(run_id)}") from None
+
+
+def _shown(value: str, most: int = 80) -> str:
+    """`value` quoted for an error message, cut if long: a 100 KB id in a URL is not echoed whole."""
+    if len(value) <= most:
+        return repr(value)
+    return f"{value[:most]!r}… ({len(value)} characters)"
 
 
 MAX_BODY = 2 * 1024 * 1024  # bytes: room for the longest goal (100,000 characters) even \u-escaped
@@ -697,7 +704,8 @@ def _add_approval_routes(app: FastAPI, manager: RunManager, approvals: PendingAp
             if not await manager.exists(run_id):
                 raise ApiError(404, f"no run {run_id!r}")
             raise ApiError(
-                404, f"run {run_id!r} has no tool call {call_id!r} waiting for approval (answered already?)"
+                404,
+                f"run {run_id!r} has no tool call {_shown(call_id)} waiting for approval (answered already?)",
             )
         return {"run_id": run_id, "call_id": call_id, "decision": body.decision}
 
@@ -807,7 +815,7 @@ def _add_page_routes(app: FastAPI, agent: Agent, approvals: PendingApprovals | N
     @app.api_route("/static/{name}", methods=["GET", "HEAD"], include_in_schema=False)
     async def static(name: str) -> Response:
         if name not in files:
-            raise ApiError(404, f"no file {name!r}")
+            raise ApiError(404, f"no file {_shown(name)}")
         media = _MEDIA[name.rsplit(".", 1)[-1]]
         return Response(files[name], media_type=media, headers=_SECURITY_HEADERS)
 
