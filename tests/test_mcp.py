@@ -22,6 +22,7 @@ pytest.importorskip("mcp")
 from mcp.server.mcpserver import Context
 
 from thinkloop import Agent, ConfigurationError, RiskLevel, ToolCall
+from thinkloop import tool as make_tool
 from thinkloop._events import ToolResultEvent
 from thinkloop._execute import GateDecision
 from thinkloop._tools import ToolArgumentsError
@@ -1024,3 +1025,48 @@ async def test_a_tools_list_answer_that_never_comes_is_bounded_by_connect_timeou
             await asyncio.wait_for(server.list_tools(), 20)
     finally:
         await server.aclose()
+
+
+def test_a_server_connected_in_a_running_loop_refuses_another_threads_loop_clearly() -> None:
+    """Two threads, each `run_sync` (its own event loop), one server object: the second used the first
+    loop's connection from its own loop (or, reconnecting, cut the first one off mid-run)."""
+    import threading
+
+    server = MCPServerStdio.from_command_line("python -m mcp_server_time", name="time")
+    inside, release = threading.Event(), threading.Event()
+
+    @make_tool
+    def hold() -> str:
+        """Wait until the test lets go."""
+        inside.set()
+        assert release.wait(60)
+        return "held"
+
+    script = [
+        {"tool_calls": [{"name": "hold", "args": {}}]},
+        {"tool_calls": [{"name": "get_current_time", "args": {"timezone": "Etc/UTC"}}]},
+        "done",
+    ]
+    outcome: dict[str, Any] = {}
+
+    def first() -> None:
+        events: list[Any] = []
+        agent = Agent(ScriptedModel(script), tools=[hold], mcp_servers=[server], on_event=events.append)
+        outcome["first"] = (
+            agent.run_sync("hold, then the time").output,
+            [r.success for r in _results(events)],
+        )
+
+    thread = threading.Thread(target=first, daemon=True)
+    thread.start()
+    try:
+        assert inside.wait(60)
+        other = Agent(ScriptedModel(["unused"]), mcp_servers=[server])
+        with pytest.raises(
+            MCPConnectionError, match=r"connected in another event loop .* give each thread its own"
+        ):
+            other.run_sync("the time?")
+    finally:
+        release.set()
+        thread.join(60)
+    assert outcome["first"] == ("done", [True, True])  # the first run's connection was left alone

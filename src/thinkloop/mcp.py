@@ -166,12 +166,24 @@ class MCPServer(ABC):
         Raises:
             MCPConnectionError: the server could not be started or did not answer in time.
         """
+        self._check_loop()
         if self.connected:
             return
         async with self._get_lock():
             if self.connected:
                 return
             await self._open()
+
+    def _check_loop(self) -> None:
+        """A connection serves the event loop it was opened in: while that loop still runs (another thread's
+        `run_sync`), another loop cannot use it — nor open its own, which would cut the first one off."""
+        loop, mine = asyncio.get_running_loop(), self._loop
+        if mine is not None and mine is not loop and mine.is_running() and self.connected:
+            raise MCPConnectionError(
+                f"MCP server {self._describe()} is connected in another event loop that is still running "
+                f"(another thread's run_sync or asyncio.run), and its connection serves that loop only: give "
+                f"each thread its own {type(self).__name__} (and agent), or run the agents in one event loop"
+            )
 
     def _get_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
@@ -285,6 +297,7 @@ class MCPServer(ABC):
 
     async def list_tools(self, *, refresh: bool = False) -> list[Tool]:
         """The server's tools as thinkloop `Tool`s (cached until the server says they changed)."""
+        self._check_loop()
         if not (self._stale or refresh) and self.connected:
             return list(self._tools)
         await self.connect()
@@ -391,6 +404,10 @@ class MCPServer(ABC):
         session, owner = self._session, self._owner
         if session is None:
             raise MCPToolError(self._not_connected())
+        try:
+            self._check_loop()
+        except MCPConnectionError as exc:
+            raise MCPToolError(str(exc)) from None
         try:
             result = await session.call_tool(name, dict(arguments))
         except Exception as exc:
