@@ -917,3 +917,28 @@ async def test_a_run_of_another_process_is_followed_from_the_store(monkeypatch: 
     result = await task
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert events[-1]["result"]["output"] == result.output == "finished"
+
+
+async def test_a_run_whose_first_save_fails_is_answered_with_why_not_a_bare_no_run() -> None:
+    """202, then the store failed at once: the run had nothing saved, and GET, its events and its stream
+    said only "no run" — the client never learnt why."""
+
+    class Down(MemoryStore):
+        async def checkpoint(self, state: Any, events: Any) -> None:
+            raise OSError("disk full")
+
+    agent, _ = make_agent(ScriptedModel(["hi"]), Down())
+    async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
+        run_id = await start(client)
+        await eventually(lambda: served.app.state.manager.active() == [])
+        why = f"no run {run_id!r}: it failed before anything of it was saved (StateError: the store Down"
+        for path in (f"/api/runs/{run_id}", f"/api/runs/{run_id}/events"):
+            response = await client.get(path)
+            assert response.status_code == 404 and response.json()["error"].startswith(why), path
+        async with websockets.connect(f"{served.ws}/api/runs/{run_id}/events") as ws:
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4404
+        assert "failed before anything of it was saved" in closed.value.rcvd.reason
+        unknown = await client.get("/api/runs/never-started")
+        assert unknown.status_code == 404 and unknown.json()["error"] == "no run 'never-started'"

@@ -600,7 +600,7 @@ def _add_run_routes(app: FastAPI, manager: RunManager) -> None:
         state = await manager.store.load_state(run_id)
         live = manager.live(run_id)
         if state is None and live is None:
-            raise ApiError(404, f"no run {run_id!r}")
+            raise ApiError(404, manager.no_run(run_id))
         approvals = app.state.approvals
         waiting = [] if approvals is None else approvals.pending(run_id)
         if state is None:
@@ -618,8 +618,8 @@ def _add_run_routes(app: FastAPI, manager: RunManager) -> None:
         run_id = _run_id(run_id)
         try:
             events = await manager.events_after(run_id, after)
-        except UnknownRunError:
-            raise ApiError(404, f"no run {run_id!r}") from None
+        except UnknownRunError as exc:
+            raise ApiError(404, str(exc)) from None
         return {
             "events": [e.model_dump(mode="json") for e in events],
             "last_seq": events[-1].seq if events else after,
@@ -634,7 +634,7 @@ def _add_control_routes(app: FastAPI, manager: RunManager) -> None:
             manager.cancel(run_id)
         except NotRunningError:
             if not await manager.exists(run_id):
-                raise ApiError(404, f"no run {run_id!r}") from None
+                raise ApiError(404, manager.no_run(run_id)) from None
             raise ApiError(409, f"run {run_id!r} is not running in this server") from None
         return {"run_id": run_id, "status": "cancelling"}
 
@@ -645,8 +645,8 @@ def _add_control_routes(app: FastAPI, manager: RunManager) -> None:
         run_id = _run_id(run_id)
         try:
             await manager.resume(run_id, force=body is not None and body.force)
-        except UnknownRunError:
-            raise ApiError(404, f"no run {run_id!r}") from None
+        except UnknownRunError as exc:
+            raise ApiError(404, str(exc)) from None
         except NotResumableError as exc:  # only a forceable one says so: `{"force": true}` resumes it
             raise ApiError(409, str(exc), {"forceable": True} if exc.forceable else None) from None
         except TooManyRunsError as exc:
@@ -740,7 +740,8 @@ async def _check_stream(manager: RunManager, run_id: str, after: str) -> tuple[i
     except Exception as exc:  # e.g. the store failed: say so instead of dropping the connection
         logger.warning("looking up run %r for a stream failed: %r", run_id, exc)
         return 1011, f"the server failed ({type(exc).__name__}); try again"
-    return 4404, "no such run"
+    failed = manager.no_run(run_id)
+    return 4404, "no such run" if failed == f"no run {run_id!r}" else failed
 
 
 async def _pump(websocket: WebSocket, manager: RunManager, run_id: str, after: int) -> tuple[int, str]:

@@ -87,6 +87,9 @@ class _Signal(enum.Enum):
 _Item = Event | _Signal
 
 
+MAX_FAILED = 256  # runs whose failure before their first save a server remembers
+
+
 @dataclass
 class LiveRun:
     """A run started by this server and not yet ended: its task and every event it emitted."""
@@ -145,6 +148,7 @@ class RunManager:
         self.max_active_runs = max_active_runs
         self.metadata = dict(metadata or {})
         self._live: dict[str, LiveRun] = {}
+        self._failed: dict[str, str] = {}  # the last runs whose task failed, by id: why (see `no_run`)
         self._closing = False
 
     # ------------------------------------------------------------------------------------- runs
@@ -196,7 +200,7 @@ class RunManager:
         """The run's saved state, if this server may resume it; it then records this process as its own."""
         state = await self.store.load_state(run_id)
         if state is None:
-            raise UnknownRunError(f"no run {run_id!r}")
+            raise UnknownRunError(self.no_run(run_id))
         if state.finished:
             reason = state.stop_reason.value if state.stop_reason else state.phase
             raise NotResumableError(
@@ -239,9 +243,20 @@ class RunManager:
         except Exception as exc:
             live.failure = f"{type(exc).__name__}: {exc}"
             logger.exception("run %s failed outside its loop", live.run_id)
+            self._failed[live.run_id] = live.failure
+            while len(self._failed) > MAX_FAILED:
+                del self._failed[next(iter(self._failed))]
         finally:
             live.close()
             self._live.pop(live.run_id, None)
+
+    def no_run(self, run_id: str) -> str:
+        """What to answer for a run the store does not have: a run this server started may have failed
+        before anything of it was saved (its store failing at once) — the client, told 202, learns why."""
+        failure = self._failed.get(run_id)
+        if failure is None:
+            return f"no run {run_id!r}"
+        return f"no run {run_id!r}: it failed before anything of it was saved ({failure})"
 
     def live(self, run_id: str) -> LiveRun | None:
         """The run if it is running in this server."""
@@ -304,7 +319,7 @@ class RunManager:
             return [e for e in live.events if e.seq > after]
         events = await self.store.read_events(run_id, after)
         if not events and run_id not in self._live and await self.store.load_state(run_id) is None:
-            raise UnknownRunError(f"no run {run_id!r}")
+            raise UnknownRunError(self.no_run(run_id))
         return events
 
     async def follow(self, run_id: str, after: int = 0) -> AsyncIterator[Event]:
@@ -350,7 +365,7 @@ class RunManager:
         """Follow a run from the store: its logged events, polled until `done` (for runs elsewhere)."""
         state = await self.store.load_state(run_id)
         if state is None:
-            raise UnknownRunError(f"no run {run_id!r}")
+            raise UnknownRunError(self.no_run(run_id))
         while True:
             if run_id in self._live:  # resumed in this server meanwhile: its events come live from now on
                 async for event in self.follow(run_id, after):
