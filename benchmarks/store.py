@@ -1,6 +1,6 @@
 """Cost of durable runs: checkpoint + event append per step, and the overhead on a whole scripted run.
 
-    .venv/bin/python benchmarks/store.py [--checkpoints 2000] [--runs 40] [--steps 10]
+    .venv/bin/python benchmarks/store.py [--checkpoints 2000] [--runs 40] [--steps 10] [--history-only]
 
 1. Micro: `store.checkpoint(state, events)` on a realistic mid-run state (10 steps of history, 3 events
    per checkpoint) — what the loop pays at every step boundary: one transaction saving the state and
@@ -9,6 +9,11 @@
    with each store, interleaved in the same process; overhead per step = (run time with the store −
    run time without) / steps. A tool step makes 4 checkpoints (reply screened, tool started, tool done,
    observations saved).
+
+3. History: what one checkpoint costs after 10 and after 300 steps whose tool returned 10 kB, and the
+   ratio (1.0: independent of the history's length). The run is built step by step as the loop does (3
+   checkpoints a step: tool started, tool done, observation saved), then the checkpoints of 10 more
+   steps are timed.
 
 PostgreSQL is measured when it answers at $THINKLOOP_BENCH_PG (default postgresql://postgres@127.0.0.1:5432/test),
 in a private schema dropped afterwards.
@@ -101,6 +106,51 @@ async def one_run(store: Store | None, steps: int) -> float:
     return elapsed
 
 
+# ============================================================================================== history
+
+
+async def history_step(store: Store, state: RunState, step: int) -> None:
+    """One tool step of 10 kB output and its 3 checkpoints (tool started, tool done, observation saved)."""
+    call = ToolCall(id=f"h{step}", name="fetch", arguments={"item": step})
+    state.step = step
+    state.messages.append(Message.assistant("", [call], step=step))
+    output = f"item {step}\n" + "x" * 10_000
+    for event in (
+        ToolCallEvent(step=step, call=call),
+        ToolResultEvent(step=step, call_id=call.id, name="fetch", output="ok", success=True, duration=0.01),
+        Progress(step=step, max_steps=1000, usage=state.usage),
+    ):
+        if isinstance(event, Progress):
+            state.messages.append(Message.tool(call, output, step=step))
+        state.event_version += 1
+        event.run_id, event.seq = state.run_id, state.event_version
+        await store.checkpoint(state, [event])
+
+
+async def history_cost(store: Store, steps: int, timed: int = 10) -> float:
+    """Median seconds per checkpoint over the `timed` steps that follow `steps` steps of history."""
+    state = RunState(run_id=uuid.uuid4().hex, goal="Fetch every item.", model="x")
+    state.messages.append(Message.user(state.goal))
+    times = []
+    for step in range(1, steps + timed + 1):
+        started = time.perf_counter()
+        await history_step(store, state, step)
+        if step > steps:
+            times.append((time.perf_counter() - started) / 3)
+    return statistics.median(times)
+
+
+async def history(tmp: Path) -> None:
+    print("\n3. one checkpoint after N steps of 10 kB tool output (median of the next 10 steps' checkpoints)")
+    async with SQLiteStore(tmp / "history.db") as store:
+        await history_cost(store, 5)  # warm up
+        short = await history_cost(store, 10)
+        long = await history_cost(store, 300)
+    print(
+        f"  sqlite    10 steps {short * 1e3:.3f} ms · 300 steps {long * 1e3:.3f} ms · ratio x{long / short:.2f}"
+    )
+
+
 # ================================================================================================= main
 
 
@@ -131,6 +181,9 @@ def ms(values: list[float]) -> str:
 
 async def main(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-"))
+    if args.history_only:
+        await history(tmp)
+        return
     stores: dict[str, Store] = {
         "memory": MemoryStore(),
         "sqlite": SQLiteStore(tmp / "bench.db"),
@@ -166,6 +219,7 @@ async def main(args: argparse.Namespace) -> None:
         await store.aclose()
     if pg is not None:
         await pg[1]()
+    await history(tmp)
 
 
 if __name__ == "__main__":
@@ -173,4 +227,5 @@ if __name__ == "__main__":
     parser.add_argument("--checkpoints", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--history-only", action="store_true", help="only scenario 3 (history length)")
     asyncio.run(main(parser.parse_args()))

@@ -1109,3 +1109,264 @@ async def test_a_sqlite_file_of_another_program_with_a_runs_table_is_named_as_no
         conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT)")
     with pytest.raises(StateError, match="no such column.*not a thinkloop SQLite database"):
         await SQLiteStore(path).list_runs()
+
+
+# ==================================================================== SQLite: messages saved append-only
+
+
+def _history(state: RunState, steps: range, size: int = 200) -> None:
+    """Tool steps as the loop adds them: a reply calling a tool, then its output."""
+    from thinkloop import Message, ToolCall
+
+    for step in steps:
+        call = ToolCall(id=f"c{step}", name="fetch", arguments={"key": f"k{step}", "ünï": ["😀", step]})
+        state.messages.append(Message.assistant(f"step {step} ✓", [call], step=step))
+        state.messages.append(Message.tool(call, f"item {step} — " + "x" * size, step=step))
+        state.step = step
+
+
+def _stored(state: RunState) -> RunState:
+    """What a store gives back for `state`: the state through JSON, lone surrogates as U+FFFD."""
+    from thinkloop.stores._base import to_json
+
+    return RunState.from_json(to_json(state))
+
+
+def _message_rows(db: Path, run_id: str = "run-1") -> list[tuple[int, str]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(
+            "SELECT idx, data FROM messages WHERE run_id = ? ORDER BY idx", (run_id,)
+        ).fetchall()
+
+
+async def _save(store: Store, state: RunState) -> None:
+    await store.checkpoint(state, _emit(state, Status(text=f"step {state.step}")))
+
+
+async def test_sqlite_round_trips_states_saved_step_by_step(tmp_path: Path) -> None:
+    """Tool calls, unicode, a lone surrogate (saved as U+FFFD, as before), a message replaced in the middle
+    and messages put in front (session memory): every load is the state as JSON gives it back."""
+    from thinkloop import Message
+
+    db = tmp_path / "runs.db"
+    async with SQLiteStore(db) as store:
+        state = _state(messages=[Message.user("a goal ½")])
+        for step in range(1, 6):
+            _history(state, range(step, step + 1))
+            await _save(store, state)
+            assert await store.load_state("run-1") == RunState.from_json(state.to_json()) == state
+        state.messages.append(Message.user("half an emoji \ud83d", kind="hint", step=5))
+        await _save(store, state)
+        loaded = await store.load_state("run-1")
+        assert loaded == _stored(state) and loaded is not None
+        assert loaded.messages[-1].content == "half an emoji \ufffd"
+        state.messages[4] = Message.tool(state.messages[3].tool_calls[0], "rewritten", step=2)
+        await _save(store, state)
+        assert await store.load_state("run-1") == _stored(state)
+        state.messages[:0] = [Message.user("earlier turn", kind="memory")]
+        _history(state, range(6, 7))
+        await _save(store, state)
+        assert await store.load_state("run-1") == _stored(state)
+        del state.messages[-3:]
+        await _save(store, state)
+        loaded = await store.load_state("run-1")
+        assert loaded == _stored(state) and loaded is not None and len(loaded.messages) == 12
+    assert [i for i, _ in _message_rows(db)] == list(range(12))  # no row of a longer past left behind
+    with sqlite3.connect(db) as conn:
+        row = conn.execute("SELECT state, message_count FROM runs").fetchone()
+    assert json.loads(row[0])["messages"] == [] and row[1] == 12
+
+
+async def test_a_sqlite_checkpoint_writes_only_the_messages_added_since_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from thinkloop import Message
+    from thinkloop.stores import _sqlite
+
+    written: list[str] = []
+    real = _sqlite.to_json
+
+    def counting(model: Any) -> str:
+        if isinstance(model, Message):
+            written.append(model.content)
+        return real(model)
+
+    monkeypatch.setattr(_sqlite, "to_json", counting)
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        state = _state(messages=[Message.user("a goal")])
+        _history(state, range(1, 51), size=10_000)
+        await _save(store, state)
+        assert len(written) == 101
+        written.clear()
+        await _save(store, state)  # tool started: no new message
+        assert written == []
+        _history(state, range(51, 52), size=10_000)
+        await _save(store, state)
+        assert [w[:7] for w in written] == ["step 51", "item 51"]
+        assert await store.load_state("run-1") == _stored(state)  # a server showing the live run
+        written.clear()
+        _history(state, range(52, 53), size=10_000)
+        await _save(store, state)
+        assert [w[:7] for w in written] == ["step 52", "item 52"]
+        assert await store.load_state("run-1") == _stored(state)
+
+
+async def test_a_sqlite_database_of_version_1_loads_and_is_migrated(tmp_path: Path) -> None:
+    """A file written before messages had their own table: its runs load as they were; their next
+    checkpoint moves their messages; the version is 2 and a newer thinkloop's file is still refused."""
+    from thinkloop import Message
+
+    db = tmp_path / "old.db"
+    state = _state(messages=[Message.user("a goal ☃")], session="s1")
+    _history(state, range(1, 4))
+    state.event_version = 1
+    with sqlite3.connect(db) as conn:  # the version-1 schema, as thinkloop 1 made it
+        conn.executescript(
+            """CREATE TABLE schema_version (version INTEGER NOT NULL);
+            INSERT INTO schema_version VALUES (1);
+            CREATE TABLE runs (run_id TEXT PRIMARY KEY, state TEXT NOT NULL, summary TEXT NOT NULL,
+                status TEXT NOT NULL, session TEXT, updated_at REAL NOT NULL);
+            CREATE INDEX runs_updated ON runs (updated_at);
+            CREATE TABLE events (run_id TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL,
+                data TEXT NOT NULL, PRIMARY KEY (run_id, seq)) WITHOUT ROWID;
+            CREATE TABLE memory (id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL,
+                role TEXT NOT NULL, content TEXT NOT NULL, time REAL NOT NULL);
+            CREATE INDEX memory_session ON memory (session, id);"""
+        )
+        summary = '{"run_id": "run-1", "goal": "a goal", "session": "s1", "step": 3, "event_version": 1}'
+        conn.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, 'running', 's1', 1.0)", ("run-1", state.to_json(), summary)
+        )
+        conn.execute(
+            "INSERT INTO events VALUES ('run-1', 1, 'status', ?)", (Status(text="x").model_dump_json(),)
+        )
+    async with SQLiteStore(db) as store:
+        assert await store.load_state("run-1") == state
+        assert [(r.run_id, r.step, r.session) for r in await store.list_runs()] == [("run-1", 3, "s1")]
+        _history(state, range(4, 5))
+        await _save(store, state)
+        assert await store.load_state("run-1") == state
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 2
+        assert json.loads(conn.execute("SELECT state FROM runs").fetchone()[0])["messages"] == []
+    assert len(_message_rows(db)) == len(state.messages) == 9
+    async with SQLiteStore(db) as again:
+        assert await again.load_state("run-1") == state
+
+
+async def test_two_sqlite_stores_on_one_file_taking_turns_save_every_message(tmp_path: Path) -> None:
+    """A saves, B loads the whole state and saves more; A, saving again, must not trust its memory of what
+    it saved (the file holds B's messages now): every load is the last saved state, whole."""
+    from thinkloop import Message
+
+    db = tmp_path / "runs.db"
+    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+        mine = _state(messages=[Message.user("a goal")])
+        _history(mine, range(1, 3))
+        await _save(a, mine)
+        theirs = await b.load_state("run-1")
+        assert theirs == _stored(mine)
+        assert theirs is not None
+        _history(theirs, range(3, 5))
+        await _save(b, theirs)
+        async with SQLiteStore(db) as reader:
+            assert await reader.load_state("run-1") == theirs
+        # A goes on from its own state (as a resumer that lost a race but carries the log's version):
+        # its messages are its first ones plus one, fewer than B saved
+        mine.messages.append(Message.user("A's own", kind="hint", step=2))
+        mine.event_version = theirs.event_version
+        await _save(a, mine)
+        assert await b.load_state("run-1") == _stored(mine)
+        assert len(_message_rows(db)) == len(mine.messages) == 6
+        # and B, whose memory is stale now too, takes over again from what it loads
+        theirs = await b.load_state("run-1")
+        assert theirs is not None
+        _history(theirs, range(5, 6))
+        await _save(b, theirs)
+        assert await a.load_state("run-1") == theirs
+
+
+async def test_a_failed_sqlite_checkpoint_leaves_the_previous_state_whole(tmp_path: Path) -> None:
+    """A failure after the new messages are inserted, as the run's row is updated, rolls them back with
+    the events: the previous state loads, and the next checkpoint saves everything."""
+    from thinkloop import Message
+
+    db = tmp_path / "runs.db"
+    async with SQLiteStore(db) as store:
+        state = _state(messages=[Message.user("a goal")])
+        _history(state, range(1, 3))
+        await _save(store, state)
+        before = _stored(state)
+        with sqlite3.connect(db) as conn:
+            conn.execute(
+                "CREATE TRIGGER fail BEFORE UPDATE ON runs BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+            )
+        _history(state, range(3, 5))
+        with pytest.raises(StateError, match="injected failure"):
+            await _save(store, state)
+        assert await store.load_state("run-1") == before
+        assert len(_message_rows(db)) == 5
+        assert [e.seq for e in await store.read_events("run-1")] == [1]
+        with sqlite3.connect(db) as conn:
+            conn.execute("DROP TRIGGER fail")
+        state.event_version -= 1  # the loop saves the same state again with the same events
+        await _save(store, state)
+        assert await store.load_state("run-1") == _stored(state)
+        assert len(_message_rows(db)) == 9
+
+
+async def test_a_run_resumed_from_a_sqlite_file_by_another_store_is_saved_whole(tmp_path: Path) -> None:
+    """A run dies after three steps; another store (another process) on the file resumes it: its
+    checkpoints append to the messages it loaded, and the finished run loads as the agent ended it."""
+    from thinkloop.testing import FunctionModel
+
+    class Died(BaseException):
+        """Stands in for the process dying."""
+
+    turns: list[int] = []
+
+    def reply(request: Any) -> Any:
+        turns.append(1)
+        if len(turns) == 4:
+            raise Died
+        if len(turns) > 7:
+            return "all fetched"
+        return {"tool_calls": [{"name": "fetch", "args": {"i": len(turns)}}]}
+
+    @tool
+    def fetch(i: int) -> str:
+        """Fetch item i."""
+        return f"item {i} ✓ " + "y" * 1000
+
+    db = tmp_path / "runs.db"
+    async with SQLiteStore(db) as first:
+        with pytest.raises(Died):
+            await Agent(FunctionModel(reply), tools=[fetch], store=first).run("fetch them", run_id="r")
+    async with SQLiteStore(db) as second:
+        result = await Agent(FunctionModel(reply), tools=[fetch], store=second).resume("r")
+    assert result.output == "all fetched" and result.steps == 7
+    async with SQLiteStore(db) as third:
+        loaded = await third.load_state("r")
+    assert loaded == _stored(result.state)
+    assert [m.content[:6] for m in loaded.messages if m.role == "tool"] == [
+        f"item {i}" for i in (1, 2, 3, 5, 6, 7)
+    ]
+    assert len(_message_rows(db, "r")) == len(result.state.messages)
+
+
+async def test_a_damaged_or_missing_sqlite_message_row_is_a_clear_error(tmp_path: Path) -> None:
+    from thinkloop import Message
+
+    db = tmp_path / "runs.db"
+    async with SQLiteStore(db) as store:
+        state = _state(messages=[Message.user("a goal")])
+        _history(state, range(1, 3))
+        await _save(store, state)
+        with sqlite3.connect(db) as conn:
+            conn.execute('UPDATE messages SET data = \'{"role": "nobody"}\' WHERE idx = 2')
+        with pytest.raises(StateError, match="run 'run-1': a stored message is corrupt"):
+            await store.load_state("run-1")
+        with sqlite3.connect(db) as conn:
+            conn.execute("DELETE FROM messages WHERE idx = 2")
+        with pytest.raises(StateError, match="run 'run-1': 1 of its 5 stored messages are missing"):
+            await store.load_state("run-1")

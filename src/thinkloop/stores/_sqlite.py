@@ -3,7 +3,10 @@
 One file (by default `$THINKLOOP_HOME/thinkloop.db`, else the user data directory), in WAL mode with a
 busy timeout, so several processes on one machine can share it. A checkpoint is one `BEGIN IMMEDIATE …
 COMMIT` transaction with cached statements and `synchronous=NORMAL` (durable against process crashes;
-a power cut may lose the last few commits, never corrupt the file). It runs inline when the write lock
+a power cut may lose the last few commits, never corrupt the file). A run's messages are kept append-only
+in their own table, one row each, and the rest of its state in its `runs` row: a checkpoint writes only
+the messages added since this store last saved the run, so the history's messages do not make it grow
+(see `_MessageWrite`). It runs inline when the write lock
 is free at once (~0.1 ms, no thread hop); when another process holds the lock, the store's worker
 thread waits for it (up to `busy_timeout`) so the event loop never blocks on another process.
 """
@@ -12,17 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import operator
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._errors import ConcurrencyError, StateError
 from .._events import Event
+from .._messages import Message
 from .._state import RunState
 from ._base import (
     MemoryEntry,
@@ -41,15 +47,25 @@ from ._base import (
     to_json,
 )
 
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+# 1: the whole state, messages included, in `runs.state`.
+# 2: the messages in `messages`, one row each; `runs.state` holds the state without them, and
+#    `runs.message_count` how many there are (NULL: a version-1 row, its messages inline, read as such);
+#    `runs.token` changes at every save, so a store can tell whether the run was saved by someone else since.
+SCHEMA_VERSION = 2
 WAL_CHECKPOINT_EVERY = 200  # writes between background WAL checkpoints
+REMEMBERED_RUNS = 64  # runs whose saved messages a store remembers (to append only the new ones)
 
+_MESSAGES_TABLE = """CREATE TABLE IF NOT EXISTS messages (
+        run_id TEXT NOT NULL, idx INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run_id, idx))"""
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS runs (
         run_id TEXT PRIMARY KEY, state TEXT NOT NULL, summary TEXT NOT NULL, status TEXT NOT NULL,
-        session TEXT, updated_at REAL NOT NULL)""",
+        session TEXT, updated_at REAL NOT NULL, message_count INTEGER, token TEXT)""",
     "CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at)",
     """CREATE TABLE IF NOT EXISTS events (
         run_id TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL,
@@ -58,15 +74,33 @@ _SCHEMA = [
         id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL, role TEXT NOT NULL,
         content TEXT NOT NULL, time REAL NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS memory_session ON memory (session, id)",
+    _MESSAGES_TABLE,
 ]
+# What brings a database of version N - 1 to version N (a new database gets `_SCHEMA` at once). Runs saved
+# before keep their inline messages until their next checkpoint, which moves them (nothing is rewritten here,
+# so the upgrade is instant however many runs the file holds).
+_MIGRATIONS = {
+    2: [
+        "ALTER TABLE runs ADD COLUMN message_count INTEGER",
+        "ALTER TABLE runs ADD COLUMN token TEXT",
+        _MESSAGES_TABLE,
+    ],
+}
 
 _VERSION_SQL = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
 _EVENT_SQL = "INSERT INTO events (run_id, seq, type, data) VALUES (?, ?, ?, ?)"
 _RUN_SQL = (
-    "INSERT INTO runs (run_id, state, summary, status, session, updated_at) VALUES (?, ?, ?, ?, ?, ?) "
+    "INSERT INTO runs (run_id, state, summary, status, session, updated_at, message_count, token) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (run_id) DO UPDATE SET state = excluded.state, summary = excluded.summary, "
-    "status = excluded.status, session = excluded.session, updated_at = excluded.updated_at"
+    "status = excluded.status, session = excluded.session, updated_at = excluded.updated_at, "
+    "message_count = excluded.message_count, token = excluded.token"
 )
+_TOKEN_SQL = "SELECT token FROM runs WHERE run_id = ?"
+_MESSAGE_SQL = "INSERT INTO messages (run_id, idx, data) VALUES (?, ?, ?)"
+_DELETE_MESSAGES_SQL = "DELETE FROM messages WHERE run_id = ?"
+_LOAD_RUN_SQL = "SELECT state, message_count, token FROM runs WHERE run_id = ?"
+_LOAD_MESSAGES_SQL = "SELECT data FROM messages WHERE run_id = ? AND idx < ? ORDER BY idx"
 _MEMORY_SQL = "INSERT INTO memory (session, role, content, time) VALUES (?, ?, ?, ?)"
 
 
@@ -99,6 +133,9 @@ class SQLiteStore(Store):
         self._fast_lock = threading.Lock()
         self._fast_ok = str(self.path) != ":memory:"
         self._writes = 0
+        # per run: the token of its last save (or load) by this store and the message objects it held
+        self._saved: dict[str, _Saved] = {}
+        self._saved_lock = threading.Lock()
 
     # ------------------------------------------------------------------------- connections, threads
 
@@ -206,21 +243,59 @@ class SQLiteStore(Store):
         rows = [(run_id, e.seq, e.type, to_json(e)) for e in events]
         now = time.time()
         summary = RunSummary.from_state(state, updated_at=now)
-        run_row = (run_id, to_json(state), to_json(summary), summary.status, state.session, now)
+        messages = _MessageWrite.of(run_id, state.messages, self._recall(run_id))
+        head = to_json(state.model_copy(update={"messages": []}))
+        run_row = (
+            run_id,
+            head,
+            to_json(summary),
+            summary.status,
+            state.session,
+            now,
+            messages.count,
+            messages.token,
+        )
         memory = [
             (state.session, role, clean_text(content), now) for role, content in memory_turn(state, events)
         ]
-        await self._call(_checkpoint, run_id, expected, rows, run_row, memory)
+        await self._call(_checkpoint, run_id, expected, rows, run_row, memory, messages)
+        self._remember(run_id, None if state.finished else _Saved(messages.token, messages.snapshot))
         self._written()
 
     async def load_state(self, run_id: str) -> RunState | None:
-        row = await self._call(_one, "SELECT state FROM runs WHERE run_id = ?", (check_id(run_id),))
-        return None if row is None else load_state_text(run_id, row[0])
+        found = await self._call(_load, check_id(run_id))
+        if found is None:
+            return None
+        text, count, token, rows = found
+        state = load_state_text(run_id, text)
+        if count is None or state.messages:  # saved by version 1 (or a version-1 thinkloop since): inline
+            return state
+        state.messages = _parse_messages(run_id, rows, count)
+        if token is not None and not state.finished:  # a resume appends to what is in the database
+            saved = self._recall(run_id)
+            if saved is None or saved.token != token:  # same token: the live run's objects, kept
+                self._remember(run_id, _Saved(token, list(state.messages)))
+        return state
+
+    def _recall(self, run_id: str) -> _Saved | None:
+        with self._saved_lock:
+            return self._saved.get(run_id)
+
+    def _remember(self, run_id: str, saved: _Saved | None) -> None:
+        """Keep what was saved of the run (None: forget it; a finished run is not written again), for at
+        most `REMEMBERED_RUNS` runs, the least recently saved forgotten first (their next save rewrites
+        their messages once)."""
+        with self._saved_lock:
+            self._saved.pop(run_id, None)
+            if saved is not None:
+                self._saved[run_id] = saved
+            while len(self._saved) > REMEMBERED_RUNS:
+                del self._saved[next(iter(self._saved))]
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         check_id(run_id)
         rows = [(run_id, e.seq, e.type, to_json(e)) for e in numbered(run_id, events, expected_version)]
-        await self._call(_checkpoint, run_id, expected_version, rows, None, [])
+        await self._call(_checkpoint, run_id, expected_version, rows, None, [], None)
         self._written()
         return expected_version + len(rows)
 
@@ -257,6 +332,83 @@ class SQLiteStore(Store):
         return [MemoryEntry(session=session, role=r[0], content=r[1], time=r[2]) for r in reversed(rows)]
 
 
+# ============================================================================================ messages
+
+
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    """What a store last saved (or loaded) of a run: the token of that save and the message objects."""
+
+    token: str
+    messages: list[Message]
+
+
+@dataclass(frozen=True, slots=True)
+class _MessageWrite:
+    """The messages a checkpoint writes: only the new ones (`start` on) when the database still holds what
+    this store saved last (its `token` is unchanged: no other store or process saved the run since) and
+    the state still holds those very message objects (`is`: messages are never changed in place, a changed
+    one is a new object); otherwise all of them, replacing the stored ones."""
+
+    run_id: str
+    snapshot: list[Message]  # the state's messages at the checkpoint
+    start: int  # how many of them the database holds when `expected_token` is still the run's token
+    expected_token: str | None
+    new: list[tuple[str, int, str]]  # rows of the messages from `start` on
+    token: str  # the token of this save
+
+    @property
+    def count(self) -> int:
+        return len(self.snapshot)
+
+    @classmethod
+    def of(cls, run_id: str, messages: list[Message], saved: _Saved | None) -> _MessageWrite:
+        snapshot = list(messages)
+        start, expected = 0, None
+        if (
+            saved is not None
+            and len(saved.messages) <= len(snapshot)
+            and all(map(operator.is_, saved.messages, snapshot))  # stops at the end of saved.messages
+        ):
+            start, expected = len(saved.messages), saved.token
+        new = _rows(run_id, snapshot, start)
+        return cls(run_id, snapshot, start, expected, new, os.urandom(12).hex())
+
+    def rows(self, conn: sqlite3.Connection) -> list[tuple[str, int, str]]:
+        """The rows to insert, in the checkpoint's transaction (after deleting the stored ones when they
+        are not the run's as this store saved them)."""
+        if self.expected_token is not None:
+            row = conn.execute(_TOKEN_SQL, (self.run_id,)).fetchone()
+            if row is not None and row[0] == self.expected_token:
+                return self.new
+        conn.execute(_DELETE_MESSAGES_SQL, (self.run_id,))
+        return _rows(self.run_id, self.snapshot[: self.start], 0) + self.new if self.start else self.new
+
+
+def _rows(run_id: str, messages: list[Message], start: int) -> list[tuple[str, int, str]]:
+    return [(run_id, index, to_json(messages[index])) for index in range(start, len(messages))]
+
+
+_messages_adapter: TypeAdapter[list[Message]] | None = None
+
+
+def _parse_messages(run_id: str, rows: list[str], count: int) -> list[Message]:
+    global _messages_adapter
+    if len(rows) != count:
+        raise StateError(
+            f"run {run_id!r}: {count - len(rows)} of its {count} stored messages are missing: "
+            "the database is damaged; restore it from a backup, or start the run again"
+        )
+    if _messages_adapter is None:
+        from pydantic import TypeAdapter
+
+        _messages_adapter = TypeAdapter(list[Message])
+    try:
+        return _messages_adapter.validate_json("[" + ",".join(rows) + "]")
+    except ValueError as exc:
+        raise StateError(f"run {run_id!r}: a stored message is corrupt: {exc}") from exc
+
+
 # ========================================================================= run in the worker thread
 
 
@@ -270,7 +422,12 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         version = _schema_version(conn)
         if version < SCHEMA_VERSION:
-            for sql in _SCHEMA:
+            steps = (
+                _SCHEMA
+                if version == 0
+                else [s for v in range(version + 1, SCHEMA_VERSION + 1) for s in _MIGRATIONS[v]]
+            )
+            for sql in steps:
                 conn.execute(sql)
             conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
         conn.execute("COMMIT")
@@ -309,6 +466,7 @@ def _checkpoint(
     rows: Sequence[tuple[str, int, str, str]],
     run_row: tuple[Any, ...] | None,
     memory: list[tuple[Any, ...]],
+    messages: _MessageWrite | None,
 ) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -317,6 +475,8 @@ def _checkpoint(
             raise ConcurrencyError(run_id, expected, actual)
         if rows:
             conn.executemany(_EVENT_SQL, rows)
+        if messages is not None:
+            conn.executemany(_MESSAGE_SQL, messages.rows(conn))
         if run_row is not None:
             conn.execute(_RUN_SQL, run_row)
         if memory:
@@ -327,8 +487,19 @@ def _checkpoint(
         raise
 
 
-def _one(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Any:
-    return conn.execute(sql, params).fetchone()
+def _load(conn: sqlite3.Connection, run_id: str) -> tuple[str, int | None, str | None, list[str]] | None:
+    """The run's row and its messages, read in one transaction (a consistent snapshot however other
+    processes write meanwhile)."""
+    conn.execute("BEGIN")
+    try:
+        row = conn.execute(_LOAD_RUN_SQL, (run_id,)).fetchone()
+        if row is None:
+            return None
+        text, count, token = row
+        rows = [] if count is None else [r[0] for r in conn.execute(_LOAD_MESSAGES_SQL, (run_id, count))]
+        return text, count, token, rows
+    finally:
+        _rollback(conn)
 
 
 def _all(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
