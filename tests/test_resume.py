@@ -548,3 +548,38 @@ async def test_a_resumed_run_interrupted_or_cancelled_while_it_reruns_a_pending_
 
     with pytest.raises(StateError, match="already ended"):
         await agent().resume("r3")
+
+
+async def test_a_run_interrupted_while_it_is_set_up_is_saved_unfinished_and_resumes(tmp_path: Path) -> None:
+    """`interrupt()` before the run's loop (its store slow to take the first save, MCP servers connecting,
+    lessons recalled): the agent did not know the run yet, returned [] and the run went on."""
+    saving = asyncio.Event()
+
+    class SlowFirstSave(SQLiteStore):
+        saves = 0
+
+        async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+            self.saves += 1
+            if self.saves == 1:
+                saving.set()
+                await asyncio.sleep(60)  # a store slow to answer: the interruption comes meanwhile
+            await super().checkpoint(state, events)
+
+    @tool
+    def count(n: int) -> int:
+        """Count a call."""
+        return n
+
+    store = SlowFirstSave(tmp_path / "runs.db")
+    model = ScriptedModel([_call("count", n=1), "done"], by_turn=True)
+    agent = Agent(model, tools=[count], store=store)
+    task = asyncio.create_task(agent.run("count", run_id="r1"))
+    await asyncio.wait_for(saving.wait(), 10)
+    assert agent.interrupt("r1") == ["r1"]
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    state = await store.load_state("r1")
+    assert state is not None and not state.finished and state.step == 0
+    assert state.metadata["interrupted"]["step"] == 0 and model.requests == []
+    result = await Agent(model, tools=[count], store=store).resume("r1")
+    assert result.output == "done" and result.steps == 2 and result.tool_calls == 1

@@ -18,7 +18,7 @@ from ._errors import ConcurrencyError, ConfigurationError, UserError
 from ._events import Done, Event, RunResult, RunStarted
 from ._execute import AllowAll, ToolGate
 from ._guards import GuardConfig, Guards
-from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, current_run, run_loop
+from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, current_run, run_loop, suspend
 from ._messages import Message, ModelSettings
 from ._output import OutputSpec
 from ._prompt import DEFAULT_RULES
@@ -291,8 +291,10 @@ class Agent:
     def interrupt(self, run_id: str | None = None, *, save: bool = True) -> list[str]:
         """Stop a run now, leaving it resumable: it is saved as it is, unfinished (no stop reason), and
         `resume()` continues it later — in this process or another one sharing the store. A tool call that
-        was running is settled by the ledger on resume (re-run only if idempotent). Without `run_id`, every
-        run this agent is driving is interrupted. Returns the ids interrupted (a run not running: none).
+        was running is settled by the ledger on resume (re-run only if idempotent). A run still being set up
+        (MCP servers connecting, lessons recalled, its first save) is interrupted the same way. Without
+        `run_id`, every run this agent is driving is interrupted. Returns the ids interrupted (a run not
+        running: none).
 
         The task driving the run is cancelled: `await agent.run(...)` raises `asyncio.CancelledError`.
         `task.cancel()` instead ends a run for good (`stop_reason="cancelled"`). With `save=False` the run
@@ -486,6 +488,31 @@ class Agent:
 
     async def _drive(self, run: RunContext, *, resumed: bool = False) -> RunResult:
         state = run.state
+        # `interrupt()` reaches the run from here on, while it is set up too (a duplicate id stays out)
+        ours = self._active.setdefault(state.run_id, (run, asyncio.current_task()))[0] is run
+        try:
+            try:
+                await self._set_up(run, resumed=resumed)
+            except asyncio.CancelledError:
+                if run.interrupted:  # interrupted before its loop: saved as it is, resumable
+                    await suspend(run)
+                raise
+            token = current_run.set(run)  # lets a router emit its `model_attempt` events to this run
+            try:
+                result = await run_loop(run, resumed=resumed)
+            finally:
+                current_run.reset(token)
+        finally:
+            if ours:
+                self._active.pop(state.run_id, None)
+        if self.experience is not None and result.stop_reason is not StopReason.CANCELLED:
+            self._learn_later(result.state)
+        return result
+
+    async def _set_up(self, run: RunContext, *, resumed: bool) -> None:
+        """Before the loop: the MCP servers' tools, the session's earlier turns, lessons, `run_started`,
+        and the first checkpoint."""
+        state = run.state
         if self.mcp_servers:  # connects servers not yet connected; a server that cannot start raises
             run.tools = await registry_with_mcp(run.tools, self.mcp_servers)
             run.forget_shown()  # this run's tool set is its own
@@ -496,16 +523,6 @@ class Agent:
             await self._use_lessons(run, resumed=resumed)
         run.emit(lambda: RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
         await self._first_checkpoint(run, resumed=resumed)
-        token = current_run.set(run)  # lets a router emit its `model_attempt` events to this run
-        self._active[state.run_id] = (run, asyncio.current_task())
-        try:
-            result = await run_loop(run, resumed=resumed)
-        finally:
-            current_run.reset(token)
-            self._active.pop(state.run_id, None)
-        if self.experience is not None and result.stop_reason is not StopReason.CANCELLED:
-            self._learn_later(result.state)
-        return result
 
     @staticmethod
     async def _first_checkpoint(run: RunContext, *, resumed: bool) -> None:

@@ -1065,7 +1065,11 @@ async def suspend(run: RunContext) -> None:
     state = run.state
     if not run.save_interrupted:
         return
-    if state.phase == "thinking" and not (state.messages and state.messages[-1].step == state.step):
+    if (
+        state.step
+        and state.phase == "thinking"
+        and not (state.messages and state.messages[-1].step == state.step)
+    ):
         state.step -= 1  # the step had not got its reply: it is taken again on resume
     state.metadata["interrupted"] = {"step": state.step, "at": time.time()}
     try:
