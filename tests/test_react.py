@@ -613,3 +613,56 @@ def test_repeated_lines_short_of_a_stutter_are_kept(pieces: list[str]) -> None:
     llm.sent = 1000 - len(pieces)  # nothing after the pieces
     text, _ = _complete(llm, [1], _job([]))
     assert text == "".join(pieces)
+
+
+@pytest.mark.parametrize(
+    ("answer", "missing"),
+    [
+        ("The total is 3.75 kg.", ["3.75"]),  # worked out in the head beside "total 6.65 kg"
+        ("The total is 6.65 kg, for 3 items.", []),
+        ("About 6.7 kg.", []),  # rounded
+        ("It costs $2000.", ["2000"]),
+        ("4,903,716.15 EUR, about 4.9 million", []),  # thousands separators, a scale word
+        ("Joined on September 14, 2023; phone +44 20 7946 0321.", []),  # parts of a date, a phone number
+    ],
+)
+def test_the_numbers_of_an_answer_that_no_result_gives_are_found(answer: str, missing: list[str]) -> None:
+    from thinkloop._react import unsourced_numbers
+
+    sources = [
+        "What is the total weight of 3 items?",
+        "3 items, total 6.65 kg",
+        '{"joined": "2023-09-14", "phone": "+44 20 7946 0321", "sum": 4903716.15}',
+    ]
+    assert unsourced_numbers(answer, sources) == missing
+
+
+async def test_a_react_answer_with_a_number_no_result_gives_is_corrected_once() -> None:
+    from thinkloop import Agent, tool
+    from thinkloop.testing import ScriptedModel
+
+    @tool
+    def shipping_weight(items: list[str]) -> str:
+        """The total shipping weight of a list of items."""
+        return f"{len(items)} items, total 6.65 kg"
+
+    call = 'Thought: x\nAction: shipping_weight\nAction Input: {"items": ["kettle", "toaster", "blender"]}'
+    head = "Thought: 1.0 + 1.2 + 1.5 kg.\nFinal Answer: 3.75 kg"
+    model = ScriptedModel(
+        [call, head, "Thought: The observation says 6.65 kg.\nFinal Answer: 6.65 kg"], tools=False
+    )
+    result = await Agent(model, tools=[shipping_weight]).run(
+        "What do a kettle, a toaster and a blender weigh?"
+    )
+    assert result.output == "6.65 kg"
+    corrections = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert len(corrections) == 1 and "3.75, which none of the observations" in corrections[0]
+    assert "The task: What do a kettle, a toaster and a blender weigh?" in corrections[0]
+
+    stubborn = ScriptedModel([call, head, head], tools=False)  # told once, the same kind of answer stands
+    result = await Agent(stubborn, tools=[shipping_weight]).run("What do they weigh?")
+    assert result.output == "3.75 kg"
+    assert [m.kind for m in result.state.messages].count("correction") == 1
+
+    no_tools = ScriptedModel(["Final Answer: 42 is the answer."], tools=False)  # no result to check against
+    assert (await Agent(no_tools, tools=[shipping_weight]).run("Say a number.")).output == "42 is the answer."

@@ -684,7 +684,27 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
         )
     if final.startswith(("{", "`")):  # {"name": "final_answer", "arguments": {...}} written as the answer
         final = _react.json_answer(final, run.tools.names) or final
+    unsourced = _unsourced(run, final)
+    if unsourced:
+        return Reply(text=response.text, problem=unsourced)
     return Reply(text=final)
+
+
+def _unsourced(run: RunContext, answer: str) -> str | None:
+    """The correction of a final answer, after tool calls, whose numbers no tool result or the task gives
+    (worked out in the model's head, or made up) — once per run: a second such answer stands."""
+    results = [m.content for m in run.state.messages if m.role == "tool"]
+    if not results or _react.told(run.state.messages, _react.UNSOURCED):
+        return None
+    missing = _react.unsourced_numbers(answer, [run.state.goal, *results])
+    if not missing:
+        return None
+    shown = ", ".join(missing[:3])
+    return (
+        f"The Final Answer gives {shown}, {_react.UNSOURCED}. Take each value from an observation, as it is "
+        "written there; compute a new value with a tool instead of in your head; if the observations do not "
+        f"have what the task asks for, say it could not be found. The task: {run.state.goal}"
+    )
 
 
 def _answer_calls(run: RunContext, reply: Reply) -> Reply:
@@ -851,8 +871,9 @@ def heal(run: RunContext, reply: Reply) -> bool:
         return False
     names = ", ".join(run.visible_names())
     task = f" The task: {run.state.goal}" if reply.problem == _react.PLAN_ONLY else ""
+    lead = "needs a correction" if _react.UNSOURCED in (reply.problem or "") else "could not be understood"
     text = (
-        f"Your last reply could not be understood: {reply.problem}{task} Reply either with\n"
+        f"Your last reply {lead}: {reply.problem}{task} Reply either with\n"
         f"Thought: ...\nAction: one of [{names}]\nAction Input: {{JSON arguments}}\n"
         "or with\nFinal Answer: your answer"
     )

@@ -793,3 +793,49 @@ def drop_copied_lines(answer: str, prompt: str) -> str:
     if not kept or len(kept) == len([line for line in lines if line.strip()]):
         return answer
     return "\n".join(kept).strip()
+
+
+# ------------------------------------------------------------------------------ numbers no result gives
+
+_NUMBER_RE = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|\d+(?:\.\d+)?")
+_SCALE_RE = re.compile(r"\s*(thousand|million|billion)\b", re.IGNORECASE)
+_SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9}
+UNSOURCED = "which none of the observations or the task gives"  # in the correction: told once a run
+
+
+def _numbers(text: str) -> list[tuple[str, float, int]]:
+    """The numbers of `text`: as written, their value (thousands separators read, "4.9 million" scaled),
+    and their count of decimals."""
+    found = []
+    for match in _NUMBER_RE.finditer(text):
+        written = match.group(0)
+        plain = written.replace(",", "")
+        decimals = len(plain.partition(".")[2])
+        value = float(plain)
+        scale = _SCALE_RE.match(text, match.end())
+        if scale:
+            value *= _SCALES[scale.group(1).lower()]
+            decimals -= {"thousand": 3, "million": 6, "billion": 9}[scale.group(1).lower()]
+        found.append((written, value, decimals))
+    return found
+
+
+def unsourced_numbers(answer: str, sources: list[str]) -> list[str]:
+    """The numbers of a final answer that none of `sources` (the task, the tool results) gives, as written
+    or rounded (`19998` from `19998.333`, `4.9 million` from `4,903,716.15`). Small counts (up to 10) are
+    left out: counting the items of a result needs no tool. A small model that read a result right often
+    answers with a value it worked out in its head (3 items, "total 6.65 kg" answered as 3.75 kg) or made
+    up (a price for a product that was not found)."""
+    known = [value for source in sources for _, value, _ in _numbers(source)]
+    missing = []
+    for written, value, decimals in _numbers(answer):
+        if decimals <= 0 and value <= 10:
+            continue
+        if not any(_rounds_to(k, value, decimals) for k in known):
+            missing.append(written)
+    return list(dict.fromkeys(missing))
+
+
+def _rounds_to(known: float, value: float, decimals: int) -> bool:
+    tolerance = 10.0**-decimals / 2 + 1e-9 * max(abs(value), 1.0)
+    return abs(known - value) <= tolerance
