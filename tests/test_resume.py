@@ -573,11 +573,7 @@ async def test_a_run_interrupted_while_it_is_set_up_is_saved_unfinished_and_resu
     store = SlowFirstSave(tmp_path / "runs.db")
     model = ScriptedModel([_call("count", n=1), "done"], by_turn=True)
     agent = Agent(model, tools=[count], store=store)
-    task = asyncio.create_task(agent.run("count", run_id="r1"))
-    await asyncio.wait_for(saving.wait(), 10)
-    assert agent.interrupt("r1") == ["r1"]
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await _interrupt_when(agent, "r1", saving, goal="count")
     state = await store.load_state("r1")
     assert state is not None and not state.finished and state.step == 0
     assert state.metadata["interrupted"]["step"] == 0 and model.requests == []
