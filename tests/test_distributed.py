@@ -249,6 +249,42 @@ async def test_a_worker_stopped_with_interrupt_while_a_run_loads_hands_it_back_a
         assert (await queue.wait("loading", store)).output == "done" and second.completed == ["loading"]
 
 
+def test_one_queue_used_from_several_threads_each_with_its_event_loop(dsn: str) -> None:
+    """A threaded web application submitting through one `JobQueue` (`asyncio.run` per request): its one
+    connection and asyncio lock belonged to the first loop, and the other threads' statements failed or hung
+    ("bound to a different event loop"); each loop now has its own connection, closed with it."""
+    import threading
+
+    queue = JobQueue(dsn)
+    together = threading.Barrier(4, timeout=60)
+    errors: list[BaseException] = []
+
+    async def submit(n: int) -> None:
+        await queue.submit("warm up", run_id=f"warm-{n}")  # this loop's connection is open
+        await asyncio.to_thread(together.wait)  # every thread's loop holds a connection at once
+        await queue.submit(f"goal {n}", run_id=f"t{n}")
+
+    def thread(n: int) -> None:
+        try:
+            asyncio.run(submit(n))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=thread, args=(n,), daemon=True) for n in range(4)]
+    for each in threads:
+        each.start()
+    for each in threads:
+        each.join(120)
+    assert errors == [] and not any(each.is_alive() for each in threads)
+
+    async def statuses() -> list[str | None]:
+        async with JobQueue(dsn) as fresh:
+            found = [await fresh.status(f"t{n}") for n in range(4)]
+        return [s.status if s is not None else None for s in found]
+
+    assert asyncio.run(statuses()) == ["queued"] * 4
+
+
 def test_workers_in_several_processes_run_every_job_exactly_once(dsn: str, tmp_path: Path) -> None:
     async def submit() -> list[str]:
         async with JobQueue(dsn) as q:

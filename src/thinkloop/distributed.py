@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._budget import Budget
 from ._errors import ConfigurationError, StateError, ThinkloopError, UserError
 from .stores._base import check_id
+from .stores._postgres import Link, LoopLinks
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -146,9 +147,9 @@ class JobQueue:
         self.lease = float(lease)
         self.timeout = float(timeout)
         self.max_attempts = check_max_attempts(max_attempts)
-        self._conn: Any = None
-        self._server_limit: int | None = None  # the connection's statement_timeout (ms) as last set
-        self._lock = asyncio.Lock()
+        self._links = (
+            LoopLinks()
+        )  # a connection per event loop (threads, each with its own, may share a queue)
 
     async def __aenter__(self) -> JobQueue:
         return self
@@ -156,10 +157,17 @@ class JobQueue:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    @property
+    def _conn(self) -> Any:
+        """The running event loop's connection, if open (None outside a loop)."""
+        try:
+            return self._links.get().conn
+        except RuntimeError:
+            return None
+
     async def aclose(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        """Close the running event loop's connection (other loops' close with their loop)."""
+        await self._links.get().drop()
 
     async def _execute(
         self, sql: str, params: Any = None, *, seconds: float | None = None
@@ -171,44 +179,35 @@ class JobQueue:
         import psycopg
 
         limit = self.timeout if seconds is None else seconds
+        link = self._links.get()
         try:
             async with asyncio.timeout(limit):
-                await self._lock.acquire()
+                await link.lock.acquire()
         except TimeoutError:
             raise self._no_answer(limit) from None
         try:
-            kept = self._conn is not None and not self._conn.closed
+            kept = link.conn is not None and not link.conn.closed
             try:
-                return await self._statement(sql, params, limit)
+                return await self._statement(link, sql, params, limit)
             except psycopg.OperationalError as exc:
-                if isinstance(exc, psycopg.errors.QueryCanceled) or not (kept and self._lost()):
+                if isinstance(exc, psycopg.errors.QueryCanceled) or not (kept and link.lost()):
                     raise
                 logger.warning("the job queue's connection to %s was lost: connecting again", self.url)
-            return await self._statement(sql, params, limit)
+            return await self._statement(link, sql, params, limit)
         except psycopg.errors.QueryCanceled:  # the server gave up at `statement_timeout`: nothing applied
             raise self._no_answer(limit) from None
         except TimeoutError:
-            conn, self._conn = self._conn, None  # shut by `bounded`: the next statement connects again
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
+            await link.drop()  # shut by `bounded`: the next statement connects again
             raise self._no_answer(limit) from None
         except psycopg.Error as exc:
-            self._lost()  # the next statement connects again
+            link.lost()  # the next statement connects again
             reason = " ".join(str(exc).split())
             raise ThinkloopError(
                 f"the job queue's database {self.url} failed: {reason}; check that the server is "
                 "running and reachable and that the database and user in the DSN exist"
             ) from exc
         finally:
-            self._lock.release()
-
-    def _lost(self) -> bool:
-        """Forget a connection that is closed (the next statement opens a new one); True if it was."""
-        if self._conn is not None and self._conn.closed:
-            self._conn = None
-            return True
-        return False
+            link.lock.release()
 
     def _no_answer(self, seconds: float) -> ThinkloopError:
         return ThinkloopError(
@@ -216,24 +215,24 @@ class JobQueue:
             "server is running and reachable (and not blocked by a lock), or raise JobQueue(timeout=)"
         )
 
-    async def _statement(self, sql: str, params: Any, seconds: float) -> list[tuple[Any, ...]]:
+    async def _statement(self, link: Link, sql: str, params: Any, seconds: float) -> list[tuple[Any, ...]]:
         from .stores._postgres import bounded
 
         limit = max(1, int(seconds * 1000))
 
         async def statement(conn: Any) -> list[tuple[Any, ...]]:
-            if self._server_limit != limit:  # the server gives up too: a statement cut off here is not
+            if link.limit != limit:  # the server gives up too: a statement cut off here is not
                 await conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(limit),))
-                self._server_limit = limit  # applied later, when the lock it waited for is released
+                link.limit = limit  # applied later, when the lock it waited for is released
             cursor = await conn.execute(sql, params)
             return list(await cursor.fetchall()) if cursor.description is not None else []
 
         async with asyncio.timeout(seconds):
-            conn = await self._connection()
+            conn = await self._connection(link)
         return await bounded(conn, statement, seconds)
 
-    async def _connection(self) -> Any:
-        if self._conn is None or self._conn.closed:
+    async def _connection(self, link: Link) -> Any:
+        if link.conn is None or link.conn.closed:
             try:
                 import psycopg
             except ImportError:
@@ -245,8 +244,8 @@ class JobQueue:
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
                 for statement in _SCHEMA:
                     await conn.execute(statement)
-            self._conn, self._server_limit = conn, None
-        return self._conn
+            await link.keep(conn)
+        return link.conn
 
     # -------------------------------------------------------------------------------- submitting
 

@@ -88,25 +88,11 @@ class PostgresStore(Store):
         self.dsn = dsn
         self.url = redacted_dsn(dsn)  # shown in messages: without the password
         self.timeout = timeout
-        self._links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Link] = weakref.WeakKeyDictionary()
+        self._links = LoopLinks()
         _check_dsn(dsn, self.url)
 
-    def _link(self) -> _Link:
-        """The running event loop's connection (a psycopg connection waits on the loop it serves)."""
-        loop = asyncio.get_running_loop()
-        link = self._links.get(loop)
-        if link is None:
-            link = self._links[loop] = _Link()
-        return link
-
-    async def _closed_with_the_loop(self, link: _Link) -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            conn, link.conn = link.conn, None
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
+    def _link(self) -> Link:
+        return self._links.get()
 
     @property
     def _conn(self) -> Any:
@@ -138,10 +124,7 @@ class PostgresStore(Store):
             except BaseException:
                 await conn.close()
                 raise
-            link.conn = conn
-            if link.lifetime is None:  # closed when the loop shuts its async generators down (asyncio.run)
-                link.lifetime = self._closed_with_the_loop(link)
-                await anext(link.lifetime)
+            await link.keep(conn)
         return link.conn
 
     async def _run(self, op: Callable[[Any], Awaitable[T]], *, retry: Callable[[], bool] = lambda: True) -> T:
@@ -173,18 +156,10 @@ class PostgresStore(Store):
 
     def _lost(self) -> bool:
         """Forget a connection that is closed (the next operation opens a new one); True if it was."""
-        link = self._link()
-        if link.conn is not None and link.conn.closed:
-            link.conn = None
-            return True
-        return False
+        return self._link().lost()
 
     async def _drop(self) -> None:
-        link = self._link()
-        conn, link.conn = link.conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
+        await self._link().drop()
 
     def _failure(self, reason: str) -> StateError:
         return StateError(
@@ -320,12 +295,59 @@ class PostgresStore(Store):
 
 
 @dataclass
-class _Link:
-    """A store's connection on one event loop, and the lock that serialises its operations."""
+class Link:
+    """A connection on one event loop (a psycopg connection waits on the loop it serves), the lock that
+    serialises its statements, and what closes it when the loop shuts down."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     conn: Any = None
+    limit: int | None = None  # the connection's statement_timeout (ms) as last set, for who sets one
     lifetime: AsyncGenerator[None, None] | None = None
+
+    async def keep(self, conn: Any) -> None:
+        """Use `conn` from now on; the first time, arrange for it to be closed with the loop."""
+        self.conn, self.limit = conn, None
+        if self.lifetime is None:  # finalised when the loop shuts its async generators down (asyncio.run)
+            self.lifetime = self._closed_with_the_loop()
+            await anext(self.lifetime)
+
+    async def _closed_with_the_loop(self) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            await self.drop()
+
+    async def drop(self) -> None:
+        """Close the connection (the next statement opens a new one)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def lost(self) -> bool:
+        """Forget a connection that is closed (the next statement opens a new one); True if it was."""
+        if self.conn is not None and self.conn.closed:
+            self.conn = None
+            return True
+        return False
+
+
+class LoopLinks:
+    """A `Link` per running event loop: agents in several threads (each `run_sync` with its own loop) may
+    share a store or a queue; each loop's connection is closed when that loop ends."""
+
+    def __init__(self) -> None:
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Link] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self) -> Link:
+        """The running event loop's link."""
+        loop = asyncio.get_running_loop()
+        link = self._by_loop.get(loop)
+        if link is None:
+            link = self._by_loop[loop] = Link()
+        return link
 
 
 async def _migrate(conn: Any) -> None:
