@@ -54,6 +54,13 @@ def workers(
     ]
 
 
+def one_slow_call(seconds: float) -> FunctionModel:
+    """A model that calls the test's `slow` tool once, for `seconds`, then answers "done"."""
+    return FunctionModel(
+        lambda r: {"tool_calls": [{"name": "slow", "args": {"seconds": seconds}}]} if r.turn == 0 else "done"
+    )
+
+
 def submit_one(dsn: str, goal: str, **options: Any) -> None:
     """Queue one job from a test that drives worker processes (no event loop of its own)."""
 
@@ -161,9 +168,7 @@ async def test_a_worker_that_lost_its_lease_stops_the_run(dsn: str, queue: JobQu
         await asyncio.sleep(seconds)
         return "waited"
 
-    model = FunctionModel(
-        lambda r: {"tool_calls": [{"name": "slow", "args": {"seconds": 30}}]} if r.turn == 0 else "done"
-    )
+    model = one_slow_call(30)
     async with PostgresStore(dsn) as store:
         await queue.submit("wait a long time", run_id="slowjob")
         worker = Worker(Agent(model, tools=[slow], store=store), queue, name="w1", poll_interval=0.05)
@@ -952,9 +957,7 @@ async def test_a_worker_that_cannot_renew_its_lease_for_a_whole_lease_stops_the_
             raise
         return "waited"
 
-    model = FunctionModel(
-        lambda r: {"tool_calls": [{"name": "slow", "args": {"seconds": 60}}]} if r.turn == 0 else "done"
-    )
+    model = one_slow_call(60)
     async with PostgresStore(dsn) as store:
         await queue.submit("wait a long time", run_id="cut")
         worker = Worker(Agent(model, tools=[slow], store=store), queue, name="w1", poll_interval=0.05)

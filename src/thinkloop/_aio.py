@@ -21,8 +21,9 @@ import contextlib
 import gc
 import os
 import threading
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -112,3 +113,47 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     """A new loop of the entry points' kind (for a loop driven from its own thread)."""
     factory = loop_factory()
     return asyncio.new_event_loop() if factory is None else factory()
+
+
+# ---------------------------------------------------------------------- what belongs to one event loop
+
+
+class PerLoop(Generic[T]):
+    """One `T` per running event loop, made by `make()` on first use there: connections, pools and their
+    locks belong to the loop that made them (agents in several threads, each `run_sync` with its own loop,
+    may share the object holding them). Forgotten with the loop."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = weakref.WeakKeyDictionary()
+
+    def get(self) -> T:
+        """The running event loop's `T` (made now if it has none)."""
+        loop = asyncio.get_running_loop()
+        found = self._by_loop.get(loop)
+        if found is None:
+            found = self._by_loop[loop] = self._make()
+        return found
+
+    def current(self) -> T | None:
+        """The running event loop's `T` if it has one (None outside a loop)."""
+        try:
+            return self._by_loop.get(asyncio.get_running_loop())
+        except RuntimeError:
+            return None
+
+
+async def closed_with_the_loop(close: Callable[[], Awaitable[None]]) -> AsyncGenerator[None, None]:
+    """A started async generator that awaits `close()` when the running event loop shuts down (`asyncio.run`
+    and `asyncio.Runner` finalise their loop's async generators before closing it). Keep it referenced:
+    collected early, it would close at once."""
+
+    async def held() -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            await close()
+
+    lifetime = held()
+    await anext(lifetime)
+    return lifetime

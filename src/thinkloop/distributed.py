@@ -37,10 +37,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._aio import PerLoop
 from ._budget import Budget
 from ._errors import ConfigurationError, StateError, ThinkloopError, UserError
 from .stores._base import check_id
-from .stores._postgres import Link, LoopLinks
+from .stores._postgres import Link
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -147,9 +148,8 @@ class JobQueue:
         self.lease = float(lease)
         self.timeout = float(timeout)
         self.max_attempts = check_max_attempts(max_attempts)
-        self._links = (
-            LoopLinks()
-        )  # a connection per event loop (threads, each with its own, may share a queue)
+        # a connection per event loop (threads, each with its own, may share a queue)
+        self._links = PerLoop(Link)
 
     async def __aenter__(self) -> JobQueue:
         return self
@@ -160,10 +160,8 @@ class JobQueue:
     @property
     def _conn(self) -> Any:
         """The running event loop's connection, if open (None outside a loop)."""
-        try:
-            return self._links.get().conn
-        except RuntimeError:
-            return None
+        link = self._links.current()
+        return None if link is None else link.conn
 
     async def aclose(self) -> None:
         """Close the running event loop's connection (other loops' close with their loop)."""

@@ -740,8 +740,7 @@ async def _check_stream(manager: RunManager, run_id: str, after: str) -> tuple[i
     except Exception as exc:  # e.g. the store failed: say so instead of dropping the connection
         logger.warning("looking up run %r for a stream failed: %r", run_id, exc)
         return 1011, f"the server failed ({type(exc).__name__}); try again"
-    failed = manager.no_run(run_id)
-    return 4404, "no such run" if failed == f"no run {run_id!r}" else failed
+    return 4404, "no such run" if manager.failure(run_id) is None else manager.no_run(run_id)
 
 
 async def _pump(websocket: WebSocket, manager: RunManager, run_id: str, after: int) -> tuple[int, str]:

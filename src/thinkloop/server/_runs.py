@@ -253,10 +253,14 @@ class RunManager:
     def no_run(self, run_id: str) -> str:
         """What to answer for a run the store does not have: a run this server started may have failed
         before anything of it was saved (its store failing at once) — the client, told 202, learns why."""
-        failure = self._failed.get(run_id)
+        failure = self.failure(run_id)
         if failure is None:
             return f"no run {run_id!r}"
         return f"no run {run_id!r}: it failed before anything of it was saved ({failure})"
+
+    def failure(self, run_id: str) -> str | None:
+        """Why a run this server started failed outside its loop (one of the last `MAX_FAILED`), if it did."""
+        return self._failed.get(run_id)
 
     def live(self, run_id: str) -> LiveRun | None:
         """The run if it is running in this server."""

@@ -14,11 +14,11 @@ import os
 import re
 import socket
 import time
-import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._aio import PerLoop, closed_with_the_loop
 from .._errors import ConcurrencyError, ConfigurationError, StateError
 from .._events import Event
 from .._state import RunState
@@ -88,7 +88,7 @@ class PostgresStore(Store):
         self.dsn = dsn
         self.url = redacted_dsn(dsn)  # shown in messages: without the password
         self.timeout = timeout
-        self._links = LoopLinks()
+        self._links = PerLoop(Link)  # a connection per event loop, closed with it
         _check_dsn(dsn, self.url)
 
     def _link(self) -> Link:
@@ -97,10 +97,8 @@ class PostgresStore(Store):
     @property
     def _conn(self) -> Any:
         """The running loop's connection, if open (None outside a loop)."""
-        try:
-            return self._link().conn
-        except RuntimeError:
-            return None
+        link = self._links.current()
+        return None if link is None else link.conn
 
     async def _connection(self) -> Any:
         link = self._link()
@@ -307,15 +305,8 @@ class Link:
     async def keep(self, conn: Any) -> None:
         """Use `conn` from now on; the first time, arrange for it to be closed with the loop."""
         self.conn, self.limit = conn, None
-        if self.lifetime is None:  # finalised when the loop shuts its async generators down (asyncio.run)
-            self.lifetime = self._closed_with_the_loop()
-            await anext(self.lifetime)
-
-    async def _closed_with_the_loop(self) -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            await self.drop()
+        if self.lifetime is None:
+            self.lifetime = await closed_with_the_loop(self.drop)
 
     async def drop(self) -> None:
         """Close the connection (the next statement opens a new one)."""
@@ -330,24 +321,6 @@ class Link:
             self.conn = None
             return True
         return False
-
-
-class LoopLinks:
-    """A `Link` per running event loop: agents in several threads (each `run_sync` with its own loop) may
-    share a store or a queue; each loop's connection is closed when that loop ends."""
-
-    def __init__(self) -> None:
-        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Link] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def get(self) -> Link:
-        """The running event loop's link."""
-        loop = asyncio.get_running_loop()
-        link = self._by_loop.get(loop)
-        if link is None:
-            link = self._by_loop[loop] = Link()
-        return link
 
 
 async def _migrate(conn: Any) -> None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
 import shlex
 import time
-import weakref
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from .._aio import PerLoop, closed_with_the_loop
 from .._errors import ConfigurationError
 from .._tools import Tool
 from ..safety._policy import command_risk
@@ -119,16 +120,12 @@ class SSHExecutor:
         self.reuse_connections = reuse_connections
         # pooled connections (and the locks of their opening) belong to the event loop that opened them:
         # agents in several threads (each `run_sync` with its own loop) have a pool each
-        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
+        self._pools = PerLoop(_Pool)
 
     @property
     def _pool(self) -> dict[str, Any]:
         """The running event loop's pooled connections by host."""
-        loop = asyncio.get_running_loop()
-        pool = self._pools.get(loop)
-        if pool is None:
-            pool = self._pools[loop] = _Pool()
-        return pool.connections
+        return self._pools.get().connections
 
     def __repr__(self) -> str:
         return f"SSHExecutor(hosts={sorted(self.hosts)})"
@@ -187,11 +184,10 @@ class SSHExecutor:
         }
 
     async def _pooled(self, host: str, config: SSHHost) -> Any:
-        pool = self._pool  # this loop's
-        entry = self._pools[asyncio.get_running_loop()]
+        entry = self._pools.get()  # this loop's
+        pool = entry.connections
         if entry.lifetime is None:  # its connections are closed when the loop shuts down (asyncio.run)
-            entry.lifetime = _closed_with_the_loop(entry)
-            await anext(entry.lifetime)
+            entry.lifetime = await closed_with_the_loop(functools.partial(_close_all, pool))
         # one connection attempt per host at a time: parallel calls (a plan's tasks) each opened one,
         # and all but the last were dropped from the pool unclosed
         async with entry.connecting.setdefault(host, asyncio.Lock()):
@@ -405,13 +401,6 @@ class _Pool:
     connections: dict[str, Any] = field(default_factory=dict)
     connecting: dict[str, asyncio.Lock] = field(default_factory=dict)
     lifetime: AsyncGenerator[None, None] | None = None
-
-
-async def _closed_with_the_loop(pool: _Pool) -> AsyncGenerator[None, None]:
-    try:
-        yield
-    finally:
-        await _close_all(pool.connections)
 
 
 async def _close_all(connections: dict[str, Any]) -> None:
