@@ -28,6 +28,7 @@ from fastapi import FastAPI
 from thinkloop import Agent, Budget, ConfigurationError, RiskLevel, tool
 from thinkloop.safety import PendingApprovals, SafetyController
 from thinkloop.server import create_app
+from thinkloop.server._serving import uvicorn_config
 from thinkloop.stores import MemoryStore, SQLiteStore, Store
 from thinkloop.testing import FunctionModel, Reply, ScriptedModel
 
@@ -576,17 +577,19 @@ class Served:
     def __init__(self, app: FastAPI, server: uvicorn.Server, port: int) -> None:
         self.app = app
         self.server = server
+        self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.ws = f"ws://127.0.0.1:{port}"
 
 
 @contextlib.asynccontextmanager
-async def serve(app: FastAPI) -> AsyncIterator[Served]:
-    """Run `app` on uvicorn on 127.0.0.1 (a free port) in this event loop; stop it gracefully at the end."""
+async def serve(app: Any, **config: Any) -> AsyncIterator[Served]:
+    """Run `app` on uvicorn on 127.0.0.1 (a free port) in this event loop, configured as `thinkloop serve`
+    runs it (`config`: `uvicorn_config`'s timeouts); stop it gracefully at the end."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, **config))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         await eventually(lambda: server.started or task.done())

@@ -70,6 +70,14 @@ def serve_command(
     mode: ModeOption = "auto",
     instructions: InstructionsOption = "",
     max_active_runs: Annotated[int, typer.Option(help="The most runs at once.", min=1)] = 8,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a connection has to send a request's headers (from opening, or from its last "
+            "answer) before it is closed.",
+            callback=positive_seconds,
+        ),
+    ] = 30.0,  # server._serving.HEAD_TIMEOUT (not imported here: it would load FastAPI for every command)
     token: Annotated[
         str | None,
         typer.Option(
@@ -110,6 +118,7 @@ def serve_command(
                 approval_timeout,
                 max_active_runs,
                 secret,
+                header_timeout,
                 console,
             )
         )
@@ -140,12 +149,14 @@ async def _serve(
     approval_timeout: float,
     max_active_runs: int,
     token: str | None,
+    header_timeout: float,
     console: Console,
 ) -> None:
     import uvicorn
 
     from ..safety import PendingApprovals, SafetyController
     from ..server import create_app
+    from ..server._serving import uvicorn_config
 
     model = await load_model(model_spec, console)
     agent = build_agent(
@@ -185,7 +196,7 @@ async def _serve(
         f"thinkloop serving {escape(model.spec)} at [bold]http://{escape(where)}:{port}/[/] "
         f"({access}; Ctrl-C stops)"
     )
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    config = uvicorn_config(app, host=host, port=port, head_timeout=header_timeout)
     await uvicorn.Server(config).serve()
 
 
