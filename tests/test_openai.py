@@ -652,7 +652,46 @@ def test_one_model_serves_several_event_loops() -> None:
         assert agent.run_sync("one").output == "first"
         assert agent.run_sync("two").output == "second"
         assert isinstance(agent.model, OpenAIModel)
-        assert not agent.model._clients  # each loop's client was closed when asyncio.run() ended it
+        clients = [
+            entry.client for entry in agent.model._clients._by_loop.values()
+        ]  # loops not collected yet
+        assert all(client is not None and client.is_closed() for client in clients)  # closed with their loop
+
+
+def test_one_model_serves_threads_each_with_its_own_event_loop() -> None:
+    """Agents in several threads (`run_sync` in each: a loop each) share one model. Each loop, all running
+    at once, gets a client of its own (an SDK client's connections belong to one loop), and each is
+    closed when its loop ends."""
+    threads = 4
+    together = threading.Barrier(threads)
+    with OpenAICompatibleServer(["ok"] * 2 * threads) as srv:
+        model = OpenAIModel("gpt-4o-mini", base_url=srv.url, api_key="k")
+
+        async def two_requests() -> Any:
+            assert (await model.request(ask())).text == "ok"
+            client = model._client
+            await asyncio.to_thread(together.wait, 10)  # every thread's loop is running now
+            assert (await model.request(ask())).text == "ok" and model._client is client
+            return client
+
+        clients: list[Any] = []
+        failures: list[BaseException] = []
+
+        def in_a_thread() -> None:
+            try:
+                clients.append(asyncio.run(two_requests()))
+            except BaseException as exc:
+                failures.append(exc)
+
+        workers = [threading.Thread(target=in_a_thread) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(30)
+        assert failures == [] and len(clients) == threads
+        assert len({id(client) for client in clients}) == threads
+        assert all(client.is_closed() for client in clients)  # closed with their loops
+        assert len(srv.chat_requests) == 2 * threads
 
 
 # ============================================================================================= tokens

@@ -363,7 +363,9 @@ async def test_other_servers_and_stated_capabilities_keep_native_tools() -> None
     native = [Completion(tool_calls=[tool_call("calculator", {"expression": "17*23"})]), "391"]
     for owned_by, capabilities, listings in [("vllm", None, 1), ("me", {"tools": True}, 0)]:
         async with OpenAICompatibleServer(native, owned_by=owned_by) as server:
-            model = OpenAIModel("m", base_url=server.url, api_key="k", max_retries=0, capabilities=capabilities)
+            model = OpenAIModel(
+                "m", base_url=server.url, api_key="k", max_retries=0, capabilities=capabilities
+            )
             try:
                 result = await Agent(model, tools=[calculator]).run("What is 17*23?")
                 assert result.output == "391" and result.state.mode == "native", owned_by

@@ -23,12 +23,12 @@ import os
 import re
 import threading
 import time
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
+from .._aio import PerLoop, closed_with_the_loop
 from .._errors import (
     ConfigurationError,
     ContextOverflowError,
@@ -91,6 +91,14 @@ _HINTS = {
 logger = logging.getLogger("thinkloop.models")
 
 
+@dataclass
+class _LoopClient:
+    """One event loop's SDK client, and what closes it when the loop shuts down."""
+
+    client: AsyncOpenAI | None = None
+    lifetime: AsyncGenerator[None, None] | None = None
+
+
 class OpenAIModel(Model):
     """A model behind an OpenAI-compatible chat-completions API, through the official `openai` SDK.
 
@@ -141,9 +149,7 @@ class OpenAIModel(Model):
         )
         self.send_temperature = not reasoning
         self.unsupported_params: set[str] = set()  # optional parameters the server refused (never sent again)
-        self._clients: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[AsyncOpenAI, AsyncGenerator[None, None]]
-        ] = weakref.WeakKeyDictionary()
+        self._clients = PerLoop(_LoopClient)  # each event loop's SDK client
 
     # ------------------------------------------------------------------------------------- client
 
@@ -151,16 +157,15 @@ class OpenAIModel(Model):
         """The SDK client of the running event loop, made on first use there.
 
         An SDK client's connections belong to one event loop, so each loop gets its own (e.g. every
-        `agent.run_sync()`). It is closed by `aclose()`, or when its loop shuts down: a suspended async
-        generator holds it, and `asyncio.run()` closes the async generators of its loop before the loop.
+        `agent.run_sync()`, in any thread). It is closed by `aclose()`, or when its loop shuts down
+        (`_aio.closed_with_the_loop`).
         """
-        loop = asyncio.get_running_loop()
-        entry = self._clients.get(loop)
-        if entry is None:
+        entry = self._clients.get()
+        if entry.client is None:
             from openai import AsyncOpenAI, DefaultAsyncHttpxClient, Timeout
 
             timeout = Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT))
-            client = AsyncOpenAI(
+            client = entry.client = AsyncOpenAI(
                 api_key=self.api_key,
                 base_url=self.base_url,
                 timeout=timeout,
@@ -168,32 +173,21 @@ class OpenAIModel(Model):
                 # the SDK reads a whole (non-streamed) body into memory: bounded by `_bound_body` as it arrives
                 http_client=DefaultAsyncHttpxClient(timeout=timeout, event_hooks={"response": [_bound_body]}),
             )
-            lifetime = self._client_lifetime(client)
-            self._clients[loop] = (client, lifetime)
-            await anext(lifetime)
-            return client
-        return entry[0]
-
-    async def _client_lifetime(self, client: AsyncOpenAI) -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            for loop, (known, _) in list(self._clients.items()):
-                if known is client:
-                    del self._clients[loop]
-            await client.close()
+            entry.lifetime = await closed_with_the_loop(client.close)
+        return entry.client
 
     @property
     def _client(self) -> AsyncOpenAI | None:
         """The client of the running event loop, if one was made (for tests)."""
-        entry = self._clients.get(asyncio.get_running_loop())
-        return entry[0] if entry else None
+        entry = self._clients.current()
+        return entry.client if entry else None
 
     async def aclose(self) -> None:
         """Close the client of the running event loop (clients of other loops close with their loop)."""
-        entry = self._clients.pop(asyncio.get_running_loop(), None)
-        if entry is not None:
-            await entry[1].aclose()
+        entry = self._clients.current()
+        if entry is not None and entry.lifetime is not None:
+            lifetime, entry.client, entry.lifetime = entry.lifetime, None, None
+            await lifetime.aclose()  # closes the client
 
     # ----------------------------------------------------------------------------------- requests
 
