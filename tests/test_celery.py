@@ -302,6 +302,16 @@ def test_a_run_whose_worker_dies_before_its_first_save_every_time_is_failed_afte
     assert queued(c, 0) == 0  # acknowledged: never delivered again
 
 
+def test_only_a_store_failing_is_worth_another_delivery_not_a_corrupt_state() -> None:
+    """A corrupt state is told from a store failure by distributed's `CorruptRunError` (both StateErrors)."""
+    from thinkloop.celery import _StoreRetries
+    from thinkloop.distributed import CorruptRunError
+
+    assert _StoreRetries.transient(StateError("the store did not answer within 30 s"))
+    assert not _StoreRetries.transient(CorruptRunError("run 'r': corrupt run state: …"))
+    assert not _StoreRetries.transient(UserError("a bad goal")) and not _StoreRetries.transient(OSError())
+
+
 def test_a_run_whose_state_is_corrupt_fails_with_a_clear_error_and_is_not_redelivered(
     cluster: Callable[..., Cluster],
 ) -> None:

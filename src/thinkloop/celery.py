@@ -41,7 +41,7 @@ from . import _aio
 from ._errors import ConfigurationError, StateError, ThinkloopError, UserError
 from .distributed import (
     DEFAULT_MAX_ATTEMPTS,
-    _CorruptRun,
+    CorruptRunError,
     check_max_attempts,
     run_or_resume,
     shared_store,
@@ -290,7 +290,7 @@ class _StoreRetries:
     @staticmethod
     def transient(exc: BaseException) -> bool:
         """Whether `exc` is the store failing (worth another delivery), not something no retry mends."""
-        return isinstance(exc, StateError) and not isinstance(exc, _CorruptRun)
+        return isinstance(exc, StateError) and not isinstance(exc, CorruptRunError)
 
     def retry(
         self, task: Any, run_id: str, exc: StateError, counter: _Deliveries, delivery: int | None

@@ -22,6 +22,10 @@ message saying so, instead of taking every worker down in turn.
     result = await queue.wait(run_id, store)
 
 Needs the `postgres` extra (psycopg 3). The table is created on first use.
+
+Errors: a `StateError` from a job's store is either the store failing (unreachable, no answer in time:
+another try may pass) or a `CorruptRunError` (a `StateError` too): the run's state is there but cannot be
+loaded, and no retry mends it. `Worker` fails such a job at once, and `thinkloop.celery` does not retry it.
 """
 
 from __future__ import annotations
@@ -546,7 +550,7 @@ class Worker:
         Anything else — the store timing out or unreachable, a run row locked by a frozen worker, a bug —
         may pass: the job is left to its lease, and taken again when that runs out, as if this worker had
         died (an attempt counted toward `max_attempts`)."""
-        if isinstance(exc, UserError | _CorruptRun):
+        if isinstance(exc, UserError | CorruptRunError):
             logger.error("job %s failed on %s: %s", job.run_id, self.name, exc)
             await self._settle(self.queue.finish(job, self.name, error=f"{type(exc).__name__}: {exc}"))
             return
@@ -676,8 +680,10 @@ async def run_or_resume(
     return await agent.run(goal, run_id=run_id, budget=budget, metadata=metadata, session=session)
 
 
-class _CorruptRun(StateError):
-    """The run's state in the store cannot be loaded: a job cannot run it, however often it tries."""
+class CorruptRunError(StateError):
+    """The run's state in the store cannot be loaded (the store answered, refusing what it holds): a job
+    cannot run it, however often it tries — unlike a `StateError` of the store failing, which may pass.
+    Its message says what is wrong and to repair or delete the run, or submit the goal again."""
 
 
 async def _load(store: Store, run_id: str) -> RunState | None:
@@ -686,7 +692,7 @@ async def _load(store: Store, run_id: str) -> RunState | None:
     except StateError as exc:
         if not str(exc).startswith(f"run {run_id!r}: "):  # what the stores say of a state they refuse
             raise  # the store failed (unreachable, no answer in time), not the state: that may pass
-        raise _CorruptRun(
+        raise CorruptRunError(
             f"{exc} — so this job cannot run it: repair or delete the run in {store.url or 'the store'}, "
             "or submit the goal again under a new run id",
             state=exc.state,
