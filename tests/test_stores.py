@@ -45,7 +45,14 @@ def pg_dsn(pg_schema: str) -> Iterator[str]:
 
     yield pg_schema
     with psycopg.connect(pg_schema, autocommit=True) as conn:
-        for table in ("thinkloop_runs", "thinkloop_events", "thinkloop_memory", "thinkloop_schema"):
+        for table in (
+            "thinkloop_runs",
+            "thinkloop_events",
+            "thinkloop_memory",
+            "thinkloop_schema",
+            "thinkloop_messages",
+            "thinkloop_ledger",
+        ):
             conn.execute(f"DROP TABLE IF EXISTS {table}")
 
 
@@ -1181,17 +1188,17 @@ async def test_a_sqlite_checkpoint_writes_only_the_messages_added_since_the_last
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from thinkloop import Message
-    from thinkloop.stores import _sqlite
+    from thinkloop.stores import _base
 
     written: list[str] = []
-    real = _sqlite.to_json
+    real = _base.to_json
 
     def counting(model: Any) -> str:
         if isinstance(model, Message):
             written.append(model.content)
         return real(model)
 
-    monkeypatch.setattr(_sqlite, "to_json", counting)
+    monkeypatch.setattr(_base, "to_json", counting)
     async with SQLiteStore(tmp_path / "runs.db") as store:
         state = _state(messages=[Message.user("a goal")])
         _history(state, range(1, 51), size=10_000)
@@ -1247,7 +1254,7 @@ async def test_a_sqlite_database_of_version_1_loads_and_is_migrated(tmp_path: Pa
         await _save(store, state)
         assert await store.load_state("run-1") == state
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 2
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 3
         assert json.loads(conn.execute("SELECT state FROM runs").fetchone()[0])["messages"] == []
     assert len(_message_rows(db)) == len(state.messages) == 9
     async with SQLiteStore(db) as again:

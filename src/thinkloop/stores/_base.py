@@ -8,21 +8,32 @@ and `ConcurrencyError` is raised (so two processes resuming the same run cannot 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
+import json
+import operator
+import os
 import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticSerializationError
 
 from .._errors import ConfigurationError, StateError
 from .._events import Event, event_from_json
-from .._messages import Usage
-from .._state import RunState
+from .._messages import Message, Usage
+from .._state import LedgerEntry, RunState
 
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
+T = TypeVar("T")
 RunStatus = Literal["running", "done", "error"]
 MemoryRole = Literal["system", "user", "assistant"]
 
@@ -255,3 +266,166 @@ def _clean_tree(value: object) -> object:
     if isinstance(value, list):
         return [_clean_tree(v) for v in value]
     return value
+
+
+# ====================================================== what a checkpoint writes: only what changed
+
+LEDGER_FIELDS = tuple(f.name for f in dataclasses.fields(LedgerEntry))
+_ledger_values = operator.attrgetter(*LEDGER_FIELDS)  # an entry's fields as a tuple, compared at C speed
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """What a store last saved (or loaded) of a run, to write only what changed at its next checkpoint:
+    the `token` of that save, the message objects, and the ledger's keys and each entry's field values
+    (`keys` None: the database holds no ledger rows of the run that can be trusted)."""
+
+    token: str
+    messages: list[Message]
+    keys: list[str] | None
+    values: list[tuple[Any, ...]]
+
+    @classmethod
+    def of(cls, token: str, state: RunState, *, ledger: bool = True) -> Saved:
+        keys, values = (
+            (list(state.ledger), list(map(_ledger_values, state.ledger.values()))) if ledger else (None, [])
+        )
+        return cls(token, list(state.messages), keys, values)
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """The messages and ledger entries a checkpoint writes, each part as rows of its own table.
+
+    When the database still holds what this store saved last (the run's token there is `base`: nobody
+    saved the run since) only the change is written: the messages after the `message_start` ones the
+    database holds — when the state still holds those very message objects (`is`: messages are never
+    changed in place, a changed one is a new object) — and the ledger entries that are new or whose fields
+    changed (compared with their values at the last save; an entry's `arguments` are never changed in
+    place either) — when the ledger still starts with the keys saved, in their order. Otherwise a part is
+    written whole, replacing what the database holds: a run resumed from an older checkpoint (its history
+    not an extension of what was saved), another process having saved the run, a store that does not know
+    the run yet. The rows are made when the checkpoint is taken, from the state as it is then (a parallel
+    tool call changing an entry afterwards is seen by the next checkpoint)."""
+
+    token: str  # this save's token
+    base: str | None  # the token the database must hold for the changes alone to be written
+    messages: list[Message]  # the state's messages at the checkpoint
+    message_start: int  # how many of them the database holds when it is at `base` (0: write them all)
+    new_messages: list[tuple[int, str]]  # (index, JSON) of the messages from `message_start` on
+    keys: list[str]  # the ledger's keys at the checkpoint, in order
+    values: list[tuple[Any, ...]]  # each entry's field values at the checkpoint
+    ledger_kept: bool  # the database, at `base`, holds the saved ledger, which `keys` extends
+    changed: list[
+        tuple[int, str, str]
+    ]  # (index, key as JSON, JSON) of the entries new or changed since `base`
+
+    @classmethod
+    def of(cls, state: RunState, saved: Saved | None) -> Delta:
+        messages = list(state.messages)
+        keys, entries = list(state.ledger), list(state.ledger.values())
+        values = list(map(_ledger_values, entries))
+        start = _kept_messages(messages, saved)
+        kept = saved is not None and saved.keys is not None and keys[: len(saved.keys)] == saved.keys
+        if kept and saved is not None:
+            old = len(saved.values)
+            differ = itertools.compress(itertools.count(), map(operator.ne, values, saved.values))
+            indices: Sequence[int] = [*differ, *range(old, len(keys))]
+        else:
+            indices = range(len(keys))
+        return cls(
+            token=os.urandom(12).hex(),
+            base=saved.token if saved is not None and (start or kept) else None,
+            messages=messages,
+            message_start=start,
+            new_messages=[(i, to_json(messages[i])) for i in range(start, len(messages))],
+            keys=keys,
+            values=values,
+            ledger_kept=kept,
+            changed=[(i, _key_json(keys[i]), to_json(entries[i])) for i in indices],
+        )
+
+    def message_rows(self, current: bool) -> tuple[bool, list[tuple[int, str]]]:
+        """Whether the stored messages are replaced, and the rows to write; `current`: the database is at
+        `base` (read in the checkpoint's transaction)."""
+        if current and self.message_start:
+            return False, self.new_messages
+        earlier = [(i, to_json(self.messages[i])) for i in range(self.message_start)]
+        return True, earlier + self.new_messages
+
+    def ledger_rows(self, current: bool) -> tuple[bool, list[tuple[int, str, str]]]:
+        """Whether the stored ledger is replaced, and the rows to write (see `message_rows`)."""
+        if current and self.ledger_kept:
+            return False, self.changed
+        if len(self.changed) == len(self.keys):  # all of them made already
+            return True, self.changed
+        return True, [
+            (i, _key_json(key), to_json(LedgerEntry(**dict(zip(LEDGER_FIELDS, values, strict=True)))))
+            for i, (key, values) in enumerate(zip(self.keys, self.values, strict=True))
+        ]
+
+    def saved(self) -> Saved:
+        """What the database holds of the run once this checkpoint is committed."""
+        return Saved(self.token, self.messages, self.keys, self.values)
+
+
+def _key_json(key: str) -> str:
+    """A ledger key as a JSON string: any key round-trips, as in the state's JSON (a NUL escaped, which
+    PostgreSQL TEXT cannot hold; a lone surrogate, which UTF-8 cannot, as U+FFFD)."""
+    return json.dumps(clean_text(key))
+
+
+def _kept_messages(messages: list[Message], saved: Saved | None) -> int:
+    """How many of `messages` are the very objects saved last (0 when the history is not an extension)."""
+    if saved is None or len(saved.messages) > len(messages):
+        return 0
+    return len(saved.messages) if all(map(operator.is_, saved.messages, messages)) else 0
+
+
+def stored_ledger(run_id: str, rows: Sequence[tuple[str, str]], count: int) -> dict[str, LedgerEntry]:
+    """A ledger read from its rows (key as JSON, entry as JSON: `count` of them expected, in order);
+    missing or corrupt rows raise a `StateError` naming the run."""
+    texts = [row[1] for row in rows]
+    if len(texts) != count:
+        raise StateError(
+            f"run {run_id!r}: {count - len(texts)} of its {count} stored ledger entries are missing: "
+            "the database is damaged; restore it from a backup, or start the run again"
+        )
+    try:
+        entries = _list_of(LedgerEntry).validate_json("[" + ",".join(texts) + "]")
+        keys = _list_of(str).validate_json("[" + ",".join(row[0] for row in rows) + "]")
+    except ValueError as exc:
+        raise StateError(f"run {run_id!r}: a stored ledger entry is corrupt: {exc}") from exc
+    ledger = dict(zip(keys, entries, strict=True))
+    if len(ledger) != count:
+        raise StateError(
+            f"run {run_id!r}: its stored ledger names a tool call twice: the database is damaged; "
+            "restore it from a backup, or start the run again"
+        )
+    return ledger
+
+
+def stored_messages(run_id: str, texts: list[str], count: int) -> list[Message]:
+    """Messages read from their rows (`count` of them expected, in order); missing or corrupt rows raise a
+    `StateError` naming the run."""
+    if len(texts) != count:
+        raise StateError(
+            f"run {run_id!r}: {count - len(texts)} of its {count} stored messages are missing: "
+            "the database is damaged; restore it from a backup, or start the run again"
+        )
+    try:
+        return _list_of(Message).validate_json("[" + ",".join(texts) + "]")
+    except ValueError as exc:
+        raise StateError(f"run {run_id!r}: a stored message is corrupt: {exc}") from exc
+
+
+@functools.cache
+def _list_of(kind: type[T]) -> TypeAdapter[list[T]]:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(list[kind])  # type: ignore[valid-type]
+
+
+def head_json(state: RunState) -> str:
+    """The state without its messages and ledger (kept in rows of their own), as JSON."""
+    return to_json(state.model_copy(update={"messages": [], "ledger": {}}))

@@ -1,9 +1,12 @@
 """`PostgresStore`: runs shared by several processes or machines (SPEC §9.4), on psycopg 3 (async).
 
 Needs the `postgres` extra (`pip install 'thinkloop[postgres]'`). The tables (`thinkloop_runs`,
-`thinkloop_events`, `thinkloop_memory`) are created and migrated by the library on first use, under an
-advisory lock, with their version in `thinkloop_schema`. Appends are checked against the log's version
-and protected by the `(run_id, seq)` primary key, so of two writers at the same version exactly one wins.
+`thinkloop_events`, `thinkloop_memory`, `thinkloop_messages`, `thinkloop_ledger`) are created and migrated
+by the library on first use, under an advisory lock, with their version in `thinkloop_schema`. Appends are
+checked against the log's version and protected by the `(run_id, seq)` primary key, so of two writers at
+the same version exactly one wins. A run's messages and tool-call ledger are kept one row each beside the
+rest of its state: a checkpoint writes only the messages added and the entries added or changed since this
+store last saved the run (see `_base.Delta`), so its cost does not grow with the run's length.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,25 +27,36 @@ from .._errors import ConcurrencyError, ConfigurationError, StateError
 from .._events import Event
 from .._state import RunState
 from ._base import (
+    Delta,
     MemoryEntry,
     MemoryRole,
     RunStatus,
     RunSummary,
+    Saved,
     Store,
     base_version,
     check_id,
     check_role,
     clean_text,
+    head_json,
     load_state_text,
     memory_turn,
     numbered,
     parse_event,
+    stored_ledger,
+    stored_messages,
     to_json,
 )
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+REMEMBERED_RUNS = 64  # runs whose last save a store remembers (to write only what changed)
+# 1: the whole state, messages and ledger included, in `thinkloop_runs.state`.
+# 2: the messages in `thinkloop_messages` and the ledger in `thinkloop_ledger` (`key`: the entry's key, a
+#    JSON string; `idx`: its place), one row each; `thinkloop_runs.state` holds the rest of the state, and
+#    `message_count` / `ledger_count` how many rows are the run's (NULL: a version-1 row, all inline);
+#    `token` changes at every save, so a store can tell whether the run was saved by someone else since.
+SCHEMA_VERSION = 2
 _LOCK_KEY = 0x7468696E6B  # "think": the advisory lock taken while migrating
 
 _SCHEMA = [
@@ -57,15 +72,50 @@ _SCHEMA = [
         time DOUBLE PRECISION NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS thinkloop_memory_session ON thinkloop_memory (session, id)",
 ]
+# What brings a database of version N - 1 to version N (a new one gets `_SCHEMA`, then all of them). Runs
+# saved before keep their state inline until their next checkpoint, which moves their messages and ledger
+# (nothing is rewritten here, so the upgrade is instant however many runs the tables hold).
+_MIGRATIONS = {
+    2: [
+        "ALTER TABLE thinkloop_runs ADD COLUMN IF NOT EXISTS message_count INTEGER, "
+        "ADD COLUMN IF NOT EXISTS ledger_count INTEGER, ADD COLUMN IF NOT EXISTS token TEXT",
+        """CREATE TABLE IF NOT EXISTS thinkloop_messages (
+            run_id TEXT NOT NULL, idx INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run_id, idx))""",
+        """CREATE TABLE IF NOT EXISTS thinkloop_ledger (
+            run_id TEXT NOT NULL, idx INTEGER NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL,
+            PRIMARY KEY (run_id, idx))""",
+    ],
+}
 
 _VERSION_SQL = "SELECT coalesce(max(seq), 0) FROM thinkloop_events WHERE run_id = %s"
 _EVENT_SQL = "INSERT INTO thinkloop_events (run_id, seq, type, data) VALUES (%s, %s, %s, %s)"
 _RUN_SQL = (
-    "INSERT INTO thinkloop_runs (run_id, state, summary, status, session, updated_at) "
-    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET state = excluded.state, "
-    "summary = excluded.summary, status = excluded.status, session = excluded.session, "
-    "updated_at = excluded.updated_at"
+    "INSERT INTO thinkloop_runs (run_id, state, summary, status, session, updated_at, message_count, "
+    "ledger_count, token) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+    "state = excluded.state, summary = excluded.summary, status = excluded.status, session = excluded.session, "
+    "updated_at = excluded.updated_at, message_count = excluded.message_count, "
+    "ledger_count = excluded.ledger_count, token = excluded.token"
 )
+# the run's row locked for the rest of the transaction: another writer's checkpoint of the run waits for
+# this one to commit, then reads its token (and so writes whole what it would have written as a change)
+_TOKEN_SQL = "SELECT token FROM thinkloop_runs WHERE run_id = %s FOR UPDATE"
+_MESSAGE_SQL = (
+    "INSERT INTO thinkloop_messages (run_id, idx, data) VALUES (%s, %s, %s) "
+    "ON CONFLICT (run_id, idx) DO UPDATE SET data = excluded.data"
+)
+_ENTRY_SQL = (
+    "INSERT INTO thinkloop_ledger (run_id, idx, key, data) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (run_id, idx) DO UPDATE SET key = excluded.key, data = excluded.data"
+)
+# one statement, so one snapshot: the run's row, its messages and its ledger as of the same commit
+_LOAD_SQL = """SELECT r.state, r.message_count, r.ledger_count, r.token,
+    (SELECT array_agg(m.data ORDER BY m.idx) FROM thinkloop_messages m
+        WHERE m.run_id = r.run_id AND m.idx < r.message_count),
+    (SELECT array_agg(l.key ORDER BY l.idx) FROM thinkloop_ledger l
+        WHERE l.run_id = r.run_id AND l.idx < r.ledger_count),
+    (SELECT array_agg(l.data ORDER BY l.idx) FROM thinkloop_ledger l
+        WHERE l.run_id = r.run_id AND l.idx < r.ledger_count)
+    FROM thinkloop_runs r WHERE r.run_id = %s"""
 _MEMORY_SQL = "INSERT INTO thinkloop_memory (session, role, content, time) VALUES (%s, %s, %s, %s)"
 
 
@@ -90,6 +140,9 @@ class PostgresStore(Store):
         self.timeout = timeout
         self._links = PerLoop(Link)  # a connection per event loop, closed with it
         _check_dsn(dsn, self.url)
+        # per run: what this store last saved (or loaded) of it, to write only what changed
+        self._saved: dict[str, Saved] = {}
+        self._saved_lock = threading.Lock()
 
     def _link(self) -> Link:
         return self._links.get()
@@ -176,9 +229,35 @@ class PostgresStore(Store):
         rows = [(run_id, e.seq, e.type, to_json(e)) for e in events]
         now = time.time()
         summary = RunSummary.from_state(state, updated_at=now)
-        run_row = (run_id, to_json(state), to_json(summary), summary.status, state.session, now)
+        delta = Delta.of(state, self._recall(run_id))
+        run_row = (
+            run_id,
+            head_json(state),
+            to_json(summary),
+            summary.status,
+            state.session,
+            now,
+            len(delta.messages),
+            len(delta.keys),
+            delta.token,
+        )
         memory = [(state.session, role, _text(content), now) for role, content in memory_turn(state, events)]
-        await self._write(run_id, expected, rows, run_row, memory)
+        await self._write(run_id, expected, rows, (run_row, delta), memory)
+        self._remember(run_id, None if state.finished else delta.saved())
+
+    def _recall(self, run_id: str) -> Saved | None:
+        with self._saved_lock:
+            return self._saved.get(run_id)
+
+    def _remember(self, run_id: str, saved: Saved | None) -> None:
+        """Keep what was saved of the run (None: forget it), for at most `REMEMBERED_RUNS` runs, the least
+        recently saved forgotten first (their next save rewrites their messages and ledger once)."""
+        with self._saved_lock:
+            self._saved.pop(run_id, None)
+            if saved is not None:
+                self._saved[run_id] = saved
+            while len(self._saved) > REMEMBERED_RUNS:
+                del self._saved[next(iter(self._saved))]
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         check_id(run_id)
@@ -191,7 +270,7 @@ class PostgresStore(Store):
         run_id: str,
         expected: int,
         rows: Sequence[tuple[str, int, str, str]],
-        run_row: tuple[Any, ...] | None,
+        run: tuple[tuple[Any, ...], Delta] | None,
         memory: list[tuple[Any, ...]],
     ) -> None:
         import psycopg
@@ -210,8 +289,9 @@ class PostgresStore(Store):
                             raise ConcurrencyError(run_id, expected, actual)
                         if rows:
                             await cur.executemany(_EVENT_SQL, rows)
-                        if run_row is not None:
-                            await cur.execute(_RUN_SQL, run_row)
+                        if run is not None:
+                            await _write_delta(cur, run_id, run[1])
+                            await cur.execute(_RUN_SQL, run[0])
                         if memory:
                             await cur.executemany(_MEMORY_SQL, memory)
                     committing = True
@@ -222,8 +302,24 @@ class PostgresStore(Store):
         await self._run(write, retry=lambda: not committing)
 
     async def load_state(self, run_id: str) -> RunState | None:
-        row = await self._fetchone("SELECT state FROM thinkloop_runs WHERE run_id = %s", (check_id(run_id),))
-        return None if row is None else load_state_text(run_id, row[0])
+        row = await self._fetchone(_LOAD_SQL, (check_id(run_id),))
+        if row is None:
+            return None
+        text, message_count, ledger_count, token, messages, keys, entries = row
+        state = load_state_text(run_id, text)
+        if message_count is None or state.messages:  # saved by version 1: messages and ledger inline
+            return state
+        state.messages = stored_messages(run_id, messages or [], message_count)
+        in_rows = ledger_count is not None and not state.ledger
+        if in_rows:
+            state.ledger = stored_ledger(
+                run_id, list(zip(keys or [], entries or [], strict=True)), ledger_count
+            )
+        if token is not None and not state.finished:  # a resume writes only what it changes
+            saved = self._recall(run_id)
+            if saved is None or saved.token != token:  # same token: the live run's objects, kept
+                self._remember(run_id, Saved.of(token, state, ledger=in_rows))
+        return state
 
     async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
         rows = await self._fetchall(
@@ -323,6 +419,24 @@ class Link:
         return False
 
 
+async def _write_delta(cur: Any, run_id: str, delta: Delta) -> None:
+    """Write the run's messages and ledger entries that changed — all of them when the database does not
+    hold the run as this store saved it last (its token is not `delta.base`)."""
+    await cur.execute(_TOKEN_SQL, (run_id,))
+    row = await cur.fetchone()
+    current = delta.base is not None and row is not None and row[0] == delta.base
+    replace, messages = delta.message_rows(current)
+    if replace:
+        await cur.execute("DELETE FROM thinkloop_messages WHERE run_id = %s", (run_id,))
+    if messages:
+        await cur.executemany(_MESSAGE_SQL, [(run_id, index, data) for index, data in messages])
+    replace, entries = delta.ledger_rows(current)
+    if replace:
+        await cur.execute("DELETE FROM thinkloop_ledger WHERE run_id = %s", (run_id,))
+    if entries:
+        await cur.executemany(_ENTRY_SQL, [(run_id, index, key, data) for index, key, data in entries])
+
+
 async def _migrate(conn: Any) -> None:
     """Create or upgrade the tables, once, under an advisory lock (several processes may start at once)."""
     async with conn.transaction():
@@ -336,7 +450,8 @@ async def _migrate(conn: Any) -> None:
                 f"supports ({SCHEMA_VERSION}): upgrade thinkloop"
             )
         if version < SCHEMA_VERSION:
-            for sql in _SCHEMA:
+            steps = [s for v in range(max(version, 1) + 1, SCHEMA_VERSION + 1) for s in _MIGRATIONS[v]]
+            for sql in (_SCHEMA if version == 0 else []) + steps:
                 await conn.execute(sql)
             await conn.execute("INSERT INTO thinkloop_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
 

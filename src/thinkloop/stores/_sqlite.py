@@ -4,51 +4,51 @@ One file (by default `$THINKLOOP_HOME/thinkloop.db`, else the user data director
 busy timeout, so several processes on one machine can share it. A checkpoint is one `BEGIN IMMEDIATE …
 COMMIT` transaction with cached statements and `synchronous=NORMAL` (durable against process crashes;
 a power cut may lose the last few commits, never corrupt the file). A run's messages are kept append-only
-in their own table, one row each, and the rest of its state in its `runs` row: a checkpoint writes only
-the messages added since this store last saved the run, so the history's messages do not make it grow
-(see `_MessageWrite`). It runs inline when the write lock
-is free at once (~0.1 ms, no thread hop); when another process holds the lock, the store's worker
-thread waits for it (up to `busy_timeout`) so the event loop never blocks on another process.
+and its tool-call ledger in tables of their own, one row each, and the rest of its state in its `runs`
+row: a checkpoint writes only the messages added and the ledger entries added or changed since this
+store last saved the run, so the run's history does not make it grow (see `_base.Delta`). It runs
+inline when the write lock is free at once (~0.1 ms, no thread hop); when another process holds the lock,
+the store's worker thread waits for it (up to `busy_timeout`) so the event loop never blocks on another
+process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import operator
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from .._errors import ConcurrencyError, StateError
 from .._events import Event
-from .._messages import Message
 from .._state import RunState
 from ._base import (
+    Delta,
     MemoryEntry,
     MemoryRole,
     RunStatus,
     RunSummary,
+    Saved,
     Store,
     base_version,
     check_id,
     check_role,
     clean_text,
+    head_json,
     load_state_text,
     memory_turn,
     numbered,
     parse_event,
+    stored_ledger,
+    stored_messages,
     to_json,
 )
-
-if TYPE_CHECKING:
-    from pydantic import TypeAdapter
 
 T = TypeVar("T")
 
@@ -56,16 +56,22 @@ T = TypeVar("T")
 # 2: the messages in `messages`, one row each; `runs.state` holds the state without them, and
 #    `runs.message_count` how many there are (NULL: a version-1 row, its messages inline, read as such);
 #    `runs.token` changes at every save, so a store can tell whether the run was saved by someone else since.
-SCHEMA_VERSION = 2
+# 3: the tool-call ledger in `ledger`, one row per entry (`key`: its key, a JSON string; `idx`: its place);
+#    `runs.state` holds the state without it, and `runs.ledger_count` how many entries there are (NULL: an
+#    older row, its ledger inline).
+SCHEMA_VERSION = 3
 WAL_CHECKPOINT_EVERY = 200  # writes between background WAL checkpoints
-REMEMBERED_RUNS = 64  # runs whose saved messages a store remembers (to append only the new ones)
+REMEMBERED_RUNS = 64  # runs whose last save a store remembers (to write only what changed)
 
 _MESSAGES_TABLE = """CREATE TABLE IF NOT EXISTS messages (
         run_id TEXT NOT NULL, idx INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run_id, idx))"""
+_LEDGER_TABLE = """CREATE TABLE IF NOT EXISTS ledger (
+        run_id TEXT NOT NULL, idx INTEGER NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL,
+        PRIMARY KEY (run_id, idx))"""
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS runs (
         run_id TEXT PRIMARY KEY, state TEXT NOT NULL, summary TEXT NOT NULL, status TEXT NOT NULL,
-        session TEXT, updated_at REAL NOT NULL, message_count INTEGER, token TEXT)""",
+        session TEXT, updated_at REAL NOT NULL, message_count INTEGER, token TEXT, ledger_count INTEGER)""",
     "CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at)",
     """CREATE TABLE IF NOT EXISTS events (
         run_id TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL,
@@ -75,32 +81,37 @@ _SCHEMA = [
         content TEXT NOT NULL, time REAL NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS memory_session ON memory (session, id)",
     _MESSAGES_TABLE,
+    _LEDGER_TABLE,
 ]
 # What brings a database of version N - 1 to version N (a new database gets `_SCHEMA` at once). Runs saved
-# before keep their inline messages until their next checkpoint, which moves them (nothing is rewritten here,
-# so the upgrade is instant however many runs the file holds).
+# before keep their inline messages and ledger until their next checkpoint, which moves them (nothing is
+# rewritten here, so the upgrade is instant however many runs the file holds).
 _MIGRATIONS = {
     2: [
         "ALTER TABLE runs ADD COLUMN message_count INTEGER",
         "ALTER TABLE runs ADD COLUMN token TEXT",
         _MESSAGES_TABLE,
     ],
+    3: ["ALTER TABLE runs ADD COLUMN ledger_count INTEGER", _LEDGER_TABLE],
 }
 
 _VERSION_SQL = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
 _EVENT_SQL = "INSERT INTO events (run_id, seq, type, data) VALUES (?, ?, ?, ?)"
 _RUN_SQL = (
-    "INSERT INTO runs (run_id, state, summary, status, session, updated_at, message_count, token) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+    "INSERT INTO runs (run_id, state, summary, status, session, updated_at, message_count, ledger_count, token) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (run_id) DO UPDATE SET state = excluded.state, summary = excluded.summary, "
     "status = excluded.status, session = excluded.session, updated_at = excluded.updated_at, "
-    "message_count = excluded.message_count, token = excluded.token"
+    "message_count = excluded.message_count, ledger_count = excluded.ledger_count, token = excluded.token"
 )
 _TOKEN_SQL = "SELECT token FROM runs WHERE run_id = ?"
-_MESSAGE_SQL = "INSERT INTO messages (run_id, idx, data) VALUES (?, ?, ?)"
+_MESSAGE_SQL = "INSERT OR REPLACE INTO messages (run_id, idx, data) VALUES (?, ?, ?)"
 _DELETE_MESSAGES_SQL = "DELETE FROM messages WHERE run_id = ?"
-_LOAD_RUN_SQL = "SELECT state, message_count, token FROM runs WHERE run_id = ?"
+_ENTRY_SQL = "INSERT OR REPLACE INTO ledger (run_id, idx, key, data) VALUES (?, ?, ?, ?)"
+_DELETE_LEDGER_SQL = "DELETE FROM ledger WHERE run_id = ?"
+_LOAD_RUN_SQL = "SELECT state, message_count, ledger_count, token FROM runs WHERE run_id = ?"
 _LOAD_MESSAGES_SQL = "SELECT data FROM messages WHERE run_id = ? AND idx < ? ORDER BY idx"
+_LOAD_LEDGER_SQL = "SELECT key, data FROM ledger WHERE run_id = ? AND idx < ? ORDER BY idx"
 _MEMORY_SQL = "INSERT INTO memory (session, role, content, time) VALUES (?, ?, ?, ?)"
 
 
@@ -133,8 +144,8 @@ class SQLiteStore(Store):
         self._fast_lock = threading.Lock()
         self._fast_ok = str(self.path) != ":memory:"
         self._writes = 0
-        # per run: the token of its last save (or load) by this store and the message objects it held
-        self._saved: dict[str, _Saved] = {}
+        # per run: what this store last saved (or loaded) of it
+        self._saved: dict[str, Saved] = {}
         self._saved_lock = threading.Lock()
 
     # ------------------------------------------------------------------------- connections, threads
@@ -243,48 +254,51 @@ class SQLiteStore(Store):
         rows = [(run_id, e.seq, e.type, to_json(e)) for e in events]
         now = time.time()
         summary = RunSummary.from_state(state, updated_at=now)
-        messages = _MessageWrite.of(run_id, state.messages, self._recall(run_id))
-        head = to_json(state.model_copy(update={"messages": []}))
+        delta = Delta.of(state, self._recall(run_id))
         run_row = (
             run_id,
-            head,
+            head_json(state),
             to_json(summary),
             summary.status,
             state.session,
             now,
-            messages.count,
-            messages.token,
+            len(delta.messages),
+            len(delta.keys),
+            delta.token,
         )
         memory = [
             (state.session, role, clean_text(content), now) for role, content in memory_turn(state, events)
         ]
-        await self._call(_checkpoint, run_id, expected, rows, run_row, memory, messages)
-        self._remember(run_id, None if state.finished else _Saved(messages.token, messages.snapshot))
+        await self._call(_checkpoint, run_id, expected, rows, run_row, memory, delta)
+        self._remember(run_id, None if state.finished else delta.saved())
         self._written()
 
     async def load_state(self, run_id: str) -> RunState | None:
         found = await self._call(_load, check_id(run_id))
         if found is None:
             return None
-        text, count, token, rows = found
+        text, (message_count, ledger_count), token, message_rows, ledger_rows = found
         state = load_state_text(run_id, text)
-        if count is None or state.messages:  # saved by version 1 (or a version-1 thinkloop since): inline
+        if message_count is None or state.messages:  # saved by version 1: messages and ledger inline
             return state
-        state.messages = _parse_messages(run_id, rows, count)
-        if token is not None and not state.finished:  # a resume appends to what is in the database
+        state.messages = stored_messages(run_id, message_rows, message_count)
+        in_rows = ledger_count is not None and not state.ledger  # else saved by version 2: inline
+        if ledger_count is not None and in_rows:
+            state.ledger = stored_ledger(run_id, ledger_rows, ledger_count)
+        if token is not None and not state.finished:  # a resume writes only what it changes
             saved = self._recall(run_id)
             if saved is None or saved.token != token:  # same token: the live run's objects, kept
-                self._remember(run_id, _Saved(token, list(state.messages)))
+                self._remember(run_id, Saved.of(token, state, ledger=in_rows))
         return state
 
-    def _recall(self, run_id: str) -> _Saved | None:
+    def _recall(self, run_id: str) -> Saved | None:
         with self._saved_lock:
             return self._saved.get(run_id)
 
-    def _remember(self, run_id: str, saved: _Saved | None) -> None:
+    def _remember(self, run_id: str, saved: Saved | None) -> None:
         """Keep what was saved of the run (None: forget it; a finished run is not written again), for at
         most `REMEMBERED_RUNS` runs, the least recently saved forgotten first (their next save rewrites
-        their messages once)."""
+        their messages and ledger once)."""
         with self._saved_lock:
             self._saved.pop(run_id, None)
             if saved is not None:
@@ -330,83 +344,6 @@ class SQLiteStore(Store):
             sql, params = sql + " LIMIT ?", (session, max(limit, 0))
         rows = await self._call(_all, sql, params)
         return [MemoryEntry(session=session, role=r[0], content=r[1], time=r[2]) for r in reversed(rows)]
-
-
-# ============================================================================================ messages
-
-
-@dataclass(frozen=True, slots=True)
-class _Saved:
-    """What a store last saved (or loaded) of a run: the token of that save and the message objects."""
-
-    token: str
-    messages: list[Message]
-
-
-@dataclass(frozen=True, slots=True)
-class _MessageWrite:
-    """The messages a checkpoint writes: only the new ones (`start` on) when the database still holds what
-    this store saved last (its `token` is unchanged: no other store or process saved the run since) and
-    the state still holds those very message objects (`is`: messages are never changed in place, a changed
-    one is a new object); otherwise all of them, replacing the stored ones."""
-
-    run_id: str
-    snapshot: list[Message]  # the state's messages at the checkpoint
-    start: int  # how many of them the database holds when `expected_token` is still the run's token
-    expected_token: str | None
-    new: list[tuple[str, int, str]]  # rows of the messages from `start` on
-    token: str  # the token of this save
-
-    @property
-    def count(self) -> int:
-        return len(self.snapshot)
-
-    @classmethod
-    def of(cls, run_id: str, messages: list[Message], saved: _Saved | None) -> _MessageWrite:
-        snapshot = list(messages)
-        start, expected = 0, None
-        if (
-            saved is not None
-            and len(saved.messages) <= len(snapshot)
-            and all(map(operator.is_, saved.messages, snapshot))  # stops at the end of saved.messages
-        ):
-            start, expected = len(saved.messages), saved.token
-        new = _rows(run_id, snapshot, start)
-        return cls(run_id, snapshot, start, expected, new, os.urandom(12).hex())
-
-    def rows(self, conn: sqlite3.Connection) -> list[tuple[str, int, str]]:
-        """The rows to insert, in the checkpoint's transaction (after deleting the stored ones when they
-        are not the run's as this store saved them)."""
-        if self.expected_token is not None:
-            row = conn.execute(_TOKEN_SQL, (self.run_id,)).fetchone()
-            if row is not None and row[0] == self.expected_token:
-                return self.new
-        conn.execute(_DELETE_MESSAGES_SQL, (self.run_id,))
-        return _rows(self.run_id, self.snapshot[: self.start], 0) + self.new if self.start else self.new
-
-
-def _rows(run_id: str, messages: list[Message], start: int) -> list[tuple[str, int, str]]:
-    return [(run_id, index, to_json(messages[index])) for index in range(start, len(messages))]
-
-
-_messages_adapter: TypeAdapter[list[Message]] | None = None
-
-
-def _parse_messages(run_id: str, rows: list[str], count: int) -> list[Message]:
-    global _messages_adapter
-    if len(rows) != count:
-        raise StateError(
-            f"run {run_id!r}: {count - len(rows)} of its {count} stored messages are missing: "
-            "the database is damaged; restore it from a backup, or start the run again"
-        )
-    if _messages_adapter is None:
-        from pydantic import TypeAdapter
-
-        _messages_adapter = TypeAdapter(list[Message])
-    try:
-        return _messages_adapter.validate_json("[" + ",".join(rows) + "]")
-    except ValueError as exc:
-        raise StateError(f"run {run_id!r}: a stored message is corrupt: {exc}") from exc
 
 
 # ========================================================================= run in the worker thread
@@ -466,7 +403,7 @@ def _checkpoint(
     rows: Sequence[tuple[str, int, str, str]],
     run_row: tuple[Any, ...] | None,
     memory: list[tuple[Any, ...]],
-    messages: _MessageWrite | None,
+    delta: Delta | None,
 ) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -475,8 +412,8 @@ def _checkpoint(
             raise ConcurrencyError(run_id, expected, actual)
         if rows:
             conn.executemany(_EVENT_SQL, rows)
-        if messages is not None:
-            conn.executemany(_MESSAGE_SQL, messages.rows(conn))
+        if delta is not None:
+            _write_delta(conn, run_id, delta)
         if run_row is not None:
             conn.execute(_RUN_SQL, run_row)
         if memory:
@@ -487,17 +424,40 @@ def _checkpoint(
         raise
 
 
-def _load(conn: sqlite3.Connection, run_id: str) -> tuple[str, int | None, str | None, list[str]] | None:
-    """The run's row and its messages, read in one transaction (a consistent snapshot however other
-    processes write meanwhile)."""
+def _write_delta(conn: sqlite3.Connection, run_id: str, delta: Delta) -> None:
+    """Write the run's messages and ledger entries that changed — all of them when the database does not
+    hold the run as this store saved it last (its token is not `delta.base`)."""
+    current = False
+    if delta.base is not None:
+        row = conn.execute(_TOKEN_SQL, (run_id,)).fetchone()
+        current = row is not None and row[0] == delta.base
+    replace, messages = delta.message_rows(current)
+    if replace:
+        conn.execute(_DELETE_MESSAGES_SQL, (run_id,))
+    conn.executemany(_MESSAGE_SQL, [(run_id, index, data) for index, data in messages])
+    replace, entries = delta.ledger_rows(current)
+    if replace:
+        conn.execute(_DELETE_LEDGER_SQL, (run_id,))
+    conn.executemany(_ENTRY_SQL, [(run_id, index, key, data) for index, key, data in entries])
+
+
+_Counts = tuple[int | None, int | None]  # how many messages and ledger entries the run has in rows
+
+
+def _load(
+    conn: sqlite3.Connection, run_id: str
+) -> tuple[str, _Counts, str | None, list[str], list[tuple[str, str]]] | None:
+    """The run's row, its messages and its ledger, read in one transaction (a consistent snapshot however
+    other processes write meanwhile)."""
     conn.execute("BEGIN")
     try:
         row = conn.execute(_LOAD_RUN_SQL, (run_id,)).fetchone()
         if row is None:
             return None
-        text, count, token = row
-        rows = [] if count is None else [r[0] for r in conn.execute(_LOAD_MESSAGES_SQL, (run_id, count))]
-        return text, count, token, rows
+        text, count, entries, token = row
+        messages = [] if count is None else [r[0] for r in conn.execute(_LOAD_MESSAGES_SQL, (run_id, count))]
+        ledger = [] if entries is None else conn.execute(_LOAD_LEDGER_SQL, (run_id, entries)).fetchall()
+        return text, (count, entries), token, messages, ledger
     finally:
         _rollback(conn)
 
