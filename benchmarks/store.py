@@ -1,6 +1,7 @@
 """Cost of durable runs: checkpoint + event append per step, and the overhead on a whole scripted run.
 
     .venv/bin/python benchmarks/store.py [--checkpoints 2000] [--runs 40] [--steps 10] [--history-only]
+        [--history-stores sqlite,postgres,file] [--history-steps 300]
 
 1. Micro: `store.checkpoint(state, events)` on a realistic mid-run state (10 steps of history, 3 events
    per checkpoint) — what the loop pays at every step boundary: one transaction saving the state and
@@ -12,8 +13,9 @@
 
 3. History: what one checkpoint costs after 10 and after 300 steps whose tool returned 10 kB, and the
    ratio (1.0: independent of the history's length). The run is built step by step as the loop does (3
-   checkpoints a step: tool started, tool done, observation saved), then the checkpoints of 10 more
-   steps are timed.
+   checkpoints a step: tool started — its ledger entry added —, tool done — the entry holds the 10 kB
+   output —, observation saved — the tool message added), then the checkpoints of 10 more steps are
+   timed. Every store that is available is measured (`--history-stores` picks some).
 
 PostgreSQL is measured when it answers at $THINKLOOP_BENCH_PG (default postgresql://postgres@127.0.0.1:5432/test),
 in a private schema dropped afterwards.
@@ -34,6 +36,7 @@ from typing import Any
 
 from thinkloop import Agent, Budget, Message, RunState, ToolCall, tool
 from thinkloop._events import Progress, ToolCallEvent, ToolResultEvent
+from thinkloop._state import LedgerEntry
 from thinkloop.stores import FileStore, MemoryStore, PostgresStore, SQLiteStore, Store
 from thinkloop.testing import ScriptedModel
 
@@ -110,16 +113,21 @@ async def one_run(store: Store | None, steps: int) -> float:
 
 
 async def history_step(store: Store, state: RunState, step: int) -> None:
-    """One tool step of 10 kB output and its 3 checkpoints (tool started, tool done, observation saved)."""
+    """One tool step of 10 kB output and its 3 checkpoints, as the loop makes them: tool started (its
+    ledger entry added), tool done (the entry holds the output), observation saved (the tool message)."""
     call = ToolCall(id=f"h{step}", name="fetch", arguments={"item": step})
     state.step = step
     state.messages.append(Message.assistant("", [call], step=step))
     output = f"item {step}\n" + "x" * 10_000
+    state.ledger[call.id] = LedgerEntry(call_id=call.id, name=call.name, arguments=call.arguments, step=step)
+    entry = state.ledger[call.id]
     for event in (
         ToolCallEvent(step=step, call=call),
         ToolResultEvent(step=step, call_id=call.id, name="fetch", output="ok", success=True, duration=0.01),
         Progress(step=step, max_steps=1000, usage=state.usage),
     ):
+        if isinstance(event, ToolResultEvent):
+            entry.status, entry.output, entry.success = "done", output, True
         if isinstance(event, Progress):
             state.messages.append(Message.tool(call, output, step=step))
         state.event_version += 1
@@ -140,15 +148,36 @@ async def history_cost(store: Store, steps: int, timed: int = 10) -> float:
     return statistics.median(times)
 
 
-async def history(tmp: Path) -> None:
+async def history(tmp: Path, names: list[str], steps: int) -> None:
     print("\n3. one checkpoint after N steps of 10 kB tool output (median of the next 10 steps' checkpoints)")
-    async with SQLiteStore(tmp / "history.db") as store:
-        await history_cost(store, 5)  # warm up
-        short = await history_cost(store, 10)
-        long = await history_cost(store, 300)
-    print(
-        f"  sqlite    10 steps {short * 1e3:.3f} ms · 300 steps {long * 1e3:.3f} ms · ratio x{long / short:.2f}"
-    )
+    for name in names:
+        made = await history_store(name, tmp)
+        if made is None:
+            print(f"  {name:9} not available")
+            continue
+        store, drop = made
+        async with store:
+            await history_cost(store, 5)  # warm up
+            short = await history_cost(store, 10)
+            long = await history_cost(store, steps)
+        await drop()
+        print(
+            f"  {name:9} 10 steps {short * 1e3:.3f} ms · {steps} steps {long * 1e3:.3f} ms · "
+            f"ratio x{long / short:.2f}"
+        )
+
+
+async def history_store(name: str, tmp: Path) -> tuple[Store, Callable[[], Awaitable[None]]] | None:
+    async def nothing() -> None:
+        return None
+
+    if name == "sqlite":
+        return SQLiteStore(tmp / "history.db"), nothing
+    if name == "file":
+        return FileStore(tmp / "history-files"), nothing
+    if name == "postgres":
+        return await pg_store()
+    raise SystemExit(f"unknown store {name!r} (sqlite, postgres, file)")
 
 
 # ================================================================================================= main
@@ -181,8 +210,9 @@ def ms(values: list[float]) -> str:
 
 async def main(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-"))
+    history_stores = [name.strip() for name in args.history_stores.split(",") if name.strip()]
     if args.history_only:
-        await history(tmp)
+        await history(tmp, history_stores, args.history_steps)
         return
     stores: dict[str, Store] = {
         "memory": MemoryStore(),
@@ -219,7 +249,7 @@ async def main(args: argparse.Namespace) -> None:
         await store.aclose()
     if pg is not None:
         await pg[1]()
-    await history(tmp)
+    await history(tmp, history_stores, args.history_steps)
 
 
 if __name__ == "__main__":
@@ -228,4 +258,6 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--history-only", action="store_true", help="only scenario 3 (history length)")
+    parser.add_argument("--history-stores", default="sqlite,postgres,file", help="stores of scenario 3")
+    parser.add_argument("--history-steps", type=int, default=300, help="the long history of scenario 3")
     asyncio.run(main(parser.parse_args()))
