@@ -693,7 +693,7 @@ def render_transcript(messages: list[Message]) -> list[Message]:
             )
             out.append(Message(role="assistant", content=body, kind=msg.kind, step=msg.step))
         elif msg.role == "tool":
-            text = f"{OBSERVATION} {readable_json(msg.content)}"
+            text = f"{OBSERVATION} {readable_json(msg.content)}{list_orders(msg.content)}"
             if (
                 out
                 and out[-1].role == "user"
@@ -736,6 +736,54 @@ def readable_json(text: str) -> str:
     except (ValueError, RecursionError):
         return text
     return readable if same else text
+
+
+# ------------------------------------------------------------------- lists of records, in numeric order
+
+_ORDER_MAX_ITEMS, _ORDER_MAX_KEYS = 12, 4
+
+
+def list_orders(text: str) -> str:
+    """For a JSON tool result holding a list of records (2 to 12 objects), one line per numeric field
+    giving the records in the order of that field (`flights by price_eur, from lowest to highest: IB 3401
+    (498), LH 1120 (642)`), each named by its first field that tells them apart; "" otherwise. Shown to a
+    ReAct model after the result (the stored result is unchanged): the 1.5B model named the first of two
+    flights as the cheapest, reading the right prices."""
+    if text.lstrip()[:1] not in ("{", "[") or len(text) > 20_000:
+        return ""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return ""
+    lists = [("items", value)] if isinstance(value, list) else []
+    if isinstance(value, dict):
+        lists = [(str(k), v) for k, v in value.items() if isinstance(v, list)]
+    lines = [line for name, items in lists for line in _orders(name, items)]
+    return "".join(f"\n({line})" for line in lines[:_ORDER_MAX_KEYS])
+
+
+def _orders(name: str, items: list[Any]) -> list[str]:
+    if not 2 <= len(items) <= _ORDER_MAX_ITEMS or not all(isinstance(i, dict) for i in items):
+        return []
+    labels = _record_labels(items)
+    lines = []
+    for key in dict.fromkeys(k for item in items for k in item):
+        values = [(item.get(key), label) for item, label in zip(items, labels, strict=True)]
+        known = [(v, label) for v, label in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        if len(known) < 2 or len({v for v, _ in known}) < 2:
+            continue
+        ordered = ", ".join(f"{label} ({v})" for v, label in sorted(known, key=lambda p: p[0]))
+        lines.append(f"{name} by {key}, from lowest to highest: {ordered}")
+    return lines
+
+
+def _record_labels(items: list[dict[str, Any]]) -> list[str]:
+    """What names each record: the first text field whose values are all different, else its position."""
+    for key in dict.fromkeys(k for item in items for k in item):
+        values = [item.get(key) for item in items]
+        if all(isinstance(v, str) and v.strip() for v in values) and len(set(values)) == len(values):
+            return [str(v) for v in values]
+    return [f"#{n}" for n in range(1, len(items) + 1)]
 
 
 # ------------------------------------------------------------------------ answers copied from the prompt

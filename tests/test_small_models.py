@@ -1,0 +1,64 @@
+"""Aids for small local models in text ReAct (docs/local-model.md), shown with scripted models."""
+
+from __future__ import annotations
+
+import json
+
+from thinkloop import Agent, ModelRequest, tool
+from thinkloop._react import list_orders
+from thinkloop.testing import FunctionModel
+
+FLIGHTS = {
+    "cabin": "business",
+    "flights": [
+        {"flight": "LH 1120", "stops": 0, "price_eur": 642},
+        {"flight": "IB 3401", "stops": 1, "price_eur": 498},
+    ],
+}
+
+
+@tool
+def search_flights(origin: str, destination: str) -> str:
+    """Flights between two airports, as JSON."""
+    return json.dumps(FLIGHTS)
+
+
+async def test_a_list_of_records_is_shown_to_a_react_model_in_the_order_of_each_number() -> None:
+    def reply(request: ModelRequest) -> str:
+        if request.turn == 0:
+            return 'Thought: search\nAction: search_flights\nAction Input: {"origin": "FRA", "destination": "MAD"}'
+        seen = request.messages[-1].content  # the observation, as the model reads it
+        cheapest = seen.split("price_eur, from lowest to highest: ", 1)[1].split(" (", 1)[0]
+        return f"Final Answer: {cheapest}"
+
+    model = FunctionModel(reply, tools=False)
+    result = await Agent(model, tools=[search_flights]).run("Which business flight is the cheapest?")
+    assert result.output == "IB 3401"  # not the first one listed
+    observation = model.requests[1].messages[-1].content
+    assert observation.endswith(
+        "\n(flights by stops, from lowest to highest: LH 1120 (0), IB 3401 (1))"
+        "\n(flights by price_eur, from lowest to highest: IB 3401 (498), LH 1120 (642))"
+    )
+    stored = [m.content for m in result.state.messages if m.role == "tool"]
+    assert stored == [json.dumps(FLIGHTS)]  # the result itself is unchanged
+
+
+def test_records_are_named_by_a_field_that_tells_them_apart_or_by_position() -> None:
+    offices = [{"city": "Dublin", "staff": 131}, {"city": "Austin", "staff": 88}]
+    assert (
+        list_orders(json.dumps(offices))
+        == "\n(items by staff, from lowest to highest: Austin (88), Dublin (131))"
+    )
+    same = [{"kind": "a", "n": 2}, {"kind": "a", "n": 1}, {"kind": "b", "n": None}]
+    assert list_orders(json.dumps({"rows": same})) == "\n(rows by n, from lowest to highest: #2 (1), #1 (2))"
+
+
+def test_no_order_line_for_what_is_not_a_list_of_records_with_different_numbers() -> None:
+    assert list_orders('{"warehouse": "Bolt", "capacity_pallets": 8000}') == ""  # one record
+    assert list_orders('{"rows": [{"n": 1}]}') == ""  # one item
+    assert list_orders('{"rows": [{"n": 1}, {"n": 1}]}') == ""  # nothing to order
+    assert list_orders('{"rows": [1, 2, 3]}') == ""  # not records
+    assert list_orders('{"rows": [{"ok": true}, {"ok": false}]}') == ""  # booleans are not numbers
+    assert list_orders("3 items, total 6.65 kg") == ""
+    assert list_orders("[not json") == ""
+    assert list_orders(json.dumps([{"n": i} for i in range(13)])) == ""  # too long to list
