@@ -247,7 +247,7 @@ def test_a_failing_summarizer_falls_back_to_the_deterministic_summary(caplog: An
 
 def test_estimate_counter_counts_text_calls_and_overhead() -> None:
     msg = Message.assistant("abcdef", [ToolCall(id="1", name="fn", arguments={"a": 1})])
-    assert estimate_message(msg) == (6 // 3 + 1) + 4 + (2 // 3 + 1) + (len("{'a': 1}") // 3 + 1) + 8
+    assert estimate_message(msg) == (6 // 3 + 1) + 4 + (2 // 3 + 1) + (len('{"a":1}') // 3 + 1) + 8
     assert EstimateCounter().count([msg, msg]) == 2 * estimate_message(msg)
 
 

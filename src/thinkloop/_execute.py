@@ -144,7 +144,8 @@ def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Pr
         if retried is None:
             return _failed(call, "invalid_arguments", _invalid_args_message(tool, str(exc)))
         arguments = retried
-    return _Prepared(call, tool, arguments, tool.risk_for(arguments), note=note)
+    risk = tool.risk if isinstance(tool.risk, RiskLevel) else tool.risk_for(arguments)
+    return _Prepared(call, tool, arguments, risk, note=note)
 
 
 _WRAPPERS = frozenset({"arguments", "args", "parameters", "params", "input", "kwargs", "action_input"})
@@ -241,7 +242,9 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         arguments = prepared.arguments
         if tool.context_param is not None:
             arguments = {**arguments, tool.context_param: _tool_context(run, call)}
-        value = await _invoke(run, tool.invoke(arguments), timeout)
+        finished, value = _started(tool.invoke(arguments))
+        if not finished:  # it waits: under its time limit and the run's deadline, whichever comes first
+            value = await run.deadlines.within(_deadline(run, timeout), value)
         text, success, kind = _valid_text(render_output(value)), True, None
     except DeadlineExceeded:  # not a TimeoutError the tool raised itself (`asyncio.wait_for` inside it)
         by_run = _run_out_of_time(run)
@@ -266,19 +269,20 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     return outcome
 
 
-async def _invoke(run: RunContext, awaitable: Awaitable[T], limit: float) -> T:
-    """Await a tool's invocation under its time limit (seconds) and the run's deadline, whichever comes first.
+def _started(awaitable: Awaitable[T]) -> tuple[bool, Any]:
+    """Start a tool's invocation: `(True, its result)` when it finished at once, else `(False, an awaitable
+    that goes on with it)`, to be awaited under the tool's time limit and the run's deadline.
 
     A coroutine is started right here: one that finishes without waiting (most async tools) could not
-    have been interrupted by a timer anyway, so it needs none. One that waits goes on under the deadline.
+    have been interrupted by a timer anyway, so it needs none (nor a coroutine of ours around it).
     """
     if type(awaitable) is not types.CoroutineType:
-        return await run.deadlines.within(_deadline(run, limit), awaitable)
+        return False, awaitable
     try:
         waiting_on = awaitable.send(None)
     except StopIteration as finished:
-        return finished.value  # type: ignore[no-any-return]
-    return await run.deadlines.within(_deadline(run, limit), _resume(awaitable, waiting_on))
+        return True, finished.value
+    return False, _resume(awaitable, waiting_on)
 
 
 @types.coroutine

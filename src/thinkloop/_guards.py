@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._messages import ToolCall
+from ._messages import ToolCall, arguments_json
 from ._state import GuardState, RunState, StopReason
 
 if TYPE_CHECKING:
@@ -137,43 +136,32 @@ def signature(call: ToolCall) -> str:
 
     Arguments longer than 200 characters are kept as a digest, so the run state stays small.
     """
-    args = call.raw_arguments.strip() if call.raw_arguments is not None else _canonical(call.arguments)
+    args = call.raw_arguments.strip() if call.raw_arguments is not None else arguments_json(call.arguments)
     if len(args) > 200:
         args = f"#{hashlib.blake2b(args.encode(errors='replace'), digest_size=12).hexdigest()}"
     return f"{call.name}:{args}"
 
 
-def _make_canonical() -> Callable[[Any], str]:
-    """Canonical JSON (sorted keys, no spaces): the C encoder built once when available (it is rebuilt
-    by every `json.dumps` call otherwise), else `json.dumps`."""
-    encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return encoder.encode
-    fast = make(None, str, json.encoder.encode_basestring, None, ":", ",", True, False, True)
-
-    def canonical(value: Any) -> str:
-        try:
-            return "".join(fast(value, 0))
-        except (TypeError, ValueError, RecursionError):  # e.g. a non-string key: the full encoder decides
-            return encoder.encode(value)
-
-    return canonical
-
-
-_canonical = _make_canonical()
-
-
 _last_digest: tuple[str, str] = ("", "")
 
 
+_SHORT = 24
+
+
 def _digest(text: str) -> str:
-    """A short fingerprint of a text; the last one is remembered (a result is fingerprinted twice a step)."""
+    """A short fingerprint of a text; the last one is remembered (a result is fingerprinted twice a step).
+
+    A text of up to 24 characters is its own fingerprint, marked with `=` (hex digests never start so):
+    hashing costs more than the short results it would shorten (a number, "ok", "not found")."""
     global _last_digest
     last = _last_digest  # read once: other threads may replace it
     if text is last[0]:
         return last[1]
-    digest = hashlib.blake2b(text.strip().encode(errors="replace"), digest_size=8).hexdigest()
+    stripped = text.strip()
+    if len(stripped) <= _SHORT:
+        digest = f"={stripped}"
+    else:
+        digest = hashlib.blake2b(stripped.encode(errors="replace"), digest_size=8).hexdigest()
     _last_digest = (text, digest)
     return digest
 
@@ -225,6 +213,7 @@ class Guards:
     def __init__(self, config: GuardConfig | None = None) -> None:
         self.config = config or GuardConfig()
         self._signatures: dict[str, str] = {}  # call id -> signature, of the calls of the current step
+        self._rounds: tuple[int, frozenset[int]] = (-1, frozenset())  # (max_steps, its hint rounds)
 
     def signature(self, call: ToolCall) -> str:
         """The call's signature (computed once per call of the current step)."""
@@ -369,7 +358,14 @@ class Guards:
 
     def stop_reason(self, state: RunState) -> StopReason | None:
         """`dangerous_loop` or `no_progress` when the run must stop, else None."""
-        g = state.guards
+        g, config = state.guards, self.config
+        if (  # the common case: no counter near its limit
+            g.consecutive_blocked < config.max_blocked_steps
+            and g.steps_without_progress < config.no_progress_threshold + 2
+            and len(g.recent_errors) < config.max_repeated_errors
+            and len(g.recent_thoughts) < config.max_repeated_thoughts
+        ):
+            return None
         if g.consecutive_blocked >= self.config.max_blocked_steps:
             state.metadata["guard_stop"] = "blocked"
             return StopReason.DANGEROUS_LOOP
@@ -406,8 +402,14 @@ class Guards:
         g = state.guards
         if not self.config.checkpoint_hints or state.step in g.hints_given:
             return None
-        if not (g.recent_errors or g.recent_thoughts) and state.step not in hint_rounds(max_steps).values():
-            return None  # the common case: no streak, and not a checkpoint round
+        if not (
+            g.recent_errors or g.recent_thoughts
+        ):  # the common case: no streak, and not a checkpoint round
+            rounds = self._rounds
+            if rounds[0] != max_steps:
+                rounds = self._rounds = (max_steps, frozenset(hint_rounds(max_steps).values()))
+            if state.step not in rounds[1]:
+                return None
         key = self._checkpoint_key(state, max_steps)
         errors, similar = _streak(g.recent_errors), _similar_streak(g.recent_errors)
         guessing = similar >= _GUESSES and errors < 2

@@ -48,7 +48,15 @@ from ._events import (
 )
 from ._execute import AllowAll, Deadlines, ToolGate, ToolOutcome, execute_calls
 from ._guards import Guards
-from ._messages import Message, ModelRequest, ModelResponse, ModelSettings, TextDelta, ToolCall
+from ._messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ModelSettings,
+    TextDelta,
+    ToolCall,
+    arguments_json,
+)
 from ._output import OutputSpec
 from ._prompt import final_answer_prompt, system_prompt
 from ._state import LedgerEntry, Mode, RunState, StopReason
@@ -304,7 +312,7 @@ async def run_loop(run: RunContext, *, resumed: bool = False) -> RunResult:
     4. A reply without tool calls is the final answer: stop. With an output type, an answer that does not
        validate goes back to the model with the errors instead (counted as a heal, like 3).
     5. Act: run the tool calls — screened for loops, validated, risk-checked, timed out, truncated.
-    6. Observe: record the results, update the guards, add a checkpoint hint, save; back to 1.
+    6. Observe: record the results, update the guards, add a checkpoint hint; save; back to 1.
     A hard stop (budget, loop, no progress) makes one last call for a best-effort final answer.
     """
     try:
@@ -318,20 +326,16 @@ async def run_loop(run: RunContext, *, resumed: bool = False) -> RunResult:
             if reply.problem is not None:
                 if heal(run, reply):
                     continue
-                return await finish(
-                    run,
-                    StopReason.ERROR,
-                    answer=_best_known(run)
-                    or _react._strip_label(_final_text(reply.text), _react._THOUGHT_RE),
-                    error=f"the model's replies could not be understood: {reply.problem}",
-                )
+                return await finish_unreadable(run, reply)
             if not reply.calls:
                 result = await final_answer(run, reply.text)
                 if result is not None:
                     return result
                 continue  # the answer did not match the output type: the model was told why
             outcomes = await act(run, reply.calls)
-            await observe(run, outcomes)
+            observe(run, outcomes)
+            if run.step_saves:
+                await run.checkpoint()
     except TimeoutError:
         return await finish(
             run,
@@ -340,10 +344,7 @@ async def run_loop(run: RunContext, *, resumed: bool = False) -> RunResult:
             error=run.config.budget.describe(StopReason.TIMEOUT),
         )
     except asyncio.CancelledError:
-        if run.interrupted:
-            await suspend(run)
-        else:
-            await finish(run, StopReason.CANCELLED, error="the run was cancelled")
+        await ended_by_cancellation(run)
         raise
     except RunError as exc:  # the run ends with `error`; a store failure (StateError) is raised instead
         return await ended_by_error(run, exc)
@@ -370,7 +371,7 @@ async def think(run: RunContext) -> Reply:
     if run.observed:
         run.emit(Progress(step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.copy()))
     else:
-        run.skip_event()
+        state.event_version += 1  # `run.skip_event()`, inlined: the hot path
     if run.context.summarizer is not None:
         await run.context.prepare(state)  # a model-written summary of dropped steps
     while True:
@@ -615,13 +616,14 @@ def _account(
     run: RunContext, request: ModelRequest, response: ModelResponse, started: float, *, final: bool = False
 ) -> None:
     """Add the call's usage and cost to the run's, and announce the call (`model_call`)."""
+    state = run.state
     usage = response.usage if response.usage.requests else estimated_usage(request, response)
-    run.state.usage.add(usage)
+    state.usage.add(usage)
     cost = usage.cost
     if cost == 0.0:  # priced here: the provider did not say what it cost
         name = response.model_name or run.model.name
         cost = run.config.price_table.cost(name, usage.input_tokens, usage.output_tokens)
-        run.state.usage.cost += cost
+        state.usage.cost += cost
     if not usage.estimated:
         run.context.record_usage(usage.input_tokens)
     if run.observed:
@@ -641,7 +643,7 @@ def _account(
             )  # fmt: skip
         )
     else:
-        run.skip_event()
+        state.event_version += 1  # `run.skip_event()`, inlined: the hot path
 
 
 def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -> Reply:
@@ -791,16 +793,9 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def _plain(call: ToolCall) -> bool:
-    """True when no string of the call (arguments one level deep) can hold a surrogate."""
-    if call.raw_arguments is not None or not call.name.isascii():
-        return False
-    for key, value in call.arguments.items():
-        if not (key.isascii() and (type(value) in _NUMBERS or (type(value) is str and value.isascii()))):
-            return False
-    return True
-
-
-_NUMBERS = frozenset({int, float, bool})
+    """True when no string of the call can hold a surrogate: its name and arguments are ASCII (the
+    arguments' JSON is kept: the guards' signature and the token estimate read it too)."""
+    return call.raw_arguments is None and call.name.isascii() and arguments_json(call.arguments).isascii()
 
 
 def _valid_unicode(value: Any) -> Any:
@@ -841,7 +836,7 @@ def _record_reply(run: RunContext, reply: Reply) -> None:
         if run.observed:
             run.emit(Thought(step=state.step, text=reply.text.strip()))
         else:
-            run.skip_event()
+            state.event_version += 1  # `run.skip_event()`, inlined: the hot path
     elif reply.calls:
         state.guards.recent_thoughts.clear()  # a step without reasoning breaks a streak
 
@@ -863,6 +858,24 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
     what = problem.split(" Give the final answer again", 1)[0]  # the instructions were for the model
     error = f"the final answer did not match the output type: {what}"
     return await finish(run, StopReason.ERROR, answer=answer, error=error)
+
+
+async def ended_by_cancellation(run: RunContext) -> None:
+    """An interrupted run (`Agent.interrupt`) is saved resumable; any other cancellation finishes it."""
+    if run.interrupted:
+        await suspend(run)
+    else:
+        await finish(run, StopReason.CANCELLED, error="the run was cancelled")
+
+
+async def finish_unreadable(run: RunContext, reply: Reply) -> RunResult:
+    """End the run with `error` after too many replies that could not be understood (healing failed)."""
+    return await finish(
+        run,
+        StopReason.ERROR,
+        answer=_best_known(run) or _react._strip_label(_final_text(reply.text), _react._THOUGHT_RE),
+        error=f"the model's replies could not be understood: {reply.problem}",
+    )
 
 
 def heal(run: RunContext, reply: Reply) -> bool:
@@ -936,8 +949,8 @@ def plan_calls(run: RunContext, calls: list[ToolCall], blocked: dict[str, str]) 
         ledger[call.id] = entry
 
 
-async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
-    """Record each result as a tool message, update the guards, add a hint when due, checkpoint."""
+def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
+    """Record each result as a tool message, update the guards, add a hint when due (saved by the caller)."""
     state, guards, step = run.state, run.guards, run.state.step
     for outcome in outcomes:
         text, call = outcome.output, outcome.call
@@ -949,7 +962,7 @@ async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
         if run.observed:
             run.emit(_result_event(step, outcome))
         else:
-            run.skip_event()
+            state.event_version += 1  # `run.skip_event()`, inlined: the hot path
     guards.observe(state, outcomes)
     malformed = (
         outcomes[0].error_kind in _MALFORMED
@@ -962,8 +975,6 @@ async def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
         text, reason = hint
         state.messages.append(Message.user(text, kind="hint", step=step))
         run.emit(lambda: Hint(step=step, text=text, reason=reason))
-    if run.step_saves:
-        await run.checkpoint()
 
 
 _MALFORMED = frozenset({"unknown_tool", "invalid_arguments"})

@@ -7,7 +7,8 @@ path, validated by pydantic when loaded from outside, and they round-trip throug
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -46,6 +47,42 @@ class ToolCall(Data):
     @property
     def malformed(self) -> bool:
         return self.raw_arguments is not None
+
+
+def _make_canonical() -> Callable[[Any], str]:
+    """Canonical JSON (sorted keys, no spaces, non-ASCII kept): the C encoder built once when available
+    (it is rebuilt by every `json.dumps` call otherwise), else `json.dumps`."""
+    encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return encoder.encode
+    fast = make(None, str, json.encoder.encode_basestring, None, ":", ",", True, False, True)
+
+    def canonical(value: Any) -> str:
+        try:
+            return "".join(fast(value, 0))
+        except (TypeError, ValueError, RecursionError):  # e.g. a non-string key: the full encoder decides
+            return encoder.encode(value)
+
+    return canonical
+
+
+_canonical = _make_canonical()
+_last_arguments: tuple[object, str] = (None, "")
+
+
+def arguments_json(arguments: dict[str, Any]) -> str:
+    """A call's arguments as canonical JSON (sorted keys, no spaces, non-ASCII kept; values JSON cannot
+    hold as their `str`). The last dict's text is remembered: the loop's text check, the guards' call
+    signature and the token estimate all read the same call, so it is encoded once. The loop never
+    changes a call's arguments in place (nor may anyone: the text would be stale)."""
+    global _last_arguments
+    last = _last_arguments  # read once: other threads may replace it
+    if last[0] is arguments:
+        return last[1]
+    text = _canonical(arguments)
+    _last_arguments = (arguments, text)
+    return text
 
 
 def _shared_empty(calls: Sequence[ToolCall]) -> Sequence[ToolCall]:

@@ -73,7 +73,9 @@ async def resume_pending(run: RunContext) -> None:
     if to_run:
         outcomes.update((o.call.id, o) for o in await execute_calls(run, to_run))
     run.state.tool_calls += sum(1 for o in outcomes.values() if o.error_kind != "repeated_call")
-    await observe(run, [outcomes[c.id] for c in calls])
+    observe(run, [outcomes[c.id] for c in calls])
+    if run.step_saves:
+        await run.checkpoint()
 
 
 async def _settle(run: RunContext, call: ToolCall) -> ToolOutcome | None:
