@@ -753,3 +753,72 @@ async def test_an_async_tool_raising_timeout_or_cancelled_itself_is_a_failed_cal
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+# ============================================================ plain scalar arguments: checked without pydantic
+
+
+@tool
+def _booking(city: str, nights: int, budget: float, breakfast: bool = False, note: str = "none") -> str:
+    """Book a room."""
+    return city
+
+
+def _pydantic_says(t: Tool, arguments: dict[str, Any]) -> dict[str, Any] | str:
+    assert t.validator is not None
+    try:
+        return dict(t.validator.model_validate(arguments).__dict__)
+    except Exception as exc:
+        return type(exc).__name__
+
+
+def _validate_says(t: Tool, arguments: dict[str, Any]) -> dict[str, Any] | str:
+    try:
+        return t.validate(arguments)
+    except ToolArgumentsError:
+        return "ValidationError"
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"city": "Oslo", "nights": 2, "budget": 99.5},  # exact types: the plain check
+        {"city": "Oslo", "nights": 2, "budget": 99.5, "breakfast": True, "note": "late"},
+        {"nights": 2, "budget": 99.5, "city": "Oslo"},  # another order
+        {"city": "Oslo", "nights": "2", "budget": 99.5},  # "2" -> 2: pydantic coerces
+        {"city": "Oslo", "nights": 2, "budget": 99},  # 99 -> 99.0: a float, as pydantic gives it
+        {"city": "Oslo", "nights": True, "budget": 1.0},  # a bool for an int: pydantic decides
+        {"city": "Oslo", "nights": 2},  # a required argument missing
+        {"city": "Oslo", "nights": 2, "budget": 1.0, "stars": 4},  # an unknown argument
+        {"city": None, "nights": 2, "budget": 1.0},
+        {"city": "Oslo", "nights": 2, "budget": float("inf")},
+    ],
+)
+def test_plain_arguments_are_validated_exactly_as_pydantic_would(arguments: dict[str, Any]) -> None:
+    assert _booking._plain is not None  # the tool qualifies for the plain check
+    got, expected = _validate_says(_booking, arguments), _pydantic_says(_booking, arguments)
+    assert got == expected
+    if isinstance(got, dict):
+        assert isinstance(expected, dict)
+        assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in expected.items()}
+        assert got is not arguments  # a new dict, as pydantic's was
+
+
+def test_arguments_with_rules_always_go_through_pydantic() -> None:
+    @tool
+    def nights(n: Annotated[int, Field(ge=1)], name: str | None = None) -> int:
+        """Count nights."""
+        return n
+
+    class Strict(BaseModel):
+        model_config = {"extra": "forbid", "str_strip_whitespace": True}
+        city: str
+
+    def where(city: str) -> str:
+        return city
+
+    stripped = Tool("where", "Where.", {"type": "object"}, where, validator=Strict)
+    assert nights._plain is None and stripped._plain is None  # a constraint / an optional, another config
+    with pytest.raises(ToolArgumentsError):
+        nights.validate({"n": 0})
+    assert stripped.validate({"city": "  Oslo "}) == {"city": "Oslo"}

@@ -129,6 +129,7 @@ class Tool:
         self.output_max_length = output_max_length
         self.validator = validator
         self._renamed = _renamed_fields(validator)  # field -> parameter, for parameters pydantic reserves
+        self._plain = _plain_fields(validator)  # a type check does what pydantic would (scalars, no rules)
         self.in_thread = in_thread
         self.context_param = context_param  # the parameter that receives the `ToolContext`, if any
         self._is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
@@ -143,6 +144,10 @@ class Tool:
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Return the validated (and coerced) arguments, or raise `ToolArgumentsError`."""
+        if self._plain is not None:  # arguments of exactly the declared scalar types: valid as they are
+            plain = _plainly_valid(self._plain, arguments)
+            if plain is not None:
+                return plain
         for value in arguments.values():
             if type(value) in _CONTAINERS:
                 arguments = _detached(arguments)
@@ -321,6 +326,53 @@ def _detached(arguments: dict[str, Any]) -> dict[str, Any]:
                     stack.append(copies[id(value)])
                 node[key] = copies[id(value)]
     return top
+
+
+_SCALARS = frozenset({int, float, str, bool})
+_PLAIN_DEFAULTS = (int, float, str, bool, type(None))
+_TOOL_CONFIG = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+
+PlainFields = tuple[dict[str, type], dict[str, Any]]
+
+
+def _plain_fields(validator: type[BaseModel] | None) -> PlainFields | None:
+    """`(types, defaults)` when every argument is a plain `int`, `float`, `str` or `bool` — no constraint,
+    alias or validator, a scalar default if any, the configuration `@tool` gives — so that pydantic
+    would return a value of exactly that type as it is; None otherwise (pydantic validates every call)."""
+    if validator is None or dict(validator.model_config) != dict(_TOOL_CONFIG):
+        return None
+    decorators = validator.__pydantic_decorators__
+    if any(
+        (decorators.validators, decorators.field_validators, decorators.root_validators,
+         decorators.model_validators)
+    ):  # fmt: skip
+        return None
+    types: dict[str, type] = {}
+    defaults: dict[str, Any] = {}
+    for name, info in validator.model_fields.items():
+        plain = info.annotation in _SCALARS and not info.metadata and info.alias is None
+        if not plain or info.validation_alias is not None or info.default_factory is not None:
+            return None
+        if not info.is_required():
+            if type(info.default) not in _PLAIN_DEFAULTS:
+                return None
+            defaults[name] = info.default
+        types[name] = info.annotation  # type: ignore[assignment]
+    return types, defaults
+
+
+def _plainly_valid(fields: PlainFields, arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """The validated arguments when each is exactly of its declared type and none is missing; None when
+    pydantic must decide (a coercion like "3" → 3 or 3 → 3.0, an unknown or missing argument, an error)."""
+    types, defaults = fields
+    for key, value in arguments.items():
+        if types.get(key) is not type(value):
+            return None
+    if len(arguments) == len(types):
+        return dict(arguments)
+    if any(key not in arguments and key not in defaults for key in types):
+        return None
+    return {**defaults, **arguments}
 
 
 def _renamed_fields(validator: type[BaseModel] | None) -> dict[str, str]:
@@ -582,9 +634,8 @@ def _validator_for(
         if _reserved(param.name):  # `json`, `model_config`, `_id`: a pydantic name, the model's key
             field_name, options["alias"] = f"{_RENAMED}{index}", param.name
         fields[field_name] = (hints.get(param.name, Any), Field(**options))
-    config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
     try:
-        return create_model(f"{label}_arguments", __config__=config, **fields)
+        return create_model(f"{label}_arguments", __config__=_TOOL_CONFIG, **fields)
     except Exception as exc:
         raise ConfigurationError(f"cannot build a schema for tool function {label!r}: {exc}") from exc
 
