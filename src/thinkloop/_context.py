@@ -274,11 +274,15 @@ class ContextManager:
         `reserve`. The returned list is new; `state.messages` is never changed.
         """
         source = state.messages if messages is None else messages
-        self._last_reserve = self._reserve_for(system, tools) + reserve
+        if system is self._reserve_for_system and tools is self._reserve_for_tools:
+            reserve += self._reserve  # the same objects as last time (the loop caches them)
+        else:
+            reserve += self._reserve_for(system, tools)
+        self._last_reserve = reserve
         self._scan(source)
         if self._dropped == 1 and self._as_is(self._group_count - self.keep_steps):
-            total = self._tokens + self._last_reserve  # the common case: the history fits as it is
-            if total * self.scale <= self.budget:
+            total = self._tokens + reserve  # the common case: the history fits as it is
+            if total * self.scale <= int(self.max_context_tokens * self.trim_ratio):  # `budget`
                 self.last_tokens = total
                 return list(source)
         out, tokens = self._plan(state, source, self._last_reserve) or self._assemble(state)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ._errors import ConfigurationError
-from ._messages import Message, ToolCall, ToolDefinition, arguments_json
+from ._messages import Message, ToolDefinition, arguments_json
 from .models._base import estimate_tokens
 
 if TYPE_CHECKING:
@@ -102,25 +102,13 @@ def is_exact(counter: TokenCounter) -> bool:
     return bool(getattr(counter, "exact", True))
 
 
-MESSAGE_BASE = 1 + MESSAGE_OVERHEAD
-"""The estimate of a message without text, calls or result (`estimate_tokens("")` plus the overhead)."""
-
-
 def estimate_message(message: Message) -> int:
     """The estimate of one message: its text, its tool calls, and the per-message overhead."""
     # estimate_tokens(text) is len(text) // 3 + 1, written out: this runs for every new message
-    total = len(message.content) // 3 + MESSAGE_BASE
+    total = len(message.content) // 3 + 1 + MESSAGE_OVERHEAD
     if message.role == "tool":
         total += RESULT_OVERHEAD
-    if message.tool_calls:
-        total += estimate_calls(message.tool_calls)
-    return total
-
-
-def estimate_calls(calls: Sequence[ToolCall]) -> int:
-    """The estimate of a message's tool calls: names, arguments and the per-call overhead."""
-    total = 0
-    for call in calls:
+    for call in message.tool_calls:
         args = call.raw_arguments if call.raw_arguments is not None else arguments_json(call.arguments)
         total += len(call.name) // 3 + len(args) // 3 + 2 + CALL_OVERHEAD
     return total
