@@ -636,7 +636,7 @@ async def execute_plan(
     *,
     emit: EmitFn | None = None,
     attempt: int = 1,
-    reuse: Mapping[str, TaskResult] | None = None,
+    reuse: Mapping[str, TaskResult] | Iterable[TaskResult] | None = None,
     tool_timeout: float | None = None,
     output_max_length: int | None = None,
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
@@ -649,8 +649,10 @@ async def execute_plan(
         emit: receives `plan_created`, `task_started` and `task_finished` events (default: the
             current agent run's event stream, when called inside one).
         attempt: the attempt number reported in `plan_created` (repairs count up from 1).
-        reuse: results of an earlier attempt: a task with the same id, tool and arguments that
-            succeeded then is not run again.
+        reuse: results of earlier attempts (by task id, or a list of them): a task with the same id,
+            tool and arguments that succeeded then is not run again; one whose outcome is unknown
+            (`error_kind` "unknown_outcome": it was running when the process died) is not run again
+            either, unless its tool is idempotent — it fails, saying so.
         tool_timeout, output_max_length: outside an agent run, the defaults for tools that set none
             (inside one, the agent's settings apply).
         max_concurrency: the most tasks running at once (a level of a thousand `shell` tasks would
@@ -662,7 +664,7 @@ async def execute_plan(
     _check_concurrency(max_concurrency)
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     levels = plan.check(registry)
-    runner = _Runner(registry, emit, reuse or {}, tool_timeout, output_max_length)
+    runner = _Runner(registry, emit, _by_task(reuse), tool_timeout, output_max_length)
     runner.slots = asyncio.Semaphore(max_concurrency)
     runner.emit(
         PlanCreated(tasks=plan.describe(), levels=[[t.id for t in lv] for lv in levels], attempt=attempt)
@@ -676,6 +678,14 @@ async def execute_plan(
     return result
 
 
+def _by_task(reuse: Mapping[str, TaskResult] | Iterable[TaskResult] | None) -> dict[str, list[TaskResult]]:
+    """Earlier results by task id: one task id may have run with several arguments in earlier attempts."""
+    earlier: dict[str, list[TaskResult]] = {}
+    for result in reuse.values() if isinstance(reuse, Mapping) else reuse or ():
+        earlier.setdefault(result.task_id, []).append(result)
+    return earlier
+
+
 class _Runner:
     """Runs tasks: through the current agent run's choke point when there is one, else directly."""
 
@@ -683,7 +693,7 @@ class _Runner:
         self,
         tools: ToolRegistry,
         emit: EmitFn | None,
-        reuse: Mapping[str, TaskResult],
+        reuse: Mapping[str, Sequence[TaskResult]],
         timeout: float | None,
         output_max_length: int | None,
     ) -> None:
@@ -729,6 +739,10 @@ class _Runner:
             running.cancel()
         await asyncio.wait(pending)
         for task in pending.values():
+            entry = self.run.state.ledger.get(self._call_id(task)) if self.run is not None else None
+            if self.run is not None and entry is not None and entry.status == "started":
+                # cancelled here, not cut off by a crash: a later attempt may run it again
+                self.run.mark_done(entry.call_id, "cancelled", False, error_kind="cancelled")
             self.emit(
                 TaskFinished(
                     task_id=task.id, tool=task.tool, success=False, output="cancelled", cancelled=True
@@ -741,13 +755,8 @@ class _Runner:
         except PlanError as exc:
             outcome = TaskResult(task.id, task.tool, f"Error: {exc}", False, error_kind="invalid_arguments")
             return self._finished(outcome)
-        earlier = self.reuse.get(task.id)
-        if (
-            earlier is not None
-            and earlier.success
-            and earlier.tool == task.tool
-            and earlier.arguments == arguments
-        ):
+        earlier = self._earlier(task, arguments)
+        if earlier is not None:
             return self._finished(earlier)
         async with self.slots:
             self.emit(TaskStarted(task_id=task.id, tool=task.tool, arguments=arguments, level=level))
@@ -756,6 +765,25 @@ class _Runner:
             else:
                 outcome = await self._direct(task, arguments)
         return self._finished(outcome)
+
+    def _earlier(self, task: Task, arguments: dict[str, Any]) -> TaskResult | None:
+        """The result of this very call (task id, tool, arguments) in an earlier attempt, if it must not
+        run again: it succeeded, or it was running when the process died (its outcome is unknown) and
+        its tool is not idempotent — running it twice could repeat its effect (a payment, a message)."""
+        same = [r for r in self.reuse.get(task.id, ()) if r.tool == task.tool and r.arguments == arguments]
+        done = next((r for r in same if r.success), None)
+        if done is not None:
+            return done
+        tool = self.tools.get(task.tool)
+        if tool is None or tool.idempotent or not any(r.error_kind == "unknown_outcome" for r in same):
+            return None
+        text = (
+            f"Error: the outcome of task {task.id!r} ({task.tool}) is unknown: the run was interrupted while "
+            f"it was running, and it was not run again because {task.tool} is not idempotent (running it "
+            "twice could repeat its effect). Check whether it took effect; to run it anyway, give the task "
+            "a new id."
+        )
+        return TaskResult(task.id, task.tool, text, False, error_kind="unknown_outcome", arguments=arguments)
 
     def _finished(self, outcome: TaskResult) -> TaskResult:
         self.emit(
@@ -770,9 +798,12 @@ class _Runner:
         )
         return outcome
 
+    def _call_id(self, task: Task) -> str:
+        return f"{self.prefix}_{task.id}"
+
     async def _through_run(self, run: RunContext, task: Task, arguments: dict[str, Any]) -> TaskResult:
         """The agent's choke point: validation, risk, safety gate, ledger, timeout, truncation."""
-        call = ToolCall(id=f"{self.prefix}_{task.id}", name=task.tool, arguments=arguments)
+        call = ToolCall(id=self._call_id(task), name=task.tool, arguments=arguments)
         (outcome,) = await execute_calls(run, [call], tools=self.tools)
         return TaskResult(
             task.id,
@@ -864,7 +895,8 @@ def plan_tool(
         from ._loop import current_run
 
         run = current_run.get()
-        attempts, previous = 0, {}  # outside a run (called directly): no earlier attempts
+        attempts: int = 0  # outside a run (called directly): no earlier attempts
+        previous: list[TaskResult] = []
         if run is not None and _context is not None:
             attempts = _attempts_before(run, _context.call_id, name)
             previous = _finished_in_ledger(run.state.ledger)
@@ -926,16 +958,30 @@ def _attempts_before(run: RunContext, call_id: str, name: str) -> int:
 _PLAN_CALL_RE = re.compile(r"plan_[0-9a-f]{8}_([A-Za-z0-9_-]{1,64})")  # the ids `_Runner` gives its calls
 
 
-def _finished_in_ledger(ledger: Mapping[str, LedgerEntry]) -> dict[str, TaskResult]:
-    """The plan tasks of this run that succeeded, by task id, from the run's ledger (it is saved with the
-    run, so a resumed run knows them): a repeated plan does not run them again."""
-    found: dict[str, TaskResult] = {}
+def _finished_in_ledger(ledger: Mapping[str, LedgerEntry]) -> list[TaskResult]:
+    """The plan tasks of this run that succeeded, or whose outcome is unknown (still "started": the process
+    died while they ran), from the run's ledger (it is saved with the run, so a resumed run knows them):
+    a repeated plan does not run them again. Every earlier run of a task id counts (a task may have run
+    with other arguments in between)."""
+    found: list[TaskResult] = []
     for entry in ledger.values():
         match = _PLAN_CALL_RE.fullmatch(entry.call_id)
-        if match is not None and entry.status == "done" and entry.success:
-            task_id = match.group(1)
-            found[task_id] = TaskResult(
-                task_id, entry.name, entry.output or "", True, arguments=entry.arguments
+        if match is None:
+            continue
+        if entry.status == "done" and entry.success:
+            found.append(
+                TaskResult(match.group(1), entry.name, entry.output or "", True, arguments=entry.arguments)
+            )
+        elif entry.status == "started":
+            found.append(
+                TaskResult(
+                    match.group(1),
+                    entry.name,
+                    "",
+                    False,
+                    error_kind="unknown_outcome",
+                    arguments=entry.arguments,
+                )
             )
     return found
 
@@ -1004,7 +1050,7 @@ async def _plan_and_execute(
 ) -> PlanOutcome:
     usage = Usage()
     messages = [Message.system(_PLANNER_PROMPT + plan_instructions(registry)), Message.user(goal)]
-    previous: dict[str, TaskResult] = {}
+    previous: list[TaskResult] = []  # every success so far: a task id may have run with other arguments
     plan: Plan | None = None
     result: PlanResult | None = None
     attempt = 0
@@ -1030,7 +1076,7 @@ async def _plan_and_execute(
         else:
             if result.ok:
                 break
-            previous.update({k: r for k, r in result.results.items() if r.success})
+            previous += [r for r in result.results.values() if r.success]
             feedback = f"The plan failed:\n{result.summary()}\nReply with a repaired JSON plan."
         messages.append(Message.user(feedback))
     else:

@@ -1,0 +1,193 @@
+"""Plans under faults: a crash while a task runs, a task id run with other arguments in between, a sibling
+cancelled by a failure and then repaired."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from thinkloop import Agent, Tool, tool
+from thinkloop.plans import execute_plan, parse_plan, plan_tool
+from thinkloop.stores import SQLiteStore
+from thinkloop.testing import ScriptedModel
+
+
+class _Crash(BaseException):
+    """Stands in for the process dying: nothing in thinkloop catches it."""
+
+
+def _tool_observations(result: Any) -> list[str]:
+    return [m.content for m in result.state.messages if m.role == "tool"]
+
+
+async def test_a_task_running_when_the_process_died_is_not_run_again_on_resume(tmp_path: Path) -> None:
+    # The process dies while `send` runs (its effect is done, its result never saved): the ledger says
+    # "started". On resume the model sends the same plan again; the task was run a second time, sending the
+    # message twice. A non-idempotent task whose outcome is unknown is now refused, as the engine refuses a
+    # call of its own in that state; the model is told how to run it anyway.
+    sent: list[str] = []
+    crash = [True]
+
+    @tool
+    def send(to: str) -> str:
+        """Send a message (not idempotent)."""
+        sent.append(to)
+        if crash.pop() if crash else False:
+            raise _Crash
+        return f"sent to {to}"
+
+    plan = {"tasks": [{"id": "a", "tool": "send", "args": {"to": "bob"}}]}
+    renamed = {"tasks": [{"id": "a2", "tool": "send", "args": {"to": "bob"}}]}
+    script: list[Any] = [
+        {"tool_calls": [{"name": "run_plan", "args": plan}]},
+        {"tool_calls": [{"name": "run_plan", "args": plan}]},
+        {"tool_calls": [{"name": "run_plan", "args": renamed}]},
+        "sent",
+    ]
+
+    def agent() -> Agent:  # a new agent and plan tool each time, as in a new process
+        return Agent(
+            ScriptedModel(script, by_turn=True),
+            tools=[plan_tool([send])],
+            store=SQLiteStore(tmp_path / "runs.db"),
+        )
+
+    with pytest.raises(_Crash):
+        await agent().run("send to bob", run_id="r")
+    assert sent == ["bob"]
+    result = await agent().resume("r")
+    observations = _tool_observations(result)
+    assert sent == ["bob", "bob"]  # once before the crash, once more only when the model renamed the task
+    assert "[a] send → FAILED: Error: the outcome of task 'a' (send) is unknown" in observations[1]
+    assert "to run it anyway, give the task a new id" in observations[1]
+    assert "[a2] send → ok: sent to bob" in observations[2]
+
+
+async def test_an_idempotent_task_running_when_the_process_died_runs_again(tmp_path: Path) -> None:
+    fetched: list[str] = []
+    crash = [True]
+
+    @tool(idempotent=True)
+    def fetch(key: str) -> str:
+        """Read a value (idempotent)."""
+        fetched.append(key)
+        if crash.pop() if crash else False:
+            raise _Crash
+        return f"value of {key}"
+
+    plan = {"tasks": [{"id": "f", "tool": "fetch", "args": {"key": "k"}}]}
+    script: list[Any] = [
+        {"tool_calls": [{"name": "run_plan", "args": plan}]},
+        {"tool_calls": [{"name": "run_plan", "args": plan}]},
+        "done",
+    ]
+
+    def agent() -> Agent:
+        return Agent(
+            ScriptedModel(script, by_turn=True),
+            tools=[plan_tool([fetch])],
+            store=SQLiteStore(tmp_path / "r.db"),
+        )
+
+    with pytest.raises(_Crash):
+        await agent().run("fetch k", run_id="r")
+    result = await agent().resume("r")
+    assert fetched == ["k", "k"]
+    assert "[f] fetch → ok: value of k" in _tool_observations(result)[1]
+
+
+async def test_a_task_that_succeeded_is_not_rerun_after_running_with_other_arguments() -> None:
+    # Only the latest arguments of a task id were remembered: a sent to bob, then (repair) to carol, then
+    # the model goes back to bob — and bob got the message twice, though the docs say a task that
+    # succeeded with the same arguments is not run again.
+    sent: list[str] = []
+
+    @tool
+    def send(to: str) -> str:
+        """Send a message (not idempotent)."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    @tool
+    def boom() -> str:
+        """Always fails."""
+        raise ValueError("no")
+
+    def plan(to: str, *, fail: bool) -> dict[str, Any]:
+        tasks: list[dict[str, Any]] = [{"id": "a", "tool": "send", "args": {"to": to}}]
+        if fail:
+            tasks.append({"id": "z", "tool": "boom", "args": {}, "depends_on": ["a"]})
+        return {"tasks": tasks}
+
+    script: list[Any] = [
+        {"tool_calls": [{"name": "run_plan", "args": plan("bob", fail=True)}]},
+        {"tool_calls": [{"name": "run_plan", "args": plan("carol", fail=True)}]},
+        {"tool_calls": [{"name": "run_plan", "args": plan("bob", fail=False)}]},
+        "done",
+    ]
+    result = await Agent(ScriptedModel(script), tools=[plan_tool([send, boom])]).run("x")
+    assert sent == ["bob", "carol"]
+    assert "[a] send → ok: sent to bob" in _tool_observations(result)[2]
+
+
+async def test_execute_plan_takes_a_list_of_earlier_results() -> None:
+    sent: list[str] = []
+
+    @tool
+    def send(to: str) -> str:
+        """Send."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    first = await execute_plan(
+        parse_plan({"tasks": [{"id": "a", "tool": "send", "args": {"to": "bob"}}]}), [send]
+    )
+    second = await execute_plan(
+        parse_plan({"tasks": [{"id": "a", "tool": "send", "args": {"to": "carol"}}]}), [send]
+    )
+    earlier = [*first.results.values(), *second.results.values()]
+    again = await execute_plan(
+        parse_plan({"tasks": [{"id": "a", "tool": "send", "args": {"to": "bob"}}]}), [send], reuse=earlier
+    )
+    assert again.ok and sent == ["bob", "carol"]
+
+
+async def test_a_sibling_cancelled_by_a_failure_runs_in_the_repaired_plan() -> None:
+    # The cancelled sibling's ledger entry said "started" forever; it is now done ("cancelled"), so the
+    # repaired plan runs it (it is not mistaken for a call cut off by a crash).
+    started = asyncio.Event()
+    slow_runs: list[int] = []
+    gate = {"open": False}
+
+    async def slow() -> str:
+        slow_runs.append(1)
+        started.set()
+        if not gate["open"]:
+            await asyncio.sleep(3600)
+        return "slow done"
+
+    async def flaky() -> str:
+        await started.wait()
+        if not gate["open"]:
+            gate["open"] = True
+            raise RuntimeError("first time fails")
+        return "ok"
+
+    schema = {"type": "object", "properties": {}}
+    tools = [Tool("slow", "slow", schema, slow), Tool("flaky", "flaky", schema, flaky)]
+    plan = {"tasks": [{"id": "s", "tool": "slow", "args": {}}, {"id": "f", "tool": "flaky", "args": {}}]}
+    script: list[Any] = [
+        {"tool_calls": [{"name": "run_plan", "args": plan}]},
+        {"tool_calls": [{"name": "run_plan", "args": plan}]},
+        "done",
+    ]
+    result = await Agent(ScriptedModel(script), tools=[plan_tool(tools)]).run("go")
+    observations = _tool_observations(result)
+    assert "Cancelled (same level): s" in observations[0]
+    assert "[s] slow → ok: slow done" in observations[1]
+    assert len(slow_runs) == 2
+    cancelled = [e for e in result.state.ledger.values() if e.error_kind == "cancelled"]
+    assert [e.name for e in cancelled] == ["slow"] and all(e.status == "done" for e in cancelled)
