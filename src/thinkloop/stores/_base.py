@@ -15,6 +15,7 @@ import json
 import operator
 import os
 import re
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -367,6 +368,57 @@ class Delta:
     def saved(self) -> Saved:
         """What the database holds of the run once this checkpoint is committed."""
         return Saved(self.token, self.messages, self.keys, self.values)
+
+
+REMEMBERED_RUNS = 64  # runs whose last save a store remembers (to write only what changed)
+
+
+class SavedRuns:
+    """What a store last saved of each run (`Saved`), for at most `REMEMBERED_RUNS` runs, the least recently
+    saved forgotten first (their next save rewrites their messages and ledger once); thread-safe."""
+
+    def __init__(self) -> None:
+        self._saved: dict[str, Saved] = {}
+        self._lock = threading.Lock()
+
+    def recall(self, run_id: str) -> Saved | None:
+        with self._lock:
+            return self._saved.get(run_id)
+
+    def remember(self, run_id: str, saved: Saved | None) -> None:
+        """Keep what was saved of the run (None: forget it; a finished run is not written again)."""
+        with self._lock:
+            self._saved.pop(run_id, None)
+            if saved is not None:
+                self._saved[run_id] = saved
+            while len(self._saved) > REMEMBERED_RUNS:
+                del self._saved[next(iter(self._saved))]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRows:
+    """What a database store writes at a checkpoint: the events' rows, the run's row and the delta of its
+    messages and ledger (`Delta`), with the event version the database must hold."""
+
+    run_id: str
+    expected: int
+    events: Sequence[tuple[str, int, str, str]]
+    run: tuple[Any, ...]  # run_id, head, summary, status, session, updated_at, messages, ledger, token
+    delta: Delta
+    now: float
+
+    @classmethod
+    def of(cls, state: RunState, events: Sequence[Event], saved: Saved | None) -> CheckpointRows:
+        run_id = check_id(state.run_id)
+        now = time.time()
+        summary = RunSummary.from_state(state, updated_at=now)
+        delta = Delta.of(state, saved)
+        run = (
+            run_id, head_json(state), to_json(summary), summary.status, state.session, now,
+            len(delta.messages), len(delta.keys), delta.token,
+        )  # fmt: skip
+        rows = [(run_id, e.seq, e.type, to_json(e)) for e in events]
+        return cls(run_id, base_version(state, events), rows, run, delta, now)
 
 
 def _key_json(key: str) -> str:

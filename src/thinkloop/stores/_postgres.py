@@ -16,7 +16,6 @@ import contextlib
 import os
 import re
 import socket
-import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,18 +26,18 @@ from .._errors import ConcurrencyError, ConfigurationError, StateError
 from .._events import Event
 from .._state import RunState
 from ._base import (
+    CheckpointRows,
     Delta,
     MemoryEntry,
     MemoryRole,
     RunStatus,
     RunSummary,
     Saved,
+    SavedRuns,
     Store,
-    base_version,
     check_id,
     check_role,
     clean_text,
-    head_json,
     load_state_text,
     memory_turn,
     numbered,
@@ -50,7 +49,6 @@ from ._base import (
 
 T = TypeVar("T")
 
-REMEMBERED_RUNS = 64  # runs whose last save a store remembers (to write only what changed)
 # 1: the whole state, messages and ledger included, in `thinkloop_runs.state`.
 # 2: the messages in `thinkloop_messages` and the ledger in `thinkloop_ledger` (`key`: the entry's key, a
 #    JSON string; `idx`: its place), one row each; `thinkloop_runs.state` holds the rest of the state, and
@@ -141,8 +139,7 @@ class PostgresStore(Store):
         self._links = PerLoop(Link)  # a connection per event loop, closed with it
         _check_dsn(dsn, self.url)
         # per run: what this store last saved (or loaded) of it, to write only what changed
-        self._saved: dict[str, Saved] = {}
-        self._saved_lock = threading.Lock()
+        self._saved = SavedRuns()
 
     def _link(self) -> Link:
         return self._links.get()
@@ -224,40 +221,12 @@ class PostgresStore(Store):
     # -------------------------------------------------------------------------------------- runs
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
-        run_id = check_id(state.run_id)
-        expected = base_version(state, events)
-        rows = [(run_id, e.seq, e.type, to_json(e)) for e in events]
-        now = time.time()
-        summary = RunSummary.from_state(state, updated_at=now)
-        delta = Delta.of(state, self._recall(run_id))
-        run_row = (
-            run_id,
-            head_json(state),
-            to_json(summary),
-            summary.status,
-            state.session,
-            now,
-            len(delta.messages),
-            len(delta.keys),
-            delta.token,
-        )
-        memory = [(state.session, role, _text(content), now) for role, content in memory_turn(state, events)]
-        await self._write(run_id, expected, rows, (run_row, delta), memory)
-        self._remember(run_id, None if state.finished else delta.saved())
-
-    def _recall(self, run_id: str) -> Saved | None:
-        with self._saved_lock:
-            return self._saved.get(run_id)
-
-    def _remember(self, run_id: str, saved: Saved | None) -> None:
-        """Keep what was saved of the run (None: forget it), for at most `REMEMBERED_RUNS` runs, the least
-        recently saved forgotten first (their next save rewrites their messages and ledger once)."""
-        with self._saved_lock:
-            self._saved.pop(run_id, None)
-            if saved is not None:
-                self._saved[run_id] = saved
-            while len(self._saved) > REMEMBERED_RUNS:
-                del self._saved[next(iter(self._saved))]
+        parts = CheckpointRows.of(state, events, self._saved.recall(state.run_id))
+        memory = [
+            (state.session, role, _text(content), parts.now) for role, content in memory_turn(state, events)
+        ]
+        await self._write(parts.run_id, parts.expected, parts.events, (parts.run, parts.delta), memory)
+        self._saved.remember(parts.run_id, None if state.finished else parts.delta.saved())
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         check_id(run_id)
@@ -316,9 +285,9 @@ class PostgresStore(Store):
                 run_id, list(zip(keys or [], entries or [], strict=True)), ledger_count
             )
         if token is not None and not state.finished:  # a resume writes only what it changes
-            saved = self._recall(run_id)
+            saved = self._saved.recall(run_id)
             if saved is None or saved.token != token:  # same token: the live run's objects, kept
-                self._remember(run_id, Saved.of(token, state, ledger=in_rows))
+                self._saved.remember(run_id, Saved.of(token, state, ledger=in_rows))
         return state
 
     async def read_events(self, run_id: str, after: int = 0) -> list[Event]:

@@ -29,18 +29,18 @@ from .._errors import ConcurrencyError, StateError
 from .._events import Event
 from .._state import RunState
 from ._base import (
+    CheckpointRows,
     Delta,
     MemoryEntry,
     MemoryRole,
     RunStatus,
     RunSummary,
     Saved,
+    SavedRuns,
     Store,
-    base_version,
     check_id,
     check_role,
     clean_text,
-    head_json,
     load_state_text,
     memory_turn,
     numbered,
@@ -61,7 +61,6 @@ T = TypeVar("T")
 #    older row, its ledger inline).
 SCHEMA_VERSION = 3
 WAL_CHECKPOINT_EVERY = 200  # writes between background WAL checkpoints
-REMEMBERED_RUNS = 64  # runs whose last save a store remembers (to write only what changed)
 
 _MESSAGES_TABLE = """CREATE TABLE IF NOT EXISTS messages (
         run_id TEXT NOT NULL, idx INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run_id, idx))"""
@@ -145,8 +144,7 @@ class SQLiteStore(Store):
         self._fast_ok = str(self.path) != ":memory:"
         self._writes = 0
         # per run: what this store last saved (or loaded) of it
-        self._saved: dict[str, Saved] = {}
-        self._saved_lock = threading.Lock()
+        self._saved = SavedRuns()
 
     # ------------------------------------------------------------------------- connections, threads
 
@@ -249,28 +247,15 @@ class SQLiteStore(Store):
     # -------------------------------------------------------------------------------------- runs
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
-        run_id = check_id(state.run_id)
-        expected = base_version(state, events)
-        rows = [(run_id, e.seq, e.type, to_json(e)) for e in events]
-        now = time.time()
-        summary = RunSummary.from_state(state, updated_at=now)
-        delta = Delta.of(state, self._recall(run_id))
-        run_row = (
-            run_id,
-            head_json(state),
-            to_json(summary),
-            summary.status,
-            state.session,
-            now,
-            len(delta.messages),
-            len(delta.keys),
-            delta.token,
-        )
+        parts = CheckpointRows.of(state, events, self._saved.recall(state.run_id))
         memory = [
-            (state.session, role, clean_text(content), now) for role, content in memory_turn(state, events)
+            (state.session, role, clean_text(content), parts.now)
+            for role, content in memory_turn(state, events)
         ]
-        await self._call(_checkpoint, run_id, expected, rows, run_row, memory, delta)
-        self._remember(run_id, None if state.finished else delta.saved())
+        await self._call(
+            _checkpoint, parts.run_id, parts.expected, parts.events, parts.run, memory, parts.delta
+        )
+        self._saved.remember(parts.run_id, None if state.finished else parts.delta.saved())
         self._written()
 
     async def load_state(self, run_id: str) -> RunState | None:
@@ -286,25 +271,10 @@ class SQLiteStore(Store):
         if ledger_count is not None and in_rows:
             state.ledger = stored_ledger(run_id, ledger_rows, ledger_count)
         if token is not None and not state.finished:  # a resume writes only what it changes
-            saved = self._recall(run_id)
+            saved = self._saved.recall(run_id)
             if saved is None or saved.token != token:  # same token: the live run's objects, kept
-                self._remember(run_id, Saved.of(token, state, ledger=in_rows))
+                self._saved.remember(run_id, Saved.of(token, state, ledger=in_rows))
         return state
-
-    def _recall(self, run_id: str) -> Saved | None:
-        with self._saved_lock:
-            return self._saved.get(run_id)
-
-    def _remember(self, run_id: str, saved: Saved | None) -> None:
-        """Keep what was saved of the run (None: forget it; a finished run is not written again), for at
-        most `REMEMBERED_RUNS` runs, the least recently saved forgotten first (their next save rewrites
-        their messages and ledger once)."""
-        with self._saved_lock:
-            self._saved.pop(run_id, None)
-            if saved is not None:
-                self._saved[run_id] = saved
-            while len(self._saved) > REMEMBERED_RUNS:
-                del self._saved[next(iter(self._saved))]
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         check_id(run_id)
