@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -44,6 +44,7 @@ __all__ = ["Learner", "Lesson", "LessonBook", "RunRecord", "ToolUse", "model_dis
 logger = logging.getLogger("thinkloop.experience")
 LESSON_LIMIT = 1000  # characters of a lesson kept: every lesson recalled goes into a system prompt
 TASK_LIMIT = 1000  # characters of a task kept with its lessons and matched at recall
+_LINE_BUDGET = 32 * 1024  # bytes read from a lessons file per lesson kept (a lesson's line is ~2-10 kB)
 
 
 # =============================================================================================== records
@@ -264,8 +265,23 @@ class LessonBook:
     # ----------------------------------------------------------------------------------- learning
 
     async def learn(self, record: RunRecord) -> None:
-        """Distill the record into lessons and keep the new ones."""
-        texts = [_clip_lesson(t) for t in await self.distill(record) if isinstance(t, str) and t.strip()]
+        """Distill the record into lessons and keep the new ones.
+
+        Raises:
+            TypeError: the distiller returned something other than lesson texts (one text is taken as
+                one lesson: it was kept a character at a time).
+        """
+        distilled: Any = await self.distill(record)
+        if isinstance(distilled, str):
+            distilled = [distilled]
+        elif not isinstance(distilled, Iterable) or isinstance(
+            distilled, bytes | Mapping
+        ):  # None: no `return`
+            raise TypeError(
+                f"the distiller {getattr(self.distill, '__name__', self.distill)!r} returned "
+                f"{type(distilled).__name__} {_clip(repr(distilled), 80)}: it must return a list of lesson texts"
+            )
+        texts = [_clip_lesson(t) for t in distilled if isinstance(t, str) and t.strip()]
         if not texts:
             return
         await asyncio.to_thread(self._keep, texts, record)
@@ -362,25 +378,49 @@ class LessonBook:
         if self.path is None or not self.path.exists():
             return []
         lessons: list[Lesson] = []
-        for number, line in enumerate(self.path.read_bytes().splitlines(), 1):
+        data, skipped_start = self._tail()
+        for number, line in enumerate(data.splitlines(), 1):
+            if number == 1 and not skipped_start:
+                line = line.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark (a file saved by an editor)
             if not line.strip():
                 continue
             try:  # a torn, foreign or non-UTF-8 line loses itself, not the book
                 lesson = Lesson.model_validate_json(line.decode("utf-8"))
             except ValueError:
-                logger.warning("%s line %d is not a lesson; skipped", self.path, number)
+                where = f"line {number}" + (" of its last part" if skipped_start else "")
+                logger.warning("%s %s is not a lesson; skipped", self.path, where)
                 continue
             lesson.text, lesson.task = _clip_lesson(lesson.text), lesson.task[:TASK_LIMIT]
-            lessons.append(lesson)
+            if lesson.text:  # an empty lesson would be an empty line of a prompt
+                lessons.append(lesson)
         return lessons[-self.max_lessons :]
+
+    def _tail(self) -> tuple[bytes, bool]:
+        """The file's bytes, or only its end when it is bigger than `max_lessons` lessons can be (a file
+        of a gigabyte must not be read whole for 500 lessons); whether its start was skipped."""
+        assert self.path is not None
+        budget = self.max_lessons * _LINE_BUDGET
+        with self.path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size <= budget:
+                f.seek(0)
+                return f.read(), False
+            f.seek(size - budget)
+            data = f.read()
+        return data[data.find(b"\n") + 1 :] if b"\n" in data else b"", True
 
     def _append(self, lessons: list[Lesson]) -> None:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = "".join(lesson.model_dump_json() + "\n" for lesson in lessons).encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.lseek(fd, size - 1, os.SEEK_SET) >= 0 and os.read(fd, 1) != b"\n":
+                # the last line is torn (a writer died mid-line) or was saved without its line break: our
+                # first line would be glued to it, and lost with it
+                data = b"\n" + data
             os.write(fd, data)  # one write of whole lines: appends from several processes do not interleave
         finally:
             os.close(fd)
