@@ -272,13 +272,19 @@ class ToolDiscovery:
         discovered.extend(n for n in names if n not in discovered)
         del discovered[: max(len(discovered) - self.max_discovered, 0)]
 
-    async def _discover(self, query: str) -> str:
+    async def _discover(self, query: str, **extra: Any) -> str:
+        """`discover_tools(query)`. Arguments a model adds (`limit`, `category` …) are ignored and the
+        observation says so: they raised a TypeError naming this method, which told the model nothing."""
         from ._loop import current_run
 
         run = current_run.get()
         if run is None:
             return "Error: discover_tools can only be used inside an agent run."
-        return self.discover(run, query)
+        found = self.discover(run, query)
+        if extra:
+            ignored = ", ".join(_short(str(name), 40) for name in list(extra)[:5])
+            found += f"\n(Ignored argument(s) {ignored}: {DISCOVER_TOOLS} takes only `query`.)"
+        return found
 
 
 def _describe_results(query: str, found: list[ToolDefinition], already: list[str]) -> str:
