@@ -4,15 +4,16 @@ cancelled by a failure and then repaired."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from thinkloop import Agent, Tool, tool
-from thinkloop.plans import execute_plan, parse_plan, plan_tool
+from thinkloop.plans import PlanError, execute_plan, parse_plan, plan_tool, run_plan_and_execute
 from thinkloop.stores import SQLiteStore
-from thinkloop.testing import ScriptedModel
+from thinkloop.testing import FunctionModel, ScriptedModel
 
 
 class _Crash(BaseException):
@@ -191,3 +192,65 @@ async def test_a_sibling_cancelled_by_a_failure_runs_in_the_repaired_plan() -> N
     assert len(slow_runs) == 2
     cancelled = [e for e in result.state.ledger.values() if e.error_kind == "cancelled"]
     assert [e.name for e in cancelled] == ["slow"] and all(e.status == "done" for e in cancelled)
+
+
+def _strict(text: str) -> Any:
+    def refuse(constant: str) -> Any:
+        raise ValueError(constant)
+
+    return json.loads(text, parse_constant=refuse)
+
+
+async def test_a_tool_output_with_nan_does_not_put_nan_into_the_run_state() -> None:
+    # Python's json reads NaN, Infinity and 1e999 as floats: a tool's output `{"v": NaN}` referred to as
+    # ${a.v} put NaN into the next task's arguments, so into the ledger and events — JSON that strict
+    # parsers (PostgreSQL's jsonb, JavaScript) refuse. The output is now read as text, and the reference
+    # fails, naming it.
+    @tool
+    def reading() -> str:
+        """A sensor reading."""
+        return '{"v": NaN, "max": 1e999}'
+
+    @tool
+    def store(v: float) -> str:
+        """Store a value."""
+        return "stored"
+
+    plan = {
+        "tasks": [
+            {"id": "a", "tool": "reading", "args": {}},
+            {"id": "b", "tool": "store", "args": {"v": "${a.v}"}, "depends_on": ["a"]},
+        ]
+    }
+    events: list[Any] = []
+    model = ScriptedModel([{"tool_calls": [{"name": "run_plan", "args": plan}]}, "done"])
+    result = await Agent(model, tools=[plan_tool([reading, store])], on_event=events.append).run("go")
+    assert "[b] store → FAILED: Error: ${a.v}: the result is str" in _tool_observations(result)[0]
+    _strict(result.state.to_json())
+    for event in events:
+        _strict(event.model_dump_json())
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_plan_with_a_non_json_number_is_a_plan_error(number: str) -> None:
+    text = '{"tasks": [{"id": "a", "tool": "t", "args": {"x": NUMBER}}]}'.replace("NUMBER", number)
+    with pytest.raises(PlanError, match="the plan is not valid JSON"):
+        parse_plan(text)
+    with pytest.raises(PlanError, match="the plan is not valid JSON"):
+        parse_plan(f"Here is the plan: {text} — done.")  # found in prose
+
+
+async def test_a_planner_model_raising_any_exception_is_reported_not_raised() -> None:
+    # Only ModelError was caught: a model raising anything else (a custom adapter, a FunctionModel) escaped
+    # run_plan_and_execute, though an agent run takes the same failure as a failed run.
+    def down(request: Any) -> Any:
+        raise RuntimeError("planner down")
+
+    @tool
+    def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    outcome = await run_plan_and_execute(FunctionModel(down), "x", [echo])
+    assert not outcome.ok and outcome.attempts == 1
+    assert outcome.error == "the model failed: the model raised RuntimeError: planner down"

@@ -376,7 +376,7 @@ def _as_written(task: Mapping[str, Any]) -> dict[str, Any]:
     args = out.get("args")
     if isinstance(args, str):
         try:
-            parsed = json.loads(args) if args.strip() else {}
+            parsed = _strict_json(args) if args.strip() else {}
         except ValueError:
             parsed = None
         if isinstance(parsed, dict):
@@ -409,7 +409,7 @@ def _plan_json(text: str) -> Any:
     error = "no JSON found"
     for candidate in candidates:
         try:
-            return json.loads(candidate)
+            return _strict_json(candidate)
         except RecursionError:
             raise PlanError(f"the plan is nested too deeply to read; write it as {_PLAN_SHAPE}") from None
         except ValueError as exc:
@@ -420,9 +420,26 @@ def _plan_json(text: str) -> Any:
     raise PlanError(f"the plan is not valid JSON ({error}); write it as {_PLAN_SHAPE}")
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"{number} is out of range")
+    return value
+
+
+def _strict_json(text: str) -> Any:
+    """JSON as the standard writes it: NaN, Infinity and 1e999 (Python's json reads them as floats) are
+    refused — in a task's arguments they made the run's state and events JSON that stores reject."""
+    return json.loads(text, parse_constant=_not_json, parse_float=_finite)
+
+
 def _first_json_in(text: str) -> Any:
     """The first JSON object or list in `text` that looks like a plan (prose around it is ignored)."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
     starts = itertools.islice(
         re.finditer(r"[{\[]", text), _MAX_JSON_STARTS
     )  # bounded: each try may read to the end
@@ -571,7 +588,7 @@ def _json_value(text: str) -> Any:
     stripped = text.strip()
     if stripped[:1] in ("{", "[", '"') or stripped in ("true", "false", "null") or _looks_numeric(stripped):
         try:
-            return json.loads(stripped)
+            return _strict_json(stripped)
         except (ValueError, RecursionError):  # JSON nested too deeply to read is used as text
             return text
     return text
@@ -1058,9 +1075,10 @@ async def _plan_and_execute(
     async def ask() -> str:
         try:
             return await _ask(model, messages, settings, usage)
-        except ModelError as exc:
+        except Exception as exc:  # a ModelError, or any model's own failure (as an agent run takes it)
+            why = str(exc) if isinstance(exc, ModelError) else f"the model raised {type(exc).__name__}: {exc}"
             raise _ModelFailed(
-                PlanOutcome("", plan, result, attempt, usage, error=f"the model failed: {exc}")
+                PlanOutcome("", plan, result, attempt, usage, error=f"the model failed: {why}")
             ) from exc
 
     for attempt in range(1, max_repairs + 2):
