@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from thinkloop import Agent, Tool, tool
+from thinkloop import Agent, ConfigurationError, Tool, tool
 from thinkloop.plans import PlanError, execute_plan, parse_plan, plan_tool, run_plan_and_execute
 from thinkloop.stores import SQLiteStore
 from thinkloop.testing import FunctionModel, ScriptedModel
@@ -254,3 +255,36 @@ async def test_a_planner_model_raising_any_exception_is_reported_not_raised() ->
     outcome = await run_plan_and_execute(FunctionModel(down), "x", [echo])
     assert not outcome.ok and outcome.attempts == 1
     assert outcome.error == "the model failed: the model raised RuntimeError: planner down"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"tool_timeout": 0}, "tool_timeout must be a positive number of seconds or None, not 0"),
+        (
+            {"tool_timeout": float("nan")},
+            "tool_timeout must be a positive number of seconds or None, not nan",
+        ),
+        ({"tool_timeout": -1}, "tool_timeout must be a positive number"),
+        ({"tool_timeout": "5"}, "tool_timeout must be a positive number"),
+        ({"output_max_length": 0}, "output_max_length must be a positive number of characters"),
+        ({"output_max_length": 1.5}, "output_max_length must be a positive number of characters"),
+    ],
+)
+async def test_bad_limits_for_execute_plan_are_refused_before_anything_runs(
+    settings: dict[str, Any], message: str
+) -> None:
+    # tool_timeout=0 fell back to the 120 s default and NaN never fired: a hanging task hung the plan;
+    # -1 failed every task at once ("timed out after -1 s").
+    ran: list[str] = []
+
+    @tool
+    def note() -> str:
+        """Note."""
+        ran.append("note")
+        return "ok"
+
+    plan = parse_plan({"tasks": [{"id": "n", "tool": "note", "args": {}}]})
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        await execute_plan(plan, [note], **settings)
+    assert ran == []

@@ -103,6 +103,19 @@ def _check_concurrency(limit: int) -> None:
         raise ConfigurationError(f"max_concurrency must be an integer of at least 1, got {limit!r}")
 
 
+def _check_limits(tool_timeout: float | None, output_max_length: int | None) -> None:
+    """A timeout of 0 or NaN waited forever (0 fell back to the default, NaN never fires), -1 failed every
+    task at once: a positive number of seconds (or None), and a positive number of characters."""
+    if tool_timeout is not None and not (isinstance(tool_timeout, int | float) and tool_timeout > 0):
+        raise ConfigurationError(
+            f"tool_timeout must be a positive number of seconds or None, not {tool_timeout!r}"
+        )
+    if output_max_length is not None and not (type(output_max_length) is int and output_max_length > 0):
+        raise ConfigurationError(
+            f"output_max_length must be a positive number of characters or None, not {output_max_length!r}"
+        )
+
+
 class PlanError(RunError):
     """A plan that cannot run as written (bad ids, dependencies, references, tools or arguments).
 
@@ -679,6 +692,7 @@ async def execute_plan(
         PlanError: the plan is invalid (nothing ran).
     """
     _check_concurrency(max_concurrency)
+    _check_limits(tool_timeout, output_max_length)
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     levels = plan.check(registry)
     runner = _Runner(registry, emit, _by_task(reuse), tool_timeout, output_max_length)
