@@ -245,7 +245,8 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         finished, value = _started(tool.invoke(arguments))
         if not finished:  # it waits: under its time limit and the run's deadline, whichever comes first
             value = await run.deadlines.within(_deadline(run, timeout), value)
-        text, success, kind = _valid_text(render_output(value)), True, None
+        text = value if type(value) is str else render_output(value)
+        text, success, kind = text if text.isascii() else _valid_text(text), True, None
     except DeadlineExceeded:  # not a TimeoutError the tool raised itself (`asyncio.wait_for` inside it)
         by_run = _run_out_of_time(run)
         why = "the run's time limit was reached" if by_run else f"it timed out after {timeout:g} s"
@@ -259,7 +260,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         text += _nested_call_note(run, tool, prepared.arguments)
     duration = time.perf_counter() - started
     limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
-    text, truncated = truncate_output(text, limit)
+    text, truncated = truncate_output(text, limit) if len(text) > limit else (text, False)
     if prepared.note:
         text = f"{text}\n{prepared.note}"
     outcome = ToolOutcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
