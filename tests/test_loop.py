@@ -15,6 +15,7 @@ from thinkloop import (
     ConfigurationError,
     ModelError,
     ModelRequest,
+    ModelResponse,
     Price,
     PriceTable,
     RiskLevel,
@@ -22,6 +23,7 @@ from thinkloop import (
     StateError,
     StopReason,
     Tool,
+    ToolCall,
     UserError,
     tool,
 )
@@ -952,3 +954,29 @@ async def test_a_model_that_raises_something_unexpected_ends_the_run_with_an_err
     result = await Agent(Buggy(lambda r: "x"), tools=[calculator]).run("What is 1+1?")
     assert result.stop_reason is StopReason.ERROR
     assert result.error is not None and "the model raised KeyError: 'choices'" in result.error
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_arguments_holding_nan_or_infinity_are_answered_as_malformed_and_the_state_round_trips(
+    number: float,
+) -> None:
+    """json.loads reads `{"x": NaN}` (and `1e999` as infinity), JSON has neither: run as they were, the call's
+    arguments were written to the state as null and the saved state no longer equalled the run's."""
+    ran: list[float] = []
+
+    @tool
+    def scale(x: float) -> float:
+        """Scale a number."""
+        ran.append(x)
+        return x
+
+    def reply(request: ModelRequest) -> ModelResponse:
+        if request.turn == 0:
+            return ModelResponse(tool_calls=[ToolCall(id="c1", name="scale", arguments={"x": number})])
+        return ModelResponse(text="done")
+
+    result = Agent(FunctionModel(reply), tools=[scale]).run_sync("Scale it.")
+    assert ran == []  # not run with a number JSON cannot hold
+    observation = result.state.messages[-2]
+    assert observation.role == "tool" and "not a JSON object" in observation.content
+    assert RunState.model_validate_json(result.state.model_dump_json()) == result.state

@@ -11,6 +11,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable
@@ -793,9 +794,25 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def _plain(call: ToolCall) -> bool:
-    """True when no string of the call can hold a surrogate: its name and arguments are ASCII (the
-    arguments' JSON is kept: the guards' signature and the token estimate read it too)."""
-    return call.raw_arguments is None and call.name.isascii() and arguments_json(call.arguments).isascii()
+    """True when no string of the call can hold a surrogate and no number is NaN or infinite: its name and
+    arguments are ASCII, without `NaN`/`Infinity` (the arguments' JSON is kept: the guards' signature and
+    the token estimate read it too)."""
+    if call.raw_arguments is not None or not call.name.isascii():
+        return False
+    text = arguments_json(call.arguments)
+    return text.isascii() and "NaN" not in text and "Infinity" not in text
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether a NaN or an infinity is anywhere in `value` (JSON has neither: the state would not
+    round-trip, so such arguments are answered as not being JSON)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_non_finite(v) for v in value)
+    return False
 
 
 def _valid_unicode(value: Any) -> Any:
@@ -821,6 +838,8 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
     for call in reply.calls:
         fields = {"name": call.name, "arguments": call.arguments, "raw_arguments": call.raw_arguments}
         clean = _valid_unicode(fields)
+        if _non_finite(clean["arguments"]):  # `{"x": NaN}` from json.loads: answered as malformed
+            clean["raw_arguments"], clean["arguments"] = arguments_json(clean["arguments"]), {}
         calls.append(call.model_copy(update=clean) if clean != fields else call)
     reply.calls = calls  # a new list: the response's own is left as it was
     return reply
