@@ -58,3 +58,26 @@ async def test_malformed_discover_calls_are_explained_and_discover_nothing(args:
 async def test_an_empty_catalogue_finds_nothing() -> None:
     (observation,), discovered = await _observations({"query": "weather"}, [])
     assert observation.startswith("No tool matches 'weather'") and discovered == []
+
+
+def test_the_cached_index_keeps_its_tools_so_a_new_tool_cannot_take_a_freed_ones_identity() -> None:
+    """The index was cached by the tools' id(): a tool freed since could leave its id to a new tool with
+    another description, and the stale index would be searched."""
+    import gc
+    import weakref
+
+    from thinkloop import Tool, ToolRegistry
+    from thinkloop._discovery import ToolDiscovery
+
+    discovery = ToolDiscovery()
+    old = Tool("lookup", "Look up a word in the dictionary.", None, lambda: "")
+    alive = weakref.ref(old)
+    discovery.index(ToolRegistry([old]))
+    del old
+    gc.collect()
+    assert alive() is not None  # held by the cache key: its id cannot be reused while the index is cached
+    new = Tool("lookup", "Convert a currency amount.", None, lambda: "")
+    index = discovery.index(ToolRegistry([new]))
+    assert alive() is None  # replaced: the old tool is freed with the old index
+    assert [hit.name for hit in index.search("currency amount", 1)] == ["lookup"]
+    assert index.search("dictionary word", 1) == []  # the new catalogue's index, not the old one's

@@ -219,7 +219,7 @@ class ToolDiscovery:
             risk=RiskLevel.LOW,
             idempotent=True,
         )
-        self._index_key: tuple[int, ...] = ()
+        self._index_key: tuple[Tool, ...] = ()
         self._index: ToolIndex | None = None
 
     def __repr__(self) -> str:
@@ -248,11 +248,11 @@ class ToolDiscovery:
         return names
 
     def index(self, registry: ToolRegistry) -> ToolIndex:
-        """The search index of a registry's catalogue (cached until its tools change)."""
-        tools = [t for t in registry if t.name != DISCOVER_TOOLS]
-        key = tuple(id(t) for t in tools)
-        if self._index is None or key != self._index_key:
-            self._index, self._index_key = ToolIndex(t.definition for t in tools), key
+        """The search index of a registry's catalogue (cached until its tools change: the key holds the
+        tools themselves, as the `id()` of a tool freed since could be a new tool's)."""
+        tools = tuple(t for t in registry if t.name != DISCOVER_TOOLS)
+        if self._index is None or tools != self._index_key:
+            self._index, self._index_key = ToolIndex(t.definition for t in tools), tools
         return self._index
 
     def discover(self, run: RunContext, query: str) -> str:
