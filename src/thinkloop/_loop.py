@@ -1027,22 +1027,52 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
     state.messages.append(Message.user(prompt, kind="final_prompt", step=state.step))
     try:
         request = build_request(run, final=True)
-        started = time.perf_counter()
-        deadline = run.deadline
-        if deadline is None:
-            response = await run.model.request(request)
-        else:
-            response = await run.deadlines.within(deadline, run.model.request(request))
-        _account(run, request, response, started, final=True)
+        answer = _forced_answer(run, await _final_call(run, request))
     except (ModelError, TimeoutError) as exc:
         return await finish(
             run, reason, answer=_best_known(run), error=f"{why} The final-answer call failed: {exc}"
         )
-    answer = _forced_answer(run, response)
+    if state.mode == "react" and reason not in (StopReason.MAX_TOKENS, StopReason.MAX_COST):
+        answer = await _recheck_forced(run, request, answer)
     check_output(run, answer)  # a best effort: kept as `parsed` when it validates, never asked again
     state.messages.append(Message.assistant(answer, step=state.step))
     state.forced_final = True
     return await finish(run, reason, answer=answer, error=why)
+
+
+async def _final_call(run: RunContext, request: ModelRequest) -> ModelResponse:
+    started = time.perf_counter()
+    deadline = run.deadline
+    if deadline is None:
+        response = await run.model.request(request)
+    else:
+        response = await run.deadlines.within(deadline, run.model.request(request))
+    _account(run, request, response, started, final=True)
+    return response
+
+
+async def _recheck_forced(run: RunContext, request: ModelRequest, answer: str) -> str:
+    """A forced answer whose numbers neither the task nor a successful tool result gives is asked for again,
+    once, naming them (in ReAct, like `_unsourced`; not after a token or cost budget stop): the second
+    answer stands; the first does when the second call fails or replies with a tool call."""
+    sources = [m.content for m in run.state.messages if m.kind in ("task", "memory")]
+    sources += [e.output or "" for e in run.state.ledger.values() if e.status == "done" and e.success]
+    correction = _react.forced_correction(answer, [run.state.goal, *sources])
+    if correction is None:
+        return answer
+    asked = [
+        Message.assistant(answer, step=run.state.step),
+        Message.user(correction, kind="correction", step=run.state.step),
+    ]
+    run.state.messages.extend(asked)
+    retry = ModelRequest(
+        messages=[*request.messages, *asked], settings=request.settings, run_id=request.run_id,
+        turn=run.state.usage.requests,
+    )  # fmt: skip
+    try:
+        return _forced_answer(run, await _final_call(run, retry), fallback=answer)
+    except (ModelError, TimeoutError):
+        return answer
 
 
 def _final_text(text: str) -> str:
@@ -1050,12 +1080,13 @@ def _final_text(text: str) -> str:
     return (text[match.end() :] if match else _react._cut_invented_observation(text)).strip()
 
 
-def _forced_answer(run: RunContext, response: ModelResponse) -> str:
-    """The forced final answer; the best known result when the model replied with a tool call again."""
+def _forced_answer(run: RunContext, response: ModelResponse, fallback: str | None = None) -> str:
+    """The forced final answer; `fallback` (default: the best known result) when the model replied with a
+    tool call again."""
     text = _final_text(response.text)
     acting = _react._ACTION_RE.search(text) or _react._bare_json_call(text, run.tools.names, "final")
     if response.tool_calls or not text or acting:
-        return _best_known(run) or text
+        return (_best_known(run) if fallback is None else fallback) or text
     prompt = next((m.content for m in reversed(run.state.messages) if m.kind == "final_prompt"), "")
     return _react.drop_copied_lines(text, prompt) if prompt else text
 

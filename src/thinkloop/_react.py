@@ -887,3 +887,22 @@ def unsourced_numbers(answer: str, sources: list[str]) -> list[str]:
 def _rounds_to(known: float, value: float, decimals: int) -> bool:
     tolerance = 10.0**-decimals / 2 + 1e-9 * max(abs(value), 1.0)
     return abs(known - value) <= tolerance
+
+
+FORCED_UNSOURCED = "which none of the tool results or the task gives"
+
+
+def forced_correction(answer: str, sources: list[str]) -> str | None:
+    """The request to answer again when a forced final answer (after a budget or guard stop) gives numbers
+    that neither the task nor a successful tool result gives — or None. Failed calls' errors are no source:
+    they quote the model's own arguments (`cannot parse 'Zephyr Z9 drone costs $1000'`). With no tools
+    left, the 0.5B model filled the gap with a made-up phone number or price, and told only to "say that it
+    could not be found" repeated it; given the words to write, it wrote them (benchmarks/README.md, eleventh
+    session)."""
+    missing = unsourced_numbers(answer, sources)
+    if not missing:
+        return None
+    return (
+        f"Your answer gives {', '.join(missing[:3])}, {FORCED_UNSOURCED}. Answer again: if a result above "
+        "gives what the task asks for, copy it as written there; if none does, write: Could not be found."
+    )
