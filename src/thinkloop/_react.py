@@ -897,8 +897,8 @@ def forced_correction(answer: str, sources: list[str]) -> str | None:
     that neither the task nor a successful tool result gives — or None. Failed calls' errors are no source:
     they quote the model's own arguments (`cannot parse 'Zephyr Z9 drone costs $1000'`). With no tools
     left, the 0.5B model filled the gap with a made-up phone number or price, and told only to "say that it
-    could not be found" repeated it; given the words to write, it wrote them (benchmarks/README.md, eleventh
-    session)."""
+    could not be found" repeated it; given the words to write, it wrote them (benchmarks/README.md, the 0.5B
+    model and the forced final answer)."""
     missing = unsourced_numbers(answer, sources)
     if not missing:
         return None
