@@ -42,6 +42,7 @@ Finding = tuple[RiskLevel, str]
 
 _MAX_DEPTH = 8
 _MAX_LENGTH = 100_000
+_MAX_STAGES = 16  # the commands of a pipeline read together with the next one
 
 
 @dataclass(frozen=True)
@@ -3096,25 +3097,34 @@ def _redirect_findings(redirs: list[tuple[str, str]], ctx: _Ctx) -> list[Finding
     return findings
 
 
-def _classify_simple(simple: _Simple, before: list[_Simple], ctx: _Ctx) -> list[Finding]:
+def _classify_simple(
+    simple: _Simple, simples: list[_Simple], argvs: list[list[str]], index: int, ctx: _Ctx
+) -> list[Finding]:
+    """Rate `simples[index]` with the commands before it in its pipeline (a pipeline's commands are
+    consecutive): at most `_MAX_STAGES` of them, so that a long command line is not read again for each
+    of its commands (`a|a|…` of 2,000 stages took 10 s, `ls;ls;…` quadratic time too)."""
     findings = _redirect_findings(simple.redirs, ctx)
     words, prefix_findings = _strip_prefix_words(simple.words)
     findings += prefix_findings
     if not words:
         return findings
-    upstream = [
-        _core_argv(s.words) for s in before if s.pipeline == simple.pipeline and s.stage < simple.stage
-    ]
+    first = index
+    while first > 0 and index - first < _MAX_STAGES and simples[first - 1].pipeline == simple.pipeline:
+        first -= 1
+    if first > 0 and simples[first - 1].pipeline == simple.pipeline:  # fail closed: not read together
+        findings.append((HIGH, f"a pipeline of more than {_MAX_STAGES} commands is too long to analyse"))
+    upstream = [argvs[i] for i in range(first, index) if simples[i].stage < simple.stage]
     cmd = _Cmd(_normalize_name(words[0]), words[0], words[1:], simple.redirs, upstream)
     if any(not argv for argv in upstream):  # `{ curl ...; } | sh`: a group feeds the pipe
-        cmd.earlier = [_core_argv(s.words) for s in before]
+        cmd.earlier = argvs[:index]
     findings += _classify_cmd(cmd, ctx)
     _record_writes(simple, _core_argv(words), upstream, ctx)
     return findings
 
 
-_FUNCTION_RE = re.compile(
-    r"(?:function\s+)?(?P<name>[^\s(){};|&<>'\"$`]+)\s*\(\s*\)\s*\{(?P<body>.*?)\}"
+_FUNCTION_RE = re.compile(  # a name starts where no name character is before it: each run of them is
+    # tried once (from every position, a long word such as 100,000 backslashes took minutes)
+    r"(?:function\s+)?(?<![^\s(){};|&<>'\"$`])(?P<name>[^\s(){};|&<>'\"$`]+)\s*\(\s*\)\s*\{(?P<body>.*?)\}"
     r"|function\s+(?P<name2>[^\s(){};|&<>'\"$`]+)\s*\{(?P<body2>.*?)\}",
     re.S,
 )
@@ -3177,8 +3187,9 @@ def _classify_text(text: str, ctx: _Ctx) -> list[Finding]:
     for sub in new_subs:
         if sub.kind != "heredoc":
             findings += _nested(sub.text, ctx, "substitution")
+    argvs = [_core_argv(s.words) for s in simples]  # each command's, once
     for index, simple in enumerate(simples):
-        findings += _classify_simple(simple, simples[:index], ctx)
+        findings += _classify_simple(simple, simples, argvs, index, ctx)
     return findings
 
 

@@ -11,8 +11,11 @@ gate allowed. Every decision is recorded in `RunState.approvals` and on the `too
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import json
+import math
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -23,11 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._errors import ConfigurationError
 from .._events import ApprovalRequested, Decision
-from .._execute import GateDecision
+from .._execute import GateDecision, _as_sole_argument, _validated_unwrapped
 from .._messages import ToolCall
 from .._risk import RiskLevel
-from .._state import ApprovalRecord, LedgerEntry
-from .._tools import Tool
+from .._state import ApprovalRecord, LedgerEntry, RunState
+from .._tools import Tool, ToolArgumentsError, tool_threads
 from ._policy import Evaluation, SafetyMode, SafetyPolicy, ShellCommandRisk
 
 if TYPE_CHECKING:
@@ -106,9 +109,11 @@ class SafetyController:
 
     Args:
         policy: a `SafetyPolicy`, or just a mode (`"strict"`, `"balanced"`, `"permissive"`).
-        approval: an async (or quick sync) function `ApprovalRequest -> ApprovalDecision` (or a bool).
+        approval: an async or sync function `ApprovalRequest -> ApprovalDecision` (or a bool). A sync
+            one runs in a worker thread, so a slow one blocks no other run and the timeout applies.
             Without one, every call that needs approval is denied.
-        approval_timeout: seconds to wait for an answer before denying (None waits forever).
+        approval_timeout: seconds to wait for an answer before denying (None waits forever); a positive
+            number, else `ConfigurationError`.
 
     Use it as `Agent(..., safety=SafetyController("strict", approval=console_approval()))`.
     """
@@ -131,7 +136,7 @@ class SafetyController:
                 ) from None
         self.policy = policy
         self.approval = approval
-        self.approval_timeout = approval_timeout
+        self.approval_timeout = _checked_timeout(approval_timeout)
 
     def __repr__(self) -> str:
         return f"SafetyController(mode={self.policy.mode.value!r})"
@@ -146,12 +151,13 @@ class SafetyController:
         shell = tool.risk if isinstance(tool.risk, ShellCommandRisk) else None
         argument = shell.argument if shell is not None else None
         key = self.policy.command_tools.get(tool.name) or argument
+        arguments = arguments_to_run(call, tool)
         evaluation = self.policy.evaluate(
             tool.name,
-            call.arguments,
+            arguments,
             risk,
             command_argument=argument,
-            earlier=_earlier_commands(run, call, key) if key is not None else (),
+            earlier=_earlier_commands(run, call, tool, key, arguments) if key is not None else (),
             cwd=shell.cwd if shell is not None else None,
         )
         if evaluation.verdict == "block":
@@ -164,10 +170,16 @@ class SafetyController:
             return _record(
                 run, call, evaluation, "approved_always", note="approved always earlier in this run"
             )
-        return await self._ask(call, tool, evaluation, run, key)
+        return await self._ask(call, tool, evaluation, run, key, arguments)
 
     async def _ask(
-        self, call: ToolCall, tool: Tool, evaluation: Evaluation, run: RunContext, key: str
+        self,
+        call: ToolCall,
+        tool: Tool,
+        evaluation: Evaluation,
+        run: RunContext,
+        key: str,
+        arguments: dict[str, Any],
     ) -> GateDecision:
         reason = evaluation.explain()
         request = ApprovalRequest(
@@ -176,7 +188,7 @@ class SafetyController:
             call=call,
             tool=tool.name,
             description=tool.description,
-            arguments=call.arguments,
+            arguments=arguments,
             risk=evaluation.risk,
             reason=reason,
             command=evaluation.command,
@@ -193,40 +205,119 @@ class SafetyController:
         return _record(run, call, evaluation, answer.decision, message=message, note=note)
 
     async def _answer(self, request: ApprovalRequest) -> _Answer:
-        """Ask the approval function; no function, a timeout, an error or a strange answer mean deny."""
+        """Ask the approval function; no function, a timeout, an error or a strange answer mean deny.
+
+        A sync function runs in a worker thread: one that blocks (a slow service, `input()`) must not
+        stop the event loop, where the timeout could not fire. A `CancelledError` the function raises
+        by itself (a task it awaited was cancelled) is its failure; the run's own cancellation passes."""
         if self.approval is None:
             return _Answer("denied", problem="no approval function is configured")
+        window = asyncio.timeout(self.approval_timeout)
         try:
-            async with asyncio.timeout(self.approval_timeout):
-                answer = self.approval(request)
-                if inspect.isawaitable(answer):
-                    answer = await answer
-        except TimeoutError:
-            return _Answer("timeout", problem=f"no answer came within {self.approval_timeout:g} s")
-        except Exception as exc:
-            return _Answer("denied", problem=f"the approval function failed ({type(exc).__name__}: {exc})")
+            async with window:
+                answer = await _called(self.approval, request)
+        except TimeoutError as exc:
+            if window.expired():
+                return _Answer("timeout", problem=f"no answer came within {self.approval_timeout:g} s")
+            return _failed(exc)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling() > 0:
+                raise
+            return _failed(exc)
+        except (Exception, SystemExit, GeneratorExit) as exc:  # sys.exit() in it does not end the process
+            return _failed(exc)
         return _interpret(answer)
+
+
+def _checked_timeout(timeout: float | None) -> float | None:
+    """`approval_timeout` checked: NaN never fired (a hung approval hung the run), 0 or less denied
+    everything at once — or approved it, when a sync function answered before the first await."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ConfigurationError(
+            f"approval_timeout must be a positive number of seconds, or None to wait forever; got {timeout!r}"
+        )
+    return None if math.isinf(timeout) else float(timeout)
+
+
+def _is_async(function: object) -> bool:
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)  # noqa: B004  (an object with an async __call__)
+    )
+
+
+async def _called(function: ApprovalFunction, request: ApprovalRequest) -> object:
+    """The approval function's answer: an async one is awaited here, a sync one in a worker thread."""
+    if _is_async(function):
+        answer: object = function(request)
+    else:
+        call = functools.partial(contextvars.copy_context().run, function, request)
+        answer = await asyncio.get_running_loop().run_in_executor(tool_threads(), call)
+    if inspect.isawaitable(answer):
+        answer = await answer
+    return answer
+
+
+def _failed(exc: BaseException) -> _Answer:
+    return _Answer("denied", problem=f"the approval function failed ({type(exc).__name__}: {exc})")
+
+
+def arguments_to_run(call: ToolCall, tool: Tool) -> dict[str, Any]:
+    """The arguments `call` will run with, read as the executor reads them — what the policy must rate.
+
+    A model's call can hold its arguments where the executor still finds them: text that is not a JSON
+    object for a tool of one parameter (`Action Input: rm -rf /` for `shell`), or the arguments wrapped
+    in an object (`{"arguments": {"command": …}}`). Rating `call.arguments` as sent missed the command
+    of both: a critical command was not blocked, the deny patterns did not apply, and the person was
+    asked about a call without its command.
+    """
+    raw = call.raw_arguments
+    given = call.arguments if raw is None else _as_sole_argument(tool, raw)
+    if given is None:
+        return call.arguments  # the executor refuses it as invalid
+    if len(given) == 1 and isinstance(inner := next(iter(given.values())), dict):
+        try:
+            tool.validate(given)
+        except ToolArgumentsError:
+            if _validated_unwrapped(tool, given) is not None:
+                return inner
+    return given
 
 
 _REFUSED = frozenset({"denied", "blocked", "timeout"})
 _ALLOWED = frozenset({"auto", "approved", "approved_always"})
 
 
-def _earlier_commands(run: RunContext, call: ToolCall, key: str) -> Iterator[str]:
+def _earlier_commands(
+    run: RunContext, call: ToolCall, tool: Tool, key: str, arguments: dict[str, Any]
+) -> Iterator[str]:
     """The commands that ran (or run with this one) before `call` in this run, oldest first: calls of
     the same tool with the same other arguments (an SSH tool's host), from the ledger — which a resumed
-    run has too. Calls the gate refused never ran and are left out. Lazy: the ledger is read only when
-    the classifier needs it (the command being rated runs a file)."""
-    place = {k: v for k, v in call.arguments.items() if k != key}
+    run has too — each read as it ran (`arguments_to_run`). Calls the gate refused never ran and are
+    left out. Lazy: the ledger is read only when the classifier needs it (the command being rated runs
+    a file)."""
+    place = {k: v for k, v in arguments.items() if k != key}
     decisions = {record.call_id: record.decision for record in run.state.approvals}  # the last one counts
+    sent = _calls_sent(run.state)
     for entry in list(run.state.ledger.values()):
-        command = entry.arguments.get(key)
-        if entry.call_id == call.id or entry.name != call.name or not isinstance(command, str):
+        if entry.call_id == call.id or entry.name != call.name:
             continue
-        if {k: v for k, v in entry.arguments.items() if k != key} == place and _ran(
+        earlier = sent.get(entry.call_id)
+        ran_with = arguments_to_run(earlier, tool) if earlier is not None else entry.arguments
+        command = ran_with.get(key)
+        if not isinstance(command, str):
+            continue
+        if {k: v for k, v in ran_with.items() if k != key} == place and _ran(
             entry, decisions.get(entry.call_id), run.state.step
         ):
             yield command
+
+
+def _calls_sent(state: RunState) -> dict[str, ToolCall]:
+    """The run's tool calls as the model sent them, by id (the ledger keeps only `arguments`)."""
+    return {c.id: c for m in state.messages if m.role == "assistant" for c in m.tool_calls}
 
 
 def _ran(entry: LedgerEntry, decision: str | None, step: int) -> bool:
@@ -320,8 +411,9 @@ class PendingApprovals:
         self._waiting[key] = (request, future)
         try:
             return await future
-        finally:
-            self._waiting.pop(key, None)
+        finally:  # only our own entry: a request with the same ids that came since is still waiting
+            if key in self._waiting and self._waiting[key][1] is future:
+                del self._waiting[key]
 
     def pending(self, run_id: str | None = None) -> list[ApprovalRequest]:
         """The requests waiting for an answer (of one run, or of all)."""
