@@ -2,7 +2,8 @@
 
 The command runs in its own process group, in a fixed working directory, with only the allow-listed
 environment variables; on timeout (or when the call is cancelled) the whole group is killed, even if
-the shell itself has exited and only a background child still holds its output. An empty command, a NUL
+the shell itself has exited and only a background child still holds its output — and so is a child
+that left the group (`setsid`) but still holds the output. An empty command, a NUL
 character or a command over the system's argument limit is refused with `ShellCommandError`. The
 result is a JSON object: `exit_code`, `stdout`, `stderr` (each cut to the output limit, head and tail
 kept), `duration` and `timed_out`. Its risk comes from the command classifier.
@@ -154,7 +155,7 @@ async def run_command(
         finally:
             if not finished:  # timed out or cancelled: nothing of the command may outlive the call
                 shell_exit = process.returncode
-                await _kill_group(process)
+                await _kill_group(process, (stdout.inode, stderr.inode))
     finally:
         stdout.close()
         stderr.close()
@@ -239,12 +240,42 @@ def _timeout_note(seconds: float, shell_exit: int | None) -> str:
     return note
 
 
-async def _kill_group(process: asyncio.subprocess.Process) -> None:
+async def _kill_group(process: asyncio.subprocess.Process, pipes: tuple[int, int]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)  # the group outlives its leader while a member lives
+    for pid in _holding(pipes):  # a child that left the group (`setsid`) but still writes our output
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         process.kill()
     await asyncio.shield(process.wait())
+
+
+def _holding(pipes: tuple[int, int]) -> list[int]:
+    """The other processes that hold one of our output pipes open (Linux /proc; [] elsewhere)."""
+    wanted = {f"pipe:[{inode}]" for inode in pipes if inode}
+    me, found = os.getpid(), []
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone, or not ours to look at (nor to kill)
+            continue
+        if any(_link(f"/proc/{pid}/fd/{fd}") in wanted for fd in fds):
+            found.append(pid)
+    return found
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
 
 
 class _PipeReader(asyncio.Protocol):
@@ -259,12 +290,14 @@ class _PipeReader(asyncio.Protocol):
         self.capture = _Capture(limit)
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.write_fd = -1
+        self.inode = 0  # the pipe's, to find the processes writing to it
         self.transport: asyncio.BaseTransport | None = None
 
     @classmethod
     async def open(cls, limit: int) -> _PipeReader:
         reader = cls(limit)
         read_fd, reader.write_fd = os.pipe()
+        reader.inode = os.fstat(read_fd).st_ino
         pipe = os.fdopen(read_fd, "rb", buffering=0)
         loop = asyncio.get_running_loop()
         try:
