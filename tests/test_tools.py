@@ -822,3 +822,20 @@ def test_arguments_with_rules_always_go_through_pydantic() -> None:
     with pytest.raises(ToolArgumentsError):
         nights.validate({"n": 0})
     assert stripped.validate({"city": "  Oslo "}) == {"city": "Oslo"}
+
+
+def test_a_risk_function_that_exits_or_is_async_rates_the_call_high_without_side_effects() -> None:
+    import sys
+    import warnings
+
+    def exits(arguments: dict[str, Any]) -> RiskLevel:
+        sys.exit(3)
+
+    async def rates(arguments: dict[str, Any]) -> RiskLevel:
+        return RiskLevel.LOW
+
+    for risk in (exits, rates):
+        t = Tool("t", "T.", None, lambda: "", risk=risk)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "coroutine was never awaited"
+            assert t.risk_for({}) is RiskLevel.HIGH

@@ -170,8 +170,12 @@ class Tool:
         if isinstance(self.risk, RiskLevel):
             return self.risk
         try:
-            return RiskLevel(self.risk(arguments))
-        except Exception:
+            rated = self.risk(arguments)
+            if inspect.iscoroutine(rated):  # an async risk function: never awaited here, so never run
+                rated.close()
+                return RiskLevel.HIGH
+            return RiskLevel(rated)
+        except (Exception, SystemExit):  # sys.exit() in a risk function does not end the process
             return RiskLevel.HIGH
 
     def invoke(self, arguments: dict[str, Any]) -> Awaitable[Any]:
