@@ -123,12 +123,16 @@ async def concurrent(runs: int, latency: float) -> dict[str, float]:
 
 
 def _fresh(code: str) -> float:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # with bytecode caches, as a user's installed package has them (PYTHONDONTWRITEBYTECODE=1, set on some
+    # machines, would compile every module at every import); the first import of each module writes them
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return float(out.stdout.strip())
 
 
 def import_time(repeats: int) -> tuple[float, float]:
     timer = "import time; t=time.perf_counter(); import {m}; print(time.perf_counter()-t)"
+    _fresh(timer.format(m="thinkloop"))  # writes the bytecode caches, if missing
     ours = statistics.median(_fresh(timer.format(m="thinkloop")) for _ in range(repeats))
     base = statistics.median(_fresh(timer.format(m="json")) for _ in range(repeats))
     return ours * 1000, base * 1000
