@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import uuid
@@ -33,6 +34,10 @@ async def test_a_child_that_left_the_process_group_but_holds_the_output_is_kille
             command, cwd=None, env={"PATH": os.environ["PATH"]}, seconds=0.5, limit=1000
         )
         assert result["timed_out"] is True and result["stdout"] == "started\n"
+        for _ in range(200):  # SIGKILL is sent; the process is gone a moment later, not at once (≤ 10 s)
+            if not _processes_with(marker):
+                break
+            await asyncio.sleep(0.05)
         assert _processes_with(marker) == []
     finally:
         for pid in _processes_with(marker):
