@@ -17,15 +17,18 @@ recalls them by BM25 relevance of the new task to the tasks the lessons came fro
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import functools
 import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -232,8 +235,8 @@ class LessonBook:
         min_relevance: the share (0–1) of the new task's terms, weighted by rarity, that a lesson's task
             must share to be recalled.
 
-    Appending is safe from several processes; forgetting old lessons rewrites the file (a lesson another
-    process appends at that moment can be lost).
+    Several processes may share the file: a lesson is added (and the oldest forgotten) under an OS lock on
+    a lock file beside it (`PATH.lock`), from the file as it is then, so no process loses another's lesson.
     """
 
     def __init__(
@@ -258,6 +261,7 @@ class LessonBook:
         self.max_lessons = max_lessons
         self.min_relevance = min_relevance
         self._lessons: list[Lesson] | None = None  # loaded on first use
+        self._seen: _Signature | None = None  # the file as it was when `_lessons` were read from it
         # one book may serve agents in several threads, each with its own event loop (`run_sync` in
         # threads): a thread lock, held in a worker thread, never an asyncio one bound to one loop
         self._lock = threading.Lock()
@@ -289,8 +293,9 @@ class LessonBook:
     def _keep(self, texts: list[str], record: RunRecord) -> None:
         """Add the lessons not known yet, in memory and in the file (in a worker thread, under the lock)."""
         tools = sorted({u.name for u in record.tools})
-        with self._lock:
-            lessons = self._all()
+        with self._lock, self._file_lock():
+            # the file as it is now: other processes may have added (or forgotten) lessons since it was read
+            lessons = self._all() if self.path is None else self._reload()
             known = {lesson.text for lesson in lessons}
             new = [
                 Lesson(
@@ -312,6 +317,7 @@ class LessonBook:
                 kept = [*lessons, *new]
                 self._append(new)
             self._lessons = kept  # a new list: a recall reading the old one meanwhile is not disturbed
+            self._seen = self._signature()
 
     def lessons(self) -> list[Lesson]:
         """Every lesson kept, oldest first."""
@@ -319,10 +325,11 @@ class LessonBook:
 
     def clear(self) -> None:
         """Forget every lesson (the file is emptied)."""
-        with self._lock:
+        with self._lock, self._file_lock():
             self._lessons = []
             if self.path is not None and self.path.exists():
                 self._rewrite([])
+            self._seen = self._signature()
 
     # ------------------------------------------------------------------------------------ recalling
 
@@ -361,18 +368,39 @@ class LessonBook:
     # ---------------------------------------------------------------------------------------- files
 
     def _all(self) -> list[Lesson]:
-        if self._lessons is None:
-            self._lessons = self._load()
+        """The lessons, read again when the file changed since they were (another process learnt)."""
+        if self._lessons is None or (self.path is not None and self._signature() != self._seen):
+            self._reload()
+        assert self._lessons is not None
+        return self._lessons
+
+    def _reload(self) -> list[Lesson]:
+        seen = self._signature()  # before reading: a change made meanwhile is read at the next look
+        self._lessons, self._seen = self._load(), seen
         return self._lessons
 
     async def _loaded(self) -> list[Lesson]:
-        """`_all()`, with the file read in a thread: a big or slow file must not block the event loop
+        """`_all()`, in a thread when there is a file: a big or slow file must not block the event loop
         (the agent's time limit on recalling cannot stop code that never yields)."""
-        if self._lessons is None:
-            lessons = await asyncio.to_thread(self._load)
-            if self._lessons is None:  # (another call may have loaded them meanwhile)
-                self._lessons = lessons
-        return self._lessons
+        if self.path is None:
+            return self._all()
+        return await asyncio.to_thread(self._all)
+
+    def _signature(self) -> _Signature | None:
+        """What tells that the file changed: its inode (a trim replaces it), size and modification time."""
+        if self.path is None:
+            return None
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+    def _file_lock(self) -> contextlib.AbstractContextManager[None]:
+        """The lock that processes sharing the file take to change it (none for a book in memory)."""
+        if self.path is None:
+            return contextlib.nullcontext()
+        return file_lock(self.path.with_name(self.path.name + ".lock"))
 
     def _load(self) -> list[Lesson]:
         if self.path is None or not self.path.exists():
@@ -439,6 +467,103 @@ class LessonBook:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+_Signature = tuple[int, int, int]
+LOCK_TIMEOUT = 30.0  # seconds to wait for another process to finish changing the lessons file
+_unlocked_warned: set[str] = set()  # lock files this process could not lock (warned once each)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on the file `path` (created if missing) against other processes.
+
+    `fcntl.flock` on POSIX, `msvcrt.locking` on Windows. Where neither exists, or the file system refuses
+    locks (some network ones), a warning is logged once and the work goes on unlocked: appends stay whole
+    lines, but a trim may then lose a lesson another process adds at that moment.
+
+    Raises:
+        TimeoutError: another process held the lock for `timeout` seconds (`LOCK_TIMEOUT` by default;
+            the message names the file).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        locked = _lock(fd, path, LOCK_TIMEOUT if timeout is None else timeout)
+        try:
+            yield
+        finally:
+            if locked:
+                _unlock(fd)
+    finally:
+        os.close(fd)
+
+
+def _lock(fd: int, path: Path, timeout: float) -> bool:
+    """Take the lock, polling (a blocking lock could not be given up after `timeout`); whether it is held."""
+    deadline, pause = time.monotonic() + timeout, 0.001
+    while True:
+        try:
+            if not _try_lock(fd):
+                _warn_unlocked(path, "this system has no file locks")
+                return False
+            return True
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            _warn_unlocked(path, f"the file system refuses locks ({exc.strerror})")
+            return False
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"another process has held the lock {path} for {timeout:g} s: it may be frozen; "
+                "end it or wait for it (the lock goes with the process that holds it)"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _try_lock(fd: int) -> bool:
+    """Lock without waiting: True when locked, False when the system has no locks; BlockingIOError when
+    another process holds it."""
+    if sys.platform == "win32":
+        import msvcrt
+
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except PermissionError as exc:  # Windows' "held by another process"
+            raise BlockingIOError(str(exc)) from exc
+        return True
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - every POSIX Python has it
+        return False
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return True
+
+
+def _unlock(fd: int) -> None:
+    if sys.platform == "win32":
+        import msvcrt
+
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _warn_unlocked(path: Path, why: str) -> None:
+    if str(path) not in _unlocked_warned:
+        _unlocked_warned.add(str(path))
+        logger.warning(
+            "cannot lock %s (%s): processes sharing the lessons file may lose a lesson when it is trimmed; "
+            "give each process a book of its own",
+            path,
+            why,
+        )
 
 
 def _clip_lesson(text: str) -> str:
