@@ -25,6 +25,7 @@ from thinkloop import (
     ModelRetryableError,
     ModelSettings,
     StopReason,
+    ToolCall,
     ToolDefinition,
     tool,
 )
@@ -1152,3 +1153,142 @@ async def test_a_host_that_never_accepts_the_connection_fails_in_the_connect_tim
             await model.aclose()
             for filler in fillers:
                 filler.close()
+
+
+# ============================================================= numbers JSON does not have; nesting too deep
+
+NON_FINITE = ['{"a": NaN}', '{"a": Infinity}', '{"a": -Infinity}', '{"a": 1e999}', '{"a": 2, "b": [1, NaN]}']
+
+
+@BOTH
+@pytest.mark.parametrize(
+    "raw",
+    [*NON_FINITE, '{"a": NaN}<|im_end|>', json.dumps('{"a": NaN}'), "```json\n" + '{"a": Infinity}' + "\n```"],
+    ids=["nan", "infinity", "minus-infinity", "1e999", "nested-nan", "nan-im-end", "nan-encoded-twice", "fenced"],
+)
+async def test_arguments_holding_nan_or_infinity_are_malformed_and_kept_raw(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool, raw: str
+) -> None:
+    """`json.loads` reads `NaN`, `Infinity` and `1e999` as floats that JSON does not have: the adapter took
+    `{"a": NaN}` as the arguments {'a': nan}. They are malformed arguments, kept as sent, so that the loop
+    asks the model for valid JSON (and no strict server gets them back in the history)."""
+    server.add(Completion(tool_calls=[tool_call("add", raw, id="c1")]))
+    response = await answer(model, streaming)
+    assert [(c.name, c.arguments, c.raw_arguments) for c in response.tool_calls] == [("add", {}, raw)]
+
+
+async def test_an_arguments_object_holding_nan_is_malformed_and_kept_raw(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    """Arguments sent as a JSON object rather than text (which the SDK's own json.loads reads, NaN too)."""
+    call = '{"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": NaN, "b": 1}}}'
+    body = (
+        '{"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [{"index": 0, '
+        f'"message": {{"role": "assistant", "content": null, "tool_calls": [{call}]}}, '
+        '"finish_reason": "tool_calls"}]}'
+    )
+    server.add(Fault(200, body=body.encode()))
+    response = await model.request(ask())
+    assert [(c.arguments, c.raw_arguments) for c in response.tool_calls] == [({}, '{"a": NaN, "b": 1}')]
+
+
+def _strict_server(reply: ScriptItem) -> ScriptItem:
+    """A server whose JSON parser is strict (llama.cpp's nlohmann::json, vLLM's): tool-call arguments in the
+    history holding NaN or an infinity are answered with HTTP 500, as llama.cpp does."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(constant)
+
+    def answer(request: Any) -> Any:
+        for message in request.json["messages"]:
+            for call in message.get("tool_calls") or []:
+                try:
+                    json.loads(call["function"]["arguments"], parse_constant=refuse)
+                except ValueError:
+                    error = {"code": 500, "message": "Failed to parse tool call arguments as JSON", "type": "server_error"}
+                    return Fault(500, body={"error": error})
+        return reply
+
+    return answer
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["run", "stream"])
+async def test_a_model_sending_nan_is_asked_for_valid_json_and_the_history_stays_json(streaming: bool) -> None:
+    """Before, the loop caught the NaN later and the history sent the call back as `{"a": NaN}`: a strict
+    server answered HTTP 500 to every later request of the run."""
+    script = [
+        _strict_server(Completion(tool_calls=[tool_call("add", '{"a": NaN, "b": 1}', id="c1")])),
+        _strict_server(Completion(tool_calls=[tool_call("add", {"a": 2, "b": 3}, id="c2")])),
+        _strict_server("It is 5."),
+    ]
+    async with OpenAICompatibleServer(script) as server:
+        model = OpenAIModel("qwen", base_url=server.url, api_key="k", capabilities={"tools": True})
+        agent = Agent(model, tools=[add], model_retries=0)
+        if streaming:
+            result = [e async for e in agent.stream("Add 2 and 3.")][-1].result  # type: ignore[attr-defined]
+        else:
+            result = await agent.run("Add 2 and 3.")
+        await model.aclose()
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "It is 5."), result.error
+    second = server.chat_requests[1]["messages"]
+    assert [c["function"]["arguments"] for m in second for c in m.get("tool_calls") or []] == ["{}"]
+    (told,) = [m["content"] for m in second if m["role"] == "tool"]
+    assert told.startswith("Error: the arguments of add were not a JSON object: '{\"a\": NaN, \"b\": 1}'")
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # 200 kB: nested far deeper than Python's recursion limit
+
+
+@BOTH
+async def test_arguments_nested_too_deeply_are_malformed_not_a_recursion_error(
+    server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool
+) -> None:
+    """Before, json.loads raised RecursionError out of the adapter, and the run ended in 'the model raised
+    RecursionError' instead of the model being told that its arguments are not JSON."""
+    raw = '{"a": ' + DEEP + "}"
+    server.add(Completion(tool_calls=[tool_call("add", raw, id="c1")], arguments_chunk_size=50_000))
+    response = await answer(model, streaming, max_output_tokens=8192)
+    assert [(c.name, c.arguments, c.raw_arguments) for c in response.tool_calls] == [("add", {}, raw)]
+
+
+async def test_a_call_nested_too_deeply_in_the_history_is_sent_back_as_an_empty_object(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    raw = '{"a": ' + DEEP + "}"
+    server.add("ok")
+    history = [
+        Message.user("Hi"),
+        Message(role="assistant", content="", tool_calls=[ToolCall(id="c1", name="add", raw_arguments=raw)]),
+        Message(role="tool", content="Error: not a JSON object", tool_call_id="c1"),
+    ]
+    assert (await model.request(ModelRequest(messages=history, tools=[ADD]))).text == "ok"
+    sent = server.chat_requests[0]["messages"][1]["tool_calls"][0]["function"]["arguments"]
+    assert sent == "{}"
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        _event_stream('data: {"id": "c", "object": "chat.completion.chunk", "model": "m", "x": ' + DEEP + "}\n\n"),
+        Fault(200, body=('{"id": "x", "x": ' + DEEP + "}").encode()),
+    ],
+    ids=["stream-chunk", "json-in-place-of-a-stream"],
+)
+async def test_a_stream_reply_nested_too_deeply_is_a_clear_model_error(
+    server: OpenAICompatibleServer, model: OpenAIModel, fault: Fault
+) -> None:
+    server.add(fault)
+    with pytest.raises(ModelError, match="nested too deeply to read") as info:
+        await answer(model, True, max_output_tokens=8192)
+    assert not isinstance(info.value, ModelRetryableError)
+    assert "check that base_url is an OpenAI-compatible API" in str(info.value)
+
+
+async def test_a_reply_body_nested_too_deeply_is_a_clear_model_error(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    server.add(Fault(200, body=('{"id": "x", "x": ' + DEEP + "}").encode()))
+    with pytest.raises(ModelError, match="nested too deeply to read") as info:
+        await model.request(ask(max_output_tokens=8192))
+    assert not isinstance(info.value, ModelRetryableError)
+    assert "check that base_url is an OpenAI-compatible API" in str(info.value)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
+from .. import _json
 from .._aio import PerLoop, closed_with_the_loop
 from .._errors import (
     ConfigurationError,
@@ -249,6 +250,8 @@ class OpenAIModel(Model):
                 "OpenAI-compatible API and that no proxy in between rewrites the event stream"
             )
             raise ModelError(message, provider=self.provider, scope=scope) from exc
+        except RecursionError:  # the SDK's json.loads of a chunk nested deeper than the recursion limit
+            raise self._too_deep("a stream chunk", scope) from None
 
     def _feed(self, assembler: _StreamAssembler, chunk: Any, scope: str) -> list[StreamChunk]:
         """The deltas of one chunk; a chunk that is an error report, or of the wrong shape, raises."""
@@ -336,6 +339,8 @@ class OpenAIModel(Model):
             data = json.loads(body)
         except ValueError:
             raise self._not_a_completion(body, scope) from None
+        except RecursionError:
+            raise self._too_deep("a reply", scope) from None
         response = self._response(
             ChatCompletion.construct(**data) if isinstance(data, dict) else data, scope, most
         )
@@ -441,6 +446,8 @@ class OpenAIModel(Model):
                     raise error from exc
             except ValueError as exc:  # a body that is not valid JSON (the SDK's json.loads)
                 raise self._not_json(exc, scope) from exc
+            except RecursionError:  # …or one nested deeper than the recursion limit
+                raise self._too_deep("a reply", scope) from None
             except (
                 Exception
             ) as exc:  # the HTTP library's own, which the SDK lets through (an error body's read)
@@ -536,6 +543,14 @@ class OpenAIModel(Model):
             message = f"the connection to {where} was lost while its reply was read ({type(exc).__name__}{detail}); retry the request"
             return ModelRetryableError(message, provider=self.provider, scope=scope)
         return ModelError(f"{type(exc).__name__}: {exc}", provider=self.provider, scope=scope)
+
+    def _too_deep(self, what: str, scope: str) -> ModelError:
+        where = self.base_url or "api.openai.com"
+        message = (
+            f"{where} sent {what} nested too deeply to read (JSON deeper than Python's recursion limit); "
+            "check that base_url is an OpenAI-compatible API"
+        )
+        return ModelError(message, provider=self.provider, scope=scope)
 
     def _not_json(self, exc: ValueError, scope: str) -> ModelError:
         where = self.base_url or "api.openai.com"
@@ -753,14 +768,14 @@ def _wire_call(call: ToolCall) -> dict[str, Any]:
 
 def _wire_arguments(call: ToolCall) -> str:
     """The arguments of a call in the history as JSON text. Arguments the model sent that are not JSON (cut
-    off by the token limit, say) go back as `{}` — the tool's error result quotes them — since llama.cpp's
-    server answers HTTP 500 "Failed to parse tool call arguments as JSON" to every later request of the run,
-    and vLLM and strict proxies refuse them with HTTP 400."""
-    if call.raw_arguments is None:
-        return json.dumps(call.arguments)
+    off by the token limit, holding NaN or an infinity, nested too deeply to read) go back as `{}` — the
+    tool's error result quotes them — since llama.cpp's server answers HTTP 500 "Failed to parse tool call
+    arguments as JSON" to every later request of the run, and vLLM and strict proxies refuse them with 400."""
     try:
-        json.loads(call.raw_arguments)
-    except ValueError:
+        if call.raw_arguments is None:
+            return json.dumps(call.arguments, allow_nan=False)
+        _json.loads(call.raw_arguments)
+    except (ValueError, RecursionError):
         return "{}"
     return call.raw_arguments
 
@@ -781,9 +796,10 @@ def _wire_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
 def _parse_arguments(call_id: str, name: str | None, raw: Any) -> ToolCall:
     """A tool call; arguments that are not a JSON object are kept as `raw_arguments`, never raised. Some
     servers send the arguments as an object rather than JSON text: taken as they are. Text that holds one
-    object is read as it (see `_salvaged`)."""
+    object is read as it (see `_salvaged`). JSON is read strictly (`_json`): `{"x": NaN}`, `1e999` and
+    nesting too deep to read are malformed arguments, for the loop to ask the model to send valid JSON."""
     name = name if isinstance(name, str) else ""  # no name: answered as an unknown tool
-    if isinstance(raw, dict):
+    if isinstance(raw, dict) and not _json.non_finite(raw):
         return ToolCall(id=call_id, name=name, arguments=raw)
     if raw is not None and not isinstance(raw, str):
         return ToolCall(id=call_id, name=name, raw_arguments=json.dumps(raw, ensure_ascii=False, default=str))
@@ -791,7 +807,7 @@ def _parse_arguments(call_id: str, name: str | None, raw: Any) -> ToolCall:
     if not text.strip() or text.strip() == "null":  # no arguments (models send `null` for a tool without any)
         return ToolCall(id=call_id, name=name)
     try:
-        arguments = json.loads(text)
+        arguments = _json.loads(text)
     except ValueError:
         arguments = _salvaged(text)
     if isinstance(arguments, str):  # encoded twice: a JSON string holding the JSON object
@@ -812,10 +828,9 @@ def _salvaged(text: str) -> dict[str, Any] | None:
     parser (Ollama, llama.cpp, vLLM), a Markdown fence's end, the same object again (LiteLLM's proxy repeats
     a streamed call whole in a last chunk). A different object after it stays an error: one of two calls
     would be lost. Text in a Markdown fence is read inside it."""
-    decoder = json.JSONDecoder()
     rest = _FENCE.sub("", text.strip())
     try:
-        value, end = decoder.raw_decode(rest)
+        value, end = _json.raw_decode(rest)
     except ValueError:
         return None
     if not isinstance(value, dict):
@@ -823,7 +838,7 @@ def _salvaged(text: str) -> dict[str, Any] | None:
     rest = rest[end:].lstrip()
     while rest.startswith("{"):
         try:
-            again, end = decoder.raw_decode(rest)
+            again, end = _json.raw_decode(rest)
         except ValueError:
             return None
         if again != value:
