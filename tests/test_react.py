@@ -666,3 +666,61 @@ async def test_a_react_answer_with_a_number_no_result_gives_is_corrected_once() 
 
     no_tools = ScriptedModel(["Final Answer: 42 is the answer."], tools=False)  # no result to check against
     assert (await Agent(no_tools, tools=[shipping_weight]).run("Say a number.")).output == "42 is the answer."
+
+
+# ============================================================================ strict JSON in Action Input
+
+NON_FINITE_INPUTS = ['{"x": NaN}', '{"x": Infinity}', '{"x": -Infinity}', '{"x": 1e999}', '{"x": [1, NaN]}']
+
+
+@pytest.mark.parametrize("text", NON_FINITE_INPUTS)
+def test_arguments_holding_nan_or_infinity_are_kept_raw(text: str) -> None:
+    """json.loads (and json_repair after it) read `NaN`, `Infinity` and `1e999` as floats, which JSON does
+    not have: the model is asked to send valid JSON instead of the tool getting {'x': nan}."""
+    assert parse_arguments(text) == ({}, text)
+    step = parse(f"Thought: t\nAction: calculator\nAction Input: {text}")
+    assert step.call is not None and step.call.arguments == {} and step.call.raw_arguments == text
+
+
+def test_calls_written_as_json_or_code_holding_nan_are_not_read_as_numbers() -> None:
+    malformed = ToolCall(id="c1", name="calculator", raw_arguments='{"x": NaN}')
+    assert parse('{"name": "calculator", "arguments": {"x": NaN}}').call == malformed  # a call, not the answer
+    for text in ['{"name": "calculator", "arguments": {"x": NaN}}', '<tool_call>{"name": "calculator", "arguments": {"x": NaN}}</tool_call>']:
+        assert text_calls(text, TOOLS, "c1") == ("", [malformed])
+    assert parse_arguments("x=1e999") == ({"x": "1e999"}, None)  # code: kept as its text, like `17*23+4`
+    assert call_syntax("calculator(x=1e999)", TOOLS, "c") == ToolCall(
+        id="c", name="calculator", arguments={"x": "1e999"}
+    )
+
+
+def test_arguments_nested_too_deeply_are_kept_raw_not_a_recursion_error() -> None:
+    deep = '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    assert parse_arguments(deep) == ({}, deep)
+    step = parse(f"Action: calculator\nAction Input: {deep}")
+    assert step.call is not None and step.call.raw_arguments == deep
+
+
+async def test_a_react_model_writing_nan_is_asked_for_valid_json() -> None:
+    from thinkloop import Agent, tool
+    from thinkloop.testing import ScriptedModel
+
+    seen: list[float] = []
+
+    @tool
+    def square(x: float) -> float:
+        """The square of x."""
+        seen.append(x)
+        return x * x
+
+    model = ScriptedModel(
+        [
+            'Thought: t\nAction: square\nAction Input: {"x": NaN}',
+            'Thought: t\nAction: square\nAction Input: {"x": 3}',
+            "Final Answer: 9",
+        ],
+        tools=False,
+    )
+    result = await Agent(model, tools=[square]).run("Square 3.")
+    assert result.output == "9" and seen == [3.0]
+    observations = [m.content for m in model.requests[1].messages if m.content.startswith("Observation")]
+    assert len(observations) == 1 and "not a JSON object" in observations[0] and "NaN" in observations[0]

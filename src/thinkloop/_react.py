@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import _json
 from ._messages import Message, ToolCall, ToolDefinition
 
 if TYPE_CHECKING:
@@ -394,7 +395,11 @@ _KWARGS_RE = re.compile(r"\s*[A-Za-z_]\w*\s*=(?!=)")
 
 
 def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
-    """Arguments as a dict; `(dict, None)` on success, `({}, raw)` when they cannot be read as an object."""
+    """Arguments as a dict; `(dict, None)` on success, `({}, raw)` when they cannot be read as an object.
+
+    JSON is read strictly (`_json`): `{"x": NaN}`, `Infinity`, `1e999` and nesting too deep to read are not
+    an object of arguments (json_repair, which mends broken JSON, reads NaN as a float too), so the model is
+    asked to send valid JSON."""
     body = _unfence(text).strip()
     if not body or body.lower() in ("none", "null", "{}", "n/a"):
         return {}, None
@@ -404,17 +409,23 @@ def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
             return parsed[1], None
     body = _first_json_object(body) or body
     try:
-        value = json.loads(body)
+        value = _json.loads(body)
     except ValueError:
-        try:
-            import json_repair  # only for broken JSON (keeps `import thinkloop` fast)
-
-            value = json_repair.loads(body)
-        except Exception:
-            value = None
+        value = _repaired(body)
     if isinstance(value, dict):
         return value, None
     return {}, body
+
+
+def _repaired(body: str) -> Any:
+    """`body`, broken JSON, as json_repair mends it; None when it cannot, or mends it into NaN or infinity."""
+    try:
+        import json_repair  # only for broken JSON (keeps `import thinkloop` fast)
+
+        value = json_repair.loads(body)
+    except Exception:  # RecursionError too
+        return None
+    return None if _json.non_finite(value) else value
 
 
 def _unfence(text: str) -> str:
@@ -459,13 +470,17 @@ _ARGS_KEYS = ("arguments", "args", "parameters", "action_input", "input", "tool_
 
 
 def _bare_json_call(text: str, tool_names: list[str], call_id: str) -> ToolCall | None:
-    """A tool call written as bare or fenced JSON: `{"name": "calculator", "arguments": {...}}`."""
+    """A tool call written as bare or fenced JSON: `{"name": "calculator", "arguments": {...}}`. Arguments
+    holding NaN or an infinity (`{"x": NaN}`) are kept raw, for the model to send valid JSON."""
     candidate = _first_json_object(_unfence(text))
     if candidate is None:
         return None
     args, raw = parse_arguments(candidate)
     if raw is not None:
-        return None
+        lenient = _with_non_finite(candidate)
+        if lenient is None:
+            return None
+        args = lenient
     if isinstance(args.get("function"), dict):  # OpenAI-shaped {"function": {"name":…, "arguments":…}}
         args = args["function"]
     name = next((args[k] for k in _NAME_KEYS if isinstance(args.get(k), str)), None)
@@ -477,9 +492,18 @@ def _bare_json_call(text: str, tool_names: list[str], call_id: str) -> ToolCall 
         inner, raw = parse_arguments(inner)
         if raw is not None:
             return ToolCall(id=call_id, name=name, raw_arguments=raw)
-    if not isinstance(inner, dict):
-        return ToolCall(id=call_id, name=name, raw_arguments=json.dumps(inner))
+    if not isinstance(inner, dict) or _json.non_finite(inner):
+        return ToolCall(id=call_id, name=name, raw_arguments=json.dumps(inner, ensure_ascii=False))
     return ToolCall(id=call_id, name=name, arguments=inner)
+
+
+def _with_non_finite(text: str) -> dict[str, Any] | None:
+    """The object `text` holds when it is JSON but for NaN or infinities in it, else None."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) and _json.non_finite(value) else None
 
 
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
@@ -590,11 +614,12 @@ def _literal_call(args: str) -> tuple[list[Any], dict[str, Any]] | None:
     if not isinstance(node, ast.Call) or any(k.arg is None for k in node.keywords):  # not f(...), **kwargs
         return None
 
-    def value(expr: ast.expr) -> Any:  # a literal, else its source text (`expression=17*23+4`)
+    def value(expr: ast.expr) -> Any:  # a literal, else its source text (`expression=17*23+4`, `x=1e999`)
         try:
-            return ast.literal_eval(expr)
+            literal = ast.literal_eval(expr)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return ast.get_source_segment(source, expr)
+        return ast.get_source_segment(source, expr) if _json.non_finite(literal) else literal
 
     return [value(a) for a in node.args], {str(k.arg): value(k.value) for k in node.keywords}
 
