@@ -1022,3 +1022,79 @@ async def test_a_concurrency_limit_that_is_not_a_positive_integer_is_refused(lim
         )
     with pytest.raises(ConfigurationError, match="max_concurrency"):
         plan_tool([probe], max_concurrency=limit)
+
+
+def _chain(n: int, refer: str) -> Plan:
+    def args(i: int) -> dict[str, Any]:
+        target = {"first": 0, "half": i // 2, "none": -1}[refer]
+        return {"x": f"${{t{target}}}"} if 0 <= target < i - 1 else {}
+
+    return Plan([Task(f"t{i}", "t", args(i), [f"t{i - 1}"] if i else []) for i in range(n)])
+
+
+def _ladder(n: int) -> Plan:
+    """Two chains, each b depending on its a and on the b before: b's references to b0 go the long way."""
+    tasks = []
+    for i in range(n // 2):
+        tasks.append(Task(f"a{i}", "t", {}, [f"a{i - 1}"] if i else []))
+        b_args = {"x": "${b0}"} if i > 1 else {}
+        tasks.append(Task(f"b{i}", "t", b_args, [f"a{i}", f"b{i - 1}"] if i else [f"a{i}"]))
+    return Plan(tasks)
+
+
+@pytest.mark.parametrize("shape", ["chain, refer to the first", "chain, refer half way", "chain", "ladder"])
+def test_a_very_long_chain_is_checked_in_linear_memory_whatever_it_refers_to(shape: str) -> None:
+    # Each task's ancestors were a bit set over the plan: n²/8 bytes for a chain (40,000 tasks: 225 MB),
+    # with or without references.
+    import tracemalloc
+
+    n = 40_000
+    refer = {"chain, refer to the first": "first", "chain, refer half way": "half", "chain": "none"}
+    plan = _ladder(n) if shape == "ladder" else _chain(n, refer[shape])
+    tracemalloc.start()
+    try:
+        levels = plan.check()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sum(map(len, levels)) == n
+    assert peak < 80_000_000  # ~30 MB now; 225 MB as bit sets
+
+
+@st.composite
+def referring_dags(draw: st.DrawFn) -> Plan:
+    """A random DAG whose tasks refer to random tasks (ancestors or not, some unknown)."""
+    plan = draw(dags())
+    ids = [t.id for t in plan.tasks] + ["ghost"]
+    tasks = []
+    for task in plan.tasks:
+        refs = draw(st.lists(st.sampled_from(ids), max_size=3))
+        tasks.append(
+            Task(task.id, task.tool, {f"a{k}": f"${{{r}}}" for k, r in enumerate(refs)}, task.depends_on)
+        )
+    return Plan(tasks)
+
+
+@settings(max_examples=300, deadline=None)
+@given(referring_dags())
+def test_references_are_checked_against_the_real_ancestors(plan: Plan) -> None:
+    ancestors = plan.ancestors()
+    expected = []
+    for task in plan.tasks:
+        for ref in sorted({v[2:-1] for v in task.args.values()}):
+            if ref == "ghost":
+                expected.append(f"task {task.id!r} refers to ${{ghost}}, but there is no task 'ghost'")
+            elif ref not in ancestors[task.id]:
+                expected.append(
+                    f"task {task.id!r} refers to ${{{ref}}} but does not depend on {ref!r}: "
+                    f"add {ref!r} to its depends_on"
+                )
+    if not expected:
+        plan.check()
+        return
+    with pytest.raises(PlanError) as info:
+        plan.check()
+    shown = [line[2:] for line in str(info.value).splitlines()[1:]]
+    assert shown == expected[:20] + (
+        [f"… and {len(expected) - 20} more problems"] if len(expected) > 20 else []
+    )

@@ -263,7 +263,7 @@ class Plan(BaseModel):
             for t in self.tasks
             for ref in _malformed_references(t.args)
         ]
-        problems += self._reference_problems()
+        problems += self._reference_problems(levels)
         if tools is not None:
             problems += [p for t in self.tasks if (p := _tool_problem(t, tools))]
         if problems:
@@ -274,13 +274,14 @@ class Plan(BaseModel):
         return levels
 
     def ancestors(self) -> dict[str, set[str]]:
-        """Each task's direct and indirect dependencies (the plan must be acyclic)."""
+        """Each task's direct and indirect dependencies (the plan must be acyclic). The answer itself is
+        quadratic in a chain's length: `check()` does not build it."""
         bits, ids = self._ancestor_bits(), [t.id for t in self.tasks]
         return {task_id: {ids[i] for i in range(len(ids)) if mask >> i & 1} for task_id, mask in bits.items()}
 
     def _ancestor_bits(self) -> dict[str, int]:
-        """Each task's ancestors as a bit set over plan positions: linear memory in the edges, not
-        quadratic in the depth (a chain of 5,000 tasks took 650 MB as sets of ids)."""
+        """Each task's ancestors as a bit set over plan positions (n²/8 bytes for a chain of n tasks; a
+        chain of 5,000 took 650 MB as sets of ids)."""
         bit = {t.id: 1 << i for i, t in enumerate(self.tasks)}
         result: dict[str, int] = {}
         for level in self.levels():
@@ -291,15 +292,24 @@ class Plan(BaseModel):
                 result[task.id] = mask
         return result
 
-    def _reference_problems(self) -> list[str]:
-        ancestors = self._ancestor_bits()
-        bit = {t.id: 1 << i for i, t in enumerate(self.tasks)}
+    def _reference_problems(self, levels: list[list[Task]]) -> list[str]:
+        """Each reference must name a task the referring task depends on, directly or not. Checked in
+        memory linear in the plan (ancestors as bit sets took n²/8 bytes for a chain: 225 MB at 40,000)."""
+        known = {t.id for t in self.tasks}
+        refs = {task.id: sorted(_references(task.args)) for task in self.tasks}
+        indirect = [
+            (task.id, ref)
+            for task in self.tasks
+            for ref in refs[task.id]
+            if ref in known and ref not in task.depends_on
+        ]
+        unreached = _Reach(self, levels).unreached(indirect) if indirect else set()
         problems = []
         for task in self.tasks:
-            for ref in sorted(_references(task.args)):
-                if ref not in ancestors:
+            for ref in refs[task.id]:
+                if ref not in known:
                     problems.append(f"task {task.id!r} refers to ${{{ref}}}, but there is no task {ref!r}")
-                elif not ancestors[task.id] & bit[ref]:
+                elif (task.id, ref) in unreached:
                     problems.append(
                         f"task {task.id!r} refers to ${{{ref}}} but does not depend on {ref!r}: "
                         f"add {ref!r} to its depends_on"
@@ -309,6 +319,76 @@ class Plan(BaseModel):
     def describe(self) -> list[dict[str, Any]]:
         """The tasks as JSON-ready dicts."""
         return [t.model_dump() for t in self.tasks]
+
+
+class _Reach:
+    """Whether a task depends on another, directly or not, in memory linear in the plan.
+
+    Each task's deepest dependency makes it a child in a spanning forest; numbering the forest in depth-
+    first order answers "is `a` above `b` in it" at once (every question in a chain). The other questions
+    are answered per referred task by a walk along its dependents that stops at the level of the deepest
+    task asking and as soon as all of them are reached.
+    """
+
+    def __init__(self, plan: Plan, levels: list[list[Task]]) -> None:
+        self.level = {t.id: index for index, level in enumerate(levels) for t in level}
+        self.dependents: dict[str, list[str]] = {t.id: [] for t in plan.tasks}
+        children: dict[str, list[str]] = {t.id: [] for t in plan.tasks}
+        roots = []
+        for task in plan.tasks:
+            for dep in dict.fromkeys(task.depends_on):
+                self.dependents[dep].append(task.id)
+            if task.depends_on:
+                children[max(task.depends_on, key=self.level.__getitem__)].append(task.id)
+            else:
+                roots.append(task.id)
+        self.enter: dict[str, int] = {}
+        self.leave: dict[str, int] = {}
+        clock = 0
+        for root in roots:  # depth first, without recursion (a chain is as deep as it is long)
+            stack = [(root, iter(children[root]))]
+            self.enter[root] = clock = clock + 1
+            while stack:
+                node, rest = stack[-1]
+                child = next(rest, None)
+                if child is None:
+                    stack.pop()
+                    self.leave[node] = clock = clock + 1
+                else:
+                    self.enter[child] = clock = clock + 1
+                    stack.append((child, iter(children[child])))
+
+    def _above(self, ancestor: str, task: str) -> bool:
+        return self.enter[ancestor] < self.enter[task] and self.leave[task] < self.leave[ancestor]
+
+    def unreached(self, questions: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The (task, referred) pairs where the task does not depend on the referred task."""
+        asking: dict[str, set[str]] = {}
+        for task, ref in questions:
+            if not self._above(ref, task):
+                asking.setdefault(ref, set()).add(task)
+        unreached = set()
+        for ref, tasks in asking.items():
+            unreached |= {(task, ref) for task in tasks - self._reached(ref, tasks)}
+        return unreached
+
+    def _reached(self, start: str, wanted: set[str]) -> set[str]:
+        """Which of `wanted` depend on `start`: its dependents, level by level, up to the deepest wanted."""
+        deepest = max(self.level[t] for t in wanted)
+        found: set[str] = set()
+        seen, frontier = {start}, [start]
+        while frontier and len(found) < len(wanted):
+            following = []
+            for node in frontier:
+                for dependent in self.dependents[node]:
+                    if dependent in seen or self.level[dependent] > deepest:
+                        continue
+                    seen.add(dependent)
+                    if dependent in wanted:
+                        found.add(dependent)
+                    following.append(dependent)
+            frontier = following
+        return found
 
 
 def _nesting(value: Any) -> int:
