@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
+import collections
 import posixpath
 import re
 import shlex
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ Finding = tuple[RiskLevel, str]
 _MAX_DEPTH = 8
 _MAX_LENGTH = 100_000
 _MAX_STAGES = 16  # the commands of a pipeline read together with the next one
+_MAX_GROUP = 64  # the commands before a pipe fed by a group (`{ …; } | sh`) read as what it feeds
 
 
 @dataclass(frozen=True)
@@ -584,17 +586,69 @@ class _Written:
     origin: str | None = None
 
 
+class _Files:
+    """The files a command line wrote so far (path -> `_Written`), looked up by path or, for a program
+    saved into a `bin` directory and run by name, by that name — both in constant time: a scan of every
+    file written, for every command, made a line of many writes quadratic (`:>0;:>1;…`, 15 s).
+
+    `base` is what the run's earlier commands saved (`_Saved`), when this is what one more of them
+    writes: a lookup this line cannot answer falls through to it and is recorded in `reads`, so that
+    what the command saves can be reused while those entries stay the same (`_saves`)."""
+
+    __slots__ = ("base", "by_name", "local", "reads")
+
+    def __init__(self, base: _Saved | None = None) -> None:
+        self.local: dict[str, _Written] = {}
+        self.by_name: dict[str, list[str]] = {}  # name -> its paths in a bin directory, first written first
+        self.base = base
+        self.reads: dict[str, _Written | None] = {}
+
+    def __bool__(self) -> bool:  # with a base, every lookup is made (and recorded), even of an empty one
+        return bool(self.local) or self.base is not None
+
+    def get(self, path: str) -> _Written | None:
+        if path in self.local:
+            return self.local[path]
+        return None if self.base is None else self._read(self.base, path)
+
+    def __setitem__(self, path: str, written: _Written) -> None:
+        if path not in self.local and posixpath.dirname(path) in _BIN_DIRS:
+            self.by_name.setdefault(posixpath.basename(path), []).append(path)
+        self.local[path] = written
+
+    def program(self, name: str) -> str | None:
+        """The first file written into a `bin` directory under `name` (the run's earlier ones first, in
+        the order of their paths; then this line's, in the order written)."""
+        base = self.base
+        if base is not None:
+            saved = sorted(path for path in _bin_paths(name) if self._read(base, path) is not None)
+            if saved:
+                return saved[0]
+        return next((p for p in self.by_name.get(name, ()) if base is None or base.get(p) is None), None)
+
+    def _read(self, base: _Saved, path: str) -> _Written | None:
+        found = self.reads[path] = base.get(path)
+        return found
+
+    def changes(self) -> Iterator[tuple[str, _Written]]:
+        """What this line wrote over its `base`: (path, what it holds now)."""
+        base = self.base
+        for path, written in self.local.items():
+            if base is None or written is not base.get(path):
+                yield path, written
+
+
 @dataclass
 class _Ctx:
     """What one classification shares: substitutions, nesting depth, the working directory, the files
-    written so far on the line (path -> `_Written`, so `curl x > a.sh; sh a.sh` is seen as one act), the
+    written so far on the line (`_Files`, so `curl x > a.sh; sh a.sh` is seen as one act), the
     paths that stand for every file under them (`find / -exec rm {} +` deletes the whole tree) and the
     files the run's earlier commands saved (`_Earlier`, read only when the line runs a file)."""
 
     subs: list[_Sub]
     depth: int = 0
     cwd: str | None = None
-    files: dict[str, _Written] = field(default_factory=dict)
+    files: _Files = field(default_factory=lambda: _Files())
     trees: set[str] = field(default_factory=set)
     earlier: _Earlier | None = None
 
@@ -777,7 +831,7 @@ class _Cmd:
     args: list[str]
     redirs: list[tuple[str, str]]
     upstream: list[list[str]]  # argv of the earlier stages of its pipeline
-    earlier: list[list[str]] = field(default_factory=list)  # argv of every earlier command on the line
+    earlier: list[list[str]] = field(default_factory=list)  # argv of the commands before it (`_MAX_GROUP`)
 
     def label(self, limit: int = 60) -> str:
         return _show(" ".join([self.raw, *self.args]), limit)
@@ -2512,6 +2566,10 @@ _SCP_WITH_ARG = ("-P", "-i", "-o", "-F", "-l", "-c", "-J", "-S", "-D", "-X")
 _CODE_SHEBANG_RE = re.compile(r"#![^\n]*\b(python|pypy|perl|ruby|node|php|lua)")
 
 
+def _bin_paths(name: str) -> Iterator[str]:
+    return (f"{folder}/{name}" for folder in _BIN_DIRS)
+
+
 def _written(raw: str, ctx: _Ctx) -> _Written | None:
     return ctx.files.get(_normalize_path(raw, ctx.cwd)) if ctx.files else None
 
@@ -2522,9 +2580,7 @@ def _written_program(raw: str, ctx: _Ctx) -> str | None:
         return None
     if "/" in raw:
         return raw if _written(raw, ctx) is not None else None
-    return next(
-        (p for p in ctx.files if posixpath.basename(p) == raw and posixpath.dirname(p) in _BIN_DIRS), None
-    )
+    return ctx.files.program(raw) if raw else None
 
 
 def _runs_itself(text: str, script: str) -> bool:
@@ -2659,20 +2715,71 @@ _SAVES_RE = re.compile(rf">|\$'|\b(?:tee|cp|mv|install|ln|{_DOWNLOADER_WORDS})\b
 _QUOTING_RE = re.compile(r"[\"'\\]")
 
 
+class _Saved:
+    """What a run's earlier commands saved from a download or a decoder: path -> `_Written`, in the order
+    saved (a path saved again keeps its place; one dropped and saved again goes last), indexed so that
+    a path is found in constant time, and a relative one that may be the same file as a saved absolute
+    one (or the reverse) without a scan of them all."""
+
+    __slots__ = ("_by_name", "_files", "_order", "_next")
+
+    def __init__(self) -> None:
+        self._files: dict[str, _Written] = {}
+        self._order: dict[str, int] = {}  # path -> when it was saved
+        self._by_name: dict[str, set[str]] = {}  # name -> the absolute paths saved under it
+        self._next = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._files)
+
+    def get(self, path: str) -> _Written | None:
+        return self._files.get(path)
+
+    def save(self, path: str, written: _Written) -> None:
+        if path not in self._files:
+            self._order[path] = self._next
+            self._next += 1
+            if path.startswith("/"):
+                self._by_name.setdefault(posixpath.basename(path), set()).add(path)
+        self._files[path] = written
+
+    def drop(self, path: str) -> None:
+        if self._files.pop(path, None) is not None:
+            del self._order[path]
+            if path.startswith("/"):
+                self._by_name[posixpath.basename(path)].discard(path)
+
+    def maybe_same(self, path: str) -> str | None:
+        """The first saved path that may name the same file as `path` when the working directory is not
+        known: a relative one that an absolute `path` ends with, or an absolute one ending with a
+        relative `path`."""
+        if path.startswith("/"):
+            candidates = [path[i + 1 :] for i, char in enumerate(path) if char == "/"]
+            shorts = [c for c in candidates if c in self._files and not c.startswith(("/", "~", ".."))]
+            return min(shorts, key=self._order.__getitem__, default=None)
+        if path.startswith(("~", "..")):
+            return None
+        tail = "/" + path
+        fulls = [c for c in self._by_name.get(posixpath.basename(path), ()) if c.endswith(tail)]
+        return min(fulls, key=self._order.__getitem__, default=None)
+
+
 class _Earlier:
-    """The files a run's earlier commands saved from a download or a decoder (path -> `_Written`).
+    """The files a run's earlier commands saved from a download or a decoder (`_Saved`).
 
     `commands` are read the first time a file is looked up, so rating a command that runs no file costs
-    nothing. `cwd` is the working directory every command starts in, when known (absolute): relative and
-    absolute paths are then compared exactly; without it, `x.sh` and `/srv/x.sh` *may* be the same file.
+    nothing; each one costs about its own length (what it saves is remembered across checks, `_saves`),
+    so a check is linear in the run's length. `cwd` is the working directory every command starts in,
+    when known (absolute): relative and absolute paths are then compared exactly; without it, `x.sh`
+    and `/srv/x.sh` *may* be the same file.
     """
 
     def __init__(self, commands: Iterable[str], cwd: str | None) -> None:
         self._commands: Iterable[str] | None = commands
         self.cwd = _normalize_path(cwd, None) if cwd and cwd.startswith("/") else None
-        self._files: dict[str, _Written] = {}
+        self._files = _Saved()
 
-    def files(self) -> dict[str, _Written]:
+    def files(self) -> _Saved:
         if self._commands is not None:
             commands, self._commands = self._commands, None
             for command in commands:
@@ -2685,48 +2792,65 @@ class _Earlier:
         if self.cwd is not None and not path.startswith(("/", "~")):
             path = _normalize_path(path, self.cwd)
         files = self.files()
-        if path in files:
-            return path, files[path], True
+        written = files.get(path)
+        if written is not None:
+            return path, written, True
         if self.cwd is not None or not files:
             return None
-        for saved, written in files.items():  # the working directory is not known
-            short, full = (saved, path) if path.startswith("/") else (path, saved)
-            if full.startswith("/") and not short.startswith(("/", "~", "..")) and full.endswith("/" + short):
-                return saved, written, False
-        return None
+        saved = files.maybe_same(path)  # the working directory is not known
+        found = files.get(saved) if saved is not None else None
+        return (saved, found, False) if saved is not None and found is not None else None
 
 
-def _read_saves(command: str, files: dict[str, _Written], cwd: str | None) -> None:
+def _read_saves(command: str, files: _Saved, cwd: str | None) -> None:
     """Add what one earlier command saved from a download or a decoder to `files` (labelled with the
     command); a file it overwrote with other content, or could have, is dropped."""
     if len(command) > _MAX_LENGTH or not _SAVES_RE.search(_QUOTING_RE.sub("", command)):
         return  # nothing in it writes a file
-    seed = tuple(sorted((path, w.source or "", w.origin or "") for path, w in files.items()))
-    for path, source, origin in _saves(command, cwd, seed):
+    for path, source, origin in _saves(command, cwd, files):
         if source is None:
-            files.pop(path, None)
+            files.drop(path)
         else:
-            files[path] = _Written(source, None, origin or command)
+            files.save(path, _Written(source, None, origin or command))
 
 
-@functools.lru_cache(maxsize=2048)
-def _saves(
-    command: str, cwd: str | None, seed: tuple[tuple[str, str, str], ...]
-) -> tuple[tuple[str, str | None, str], ...]:
-    """The files `command` writes, given the files saved before it (`seed`): (path, source or None when
-    not saved from a download or a decoder, origin or "" for this command). Cached: a run's checks read
-    the same earlier commands again and again."""
-    files = {path: _Written(source, None, origin) for path, source, origin in seed}
-    before = dict(files)
+_Reads = tuple[tuple[str, "_Written | None"], ...]
+_SavedBy = tuple[tuple[str, str | None, str], ...]
+_SAVES_KEPT = 8192
+_saves_kept: collections.OrderedDict[tuple[str, str | None], tuple[_Reads, _SavedBy]] = (
+    collections.OrderedDict()
+)
+_saves_lock = threading.Lock()
+
+
+def _saves(command: str, cwd: str | None, saved: _Saved) -> _SavedBy:
+    """The files `command` writes, given the files saved before it: (path, source or None when not
+    saved from a download or a decoder, origin or "" for this command).
+
+    Remembered: a run's checks read the same earlier commands again and again. What a command saves
+    depends only on the saved files it looked up (`cp a.sh b.sh` on what a.sh was), so a remembered
+    answer is reused while those entries are the same — not, as before, only while *every* file saved
+    before it was (which rebuilt the whole list for each command: quadratic in the run's length)."""
+    key = (command, cwd)
+    with _saves_lock:
+        kept = _saves_kept.get(key)
+        if kept is not None:
+            _saves_kept.move_to_end(key)
+    if kept is not None and all(saved.get(path) == written for path, written in kept[0]):
+        return kept[1]
+    files = _Files(saved)
     try:
         _classify_text(command, _Ctx([], cwd=cwd, files=files))
     except Exception:  # unparseable (it was rated high then): nothing is known of what it saved
-        return ()
-    return tuple(
-        (path, written.source, written.origin or "")
-        for path, written in files.items()
-        if written is not before.get(path)
-    )
+        result: _SavedBy = ()
+    else:
+        result = tuple((path, w.source, w.origin or "") for path, w in files.changes())
+    with _saves_lock:
+        _saves_kept[key] = (tuple(files.reads.items()), result)
+        _saves_kept.move_to_end(key)
+        while len(_saves_kept) > _SAVES_KEPT:
+            _saves_kept.popitem(last=False)
+    return result
 
 
 def _earlier_file(raw: str, ctx: _Ctx) -> tuple[str, _Written, bool] | None:
@@ -3102,7 +3226,10 @@ def _classify_simple(
 ) -> list[Finding]:
     """Rate `simples[index]` with the commands before it in its pipeline (a pipeline's commands are
     consecutive): at most `_MAX_STAGES` of them, so that a long command line is not read again for each
-    of its commands (`a|a|…` of 2,000 stages took 10 s, `ls;ls;…` quadratic time too)."""
+    of its commands (`a|a|…` of 2,000 stages took 10 s, `ls;ls;…` quadratic time too). A group piped
+    into it (`{ curl …; } | sh`, `done | sh`) is read as the `_MAX_GROUP` commands before it: all of the
+    line's were, for each such pipe (`{ :;}|sh;` 4,000 times took 26 s); piping a group's output into
+    a shell is HIGH anyway, what is read can only make it CRITICAL."""
     findings = _redirect_findings(simple.redirs, ctx)
     words, prefix_findings = _strip_prefix_words(simple.words)
     findings += prefix_findings
@@ -3116,7 +3243,7 @@ def _classify_simple(
     upstream = [argvs[i] for i in range(first, index) if simples[i].stage < simple.stage]
     cmd = _Cmd(_normalize_name(words[0]), words[0], words[1:], simple.redirs, upstream)
     if any(not argv for argv in upstream):  # `{ curl ...; } | sh`: a group feeds the pipe
-        cmd.earlier = argvs[:index]
+        cmd.earlier = argvs[max(index - _MAX_GROUP, 0) : index]
     findings += _classify_cmd(cmd, ctx)
     _record_writes(simple, _core_argv(words), upstream, ctx)
     return findings
