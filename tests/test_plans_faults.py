@@ -288,3 +288,143 @@ async def test_bad_limits_for_execute_plan_are_refused_before_anything_runs(
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         await execute_plan(plan, [note], **settings)
     assert ran == []
+
+
+def _task_events(events: list[Any]) -> list[tuple[str, str, str]]:
+    """(type, task id, how it ended) of the task events, checking the stream's promise on the way: each task
+    of the plan ends with exactly one task_finished (after its task_started) or one task_skipped (none)."""
+    (created,) = [e for e in events if e.type == "plan_created"]
+    started: set[str] = set()
+    ended: list[str] = []
+    out = []
+    for e in events:
+        if e.type == "task_started":
+            assert e.task_id not in started and e.task_id not in ended, e
+            started.add(e.task_id)
+        elif e.type == "task_finished":
+            assert e.task_id in started and e.task_id not in ended, f"{e.task_id} finished without a start"
+            ended.append(e.task_id)
+        elif e.type == "task_skipped":
+            assert e.task_id not in started and e.task_id not in ended, f"{e.task_id} skipped after a start"
+            ended.append(e.task_id)
+        else:
+            continue
+        how = (
+            ("cancelled" if e.cancelled else "ok" if e.success else "failed")
+            if e.type == "task_finished"
+            else (f"{e.reason} by {e.failed_task}" if e.type == "task_skipped" else "")
+        )
+        out.append((e.type, e.task_id, how))
+    assert sorted(ended) == sorted(t["id"] for t in created.tasks)
+    return out
+
+
+async def test_tasks_that_never_started_are_skipped_not_finished() -> None:
+    # A sibling waiting for its turn (max_concurrency) when another failed got a task_finished without a
+    # task_started; the tasks of later levels got no event at all, so a consumer never saw them end.
+    running: list[str] = []
+    both = asyncio.Event()
+
+    async def slow(name: str) -> str:
+        running.append(name)
+        if len(running) == 2:
+            both.set()
+        await asyncio.sleep(3600)
+        return name
+
+    async def boom() -> str:
+        await both.wait()
+        raise RuntimeError("disk full")
+
+    tools = [tool(slow), tool(boom)]
+    plan = parse_plan(
+        [
+            {"id": "a", "tool": "boom", "args": {}},
+            {"id": "b", "tool": "slow", "args": {"name": "b"}},
+            {"id": "c", "tool": "slow", "args": {"name": "c"}},
+            {"id": "d", "tool": "slow", "args": {"name": "d"}},  # waits for a free slot
+            {"id": "e", "tool": "slow", "args": {"name": "e"}, "depends_on": ["a"]},
+        ]
+    )
+    events: list[Any] = []
+    result = await execute_plan(plan, tools, emit=events.append, max_concurrency=3)
+    assert result.failed == "a" and result.cancelled == ["b", "c", "d"] and result.not_run == ["e"]
+    assert _task_events(events) == [
+        ("task_started", "a", ""),
+        ("task_started", "b", ""),
+        ("task_started", "c", ""),
+        ("task_finished", "a", "failed"),
+        ("task_finished", "b", "cancelled"),
+        ("task_finished", "c", "cancelled"),
+        ("task_skipped", "d", "cancelled by a"),
+        ("task_skipped", "e", "not_run by a"),
+    ]
+
+
+async def test_a_reused_result_and_a_reference_that_fails_are_started_then_finished() -> None:
+    @tool
+    def get(key: str) -> dict[str, str]:
+        """A record."""
+        return {"key": key}
+
+    plan = parse_plan(
+        [
+            {"id": "a", "tool": "get", "args": {"key": "k"}},
+            {"id": "b", "tool": "get", "args": {"key": "${a.missing}"}, "depends_on": ["a"]},
+        ]
+    )
+    first = await execute_plan(plan, [get])
+    events: list[Any] = []
+    again = await execute_plan(plan, [get], emit=events.append, reuse=first.results)
+    assert again.failed == "b" and "has no field 'missing'" in (again.error or "")
+    assert _task_events(events) == [
+        ("task_started", "a", ""),  # reused: no tool call, but the task was taken up
+        ("task_finished", "a", "ok"),
+        ("task_started", "b", ""),  # its reference failed
+        ("task_finished", "b", "failed"),
+    ]
+
+
+async def test_skipped_tasks_are_in_the_run_s_saved_event_log(tmp_path: Path) -> None:
+    @tool
+    def fail() -> str:
+        """Fails."""
+        raise RuntimeError("no")
+
+    plan = {
+        "tasks": [{"id": "a", "tool": "fail", "args": {}}, {"id": "b", "tool": "fail", "depends_on": ["a"]}]
+    }
+    store = SQLiteStore(tmp_path / "runs.db")
+    script: list[Any] = [{"tool_calls": [{"name": "run_plan", "args": plan}]}, "gave up"]
+    result = await Agent(ScriptedModel(script), tools=[plan_tool([fail])], store=store).run("go")
+    saved = await store.read_events(result.run_id)
+    await store.aclose()
+    assert _task_events(saved) == [
+        ("task_started", "a", ""),
+        ("task_finished", "a", "failed"),
+        ("task_skipped", "b", "not_run by a"),
+    ]
+
+
+async def test_a_task_waiting_for_its_turn_does_not_start_once_a_sibling_failed() -> None:
+    # The failing task freed its slot before the level saw the failure: the task waiting for it started
+    # (its tool ran — a shell command, a payment) and was cancelled right after.
+    ran: list[str] = []
+
+    async def record(name: str) -> str:
+        ran.append(name)
+        await asyncio.sleep(3600)
+        return name
+
+    async def boom() -> str:
+        await asyncio.sleep(0)
+        raise RuntimeError("disk full")
+
+    plan = parse_plan(
+        [{"id": "a", "tool": "boom", "args": {}}, {"id": "b", "tool": "record", "args": {"name": "b"}}]
+    )
+    events: list[Any] = []
+    result = await execute_plan(plan, [tool(boom), tool(record)], emit=events.append, max_concurrency=1)
+    assert result.failed == "a" and result.cancelled == ["b"]
+    assert ran == []  # was ['b']
+    assert _task_events(events)[-1] == ("task_skipped", "b", "cancelled by a")

@@ -51,7 +51,8 @@ def test_the_feature_modules_export_exactly_their_intended_names() -> None:
         "thinkloop.events": {
             "AnswerDelta", "ApprovalRequested", "Decision", "Done", "ErrorEvent", "ErrorKind", "Event", "Hint",
             "ModeSwitched", "ModelAttempt", "ModelCalled", "PlanCreated", "Progress", "RunResult", "RunStarted",
-            "Status", "TaskFinished", "TaskStarted", "Thought", "ToolCallEvent", "ToolResultEvent", "event_from_json",
+            "Status", "TaskFinished", "TaskSkipped", "TaskStarted", "Thought", "ToolCallEvent", "ToolResultEvent",
+            "event_from_json",
         },
         "thinkloop.experience": {
             "Learner", "Lesson", "LessonBook", "RunRecord", "ToolUse", "model_distiller", "rule_lessons",

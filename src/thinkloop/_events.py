@@ -168,7 +168,8 @@ class TaskStarted(_Event):
 
 
 class TaskFinished(_Event):
-    """A task of a plan ended: done, failed, or cancelled because a sibling failed."""
+    """A task of a plan that started (`task_started`) ended: done, failed, or cancelled (`cancelled`: a
+    sibling failed, or the run was cancelled, while it ran)."""
 
     type: Literal["task_finished"] = "task_finished"
     task_id: str
@@ -178,6 +179,19 @@ class TaskFinished(_Event):
     duration: float = 0.0
     error_kind: ErrorKind | None = None
     cancelled: bool = False
+
+
+class TaskSkipped(_Event):
+    """A task of a plan that never started, so it has no `task_started` and no `task_finished`: `reason`
+    "cancelled" (a task of its level failed, or the run was cancelled, while it waited for its turn) or
+    "not_run" (a task of an earlier level failed); `failed_task` names the task whose failure stopped it.
+    Every task of a plan ends with exactly one `task_finished` (after its `task_started`) or `task_skipped`."""
+
+    type: Literal["task_skipped"] = "task_skipped"
+    task_id: str
+    tool: str
+    reason: Literal["cancelled", "not_run"]
+    failed_task: str | None = None
 
 
 class ErrorEvent(_Event):
@@ -208,6 +222,7 @@ Event = Annotated[
     | PlanCreated
     | TaskStarted
     | TaskFinished
+    | TaskSkipped
     | ErrorEvent
     | Done,
     Field(discriminator="type"),

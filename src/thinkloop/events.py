@@ -21,6 +21,7 @@ from ._events import RunResult as RunResult
 from ._events import RunStarted as RunStarted
 from ._events import Status as Status
 from ._events import TaskFinished as TaskFinished
+from ._events import TaskSkipped as TaskSkipped
 from ._events import TaskStarted as TaskStarted
 from ._events import Thought as Thought
 from ._events import ToolCallEvent as ToolCallEvent
@@ -30,5 +31,6 @@ from ._events import event_from_json as event_from_json
 __all__ = [
     "AnswerDelta", "ApprovalRequested", "Decision", "Done", "ErrorEvent", "ErrorKind", "Event", "Hint",
     "ModeSwitched", "ModelAttempt", "ModelCalled", "PlanCreated", "Progress", "RunResult", "RunStarted",
-    "Status", "TaskFinished", "TaskStarted", "Thought", "ToolCallEvent", "ToolResultEvent", "event_from_json",
+    "Status", "TaskFinished", "TaskSkipped", "TaskStarted", "Thought", "ToolCallEvent", "ToolResultEvent",
+    "event_from_json",
 ]  # fmt: skip

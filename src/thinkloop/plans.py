@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import ConfigurationError, ModelError, RunError
-from ._events import ErrorKind, Event, PlanCreated, TaskFinished, TaskStarted
+from ._events import ErrorKind, Event, PlanCreated, TaskFinished, TaskSkipped, TaskStarted
 from ._execute import execute_calls
 from ._messages import Message, ModelRequest, ModelSettings, ToolCall, Usage
 from ._risk import RiskLevel
@@ -756,8 +756,8 @@ async def execute_plan(
     Args:
         plan: the plan; it is checked (`plan.check(tools)`) before anything runs.
         tools: the tools tasks may use.
-        emit: receives `plan_created`, `task_started` and `task_finished` events (default: the
-            current agent run's event stream, when called inside one).
+        emit: receives the `plan_created`, `task_started`, `task_finished` and `task_skipped` events
+            (default: the current agent run's event stream, when called inside one).
         attempt: the attempt number reported in `plan_created` (repairs count up from 1).
         reuse: results of earlier attempts (by task id, or a list of them): a task with the same id,
             tool and arguments that succeeded then is not run again; one whose outcome is unknown
@@ -784,7 +784,12 @@ async def execute_plan(
     for index, level in enumerate(levels):
         await runner.run_level(index, level, result)
         if not result.ok:
-            result.not_run = [t.id for lv in levels[index + 1 :] for t in lv]
+            later = [t for lv in levels[index + 1 :] for t in lv]
+            result.not_run = [t.id for t in later]
+            for task in later:
+                runner.emit(
+                    TaskSkipped(task_id=task.id, tool=task.tool, reason="not_run", failed_task=result.failed)
+                )
             break
     return result
 
@@ -818,6 +823,8 @@ class _Runner:
         self.output_max_length = output_max_length
         self.prefix = f"plan_{uuid.uuid4().hex[:8]}"
         self.slots = asyncio.Semaphore(DEFAULT_MAX_CONCURRENCY)  # tasks running at once
+        self.started: set[str] = set()  # the tasks that got their task_started
+        self.stopped: TaskResult | None = None  # the first failure: no other task starts after it
 
     def emit(self, event: Event) -> None:
         if self._emit is not None:
@@ -828,28 +835,56 @@ class _Runner:
     async def run_level(self, index: int, level: list[Task], result: PlanResult) -> None:
         """Run one level's tasks together; the first failure cancels the others."""
         pending = {asyncio.create_task(self.run_task(index, task, result.results)): task for task in level}
+        unstarted: list[Task] = []  # those that never started: a sibling failed first
         try:
-            while pending:
+            while pending and result.ok:
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for finished in done:
-                    task = pending.pop(finished)
-                    outcome = finished.result()
-                    result.results[task.id] = outcome
-                    if not outcome.success and result.failed is None:
-                        result.failed, result.error = task.id, outcome.output
-                if result.failed is not None and pending:
-                    result.cancelled = [pending[t].id for t in pending]
-                    await self._cancel(pending)
-                    pending = {}
-        finally:
-            if pending:  # we were cancelled ourselves: take the level down with us
-                await self._cancel(pending)
+                    task, outcome = pending.pop(finished), finished.result()
+                    if outcome is None:
+                        unstarted.append(task)
+                    else:
+                        self._record(task, outcome, result)
+        finally:  # a failure, or we were cancelled ourselves: take the rest of the level down with us
+            await self._cancel(level, pending, unstarted, result)
 
-    async def _cancel(self, pending: Mapping[asyncio.Task[TaskResult], Task]) -> None:
+    def _record(self, task: Task, outcome: TaskResult, result: PlanResult) -> None:
+        result.results[task.id] = outcome
+        if not outcome.success and result.failed is None:
+            first = self.stopped or outcome
+            result.failed, result.error = first.task_id, first.output
+
+    async def _cancel(
+        self,
+        level: list[Task],
+        pending: Mapping[asyncio.Task[TaskResult | None], Task],
+        unstarted: list[Task],
+        result: PlanResult,
+    ) -> None:
+        """Cancel the level's tasks still running and close them, and those that never started, in plan
+        order: a started one with a cancelled `task_finished`, one that never started with `task_skipped`."""
         for running in pending:
             running.cancel()
-        await asyncio.wait(pending)
-        for task in pending.values():
+        if pending:
+            await asyncio.wait(pending)
+        for running, task in pending.items():
+            if not running.cancelled() and running.exception() is None and (outcome := running.result()):
+                self._record(task, outcome, result)  # it ended before the cancellation reached it
+        closing = {t.id for t in (*pending.values(), *unstarted)}
+        for task in level:
+            if task.id not in closing or task.id in result.results:
+                continue
+            result.cancelled.append(task.id)
+            if task.id not in self.started:
+                self.emit(
+                    TaskSkipped(
+                        task_id=task.id,
+                        tool=task.tool,
+                        reason="cancelled",
+                        failed_task=self.stopped.task_id if self.stopped else None,
+                    )
+                )
+                continue
             entry = self.run.state.ledger.get(self._call_id(task)) if self.run is not None else None
             if self.run is not None and entry is not None and entry.status == "started":
                 # cancelled here, not cut off by a crash: a later attempt may run it again
@@ -860,22 +895,34 @@ class _Runner:
                 )
             )
 
-    async def run_task(self, level: int, task: Task, results: Mapping[str, TaskResult]) -> TaskResult:
+    async def run_task(self, level: int, task: Task, results: Mapping[str, TaskResult]) -> TaskResult | None:
+        """Run one task and emit its `task_started` and `task_finished`; None when it never started
+        because a sibling failed first (its `task_skipped` is the level's to emit)."""
+        if self.stopped is not None:
+            return None
         try:
             arguments = resolve(task.args, results)
         except PlanError as exc:
+            self._started(task, dict(task.args), level)
             outcome = TaskResult(task.id, task.tool, f"Error: {exc}", False, error_kind="invalid_arguments")
             return self._finished(outcome)
         earlier = self._earlier(task, arguments)
-        if earlier is not None:
+        if earlier is not None:  # no tool call, but the task is taken up: started, then finished
+            self._started(task, arguments, level)
             return self._finished(earlier)
         async with self.slots:
-            self.emit(TaskStarted(task_id=task.id, tool=task.tool, arguments=arguments, level=level))
+            if self.stopped is not None:  # a sibling failed while this one waited for its turn
+                return None
+            self._started(task, arguments, level)
             if self.run is not None:
                 outcome = await self._through_run(self.run, task, arguments)
             else:
                 outcome = await self._direct(task, arguments)
-        return self._finished(outcome)
+            return self._finished(outcome)  # before the slot is free: a waiting task sees the failure
+
+    def _started(self, task: Task, arguments: dict[str, Any], level: int) -> None:
+        self.started.add(task.id)
+        self.emit(TaskStarted(task_id=task.id, tool=task.tool, arguments=arguments, level=level))
 
     def _earlier(self, task: Task, arguments: dict[str, Any]) -> TaskResult | None:
         """The result of this very call (task id, tool, arguments) in an earlier attempt, if it must not
@@ -897,6 +944,8 @@ class _Runner:
         return TaskResult(task.id, task.tool, text, False, error_kind="unknown_outcome", arguments=arguments)
 
     def _finished(self, outcome: TaskResult) -> TaskResult:
+        if not outcome.success and self.stopped is None:
+            self.stopped = outcome
         self.emit(
             TaskFinished(
                 task_id=outcome.task_id,
