@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import re
 import signal
+import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -545,6 +549,148 @@ async def test_write_errors_say_why_and_lose_nothing(tmp_path: Path) -> None:
         await invoke(tools["list_dir"], path="nope")
     with pytest.raises(WorkspaceError, match="'' is a directory: use list_dir"):
         await invoke(tools["read_file"], path="")
+
+
+def _failing_write(monkeypatch: pytest.MonkeyPatch, after: int, errno_: int = errno.ENOSPC) -> list[int]:
+    """Make `os.write` write `after` bytes of what it is given, then fail with `errno_` (a full disk)."""
+    written: list[int] = []
+    real = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if written:
+            raise OSError(errno_, os.strerror(errno_))
+        written.append(real(fd, bytes(data)[:after]))
+        return written[-1]
+
+    monkeypatch.setattr(os, "write", write)
+    return written
+
+
+async def test_a_write_that_fails_midway_keeps_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # write_file truncated the file first: a full disk halfway through left half of the new text, and
+    # the old one was gone
+    (tmp_path / "config.ini").write_text("[old]\nkeep = me\n")
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    _failing_write(monkeypatch, after=4)
+    with pytest.raises(
+        WorkspaceError, match=r"cannot write 'config.ini': the disk is full; .*was not changed"
+    ):
+        await invoke(tools["write_file"], path="config.ini", content="[new]\n" * 1000)
+    assert (tmp_path / "config.ini").read_text() == "[old]\nkeep = me\n"
+    assert os.listdir(tmp_path) == ["config.ini"]  # no temporary file left behind
+    with pytest.raises(WorkspaceError, match=r"the disk is full; .*was not changed"):
+        await invoke(tools["write_file"], path="config.ini", content="more", append=True)
+    assert (tmp_path / "config.ini").read_text() == "[old]\nkeep = me\n"  # no half-appended text
+
+
+async def test_a_write_whose_flush_to_disk_fails_keeps_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a.txt").write_text("old")
+    tools = {t.name: t for t in file_tools(tmp_path)}
+
+    def fsync(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(WorkspaceError, match="cannot write 'a.txt'"):
+        await invoke(tools["write_file"], path="a.txt", content="new")
+    assert (tmp_path / "a.txt").read_text() == "old"
+    assert os.listdir(tmp_path) == ["a.txt"]
+
+
+async def test_a_failed_write_of_a_new_file_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    _failing_write(monkeypatch, after=1)
+    with pytest.raises(
+        WorkspaceError, match=r"cannot write 'logs/2026/a.txt': the disk is full; nothing was written"
+    ):
+        await invoke(tools["write_file"], path="logs/2026/a.txt", content="abc")
+    assert os.listdir(tmp_path) == []  # nor the directories made for it
+    monkeypatch.undo()
+    _failing_write(monkeypatch, after=1)
+    with pytest.raises(WorkspaceError, match="nothing was written"):
+        await invoke(tools["write_file"], path="b.txt", content="abc", append=True)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_process_killed_while_writing_leaves_the_old_file(tmp_path: Path) -> None:
+    (tmp_path / "data.json").write_text('{"old": true}')
+    code = (
+        "import asyncio, os, signal\n"
+        "from thinkloop.tools import file_tools\n"
+        "real = os.write\n"
+        "def write(fd, data):\n"
+        "    real(fd, bytes(data)[:3])\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "os.write = write\n"
+        f"tool = file_tools({str(tmp_path)!r})[1]\n"
+        "asyncio.run(tool.invoke({'path': 'data.json', 'content': '{\"new\": true}'}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert (tmp_path / "data.json").read_text() == '{"old": true}'
+    assert done.returncode == -signal.SIGKILL, done.stderr  # killed halfway through the new text
+
+
+async def test_a_rewritten_file_keeps_its_permissions_owner_and_links(tmp_path: Path) -> None:
+    target = tmp_path / "run.sh"
+    target.write_text("echo old")
+    target.chmod(0o750)
+    (tmp_path / "link.sh").symlink_to("run.sh")
+    if os.geteuid() == 0:
+        os.chown(target, 65534, 65534)
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    assert await invoke(tools["write_file"], path="link.sh", content="echo new") == (
+        "wrote 8 characters to run.sh"
+    )
+    assert target.read_text() == "echo new" and (tmp_path / "link.sh").is_symlink()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o750
+    if os.geteuid() == 0:
+        assert (target.stat().st_uid, target.stat().st_gid) == (65534, 65534)
+    await invoke(tools["write_file"], path="fresh.txt", content="x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "fresh.txt").stat().st_mode) == 0o666 & ~umask
+    assert sorted(os.listdir(tmp_path)) == ["fresh.txt", "link.sh", "run.sh"]
+
+
+async def test_a_read_only_file_is_not_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a new file put in its place would not need the right to write the old one: it is asked for
+    (tmp_path / "ro.txt").write_text("old")
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    real = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode, **kw: False if str(p).endswith("ro.txt") else real(p, mode)
+    )
+    with pytest.raises(
+        WorkspaceError, match="cannot write 'ro.txt': permission denied .*'ro.txt' was not changed"
+    ):
+        await invoke(tools["write_file"], path="ro.txt", content="new")
+    assert (tmp_path / "ro.txt").read_text() == "old"
+
+
+async def test_a_file_in_a_directory_that_takes_no_new_files_is_written_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # without the right to add a file to the directory no temporary file can be made there; the file
+    # itself may still be writable, as it was before
+    from thinkloop.tools import _files
+
+    (tmp_path / "a.txt").write_text("old")
+    tools = {t.name: t for t in file_tools(tmp_path)}
+
+    def refused(folder: Path) -> tuple[int, Path]:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(_files, "_temporary_file", refused)
+    assert await invoke(tools["write_file"], path="a.txt", content="new") == "wrote 3 characters to a.txt"
+    assert (tmp_path / "a.txt").read_text() == "new"
+    with pytest.raises(WorkspaceError, match="cannot write 'b.txt': permission denied"):
+        await invoke(tools["write_file"], path="b.txt", content="new")
 
 
 async def test_a_write_with_a_name_too_long_creates_no_directories(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ model can act on. A symlink whose target is inside the root is fine. Only regula
 written (a FIFO would block forever, a device never end). `read_file` pages through a long file by
 character `offset` and `limit`: it skips to the offset in 1 MiB chunks and then reads at most 4 bytes per
 character it shows, so a 2 GB file is never loaded whole; every `OSError` becomes a `WorkspaceError`
-saying why.
+saying why. `write_file` replaces a file in one step (a temporary file in the same directory, flushed to
+disk, then `os.replace`): a write that fails or is cut short by a crash leaves the old file as it was.
 
 Known limit: the check happens before the file is opened, so a process racing to swap a directory for
 a symlink between the check and the open is not stopped; run untrusted workloads in a container.
@@ -19,6 +20,7 @@ import contextlib
 import errno
 import heapq
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,6 +110,13 @@ class Workspace:
         return shown + _paging_note(offset, len(shown), size, more)
 
     def write(self, path: str, content: str, append: bool = False) -> str:
+        """Write (or append) `content`; a write that fails leaves the file as it was.
+
+        The new text goes to a temporary file in the same directory, flushed to disk, which then
+        replaces the file in one step (`os.replace`) with its permission bits and owner: a full disk or
+        a crash halfway never leaves half a file, nor no file. An append that fails is cut back to the
+        file's old length. A write that fails removes what it made: the temporary file, a new file,
+        the directories made for it."""
         target = self.resolve(path)
         try:
             data = content.encode("utf-8")
@@ -116,19 +125,28 @@ class Workspace:
                 f"the content has invalid Unicode at character {exc.start} (a lone surrogate such as "
                 "\\ud800): nothing was written; send valid text"
             ) from None
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO must not block
-        flags |= os.O_APPEND if append else os.O_TRUNC
+        info: os.stat_result | None = None
         try:
             if target == self.root or target.is_dir():
                 raise WorkspaceError(f"{path!r} is a directory: give a file path")
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                _regular_size(os.stat(target), path, "write_file writes")
+                info = os.stat(target)
+                _regular_size(info, path, "write_file writes")
+            if info is not None and not os.access(target, os.W_OK):  # replacing it would not need the right
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
             self._check_length(target, path)  # before mkdir: a failed write left directories behind
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with os.fdopen(os.open(target, flags, 0o666), "wb") as handle:
-                handle.write(data)
+            made = _make_directories(target.parent)
+            try:
+                if append:
+                    _append(target, data, info)
+                else:
+                    _replace(target, data, info)
+            except BaseException:
+                _remove_directories(made)
+                raise
         except OSError as exc:
-            raise _os_error("write", path, exc) from None
+            kept = "nothing was written" if info is None else f"{path!r} was not changed"
+            raise WorkspaceError(f"{_os_error('write', path, exc)}; {kept}") from None
         verb = "appended" if append else "wrote"
         return f"{verb} {len(content)} characters to {self.relative(target)}"
 
@@ -154,6 +172,112 @@ class Workspace:
             lines.append(f"… and {count - MAX_LIST_ENTRIES} more entries")
         header = f"{self.relative(target)}: {count} entries"
         return "\n".join([header, *lines]) if lines else f"{header} (empty)"
+
+
+def _make_directories(folder: Path) -> list[Path]:
+    """Make `folder` and its missing parents; the ones made, deepest first (to remove after a failure)."""
+    missing: list[Path] = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            missing.remove(directory)  # made meanwhile by someone else: not ours to remove
+    return missing
+
+
+def _remove_directories(made: list[Path]) -> None:
+    for directory in made:
+        with contextlib.suppress(OSError):  # not empty any more: someone else is using it
+            os.rmdir(directory)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _temporary_file(folder: Path) -> tuple[int, Path]:
+    """A new file in `folder` for the text that will replace a file there (created with mode 0o666 less
+    the umask, as a new file would be)."""
+    while True:
+        temp = folder / f".thinkloop-{secrets.token_hex(6)}.tmp"  # short: any file name leaves room for it
+        try:
+            return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), temp
+        except FileExistsError:
+            continue
+
+
+def _replace(target: Path, data: bytes, info: os.stat_result | None) -> None:
+    """Replace `target` with `data` in one step, keeping its permission bits and owner."""
+    try:
+        fd, temp = _temporary_file(target.parent)
+    except PermissionError:  # no right to add a file to the directory: the file may still be writable
+        if info is None:
+            raise
+        _overwrite(target, data)
+        return
+    try:
+        try:
+            if info is not None:
+                if (info.st_uid, info.st_gid) != (os.geteuid(), os.getegid()):
+                    with contextlib.suppress(PermissionError):  # only root may give a file away
+                        os.fchown(fd, info.st_uid, info.st_gid)
+                os.fchmod(fd, stat.S_IMODE(info.st_mode))  # after chown, which clears set-id bits
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    _sync_directory(target.parent)
+
+
+def _overwrite(target: Path, data: bytes) -> None:
+    """Write `data` over `target` in place (not atomic: only where no temporary file can be made)."""
+    fd = os.open(target, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _append(target: Path, data: bytes, info: os.stat_result | None) -> None:
+    """Append `data` to `target`; cut it back to its old length (or remove it, if new) when that fails."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO must not block
+    fd = os.open(target, flags, 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        _write_all(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            if info is None:
+                os.unlink(target)
+            else:
+                os.ftruncate(fd, size)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _sync_directory(folder: Path) -> None:
+    """Flush the directory entry of a replaced file to disk (best effort: not every system allows it)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 _REASONS = {
