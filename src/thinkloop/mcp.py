@@ -13,8 +13,10 @@ application), and several runs can share it.
 Its tools become ordinary `Tool`s: they go through the one tool-execution choke point, so argument
 checks, timeouts, truncation, risk levels and the safety gate apply to them as to any other tool. A
 tool result the server marks as an error, a protocol error, and a server that died are all failed
-observations naming the server; the run goes on. The tool list is cached and fetched again after
-the server announces `notifications/tools/list_changed` (taking effect at the next run).
+observations naming the server; the run goes on. A server that exited while idle, or stopped answering
+after a call timed out (it is pinged then), is started again for the next call. The tool list is cached
+and fetched again after the server announces `notifications/tools/list_changed` (taking effect at the
+next run).
 
 Servers publish input schemas that model APIs refuse (not an object, `$ref`s, `required` naming
 nothing, 5,000-character descriptions): each is normalised into a valid object schema for the model
@@ -57,6 +59,7 @@ __all__ = [
     "registry_with_mcp",
 ]
 
+PING_TIMEOUT = 10.0  # seconds to answer a ping after a call timed out (at most connect_timeout)
 _TOOL_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")  # what every model API accepts (OpenAI rejects '.')
 _STDERR_TAIL = 2_000
 logger = logging.getLogger("thinkloop.mcp")
@@ -122,6 +125,9 @@ class MCPServer(ABC):
         self.tools_version = 0
         """Counts the tool lists fetched: a run's registry rebuilds itself when it changes."""
         self._failure: str | None = None
+        self._lost: str | None = None  # how the connection ended while no call ran: the next call restarts it
+        self._in_flight = 0  # calls on their way
+        self._probe: asyncio.Task[None] | None = None  # a ping after an abandoned call
         self._listed_schemas: dict[str, Any] = {}  # the input schemas as the server sent them, by tool
 
     def __repr__(self) -> str:
@@ -192,9 +198,12 @@ class MCPServer(ABC):
         return self._lock
 
     async def _open(self) -> None:
+        previous = self._owner  # a connection that ended by itself (`_ended`) may be stopping its process
+        if previous is not None and not previous.done():
+            await asyncio.wait([previous])
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closing = asyncio.Event()
-        self._failure = None
+        self._failure, self._lost = None, None
         self._owner = asyncio.create_task(self._own(ready, self._closing), name=f"mcp-server:{self.name}")
         try:
             async with asyncio.timeout(self.connect_timeout):
@@ -223,7 +232,7 @@ class MCPServer(ABC):
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
-                read, write = _ListingRepair(self).streams(read, write)
+                read, write = _ListingRepair(self).streams(read, write, ended=lambda: self._ended(closing))
                 self._started()
                 session = await stack.enter_async_context(
                     ClientSession(
@@ -254,13 +263,31 @@ class MCPServer(ABC):
         owner, self._owner = self._owner, None
         if self._closing is not None:
             self._closing.set()
-        self._session, self._failure = None, None
-        refresh, self._refresh = self._refresh, None
-        if refresh is not None and not refresh.done():
-            refresh.cancel()
-            await asyncio.wait([refresh])
+        self._session, self._failure, self._lost = None, None, None
+        for task in (self._refresh, self._probe):
+            if task is not None and not task.done() and task is not asyncio.current_task():
+                task.cancel()
+                await asyncio.wait([task])
+        self._refresh = self._probe = None
         if owner is not None and not owner.done():
             await asyncio.wait([owner])
+
+    def _ended(self, closing: asyncio.Event) -> None:
+        """The transport's read stream ended without `aclose()`: the server exited or went away. With no call
+        running, the next call (or run) starts it again; a call running fails, saying it died during it."""
+        if closing.is_set() or closing is not self._closing or self._session is None:
+            return  # our own close, an earlier connection's end, or a handshake that fails by itself
+        if not self._in_flight:
+            self._lost, self._session = self._loss_while_idle(), None
+        closing.set()  # the owner task closes the session and the transport
+
+    _AGAIN = "reconnected"  # what `_restart` does: a stdio server is started again
+
+    def _loss_while_idle(self) -> str:
+        return "closed its connection while no call was running (the server stopped or went away)"
+
+    def _kill(self) -> None:  # noqa: B027  # a hook: only stdio servers have a process to kill
+        """Stop the server at once (a stdio server's process group), for one that no longer answers."""
 
     async def _abort(self) -> None:
         """Stop a connection attempt that failed or hangs: cancel the owner task (it stops the process)."""
@@ -398,25 +425,86 @@ class MCPServer(ABC):
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
         """Call a tool by its server name; the result rendered as text.
 
+        A server whose connection ended while no call was running (it exited, or was stopped for not
+        answering a ping after a call timed out) is started again first: the call never reached it.
+
         Raises:
             MCPToolError: the server returned an error result, the call failed, or the server is gone.
         """
-        session, owner = self._session, self._owner
-        if session is None:
-            raise MCPToolError(self._not_connected())
         try:
             self._check_loop()
         except MCPConnectionError as exc:
             raise MCPToolError(str(exc)) from None
+        await self._settle_probe()
+        if self._session is None and self._lost is not None:
+            await self._restart(name)
+        session, owner = self._session, self._owner
+        if session is None:
+            raise MCPToolError(self._not_connected())
+        self._in_flight += 1
         try:
             result = await session.call_tool(name, dict(arguments))
+        except asyncio.CancelledError:  # abandoned (timed out): is the server still answering?
+            self._start_probe(name, session)
+            raise
         except Exception as exc:
             raise MCPToolError(await self._call_failed(name, exc, owner)) from None
+        finally:
+            self._in_flight -= 1
         await self._settle_refresh()
         text = render_result(result)
         if getattr(result, "is_error", False):
-            raise MCPToolError(f"MCP server {self.name!r} reported an error: {text}")
+            said = text if text != "(no output)" else "(an error result without any content)"
+            raise MCPToolError(f"MCP server {self.name!r} reported an error: {said}")
         return text
+
+    async def _restart(self, name: str) -> None:
+        """Start the server again for the call of `name`, after its connection ended while idle."""
+        lost = self._lost
+        tail = self._diagnostics()  # what the stopped server said last
+        try:
+            await self.connect()
+        except MCPConnectionError as exc:
+            self._failure = f"it {lost}, and could not be {self._AGAIN}: {exc}"
+            raise MCPToolError(
+                f"MCP server {self.name!r} {lost}, and could not be {self._AGAIN} for the call of {name!r}: "
+                f"{exc}; this run cannot use it any more, the next run tries again"
+            ) from None
+        logger.warning("MCP server %r %s%s; %s for the call of %r", self.name, lost, tail, self._AGAIN, name)
+        if self._refresh is None or self._refresh.done():  # the new process may offer other tools
+            self._refresh = asyncio.create_task(self._refetch(), name=f"mcp-tools:{self.name}")
+
+    def _start_probe(self, name: str, session: Any) -> None:
+        """After an abandoned call, ping the server in the background: one that does not answer (wedged, its
+        event loop blocked) is stopped, and the next call starts it again instead of waiting in vain."""
+        if self._session is session and (self._probe is None or self._probe.done()):
+            self._probe = asyncio.create_task(self._ping(name, session), name=f"mcp-ping:{self.name}")
+
+    async def _ping(self, name: str, session: Any) -> None:
+        seconds = min(self.connect_timeout, PING_TIMEOUT)
+        try:
+            async with asyncio.timeout(seconds):
+                await session.send_ping()
+            return
+        except TimeoutError:
+            pass
+        except Exception:  # an error answer is an answer; a lost connection is `_ended`'s business
+            return
+        if self._session is not session or self._closing is None:
+            return  # closed or replaced meanwhile
+        self._lost = (
+            f"did not answer a ping within {seconds:g} s after the call of {name!r} was abandoned, "
+            "so it was stopped"
+        )
+        self._session = None
+        self._kill()
+        self._closing.set()  # the owner task closes the session and the transport
+
+    async def _settle_probe(self) -> None:
+        """Let a ping after an abandoned call settle whether the server answers, before the next call."""
+        probe = self._probe
+        if probe is not None and not probe.done() and probe is not asyncio.current_task():
+            await asyncio.wait([probe])
 
     def _not_connected(self) -> str:
         if self._failure:
@@ -433,6 +521,8 @@ class MCPServer(ABC):
             return f"MCP server {self.name!r}: call of {name!r} failed: {what}"
         if owner is not self._owner:  # `aclose()` ran while the call was in flight
             return f"MCP server {self.name!r} was closed during the call of {name!r}"
+        if self._lost is not None:  # stopped by a ping that went unanswered: the next call restarts it
+            return f"MCP server {self.name!r} {self._lost}, which cut the call of {name!r}; the next call retries it"
         await self.aclose()
         self._failure = what
         return (
@@ -509,6 +599,14 @@ class MCPServerStdio(MCPServer):
     def _started(self) -> None:
         self._pid = _child_writing_to(self._stderr) if self._stderr is not None else None
 
+    _AGAIN = "started again"
+
+    def _loss_while_idle(self) -> str:
+        return "exited while no call was running"
+
+    def _kill(self) -> None:
+        self._kill_leftovers()  # its whole process group: the SDK then finds it gone at once
+
     def _kill_leftovers(self) -> None:
         """Kill what the server left running in its process group (the SDK starts it in a session of its
         own). The SDK kills the group only when the server outlives its stdin; a server exiting cleanly
@@ -584,8 +682,9 @@ class _ListingRepair:
         self.server = server
         self.pending: set[Any] = set()  # ids of the tools/list requests on their way
 
-    def streams(self, read: Any, write: Any) -> tuple[Any, Any]:
-        return _Watched(read, self._received), _Watched(write, self._sent)
+    def streams(self, read: Any, write: Any, *, ended: Callable[[], None]) -> tuple[Any, Any]:
+        """The streams, watched; `ended` is called when the read stream ends (the server closed it)."""
+        return _Watched(read, self._received, ended), _Watched(write, self._sent)
 
     def _sent(self, item: Any) -> Any:
         message = _jsonrpc(item)
@@ -638,22 +737,39 @@ def _jsonrpc(item: Any) -> Any:
 
 
 class _Watched:
-    """A transport stream whose items pass through `see` (see `ReadStream`/`WriteStream` in the SDK)."""
+    """A transport stream whose items pass through `see` (see `ReadStream`/`WriteStream` in the SDK); `ended`
+    is called when receiving finds the stream ended or closed."""
 
-    def __init__(self, inner: Any, see: Callable[[Any], Any]) -> None:
-        self._inner, self._see = inner, see
+    def __init__(
+        self, inner: Any, see: Callable[[Any], Any], ended: Callable[[], None] | None = None
+    ) -> None:
+        self._inner, self._see, self._ended = inner, see, ended
 
     async def send(self, item: Any, /) -> None:
         await self._inner.send(self._see(item))
 
     async def receive(self) -> Any:
-        return self._see(await self._inner.receive())
+        try:
+            item = await self._inner.receive()
+        except Exception:  # EndOfStream, ClosedResourceError, BrokenResourceError
+            self._end()
+            raise
+        return self._see(item)
 
     def __aiter__(self) -> _Watched:
         return self
 
     async def __anext__(self) -> Any:
-        return self._see(await self._inner.__anext__())
+        try:
+            item = await self._inner.__anext__()
+        except Exception:  # StopAsyncIteration, ClosedResourceError, BrokenResourceError
+            self._end()
+            raise
+        return self._see(item)
+
+    def _end(self) -> None:
+        if self._ended is not None:
+            self._ended()
 
     async def __aenter__(self) -> _Watched:
         await self._inner.__aenter__()

@@ -1,15 +1,17 @@
 """A misbehaving MCP server over stdio, for tests/test_mcp.py (built on the SDK's low-level server).
 
-    python tests/mcp_servers/faulty.py [--banner] [--no-handshake] [--tool-names] [--bad-schemas]
+    python tests/mcp_servers/faulty.py [--banner] [--no-handshake] [--tool-names] [--bad-schemas] [--once FILE]
 
-Tools: `echo`, `hang` (never returns), `crash` (the process exits mid-call), `exit_soon` (answers,
+Tools: `echo`, `hang` (never returns), `block` (blocks the server's event loop: it answers nothing any
+more, not even a ping), `pid` (the server's pid), `crash` (the process exits mid-call), `exit_soon` (answers,
 then the process exits while idle), `garbage` (writes a non-JSON line to the wire, then answers),
-`fail` (an `isError` result), `image`, `resource`, `blob`, `link` (a resource link), `mixed` (text,
+`fail` (an `isError` result), `fail_empty` (one without content), `image`, `resource`, `blob`, `link` (a resource link), `mixed` (text,
 audio and structured content), `empty`, `huge` (`size` characters), `spawn` (starts a child process
 that outlives the server's own exit unless killed, and prints its pid). Options: `--banner` prints a line to stdout
 before speaking MCP; `--no-handshake` reads stdin forever without ever answering; `--tool-names`
 adds tools with names invalid for a model; `--bad-schemas` adds tools whose input schemas use
-`$ref`/`$defs`, are not objects, or are broken.
+`$ref`/`$defs`, are not objects, or are broken; `--once FILE` starts only once (it creates FILE; a second
+start finds it and exits with an error).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -35,10 +38,13 @@ SIZE = {"type": "object", "properties": {"size": {"type": "integer"}}, "required
 TOOLS = {
     "echo": TEXT,
     "hang": EMPTY,
+    "block": EMPTY,
+    "pid": EMPTY,
     "crash": EMPTY,
     "exit_soon": EMPTY,
     "garbage": EMPTY,
     "fail": EMPTY,
+    "fail_empty": EMPTY,
     "image": EMPTY,
     "resource": EMPTY,
     "blob": EMPTY,
@@ -108,6 +114,7 @@ def _content_kinds() -> dict[str, types.CallToolResult]:
         "fail": types.CallToolResult(
             content=[types.TextContent(type="text", text="no such city")], is_error=True
         ),
+        "fail_empty": types.CallToolResult(content=[], is_error=True),
         "image": types.CallToolResult(
             content=[types.ImageContent(type="image", data=png, mime_type="image/png")]
         ),
@@ -126,6 +133,10 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     name, args = params.name, params.arguments or {}
     if name == "hang":
         await anyio.sleep_forever()
+    if name == "block":
+        time.sleep(3600)  # noqa: ASYNC251  # the point: the server's event loop stops
+    if name == "pid":
+        return _text(str(os.getpid()))
     if name == "crash":
         os._exit(3)
     if name == "exit_soon":
@@ -151,6 +162,11 @@ async def main() -> None:
 
 if __name__ == "__main__":
     print(f"pid {os.getpid()}", file=sys.stderr, flush=True)
+    if "--once" in sys.argv:
+        marker = Path(sys.argv[sys.argv.index("--once") + 1])
+        if marker.exists():
+            sys.exit(f"started before ({marker} exists): this server starts only once")
+        marker.touch()
     if "--no-handshake" in sys.argv:
         sys.stdin.read()
         time.sleep(3600)
