@@ -23,7 +23,7 @@ from ._messages import Message, ModelSettings
 from ._output import OutputSpec
 from ._prompt import DEFAULT_RULES
 from ._resume import load_resumable, memory_messages
-from ._state import Mode, RunState, StopReason
+from ._state import Mode, RunState, StopReason, new_run_state
 from ._tokens import TokenCounter, TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
 from .experience import Learner, RunRecord
@@ -382,7 +382,7 @@ class Agent:
     ) -> RunContext:
         if not isinstance(goal, str) or not goal.strip():
             raise UserError(f"the goal must be a non-empty string, got {goal!r}")
-        state = RunState(
+        state = new_run_state(
             agent_name=self.name,
             model=self.model.spec,
             goal=goal,

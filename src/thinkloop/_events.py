@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from ._data import Data
+from ._data import Data, fast_constructor
 from ._messages import ToolCall, Usage
 from ._risk import RiskLevel
 from ._state import Mode, RunState, StopReason
@@ -269,7 +269,7 @@ class RunResult(Data):
     @classmethod
     def from_state(cls, state: RunState) -> RunResult:
         assert state.stop_reason is not None, "a result needs a finished state"
-        return cls(
+        return (cls if cls is not RunResult else _new_result)(
             output=state.answer or "",
             stop_reason=state.stop_reason,
             usage=state.usage.copy(),
@@ -280,3 +280,6 @@ class RunResult(Data):
             error=state.error,
             state=state,
         )
+
+
+_new_result = fast_constructor(RunResult)

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from ._data import fast_constructor
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
 from ._risk import RiskLevel
@@ -42,6 +43,9 @@ class ToolOutcome:
     truncated: bool = False
     risk: RiskLevel = RiskLevel.LOW
     decision: Decision | None = None
+
+
+_new_outcome = fast_constructor(ToolOutcome)  # `ToolOutcome(...)` on the hot path
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,9 @@ class _Prepared:
     risk: RiskLevel
     decision: Decision = "auto"
     note: str = ""  # told to the model after the result (arguments that were ignored)
+
+
+_new_prepared = fast_constructor(_Prepared)
 
 
 async def execute_calls(
@@ -145,7 +152,7 @@ def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Pr
             return _failed(call, "invalid_arguments", _invalid_args_message(tool, str(exc)))
         arguments = retried
     risk = tool.risk if isinstance(tool.risk, RiskLevel) else tool.risk_for(arguments)
-    return _Prepared(call, tool, arguments, risk, note=note)
+    return _new_prepared(call, tool, arguments, risk, note=note)
 
 
 _WRAPPERS = frozenset({"arguments", "args", "parameters", "params", "input", "kwargs", "action_input"})
@@ -263,7 +270,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     text, truncated = truncate_output(text, limit) if len(text) > limit else (text, False)
     if prepared.note:
         text = f"{text}\n{prepared.note}"
-    outcome = ToolOutcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
+    outcome = _new_outcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
     run.mark_done(call.id, text, success, error_kind=kind)
     if run.step_saves:
         await run.checkpoint()

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from . import _react
 from ._budget import Budget, PriceTable
 from ._context import ContextManager
+from ._data import fast_constructor
 from ._errors import (
     ContextOverflowError,
     ModelError,
@@ -57,10 +58,12 @@ from ._messages import (
     TextDelta,
     ToolCall,
     arguments_json,
+    new_message,
+    new_request,
 )
 from ._output import OutputSpec
 from ._prompt import final_answer_prompt, system_prompt
-from ._state import LedgerEntry, Mode, RunState, StopReason
+from ._state import LedgerEntry, Mode, RunState, StopReason, new_ledger_entry
 from ._tools import ToolRegistry
 from .models._base import estimated_usage
 
@@ -299,6 +302,9 @@ class Reply:
     problem: str | None = None  # why the reply could not be understood (to heal)
 
 
+_new_reply = fast_constructor(Reply)
+
+
 # ================================================================================================ loop
 
 
@@ -403,7 +409,7 @@ def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
     messages = run.context.view(state, system=system.content, tools=tools)
     messages.insert(0, system)
     if not react:
-        return ModelRequest(
+        return new_request(
             messages=messages, tools=tools, settings=run.config.settings, run_id=state.run_id,
             turn=state.usage.requests,
         )  # fmt: skip
@@ -666,7 +672,7 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         unknown = unknown or call.name not in run.tools  # perhaps a `final_answer` call
     if malformed:
         _note_malformed_native(run)
-    reply = Reply(text=response.text if calls else native_answer(response.text), calls=calls)
+    reply = _new_reply(text=response.text if calls else native_answer(response.text), calls=calls)
     return _answer_calls(run, reply) if unknown else reply
 
 
@@ -848,7 +854,7 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
 def _record_reply(run: RunContext, reply: Reply) -> None:
     state = run.state
     state.messages.append(
-        Message(role="assistant", content=reply.text, tool_calls=reply.calls or (), step=state.step)
+        new_message(role="assistant", content=reply.text, tool_calls=reply.calls or (), step=state.step)
     )
     if reply.calls and reply.text.strip():
         run.guards.note_thought(state, reply.text)
@@ -959,7 +965,7 @@ def plan_calls(run: RunContext, calls: list[ToolCall], blocked: dict[str, str]) 
     """Record a reply's calls in the ledger before anything runs: planned, or done if the guards blocked it."""
     ledger, step = run.state.ledger, run.state.step
     for call in calls:
-        entry = LedgerEntry(
+        entry = new_ledger_entry(
             call_id=call.id, name=call.name, arguments=call.arguments, step=step, status="planned"
         )
         if blocked and call.id in blocked:
@@ -976,7 +982,7 @@ def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
         if outcome.success and guards.is_repeat(state, call, text):
             text = f"{text}\n\n{guards.config.hint('repeat_note')}"
         state.messages.append(
-            Message(role="tool", content=text, tool_call_id=call.id, name=call.name, step=step)
+            new_message(role="tool", content=text, tool_call_id=call.id, name=call.name, step=step)
         )
         if run.observed:
             run.emit(_result_event(step, outcome))

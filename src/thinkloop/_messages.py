@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator
 
-from ._data import Data
+from ._data import Data, fast_constructor
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -108,23 +108,27 @@ class Message(Data):
     kind: MessageKind = "reply"
     step: int | None = None  # the loop step that produced it (None for the task and instructions)
 
-    @classmethod
-    def system(cls, content: str, *, kind: MessageKind = "instructions") -> Message:
-        return cls(role="system", content=content, kind=kind)
+    @staticmethod
+    def system(content: str, *, kind: MessageKind = "instructions") -> Message:
+        return new_message(role="system", content=content, kind=kind)
 
-    @classmethod
-    def user(cls, content: str, *, kind: MessageKind = "task", step: int | None = None) -> Message:
-        return cls(role="user", content=content, kind=kind, step=step)
+    @staticmethod
+    def user(content: str, *, kind: MessageKind = "task", step: int | None = None) -> Message:
+        return new_message(role="user", content=content, kind=kind, step=step)
 
-    @classmethod
+    @staticmethod
     def assistant(
-        cls, content: str = "", tool_calls: Sequence[ToolCall] | None = None, *, step: int | None = None
+        content: str = "", tool_calls: Sequence[ToolCall] | None = None, *, step: int | None = None
     ) -> Message:
-        return cls(role="assistant", content=content, tool_calls=tool_calls or (), step=step)
+        return new_message(role="assistant", content=content, tool_calls=tool_calls or (), step=step)
 
-    @classmethod
-    def tool(cls, call: ToolCall, content: str, *, step: int | None = None) -> Message:
-        return cls(role="tool", content=content, tool_call_id=call.id, name=call.name, step=step)
+    @staticmethod
+    def tool(call: ToolCall, content: str, *, step: int | None = None) -> Message:
+        return new_message(role="tool", content=content, tool_call_id=call.id, name=call.name, step=step)
+
+
+new_message = fast_constructor(Message)
+"""`Message(...)` for the loop's hot path (see `fast_constructor`)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -142,7 +146,7 @@ class Usage(Data):
         return self.input_tokens + self.output_tokens
 
     def copy(self) -> Usage:
-        return Usage(
+        return _new_usage(
             input_tokens=self.input_tokens, output_tokens=self.output_tokens, cost=self.cost,
             requests=self.requests, estimated=self.estimated,
         )  # fmt: skip
@@ -154,6 +158,9 @@ class Usage(Data):
         self.cost += other.cost
         self.requests += other.requests
         self.estimated = self.estimated or other.estimated
+
+
+_new_usage = fast_constructor(Usage)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -190,6 +197,9 @@ class ModelRequest(Data):
     turn: int = 0
     prefill: str = ""
 
+
+new_request = fast_constructor(ModelRequest)
+"""`ModelRequest(...)` for the loop's hot path (see `fast_constructor`)."""
 
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "error", "unknown"]
 

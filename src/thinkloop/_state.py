@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from ._data import Data
+from ._data import Data, fast_constructor
 from ._errors import StateError
 from ._messages import Message, Usage
 from ._risk import RiskLevel
@@ -101,6 +101,10 @@ class LedgerEntry(Data):
     error_kind: str | None = None
 
 
+new_ledger_entry = fast_constructor(LedgerEntry)
+"""`LedgerEntry(...)` for the loop's hot path (see `fast_constructor`)."""
+
+
 @dataclass(slots=True, kw_only=True)
 class ApprovalRecord(Data):
     """The safety gate's decision on one tool call (SPEC §6): what was decided, at what risk, and why."""
@@ -169,6 +173,10 @@ class RunState(Data):
         if state.schema_version > SCHEMA_VERSION:
             raise _too_new(state.schema_version)
         return state
+
+
+new_run_state = fast_constructor(RunState)
+"""`RunState(...)` for the start of every run (see `fast_constructor`)."""
 
 
 def _peek_version(data: str | bytes) -> int | None:
