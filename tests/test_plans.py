@@ -236,14 +236,14 @@ async def test_runs_a_plan_level_by_level_with_events() -> None:
 
     assert result.ok and result.failed is None
     assert result.results["rep"].output == "Paris 15 | total=12"
-    assert [e.type for e in events] == [
-        "plan_created",
-        "task_started",
-        "task_finished",
-        "task_started",
-        "task_finished",
-        "task_started",
-        "task_finished",
+    assert [(e.type, getattr(e, "task_id", "")) for e in events] == [
+        ("plan_created", ""),
+        ("task_started", "paris"),  # a level's tasks run at the same time
+        ("task_started", "rome"),
+        ("task_finished", "paris"),
+        ("task_finished", "rome"),
+        ("task_started", "rep"),
+        ("task_finished", "rep"),
     ]
     created = events[0]
     assert isinstance(created, PlanCreated)
@@ -752,7 +752,10 @@ async def test_plan_and_execute_gives_up_after_max_repairs() -> None:
     bad = json.dumps({"tasks": [{"id": "a", "tool": "nope", "args": {}}]})
     model = ScriptedModel([bad, bad])
     outcome = await run_plan_and_execute(model, "goal", [shout], max_repairs=1)
-    assert not outcome.ok and outcome.error == "no plan succeeded in 2 attempts"
+    assert not outcome.ok and outcome.error == (
+        "no plan succeeded in 2 attempts; the last one: the plan is invalid:\n"
+        "- task 'a' uses unknown tool 'nope' (available: shout)"
+    )
     assert outcome.attempts == 2 and outcome.answer == ""
     model.assert_used_up()
 

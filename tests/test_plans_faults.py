@@ -428,3 +428,128 @@ async def test_a_task_waiting_for_its_turn_does_not_start_once_a_sibling_failed(
     assert result.failed == "a" and result.cancelled == ["b"]
     assert ran == []  # was ['b']
     assert _task_events(events)[-1] == ("task_skipped", "b", "cancelled by a")
+
+
+async def test_a_tool_that_ignores_its_timeout_is_abandoned_and_fails_as_timed_out() -> None:
+    # Outside a run the task was awaited under asyncio.timeout: a tool that caught the cancellation and
+    # went on was waited for however long it took, and its late result counted as a success.
+    finished: list[str] = []
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(5)  # ignores its timeout (a cancellation arriving now ends it)
+        finished.append("late")
+        return "late"
+
+    result = await execute_plan(
+        parse_plan([{"id": "s", "tool": "stubborn"}]), [tool(stubborn)], tool_timeout=0.1
+    )
+    assert result.failed == "s" and result.results["s"].error_kind == "timeout"
+    assert result.error == "Error: stubborn timed out after 0.1 s and was abandoned."
+    assert finished == []  # the plan did not wait for it
+
+
+async def test_a_timeout_error_a_tool_raises_itself_is_its_failure_not_its_timeout() -> None:
+    async def waits_for_a_server() -> str:
+        raise TimeoutError("the server did not answer in 5 s")
+
+    result = await execute_plan(
+        parse_plan([{"id": "w", "tool": "waits_for_a_server"}]), [tool(waits_for_a_server)]
+    )
+    assert result.results["w"].error_kind == "exception"
+    assert result.error == "Error: waits_for_a_server raised TimeoutError: the server did not answer in 5 s"
+
+
+async def test_a_field_of_an_output_cut_to_its_limit_fails_saying_it_was_cut() -> None:
+    # The output was cut to output_max_length, so it was no longer JSON: `${a.count}` failed with "the
+    # result is str '{"count": 3, …', not a JSON object or list" — showing JSON, and not saying why.
+    @tool
+    def rows() -> dict[str, Any]:
+        """Many rows."""
+        return {"count": 2000, "items": [{"name": f"row {i}", "pad": "x" * 50} for i in range(2000)]}
+
+    @tool
+    def show(text: str) -> str:
+        """Show text."""
+        return text
+
+    plan = parse_plan(
+        [
+            {"id": "a", "tool": "rows"},
+            {"id": "b", "tool": "show", "args": {"text": "${a.count}"}, "depends_on": ["a"]},
+        ]
+    )
+    result = await execute_plan(plan, [rows, show], output_max_length=1000)
+    assert result.failed == "b"
+    assert result.error is not None and result.error.startswith(
+        "Error: ${a.count}: the output of task 'a' was cut to its limit of 1,000 characters (of 164,916)"
+    )
+    assert (
+        "so it is not JSON any more: have rows return less, or give it a larger output_max_length"
+        in result.error
+    )
+    # inside a run, the same (the agent's limit cuts it)
+    p = {
+        "tasks": [
+            {"id": "a", "tool": "rows"},
+            {"id": "b", "tool": "show", "args": {"text": "${a.count}"}, "depends_on": ["a"]},
+        ]
+    }
+    script: list[Any] = [{"tool_calls": [{"name": "run_plan", "args": p}]}, "done"]
+    run = await Agent(ScriptedModel(script), tools=[plan_tool([rows, show])]).run("go")
+    assert "the output of task 'a' was cut to its limit of" in _tool_observations(run)[0]
+
+
+@pytest.mark.parametrize(
+    ("replies", "last"),
+    [
+        (["garbage", "more garbage", "still not JSON"], "the plan is not valid JSON"),
+        (['{"tasks": [{"id": "a", "tool": "shout"'] * 3, "the plan is not valid JSON"),
+        (
+            [
+                '{"tasks": [{"id": "a", "tool": "shout", "args": {"text": "x"}, "depends_on": ["b"]}, '
+                '{"id": "b", "tool": "shout", "args": {"text": "y"}, "depends_on": ["a"]}]}'
+            ]
+            * 3,
+            "the plan has a cycle: a → b → a",
+        ),
+        (['{"tasks": [{"id": "a", "tool": "fly", "args": {}}]}'] * 3, "task 'a' uses unknown tool 'fly'"),
+        (['{"tasks": [{"id": "a", "tool": "shout", "args": {}}]}'] * 3, "invalid arguments for shout"),
+    ],
+)
+async def test_a_planner_that_never_writes_a_runnable_plan_ends_saying_what_was_wrong(
+    replies: list[str], last: str
+) -> None:
+    # The outcome said only "no plan succeeded in 3 attempts": not why.
+    @tool
+    def shout(text: str) -> str:
+        """Upper-case text."""
+        return text.upper()
+
+    model = ScriptedModel([*replies, "never asked"])
+    outcome = await run_plan_and_execute(model, "shout x", [shout])
+    assert not outcome.ok and outcome.attempts == 3 and outcome.answer == ""
+    assert outcome.error is not None and outcome.error.startswith(
+        "no plan succeeded in 3 attempts; the last one: "
+    )
+    assert last in outcome.error
+    assert len(model.requests) == 3  # each attempt was shown the problem, and no answer was asked for
+    assert all("Reply with a corrected JSON plan" in r.messages[-1].content for r in model.requests[1:])
+
+
+async def test_the_outcome_of_a_failed_planner_holds_the_last_attempt_s_plan() -> None:
+    # A last reply that was not a plan left the plan of an earlier attempt in the outcome, beside the
+    # last attempt's error.
+    @tool
+    def shout(text: str) -> str:
+        """Upper-case text."""
+        raise ValueError("no")
+
+    plan = '{"tasks": [{"id": "a", "tool": "shout", "args": {"text": "x"}}]}'
+    outcome = await run_plan_and_execute(ScriptedModel([plan, "garbage"]), "shout x", [shout], max_repairs=1)
+    assert outcome.plan is None and outcome.result is None and "not valid JSON" in (outcome.error or "")
+    outcome = await run_plan_and_execute(ScriptedModel(["garbage", plan]), "shout x", [shout], max_repairs=1)
+    assert outcome.plan is not None and outcome.result is not None and outcome.result.failed == "a"
+    assert "task 'a' failed: Error: shout raised ValueError: no" in (outcome.error or "")

@@ -44,7 +44,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -653,9 +653,19 @@ def _lookup(match: re.Match[str], results: Mapping[str, TaskResult]) -> Any:
     if result is None or not result.success:
         raise PlanError(f"{match.group(0)}: task {task_id!r} has no result")
     value = result.value
+    cut = _CUT_RE.search(result.output) if path and isinstance(value, str) else None
+    if cut is not None:  # not JSON because it was cut: say so, not "the result is str '{…'"
+        raise PlanError(
+            f"{match.group(0)}: the output of task {task_id!r} was cut to its limit of {len(result.output):,} "
+            f"characters (of {int(cut.group(1)):,}), so it is not JSON any more: have {result.tool} return "
+            "less, or give it a larger output_max_length"
+        )
     for index, key in enumerate(path):
         value = _step_into(value, key, match.group(0), path[:index])
     return value
+
+
+_CUT_RE = re.compile(r"\n… \[\d+ characters truncated of (\d+)\] …\n")  # `truncate_output`'s marker
 
 
 def _step_into(value: Any, key: str, ref: str, done: list[str]) -> Any:
@@ -987,15 +997,14 @@ class _Runner:
             if tool.context_param is not None:  # outside a run: no run id, no deps
                 context = ToolContext(run_id="", call_id=task.id, step=0, goal="", deps=None, metadata={})
                 valid = {**valid, tool.context_param: context}
-            async with asyncio.timeout(timeout):
-                text, success = render_output(await tool.invoke(valid)), True
+            text, success = render_output(await _bounded(tool.invoke(valid), timeout)), True
         except ToolArgumentsError as exc:
             text, success, kind = (
                 f"Error: invalid arguments for {tool.name}: {exc}",
                 False,
                 "invalid_arguments",
             )
-        except TimeoutError:
+        except _TimedOut:  # not a TimeoutError the tool raised itself: that is its failure
             text, success, kind = (
                 f"Error: {tool.name} timed out after {timeout:g} s and was abandoned.",
                 False,
@@ -1006,6 +1015,52 @@ class _Runner:
         limit = tool.output_max_length or self.output_max_length or DEFAULT_OUTPUT_MAX_LENGTH
         text, _ = truncate_output(text, limit)
         return TaskResult(task.id, task.tool, text, success, time.perf_counter() - started, kind, arguments)
+
+
+class _TimedOut(Exception):
+    """A tool's invocation ran past its time limit (not a `TimeoutError` the tool raised itself)."""
+
+
+CANCEL_GRACE = 1.0  # seconds a cancelled tool invocation gets to clean up before it is abandoned
+_abandoned: set[asyncio.Future[Any]] = set()  # invocations still running after they were given up
+
+
+async def _bounded(invocation: Awaitable[Any], limit: float) -> Any:
+    """`await invocation` for at most `limit` seconds, in a task of its own: a tool that catches its
+    cancellation and goes on (asyncio.timeout would wait for it however long it took, and take its late
+    result as a success) is given `CANCEL_GRACE` seconds to end, then abandoned, as is the thread of a
+    sync tool. A cancellation from outside (a sibling failed, the run was cancelled) cancels it the same
+    way.
+
+    Raises:
+        _TimedOut: past `limit`.
+    """
+    running = asyncio.ensure_future(invocation)
+    try:
+        done, _ = await asyncio.wait({running}, timeout=None if math.isinf(limit) else limit)
+    except asyncio.CancelledError:
+        await _give_up(running)
+        raise
+    if not done:
+        await _give_up(running)
+        raise _TimedOut
+    return running.result()
+
+
+async def _give_up(running: asyncio.Future[Any]) -> None:
+    running.cancel()
+    await asyncio.wait({running}, timeout=CANCEL_GRACE)
+    if running.done():
+        _forget(running)
+    else:  # kept referenced until it ends, its outcome fetched then (no "never retrieved" warning)
+        _abandoned.add(running)
+        running.add_done_callback(_forget)
+
+
+def _forget(running: asyncio.Future[Any]) -> None:
+    _abandoned.discard(running)
+    if not running.cancelled():
+        running.exception()
 
 
 # ================================================================================ plan-and-execute
@@ -1224,24 +1279,28 @@ async def _plan_and_execute(
                 PlanOutcome("", plan, result, attempt, usage, error=f"the model failed: {why}")
             ) from exc
 
+    problem = ""
     for attempt in range(1, max_repairs + 2):
         text = await ask()
         messages.append(Message.assistant(text))
+        plan, result = None, None  # this attempt's: an earlier plan must not stand beside its error
         try:
             plan = parse_plan(text)
             result = await execute_plan(
                 plan, registry, emit=emit, attempt=attempt, reuse=previous, max_concurrency=max_concurrency
             )
         except PlanError as exc:
-            feedback, result = f"That plan cannot run: {exc}\nReply with a corrected JSON plan.", None
+            problem = str(exc)
+            feedback = f"That plan cannot run: {exc}\nReply with a corrected JSON plan."
         else:
             if result.ok:
                 break
             previous += [r for r in result.results.values() if r.success]
+            problem = f"task {result.failed!r} failed: {result.error}"
             feedback = f"The plan failed:\n{result.summary()}\nReply with a repaired JSON plan."
         messages.append(Message.user(feedback))
     else:
-        error = f"no plan succeeded in {max_repairs + 1} attempts"
+        error = f"no plan succeeded in {max_repairs + 1} attempts; the last one: {problem}"
         return PlanOutcome("", plan, result, max_repairs + 1, usage, error=error)
     messages.append(Message.user(f"The plan ran:\n{result.summary()}\nNow answer the goal: {goal}"))
     answer = await ask()
