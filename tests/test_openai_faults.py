@@ -1163,8 +1163,22 @@ NON_FINITE = ['{"a": NaN}', '{"a": Infinity}', '{"a": -Infinity}', '{"a": 1e999}
 @BOTH
 @pytest.mark.parametrize(
     "raw",
-    [*NON_FINITE, '{"a": NaN}<|im_end|>', json.dumps('{"a": NaN}'), "```json\n" + '{"a": Infinity}' + "\n```"],
-    ids=["nan", "infinity", "minus-infinity", "1e999", "nested-nan", "nan-im-end", "nan-encoded-twice", "fenced"],
+    [
+        *NON_FINITE,
+        '{"a": NaN}<|im_end|>',
+        json.dumps('{"a": NaN}'),
+        "```json\n" + '{"a": Infinity}' + "\n```",
+    ],
+    ids=[
+        "nan",
+        "infinity",
+        "minus-infinity",
+        "1e999",
+        "nested-nan",
+        "nan-im-end",
+        "nan-encoded-twice",
+        "fenced",
+    ],
 )
 async def test_arguments_holding_nan_or_infinity_are_malformed_and_kept_raw(
     server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool, raw: str
@@ -1205,7 +1219,11 @@ def _strict_server(reply: ScriptItem) -> ScriptItem:
                 try:
                     json.loads(call["function"]["arguments"], parse_constant=refuse)
                 except ValueError:
-                    error = {"code": 500, "message": "Failed to parse tool call arguments as JSON", "type": "server_error"}
+                    error = {
+                        "code": 500,
+                        "message": "Failed to parse tool call arguments as JSON",
+                        "type": "server_error",
+                    }
                     return Fault(500, body={"error": error})
         return reply
 
@@ -1213,7 +1231,9 @@ def _strict_server(reply: ScriptItem) -> ScriptItem:
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["run", "stream"])
-async def test_a_model_sending_nan_is_asked_for_valid_json_and_the_history_stays_json(streaming: bool) -> None:
+async def test_a_model_sending_nan_is_asked_for_valid_json_and_the_history_stays_json(
+    streaming: bool,
+) -> None:
     """Before, the loop caught the NaN later and the history sent the call back as `{"a": NaN}`: a strict
     server answered HTTP 500 to every later request of the run."""
     script = [
@@ -1233,7 +1253,7 @@ async def test_a_model_sending_nan_is_asked_for_valid_json_and_the_history_stays
     second = server.chat_requests[1]["messages"]
     assert [c["function"]["arguments"] for m in second for c in m.get("tool_calls") or []] == ["{}"]
     (told,) = [m["content"] for m in second if m["role"] == "tool"]
-    assert told.startswith("Error: the arguments of add were not a JSON object: '{\"a\": NaN, \"b\": 1}'")
+    assert told.startswith('Error: the arguments of add were not a JSON object: \'{"a": NaN, "b": 1}\'')
 
 
 DEEP = "[" * 100_000 + "]" * 100_000  # 200 kB: nested far deeper than Python's recursion limit
@@ -1269,7 +1289,9 @@ async def test_a_call_nested_too_deeply_in_the_history_is_sent_back_as_an_empty_
 @pytest.mark.parametrize(
     "fault",
     [
-        _event_stream('data: {"id": "c", "object": "chat.completion.chunk", "model": "m", "x": ' + DEEP + "}\n\n"),
+        _event_stream(
+            'data: {"id": "c", "object": "chat.completion.chunk", "model": "m", "x": ' + DEEP + "}\n\n"
+        ),
         Fault(200, body=('{"id": "x", "x": ' + DEEP + "}").encode()),
     ],
     ids=["stream-chunk", "json-in-place-of-a-stream"],

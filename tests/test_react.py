@@ -684,8 +684,9 @@ def test_arguments_holding_nan_or_infinity_are_kept_raw(text: str) -> None:
 
 def test_calls_written_as_json_or_code_holding_nan_are_not_read_as_numbers() -> None:
     malformed = ToolCall(id="c1", name="calculator", raw_arguments='{"x": NaN}')
-    assert parse('{"name": "calculator", "arguments": {"x": NaN}}').call == malformed  # a call, not the answer
-    for text in ['{"name": "calculator", "arguments": {"x": NaN}}', '<tool_call>{"name": "calculator", "arguments": {"x": NaN}}</tool_call>']:
+    bare = '{"name": "calculator", "arguments": {"x": NaN}}'
+    assert parse(bare).call == malformed  # still a call, not the final answer
+    for text in [bare, f"<tool_call>{bare}</tool_call>"]:
         assert text_calls(text, TOOLS, "c1") == ("", [malformed])
     assert parse_arguments("x=1e999") == ({"x": "1e999"}, None)  # code: kept as its text, like `17*23+4`
     assert call_syntax("calculator(x=1e999)", TOOLS, "c") == ToolCall(
