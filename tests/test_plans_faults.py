@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import private_schema
 from thinkloop import Agent, ConfigurationError, Tool, tool
 from thinkloop.plans import PlanError, execute_plan, parse_plan, plan_tool, run_plan_and_execute
 from thinkloop.stores import SQLiteStore
@@ -553,3 +559,102 @@ async def test_the_outcome_of_a_failed_planner_holds_the_last_attempt_s_plan() -
     outcome = await run_plan_and_execute(ScriptedModel(["garbage", plan]), "shout x", [shout], max_repairs=1)
     assert outcome.plan is not None and outcome.result is not None and outcome.result.failed == "a"
     assert "task 'a' failed: Error: shout raised ValueError: no" in (outcome.error or "")
+
+
+PLAN_CHILD = """
+import asyncio, json, os, signal, sys
+from thinkloop import Agent, tool
+from thinkloop.plans import plan_tool
+from thinkloop.stores import open_store
+from thinkloop.testing import ScriptedModel
+
+url, effects, command = sys.argv[1:4]
+
+def effect(line):
+    with open(effects, "a") as f:
+        f.write(line + "\\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+@tool
+def send(to: str) -> str:
+    "Send a message (not idempotent)."
+    effect("send:" + to)
+    if to == "carol" and os.environ.get("KILL"):
+        os.kill(os.getpid(), signal.SIGKILL)  # after its effect, before its result is saved
+    return "sent to " + to
+
+@tool(idempotent=True)
+def lookup(name: str) -> str:
+    "Look a name up (idempotent)."
+    effect("lookup:" + name)
+    return name
+
+def plan(last):
+    return {"tasks": [
+        {"id": "l", "tool": "lookup", "args": {"name": "bob"}},
+        {"id": "b", "tool": "send", "args": {"to": "${l}"}, "depends_on": ["l"]},
+        {"id": last, "tool": "send", "args": {"to": "carol"}, "depends_on": ["b"]},
+    ]}
+
+script = [
+    {"tool_calls": [{"name": "run_plan", "args": plan("c")}]},
+    {"tool_calls": [{"name": "run_plan", "args": plan("c")}]},  # after the crash: the same plan again
+    {"tool_calls": [{"name": "run_plan", "args": plan("c2")}]},  # told c's outcome is unknown: renamed
+    "sent",
+]
+
+async def main():
+    store = open_store(url)
+    agent = Agent(ScriptedModel(script, by_turn=True), tools=[plan_tool([send, lookup])], store=store)
+    try:
+        if command == "start":
+            result = await agent.run("send to bob and carol", run_id="plan-run")
+        else:
+            result = await agent.resume("plan-run")
+    finally:
+        await store.aclose()
+    observations = [m.content for m in result.state.messages if m.role == "tool"]
+    print(json.dumps({"output": result.output, "observations": observations}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.fixture
+def plan_pg_dsn() -> Iterator[str]:
+    yield from private_schema("tl_plans")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_plan_killed_mid_task_resumes_in_a_new_process_without_repeating_an_effect(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # SIGKILL inside the plan's last task, after its effect: the new process resumes the run from the
+    # store, the model sends the same plan, the finished tasks are not run again, the killed one is
+    # refused as "outcome unknown" (not idempotent), and runs only once the model renames it.
+    url = f"sqlite:///{tmp_path}/runs.db" if kind == "sqlite" else request.getfixturevalue("plan_pg_dsn")
+    effects = tmp_path / "effects.txt"
+
+    def child(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", PLAN_CHILD, url, str(effects), command],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    crashed = child("start", {"KILL": "1"})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert effects.read_text().split() == ["lookup:bob", "send:bob", "send:carol"]
+    resumed = child("resume", {})
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert result["output"] == "sent"
+    assert effects.read_text().split() == ["lookup:bob", "send:bob", "send:carol", "send:carol"]
+    interrupted, again, renamed = result["observations"]
+    assert "the outcome of run_plan is unknown" in interrupted  # the call the process died in
+    assert "[l] lookup → ok: bob" in again and "[b] send → ok: sent to bob" in again
+    assert "[c] send → FAILED: Error: the outcome of task 'c' (send) is unknown" in again
+    assert "[c2] send → ok: sent to carol" in renamed
