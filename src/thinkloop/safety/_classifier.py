@@ -680,7 +680,7 @@ class _Variables:
         self.budget = 4 * _MAX_LENGTH
 
 
-_HOME_PREFIX_RE = re.compile(r"^(?:\$HOME|\$\{HOME\}|~[A-Za-z0-9_.-]*)(?=/|$)")
+_HOME_PREFIX_RE = re.compile(r"^(?:\$HOME|\$\{HOME(?::?[-=?][^}]*)?\}|~[A-Za-z0-9_.-]*)(?=/|$)")  # ${HOME:?}
 _GLOB_ONLY_RE = re.compile(r"[.*?\[\]!{},^]*[*?][.*?\[\]!{},^]*")
 _BLOCK_DEVICE_RE = re.compile(
     r"^/dev/(sd[a-z]|hd[a-z]|vd[a-z]|xvd[a-z]|nvme\d|mmcblk\d|md\d|dm-\d|loop\d|disk|mapper/|rdisk|"
@@ -856,12 +856,20 @@ class _Cmd:
     redirs: list[tuple[str, str]]
     upstream: list[list[str]]  # argv of the earlier stages of its pipeline
     earlier: list[list[str]] = field(default_factory=list)  # argv of the commands before it (`_MAX_GROUP`)
+    piped_input: str | None = None  # the here-document (or here-string) its pipeline's first command reads
 
     def label(self, limit: int = 60) -> str:
         return _show(" ".join([self.raw, *self.args]), limit)
 
     def with_argv(self, argv: list[str]) -> _Cmd:
-        return _Cmd(_normalize_name(argv[0]), argv[0], argv[1:], self.redirs, self.upstream)
+        return _Cmd(
+            _normalize_name(argv[0]),
+            argv[0],
+            argv[1:],
+            self.redirs,
+            self.upstream,
+            piped_input=self.piped_input,
+        )
 
 
 _Handler = Callable[[_Cmd, _Ctx], list[Finding]]
@@ -2282,12 +2290,12 @@ def _h_alias(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
 
 def _h_cd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     operands = _parse_opts(cmd.args).operands
-    target = operands[0] if operands else "~"
-    if target == "-" or _is_dynamic(target):
-        ctx.cwd = None
+    target = operands[0] if operands else ("~" if cmd.name == "cd" else "-")  # pushd alone swaps
+    if target == "-" or _is_dynamic(target) or cmd.name == "popd" or re.fullmatch(r"[+-]\d+", target):
+        ctx.cwd = None  # the directory stack's: not known
     else:
         ctx.cwd = _normalize_path(target, ctx.cwd)
-    return [(LOW, "cd: changes the working directory")]
+    return [(LOW, f"{cmd.name}: changes the working directory")]
 
 
 _SU_WITH_ARG = ("-c", "--command", "-s", "--shell", "-g", "--group", "-G", "--supp-group", "-u", "-w",
@@ -2316,7 +2324,10 @@ _SHELL_CODE_FLAGS: dict[str, tuple[str, ...]] = {
 _VERSION_FLAGS = frozenset({"--version", "-V", "-v", "--help", "-h", "-version"})
 _CODE_RULES: tuple[tuple[re.Pattern[str], RiskLevel, str], ...] = (
     (re.compile(r"fork\s*(\(\s*\))?\s*(while|until)\s*(\(\s*)?(fork|1|true|!\s*0)\b|while\s*[(\s]*(1|true|True)[)\s]*[:{]?[^}\n]*\bfork\b|"
-                r"for\s*\(\s*;\s*;\s*\)\s*\{?[^}]*\bfork\b"), CRITICAL, "fork bomb (spawns processes forever)"),
+                r"for\s*\(\s*;\s*;\s*\)\s*\{?[^}]*\bfork\b|"
+                # Python's body on lines of its own (a few lines looked at: linear in the code's length)
+                r"while[ \t(]*(1|True)[ \t)]*:[ \t]*\r?\n(?:[ \t][^\n]*\n){0,8}?[ \t][^\n]*\bfork\b"),
+     CRITICAL, "fork bomb (spawns processes forever)"),
     (re.compile(r"(b64decode|base64|unhexlify|fromhex|decode\(\s*['\"](hex|base64)).*\b(exec|eval|system)\b|"
                 r"\b(exec|eval|system)\s*\(.*(b64decode|unhexlify|fromhex|base64)"), CRITICAL, "executes an encoded payload"),
     (re.compile(r"open\(\s*['\"](/etc/|/boot/|/dev/sd|/dev/nvme|/proc/sysrq)[^'\"]*['\"]\s*,\s*['\"][wa]"), CRITICAL,
@@ -2399,9 +2410,36 @@ def _stage_kind(argv: list[str]) -> str | None:
 
 
 def _echo_text(argv: list[str]) -> str:
+    if argv[0] == "printf":
+        return _printf_text([w for w in argv[1:] if w != "--"])
     words = [w for w in argv[1:] if not re.fullmatch(r"-[neE]+", w)]
     text = " ".join(words)
-    return _ANSI_ESC_RE.sub(_ansi_unescape, text) if argv[0] == "printf" or "-e" in argv else text
+    return _ANSI_ESC_RE.sub(_ansi_unescape, text) if "-e" in argv else text
+
+
+_CONVERSION_RE = re.compile(r"%%|%[-#0 +']*\d*(?:\.\d*)?[sbdiouxXcfeEgGaA]")
+
+
+def _printf_text(args: list[str]) -> str:
+    """What `printf FORMAT ARGS…` prints: its escapes decoded, each conversion (`%s`, `%d` …) given the
+    next argument; the format is used again while arguments are left (`printf '%s ' a b`)."""
+    if not args:
+        return ""
+    form, rest = _ANSI_ESC_RE.sub(_ansi_unescape, args[0]), args[1:]
+    out, used = [], 0
+
+    def convert(match: re.Match[str]) -> str:
+        nonlocal used
+        if match[0] == "%%":
+            return "%"
+        used += 1
+        return rest[used - 1] if used <= len(rest) else ""
+
+    while True:
+        before = used
+        out.append(_CONVERSION_RE.sub(convert, form))
+        if used >= len(rest) or used == before:
+            return "".join(out)
 
 
 def _decode_base64(text: str) -> str | None:
@@ -2413,12 +2451,15 @@ def _decode_base64(text: str) -> str | None:
     return decoded if decoded.isprintable() or "\n" in decoded else None
 
 
-def _literal_payload(stages: list[list[str]], ctx: _Ctx) -> str | None:
-    """Simulate `echo ... | base64 -d | rev` (or `cat` of a file written earlier) to classify the payload."""
+def _literal_payload(stages: list[list[str]], ctx: _Ctx, stdin: str | None = None) -> str | None:
+    """Simulate `echo ... | base64 -d | rev` (or `cat` of a file written earlier, or of `stdin`: the
+    here-document the first stage reads) to classify the payload."""
     text: str | None = None
-    for argv in stages:
+    for position, argv in enumerate(stages):
         name = _normalize_name(argv[0]) if argv else ""
-        if name in ("echo", "printf"):
+        if position == 0 and stdin is not None and name == "cat" and all(a == "-" for a in argv[1:]):
+            text = stdin
+        elif name in ("echo", "printf"):
             text = _echo_text([name, *argv[1:]])
         elif name == "cat" and len(argv) == 2 and (written := _written(argv[1], ctx)) is not None:
             text = written.text
@@ -2444,7 +2485,7 @@ def _piped_program(cmd: _Cmd, ctx: _Ctx, shell: bool) -> list[Finding]:
         findings += _earlier_piped(cmd, ctx) or [
             (HIGH, f"pipes generated data ('{upstream}') into {_show(cmd.raw)}: executes it as code")
         ]
-    payload = _literal_payload(cmd.upstream, ctx)
+    payload = _literal_payload(cmd.upstream, ctx, cmd.piped_input)
     if payload:
         findings += _nested(payload, ctx, "piped script") if shell else _code_findings(payload, ctx, cmd.name)
     return findings
@@ -2468,7 +2509,17 @@ def _stdin_program(cmd: _Cmd, ctx: _Ctx, shell: bool) -> list[Finding]:
 def _run_script(cmd: _Cmd, script: str, ctx: _Ctx, shell: bool) -> list[Finding]:
     if script in ("-", "/dev/stdin"):
         return _stdin_program(
-            _Cmd(cmd.name, cmd.raw, [], [r for r in cmd.redirs if r[0] != "<"], cmd.upstream), ctx, shell
+            _Cmd(
+                cmd.name,
+                cmd.raw,
+                [],
+                [r for r in cmd.redirs if r[0] != "<"],
+                cmd.upstream,
+                cmd.earlier,
+                cmd.piped_input,
+            ),
+            ctx,
+            shell,
         )
     findings = _fetch_findings(script, ctx, f"{cmd.name} script")
     written = _written_script(cmd, script, ctx, shell)
@@ -3113,7 +3164,7 @@ _HANDLERS: dict[str, _Handler] = {
     "socat": _h_socat, "ssh": _h_ssh, "openssl": _h_openssl, "fdisk": _h_fdisk, "mdadm": _h_mdadm,
     "usermod": _h_usermod, "useradd": _h_useradd, "adduser": _h_useradd, "export": _h_export,
     "declare": _h_export, "typeset": _h_export, "readonly": _h_export, "local": _h_export, "unset": _h_unset,
-    "set": _h_set, "alias": _h_alias, "cd": _h_cd, "su": _h_su, "sh": _h_shell, "source": _h_source,
+    "set": _h_set, "alias": _h_alias, "cd": _h_cd, "pushd": _h_cd, "popd": _h_cd, "su": _h_su, "sh": _h_shell, "source": _h_source,
     ".": _h_source, "eval": _h_eval, "env": _h_env, "watch": _h_watch, "xargs": _h_xargs,
     **dict.fromkeys(_SHELL_CODE_FLAGS, _h_interp),
     **dict.fromkeys(_SUBCOMMAND_RULES, _h_subcommand),
@@ -3175,25 +3226,52 @@ def _core_argv(words: list[str]) -> list[str]:
     return argv
 
 
-def _resolve_dynamic_name(raw: str, ctx: _Ctx) -> str | None:
-    match = _SUB_RE.fullmatch(raw)
-    if match is None:
-        return None
-    inner = re.fullmatch(r"\s*(?:echo|printf)\s+(['\"]?)([\w./-]+)\1\s*", ctx.subs[int(match.group(1))].text)
-    return inner.group(2) if inner else None
-
-
 def _dynamic_command(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     findings: list[Finding] = [
         (HIGH, f"command name is computed at runtime ('{_show(cmd.raw)}'): the binary cannot be determined")
     ]
     findings += _fetch_findings(cmd.raw, ctx, "the command")
-    resolved = _resolve_dynamic_name(cmd.raw, ctx)
-    if resolved:
-        findings += _classify_cmd(
-            _Cmd(_normalize_name(resolved), resolved, cmd.args, cmd.redirs, cmd.upstream), ctx
-        )
+    words = _printed_words(cmd.raw, ctx)
+    if words:
+        findings += _classify_argv([*words, *cmd.args], cmd, ctx)
     return findings
+
+
+_OPERATOR_TOKEN_RE = re.compile(r"[();<>|&]+")
+
+
+def _printed_words(raw: str, ctx: _Ctx) -> list[str] | None:
+    """The words a command name made of literal `echo`/`printf` substitutions runs: `$(printf 'rm -rf /')`
+    runs `rm -rf /` (its output, split into words). None when a part of it is not such a substitution."""
+    parts = _SUB_RE.split(raw)  # text, sub index, text, …
+    printed = []
+    for position, part in enumerate(parts):
+        if position % 2 == 0:
+            printed.append(part)
+            continue
+        text = _printed(ctx.subs[int(part)])
+        if text is None:
+            return None
+        printed.append(text)
+    return "".join(printed).split()
+
+
+def _printed(sub: _Sub) -> str | None:
+    if sub.kind != "command" or _is_dynamic(sub.text):
+        return None
+    try:
+        lexer = shlex.shlex(sub.text, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        argv = list(lexer)
+    except ValueError:
+        return None
+    if (
+        not argv
+        or _normalize_name(argv[0]) not in ("echo", "printf")
+        or any(_OPERATOR_TOKEN_RE.fullmatch(word) for word in argv)
+    ):
+        return None
+    return _echo_text([_normalize_name(argv[0]), *argv[1:]])
 
 
 def _secret_access(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
@@ -3268,6 +3346,8 @@ def _classify_simple(
         findings.append((HIGH, f"a pipeline of more than {_MAX_STAGES} commands is too long to analyse"))
     upstream = [argvs[i] for i in range(first, index) if simples[i].stage < simple.stage]
     cmd = _Cmd(_normalize_name(words[0]), words[0], words[1:], simple.redirs, upstream)
+    if upstream and simples[first].stage == 0:  # `cat <<EOF | sh`: what the pipeline starts with
+        cmd.piped_input = _input_text(simples[first].redirs, ctx)
     if any(not argv for argv in upstream):  # `{ curl ...; } | sh`: a group feeds the pipe
         cmd.earlier = argvs[max(index - _MAX_GROUP, 0) : index]
     findings += _classify_cmd(cmd, ctx)
@@ -3343,8 +3423,7 @@ def _classify_text(text: str, ctx: _Ctx) -> list[Finding]:
     argvs = [_core_argv(s.words) for s in simples]  # each command's, once
     for index, simple in enumerate(simples):
         findings += _classify_simple(simple, simples, argvs, index, ctx)
-        if ctx.variables.values:
-            findings += _with_values(simple, simples, argvs, index, ctx)
+        findings += _rated_again(simple, simples, argvs, index, ctx)
         _set_variables(simple.words, ctx.variables)
     return findings
 
@@ -3408,13 +3487,13 @@ def _substituted(word: str, values: dict[str, str]) -> str | None:
     return text if used else None
 
 
-def _with_values(
-    simple: _Simple, simples: list[_Simple], argvs: list[list[str]], index: int, ctx: _Ctx
-) -> list[Finding]:
-    """`simple` rated again with the values of the variables it uses (see above); [] if it uses none."""
-    values = ctx.variables.values
-    words = [_substituted(w, values) for w in simple.words]
-    redirs = [(op, _substituted(t, values)) for op, t in simple.redirs]
+_Words = tuple[list[str], list[tuple[str, str]]]  # a command's words and redirections
+
+
+def _valued(simple: _Simple, values: dict[str, str]) -> list[_Words]:
+    """`simple` with the values of the variables it uses, quoted and unquoted; [] if it uses none."""
+    words = [_substituted(w, values) for w in simple.words] if values else []
+    redirs = [(op, _substituted(t, values)) for op, t in simple.redirs] if values else []
     if all(w is None for w in words) and all(t is None for _, t in redirs):
         return []
     quoted = [new if new is not None else old for new, old in zip(words, simple.words, strict=True)]
@@ -3427,18 +3506,55 @@ def _with_values(
         (op, new if new is not None else old)
         for (op, new), (_, old) in zip(redirs, simple.redirs, strict=True)
     ]
-    size = sum(map(len, quoted)) + sum(len(t) for _, t in targets)
-    ctx.variables.budget -= 2 * size
+    return [(quoted, targets), (split, targets)] if split != quoted else [(quoted, targets)]
+
+
+_BRACE_LIST_RE = re.compile(r"(?<!\$)\{([^{}\s]*,[^{}\s]*)\}")
+_MAX_BRACED = 64  # words one word may expand to
+
+
+def _braced(word: str) -> list[str]:
+    """`word` after brace expansion (bash, zsh): `{rm,-rf,/}` is `rm -rf /`, `a{b,c}` is `ab ac`."""
+    match = _BRACE_LIST_RE.search(word)
+    if match is None:
+        return [word]
+    out: list[str] = []
+    for choice in match[1].split(","):
+        out += _braced(word[: match.start()] + choice + word[match.end() :])
+        if len(out) >= _MAX_BRACED:
+            return out[:_MAX_BRACED]
+    return out
+
+
+def _variants(simple: _Simple, values: dict[str, str]) -> list[_Words]:
+    """How the shell may expand `simple`: with its variables' values, with its brace lists expanded."""
+    variants = _valued(simple, values)
+    if any("{" in w and "," in w for w in simple.words):
+        for words, targets in [(simple.words, simple.redirs), *variants]:
+            braced = [part for word in words for part in _braced(word)]
+            if braced != words:
+                variants.append((braced, targets))
+    return variants
+
+
+def _rated_again(
+    simple: _Simple, simples: list[_Simple], argvs: list[list[str]], index: int, ctx: _Ctx
+) -> list[Finding]:
+    """`simple` rated again as the shell may expand it (see above); [] if it would not change."""
+    variants = _variants(simple, ctx.variables.values)
+    if not variants:
+        return []
+    ctx.variables.budget -= sum(sum(map(len, w)) + sum(len(t) for _, t in r) for w, r in variants)
     if ctx.variables.budget < 0:
-        return [(HIGH, "the line uses its variables too often to be analysed with their values")]
+        return [(HIGH, "the line expands its variables (or brace lists) too often to be analysed")]
     cwd, expanding = ctx.cwd, ctx.expanding
     ctx.expanding = True
     findings: list[Finding] = []
     try:
-        for variant in (quoted, split) if split != quoted else (quoted,):
+        for words, targets in variants:
             ctx.cwd = cwd
             findings += _classify_simple(
-                _Simple(variant, targets, simple.pipeline, simple.stage), simples, argvs, index, ctx
+                _Simple(words, targets, simple.pipeline, simple.stage), simples, argvs, index, ctx
             )
     finally:
         ctx.cwd, ctx.expanding = cwd, expanding
