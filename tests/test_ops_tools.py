@@ -296,6 +296,26 @@ async def test_paths_outside_the_workspace_are_refused(
     assert (outside / "secret.txt").read_text() == "top secret"
 
 
+@pytest.mark.parametrize("path", ["~", "~/notes.txt", "~/.ssh/authorized_keys", "~root/.bashrc"])
+async def test_a_home_directory_path_is_refused_not_made_inside_the_workspace(
+    workspace: tuple[Path, Path, dict[str, Tool]], path: str
+) -> None:
+    # '~/x' was written to a directory named '~' inside the workspace: the model meant its home
+    root, _, tools = workspace
+    for name, args in [
+        ("read_file", {"path": path}),
+        ("list_dir", {"path": path}),
+        ("write_file", {"path": path, "content": "ssh-rsa AAA"}),
+    ]:
+        with pytest.raises(
+            WorkspaceError, match=r"starts with '~'.*home directory.*relative to the workspace"
+        ):
+            await invoke(tools[name], **args)
+    assert sorted(os.listdir(root)) == ["notes.txt", "sub"]
+    await invoke(tools["write_file"], path="./~backup.txt", content="x")  # a name starting with '~'
+    assert (root / "~backup.txt").read_text() == "x"
+
+
 async def test_symlinks_escaping_the_root_are_refused_and_inner_ones_work(
     workspace: tuple[Path, Path, dict[str, Tool]],
 ) -> None:

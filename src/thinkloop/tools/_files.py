@@ -1,8 +1,8 @@
 """Workspace file tools (SPEC §3.7): `read_file`, `write_file`, `list_dir` inside one root directory.
 
 Every path is resolved (`..` collapsed, symlinks followed) and must stay inside the workspace root:
-`../x`, absolute paths elsewhere and symlinks pointing out of the root are refused with an error the
-model can act on. A symlink whose target is inside the root is fine. Only regular files are read or
+`../x`, absolute paths elsewhere, symlinks pointing out of the root and `~/x` (a home directory, which
+would have been a folder named `~` in the root) are refused with an error the model can act on. A symlink whose target is inside the root is fine. Only regular files are read or
 written (a FIFO would block forever, a device never end). `read_file` pages through a long file by
 character `offset` and `limit`: it skips to the offset in 1 MiB chunks and then reads at most 4 bytes per
 character it shows, so a 2 GB file is never loaded whole; every `OSError` becomes a `WorkspaceError`
@@ -59,6 +59,12 @@ class Workspace:
                 f"invalid path {path!r}: it has invalid Unicode at character {exc.start} (a lone surrogate "
                 "such as \\ud800); write the name as plain text"
             ) from None
+        if path.startswith("~"):  # the shell's home directory, which Python never expands
+            raise WorkspaceError(
+                f"the path {path!r} starts with '~': the file tools do not expand it to a home directory, "
+                f"which is outside the workspace ({self.root}). Use a path relative to the workspace "
+                f"(write './{path}' for a name that starts with '~')."
+            )
         try:
             target = (self.root / (path or ".")).resolve()
         except RuntimeError:  # a symlink loop (Python 3.11 and 3.12; 3.13 raises OSError ELOOP)
