@@ -4,6 +4,7 @@ stdio, a small SDK server of our own over stdio (crash, list_changed), and one o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -11,7 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -550,6 +551,196 @@ async def test_an_unreachable_http_server_is_a_connection_error() -> None:
         await server.connect()
 
 
+@contextlib.asynccontextmanager
+async def _serving(app: Any, port: int = 0) -> AsyncIterator[int]:
+    """`app` (ASGI) served by uvicorn on 127.0.0.1 (`port`, or a free one); yields the port."""
+    uvicorn = pytest.importorskip("uvicorn")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the same port again after a stop
+    sock.bind(("127.0.0.1", port))
+    http = uvicorn.Server(uvicorn.Config(app, log_level="critical"))
+    task = asyncio.create_task(http.serve(sockets=[sock]))
+    for _ in range(1000):
+        if http.started:
+            break
+        await asyncio.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        http.should_exit = True
+        await task
+        sock.close()
+
+
+def _answering(status: int, *, unless: Callable[[bytes], bool] = lambda body: False, app: Any = None) -> Any:
+    """An ASGI app answering every POST with an HTML error page of `status` — except those whose body
+    `unless` accepts, which `app` answers."""
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            if app is not None:
+                await app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        if app is not None and unless(body):
+            sent = False
+
+            async def replay() -> Any:
+                nonlocal sent
+                if sent:
+                    return await receive()
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await app(scope, replay, send)
+            return
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"text/html")]}
+        )
+        await send({"type": "http.response.body", "body": b"<html><title>Error</title></html>"})
+
+    return asgi
+
+
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [
+        (500, "HTTP 500 Internal Server Error (text/html): the server failed; see its log"),
+        (
+            401,
+            "HTTP 401 Unauthorized (text/html): check its credentials (headers={'Authorization': 'Bearer …'})",
+        ),
+        (
+            404,
+            "HTTP 404 Not Found (text/html): check the URL (the server's MCP endpoint, often ending in /mcp)",
+        ),
+    ],
+)
+async def test_an_http_server_answering_an_error_status_is_a_connection_error_naming_it(
+    status: int, says: str
+) -> None:
+    """Before: 'cannot connect to MCP server …: MCPError: Server returned an error response' (or 'Not
+    Found'), saying neither the status nor what to check."""
+    async with _serving(_answering(status)) as port:
+        server = MCPServerHTTP(f"http://127.0.0.1:{port}/mcp", name="web", connect_timeout=10)
+        with pytest.raises(MCPConnectionError) as info:
+            await server.connect()
+    message = str(info.value)
+    assert message.startswith(f"cannot connect to MCP server 'web' (http://127.0.0.1:{port}/mcp): ")
+    assert message.endswith(f"; it answered {says}")
+
+
+def _sdk_http_app() -> Any:
+    from mcp.server.mcpserver import MCPServer as SDKServer
+
+    app_server = SDKServer("http-test")
+
+    @app_server.tool()
+    def shout(text: str) -> str:
+        """Upper-case the text."""
+        return text.upper()
+
+    return app_server.streamable_http_app()
+
+
+async def test_an_http_error_status_on_a_call_is_a_failed_observation_naming_it() -> None:
+    app = _answering(500, unless=lambda body: b'"boom"' not in body, app=_sdk_http_app())
+    async with _serving(app) as port:
+        server = MCPServerHTTP(f"http://127.0.0.1:{port}/mcp", name="web", connect_timeout=10)
+        model = ScriptedModel(
+            [
+                {"tool_calls": [{"name": "shout", "args": {"text": "boom"}}]},
+                {"tool_calls": [{"name": "shout", "args": {"text": "fine"}}]},
+                "done",
+            ]
+        )
+        events: list[Any] = []
+        async with Agent(model, mcp_servers=[server], on_event=events.append) as agent:
+            result = await agent.run("shout twice")
+    assert [(r.success, r.output) for r in _results(events)] == [
+        (
+            False,
+            "Error: shout raised MCPToolError: MCP server 'web': call of 'shout' failed: MCPError: Server "
+            "returned an error response (it answered HTTP 500 Internal Server Error (text/html): the server "
+            "failed; see its log)",
+        ),
+        (True, "FINE"),  # the session stays usable
+    ]
+    assert result.output == "done"
+
+
+async def test_an_http_server_that_went_away_is_reconnected_once_it_is_back() -> None:
+    """A remote server being restarted (a deploy): before, the first call after it went away failed as 'died
+    during the call' (the call never reached it: the connection was refused) and the rest of the run went
+    without the server, even once it was back."""
+    events: list[Any] = []
+
+    @make_tool
+    async def restart_the_server() -> str:
+        """Stop the web server, or start it again."""
+        if stopped.is_set():
+            started.set()
+            await _until(lambda: serving.is_set())
+            return "started"
+        stopped.set()
+        await _until(lambda: served.done())
+        return "stopped"
+
+    stopped, started, serving = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def serve() -> None:
+        async with _serving(_sdk_http_app()) as port:
+            bound.set_result(port)
+            serving.set()
+            await stopped.wait()
+        serving.clear()
+        await started.wait()
+        async with _serving(_sdk_http_app(), port):
+            serving.set()
+            await asyncio.sleep(3600)
+
+    served = asyncio.ensure_future(serve())
+    try:
+        server = MCPServerHTTP(f"http://127.0.0.1:{await bound}/mcp", name="web", connect_timeout=10)
+        model = ScriptedModel(
+            [
+                {"tool_calls": [{"name": "shout", "args": {"text": "a"}}]},
+                {"tool_calls": [{"name": "restart_the_server", "args": {}}]},  # stops it
+                {"tool_calls": [{"name": "shout", "args": {"text": "b"}}]},
+                {"tool_calls": [{"name": "shout", "args": {"text": "c"}}]},
+                {"tool_calls": [{"name": "restart_the_server", "args": {}}]},  # starts it on the same port
+                {"tool_calls": [{"name": "shout", "args": {"text": "d"}}]},
+                "back",
+            ]
+        )
+        async with Agent(
+            model, tools=[restart_the_server], mcp_servers=[server], on_event=events.append
+        ) as agent:
+            result = await agent.run("shout, with the server going away and coming back")
+    finally:
+        served.cancel()
+        await asyncio.wait([served])
+    outputs = [r.output for r in _results(events)]
+    assert outputs[:2] == ["A", "stopped"]
+    assert outputs[2] == (
+        "Error: shout raised MCPToolError: MCP server 'web' could not be reached for the call of 'shout' "
+        "(ConnectError: All connection attempts failed): the call did not reach it; the next call tries to "
+        "reconnect"
+    )
+    assert outputs[3].startswith(
+        "Error: shout raised MCPToolError: MCP server 'web' could not be reached (ConnectError: All connection "
+        "attempts failed), and could not be reconnected for the call of 'shout': cannot connect to MCP server "
+        f"'web' ({server.url}): "
+    )
+    assert outputs[3].endswith("; the next call tries again")
+    assert outputs[4:] == ["started", "D"]
+    assert result.output == "back"
+
+
 def test_public_surface() -> None:
     assert issubclass(MCPServerStdio, MCPServer) and issubclass(MCPServerHTTP, MCPServer)
 
@@ -684,7 +875,9 @@ async def test_content_kinds_and_error_results_from_a_real_server() -> None:
             await server.call_tool("fail", {})
         with pytest.raises(MCPToolError) as empty:
             await server.call_tool("fail_empty", {})
-        assert str(empty.value) == "MCP server 'faulty' reported an error: (an error result without any content)"
+        assert (
+            str(empty.value) == "MCP server 'faulty' reported an error: (an error result without any content)"
+        )
 
 
 async def test_garbage_on_stdout_does_not_break_the_connection() -> None:
@@ -801,7 +994,9 @@ async def test_a_server_that_stops_answering_after_a_timed_out_call_is_started_a
         model = ScriptedModel([{"tool_calls": [{"name": "block", "args": {}}]}, "gave up"])
         events: list[Any] = []
         await Agent(model, mcp_servers=[server], on_event=events.append).run("go")
-        assert [r.output for r in _results(events)] == ["Error: block was abandoned: it timed out after 0.5 s."]
+        assert [r.output for r in _results(events)] == [
+            "Error: block was abandoned: it timed out after 0.5 s."
+        ]
         server.connect_timeout = 30
         pid = await asyncio.wait_for(server.call_tool("pid", {}), 60)  # waits for the ping, then restarts
         assert int(pid) != process and await _dies(process)

@@ -128,6 +128,7 @@ class MCPServer(ABC):
         self._lost: str | None = None  # how the connection ended while no call ran: the next call restarts it
         self._in_flight = 0  # calls on their way
         self._probe: asyncio.Task[None] | None = None  # a ping after an abandoned call
+        self._notes = 0  # what an HTTP server's transport noted (an error status, a failed connection)
         self._listed_schemas: dict[str, Any] = {}  # the input schemas as the server sent them, by tool
 
     def __repr__(self) -> str:
@@ -282,12 +283,21 @@ class MCPServer(ABC):
         closing.set()  # the owner task closes the session and the transport
 
     _AGAIN = "reconnected"  # what `_restart` does: a stdio server is started again
+    _KEEP_TRYING = True  # after a failed restart the next call tries again (an HTTP server being redeployed)
 
     def _loss_while_idle(self) -> str:
         return "closed its connection while no call was running (the server stopped or went away)"
 
     def _kill(self) -> None:  # noqa: B027  # a hook: only stdio servers have a process to kill
         """Stop the server at once (a stdio server's process group), for one that no longer answers."""
+
+    def _refusal_since(self, count: int) -> str:
+        """The HTTP error status an HTTP server answered since `_notes` was `count`, or ""."""
+        return ""
+
+    def _unreached_since(self, count: int) -> str:
+        """Why an HTTP server could not be connected to since `_notes` was `count`, or ""."""
+        return ""
 
     async def _abort(self) -> None:
         """Stop a connection attempt that failed or hangs: cancel the owner task (it stops the process)."""
@@ -442,13 +452,15 @@ class MCPServer(ABC):
         if session is None:
             raise MCPToolError(self._not_connected())
         self._in_flight += 1
+        notes = self._notes
         try:
             result = await session.call_tool(name, dict(arguments))
         except asyncio.CancelledError:  # abandoned (timed out): is the server still answering?
             self._start_probe(name, session)
             raise
         except Exception as exc:
-            raise MCPToolError(await self._call_failed(name, exc, owner)) from None
+            why = await self._call_failed(name, exc, owner, notes)
+            raise MCPToolError(why + self._refusal_since(notes)) from None
         finally:
             self._in_flight -= 1
         await self._settle_refresh()
@@ -465,6 +477,12 @@ class MCPServer(ABC):
         try:
             await self.connect()
         except MCPConnectionError as exc:
+            if self._KEEP_TRYING:
+                self._lost = lost
+                raise MCPToolError(
+                    f"MCP server {self.name!r} {lost}, and could not be {self._AGAIN} for the call of {name!r}: "
+                    f"{exc}; the next call tries again"
+                ) from None
             self._failure = f"it {lost}, and could not be {self._AGAIN}: {exc}"
             raise MCPToolError(
                 f"MCP server {self.name!r} {lost}, and could not be {self._AGAIN} for the call of {name!r}: "
@@ -514,13 +532,21 @@ class MCPServer(ABC):
             )
         return f"MCP server {self.name!r} is not connected: connect it first (`async with server:`, or give it to an Agent)"
 
-    async def _call_failed(self, name: str, exc: Exception, owner: Any) -> str:
-        """Why a call failed. A lost connection marks the server gone (the next run reconnects)."""
+    async def _call_failed(self, name: str, exc: Exception, owner: Any, notes: int) -> str:
+        """Why a call failed. A lost connection marks the server gone (the next run reconnects), unless the
+        call could not reach it (an HTTP server that refused the connection): the next call reconnects."""
         what = _describe_exception(exc)
         if not _is_connection_loss(exc):
             return f"MCP server {self.name!r}: call of {name!r} failed: {what}"
         if owner is not self._owner:  # `aclose()` ran while the call was in flight
             return f"MCP server {self.name!r} was closed during the call of {name!r}"
+        unreached = self._unreached_since(notes)
+        if unreached and self._lost is None:
+            self._lost, self._session = f"could not be reached ({unreached})", None
+            return (
+                f"MCP server {self.name!r} could not be reached for the call of {name!r} ({unreached}): the "
+                "call did not reach it; the next call tries to reconnect"
+            )
         if self._lost is not None:  # stopped by a ping that went unanswered: the next call restarts it
             return f"MCP server {self.name!r} {self._lost}, which cut the call of {name!r}; the next call retries it"
         await self.aclose()
@@ -600,6 +626,7 @@ class MCPServerStdio(MCPServer):
         self._pid = _child_writing_to(self._stderr) if self._stderr is not None else None
 
     _AGAIN = "started again"
+    _KEEP_TRYING = False  # a process that cannot start now will not start at the next call either
 
     def _loss_while_idle(self) -> str:
         return "exited while no call was running"
@@ -654,18 +681,81 @@ class MCPServerHTTP(MCPServer):
             raise ConfigurationError(f"MCPServerHTTP needs an http(s) URL, not {url!r}")
         self.url = url
         self.headers = dict(headers or {})
+        self._refused = ""  # the last HTTP error status a POST got, and what to do about it
+        self._unreached = ""  # the last failure to connect to it
         super().__init__(name=name or url, **options)
 
     def _describe(self) -> str:
         return f"{self.name!r} ({self.url})" if self.name != self.url else repr(self.url)
 
     def _transport(self, stack: AsyncExitStack) -> AbstractAsyncContextManager[tuple[Any, Any]]:
+        import httpx2  # the SDK's HTTP client
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
+        from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
-        client = create_mcp_http_client(headers=self.headers or None)
+        client = httpx2.AsyncClient(  # as the SDK's create_mcp_http_client, with a transport taking notes
+            headers=self.headers or None,
+            timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+            transport=cast(
+                httpx2.AsyncBaseTransport, _NotingTransport(httpx2.AsyncHTTPTransport(), self._note_unreached)
+            ),
+            event_hooks={"response": [self._note_refusal]},
+        )
+        self._refused = self._unreached = ""
         stack.push_async_callback(client.aclose)
         return streamable_http_client(self.url, http_client=client)
+
+    def _note_unreached(self, exc: Exception) -> None:
+        self._unreached = _describe_exception(exc)
+        self._notes += 1
+
+    async def _note_refusal(self, response: Any) -> None:
+        """An HTTP error status the server answered a message with: the SDK says only 'Server returned an
+        error response'."""
+        status = int(response.status_code)
+        if status < 400 or response.request.method != "POST":  # a GET stream the server does not offer: fine
+            return
+        kind = str(response.headers.get("content-type") or "no content type").split(";")[0].strip()
+        self._refused = f"HTTP {status} {response.reason_phrase} ({kind}){_http_hint(status)}"
+        self._notes += 1
+
+    def _diagnostics(self) -> str:
+        return f"; it answered {self._refused}" if self._refused else ""
+
+    def _refusal_since(self, count: int) -> str:
+        return f" (it answered {self._refused})" if self._notes != count and self._refused else ""
+
+    def _unreached_since(self, count: int) -> str:
+        return self._unreached if self._notes != count else ""
+
+
+class _NotingTransport:
+    """An httpx transport reporting the requests it could not connect for: they never reached the server."""
+
+    def __init__(self, inner: Any, note: Callable[[Exception], None]) -> None:
+        self._inner, self._note = inner, note
+
+    async def handle_async_request(self, request: Any) -> Any:
+        import httpx2
+
+        try:
+            return await self._inner.handle_async_request(request)
+        except httpx2.ConnectError as exc:
+            self._note(exc)
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _http_hint(status: int) -> str:
+    if status in (401, 403):
+        return ": check its credentials (headers={'Authorization': 'Bearer …'})"
+    if status in (404, 405):
+        return ": check the URL (the server's MCP endpoint, often ending in /mcp)"
+    if status >= 500:
+        return ": the server failed; see its log"
+    return ""
 
 
 class _ListingRepair:
