@@ -152,6 +152,20 @@ def _alive(pid: int, grace: int = 200) -> bool:
     return True
 
 
+async def test_binary_output_is_described_not_shown(tmp_path: Path) -> None:
+    # `cat image.png` gave the model 8,000 characters of replacement characters and control codes
+    tool = shell_tool(cwd=tmp_path)
+    (tmp_path / "image.png").write_bytes(bytes(range(256)) * 400)  # 102,400 bytes
+    result = await shell(tool, "cat image.png; echo done >&2")
+    assert result["stdout"] == (
+        "[binary output: 102,400 bytes, not shown; to look into it, pipe it through 'xxd | head', "
+        "'strings | head' or 'file -']"
+    )
+    assert result["stderr"] == "done\n" and result["exit_code"] == 0
+    result = await shell(tool, "printf 'a.txt\\0b.txt\\0'; printf 'caf\\351 ok'")  # mostly text: kept
+    assert result["stdout"] == "a.txt\x00b.txt\x00caf\ufffd ok"
+
+
 async def test_shell_passes_only_allow_listed_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

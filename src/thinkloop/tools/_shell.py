@@ -6,7 +6,8 @@ the shell itself has exited and only a background child still holds its output �
 that left the group (`setsid`) but still holds the output. An empty command, a NUL
 character or a command over the system's argument limit is refused with `ShellCommandError`. The
 result is a JSON object: `exit_code`, `stdout`, `stderr` (each cut to the output limit, head and tail
-kept), `duration` and `timed_out`. Its risk comes from the command classifier.
+kept; binary data is described, not shown), `duration` and `timed_out`. Its risk comes from the
+command classifier.
 """
 
 from __future__ import annotations
@@ -356,9 +357,27 @@ class _Capture:
     def text(self) -> str:
         head = self.head.decode(errors="replace")
         tail = self.tail.decode(errors="replace")
+        if _looks_binary(head + tail):
+            return (
+                f"[binary output: {self.total:,} bytes, not shown; to look into it, pipe it through "
+                "'xxd | head', 'strings | head' or 'file -']"
+            )
         if self.total <= len(self.head) + len(self.tail):
             text, _ = truncate_output(head + tail, self.limit)
             return text
         dropped = self.total - len(self.head) - len(self.tail)
         text, _ = truncate_output(f"{head}\n… [{dropped} bytes not kept] …\n{tail}", self.limit)
         return text
+
+
+_TEXT_CONTROLS = frozenset("\t\n\r\x1b\x0c")  # and ESC: colours are text
+
+
+def _looks_binary(text: str) -> bool:
+    """Whether captured output is binary data (an image, a compressed file) rather than text: over 30%
+    of it bytes that are not UTF-8 or control characters. Text with a few of them (a NUL-separated list,
+    a Latin-1 word) is shown as it is."""
+    if len(text) < 16:
+        return False
+    odd = sum(1 for char in text if char == "\ufffd" or (char < " " and char not in _TEXT_CONTROLS))
+    return odd > 0.3 * len(text)
