@@ -377,6 +377,47 @@ async def test_a_tool_added_during_a_run_can_be_called_in_that_run(test_server_s
     assert result.output == "done"
 
 
+async def test_a_tool_added_during_a_run_under_a_taken_name_is_left_out_with_a_warning(
+    test_server_script: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, the server's new `extra` was dropped without a word: the developer never learnt why the
+    model could not reach it."""
+
+    @make_tool
+    def extra() -> str:
+        """The agent's own extra tool."""
+        return "the agent's extra"
+
+    server = MCPServerStdio(sys.executable, [str(test_server_script)], name="changing")
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "add_tool", "args": {}}]},
+            {"tool_calls": [{"name": "extra", "args": {}}]},
+            "done",
+        ]
+    )
+    events: list[Any] = []
+    async with Agent(model, tools=[extra], mcp_servers=[server], on_event=events.append) as agent:
+        await agent.run("add a tool, then use it")
+    assert [r.output for r in _results(events)] == ["added", "the agent's extra"]
+    assert (
+        "tool name 'extra' of MCP server 'changing' is already taken by the agent's tools; give the server a "
+        "prefix, e.g. prefix='changing_' (its changed tool list offers it: left out)" in caplog.text
+    )
+
+
+async def test_a_result_that_is_not_a_tool_result_is_a_failed_call_and_the_server_stays_usable() -> None:
+    async with _faulty() as server:
+        await server.list_tools()
+        with pytest.raises(MCPToolError) as info:
+            await asyncio.wait_for(server.call_tool("bad_result", {}), 30)
+        assert str(info.value) == (
+            "MCP server 'faulty': call of 'bad_result' failed: content: Input should be a valid list; "
+            "isError: Input should be a valid boolean, unable to interpret input"
+        )
+        assert await asyncio.wait_for(server.call_tool("echo", {"text": "x"}), 30) == "echo: x"
+
+
 async def test_allowed_tools_filter(test_server_script: Path) -> None:
     async with MCPServerStdio(
         sys.executable, [str(test_server_script)], name="s", allowed_tools={"echo"}

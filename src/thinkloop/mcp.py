@@ -1162,11 +1162,14 @@ class _LiveRegistry(ToolRegistry):
             for mcp_tool in server.tools:
                 if mcp_tool.name not in owners:
                     tools[mcp_tool.name], owners[mcp_tool.name] = mcp_tool, f"MCP server {server.name!r}"
-                elif strict:
-                    raise ConfigurationError(
-                        f"tool name {mcp_tool.name!r} of MCP server {server.name!r} is already taken by "
-                        f"{owners[mcp_tool.name]}; give the server a prefix, e.g. prefix='{_slug(server.name)}_'"
-                    )
+                    continue
+                clash = (
+                    f"tool name {mcp_tool.name!r} of MCP server {server.name!r} is already taken by "
+                    f"{owners[mcp_tool.name]}; give the server a prefix, e.g. prefix='{_slug(server.name)}_'"
+                )
+                if strict:
+                    raise ConfigurationError(clash)
+                logger.warning("%s (its changed tool list offers it: left out)", clash)
         return tools
 
 

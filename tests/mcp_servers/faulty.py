@@ -3,20 +3,23 @@
     python tests/mcp_servers/faulty.py [--banner] [--no-handshake] [--tool-names] [--bad-schemas] [--once FILE]
 
 Tools: `echo`, `hang` (never returns), `block` (blocks the server's event loop: it answers nothing any
-more, not even a ping), `pid` (the server's pid), `crash` (the process exits mid-call), `exit_soon` (answers,
-then the process exits while idle), `garbage` (writes a non-JSON line to the wire, then answers),
-`fail` (an `isError` result), `fail_empty` (one without content), `image`, `resource`, `blob`, `link` (a resource link), `mixed` (text,
-audio and structured content), `empty`, `huge` (`size` characters), `spawn` (starts a child process
-that outlives the server's own exit unless killed, and prints its pid). Options: `--banner` prints a line to stdout
-before speaking MCP; `--no-handshake` reads stdin forever without ever answering; `--tool-names`
-adds tools with names invalid for a model; `--bad-schemas` adds tools whose input schemas use
-`$ref`/`$defs`, are not objects, or are broken; `--once FILE` starts only once (it creates FILE; a second
-start finds it and exits with an error).
+more, not even a ping), `pid` (the server's pid), `crash` (the process exits mid-call), `exit_soon`
+(answers, then the process exits while idle), `garbage` (writes a non-JSON line to the wire, then
+answers), `bad_result` (answers with a result that is no tool result), `fail` (an `isError` result),
+`fail_empty` (one without content), `image`, `resource`, `blob`, `link` (a resource link), `mixed` (text,
+audio and structured content), `empty`, `huge` (`size` characters), `spawn` (starts a child process that
+outlives the server's own exit unless killed, and prints its pid).
+
+Options: `--banner` prints a line to stdout before speaking MCP; `--no-handshake` reads stdin forever
+without ever answering; `--tool-names` adds tools with names invalid for a model; `--bad-schemas` adds
+tools whose input schemas use `$ref`/`$defs`, are not objects, or are broken; `--once FILE` starts only
+once (it creates FILE; a second start finds it and exits with an error).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -43,6 +46,7 @@ TOOLS = {
     "crash": EMPTY,
     "exit_soon": EMPTY,
     "garbage": EMPTY,
+    "bad_result": EMPTY,
     "fail": EMPTY,
     "fail_empty": EMPTY,
     "image": EMPTY,
@@ -142,6 +146,14 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     if name == "exit_soon":
         threading.Timer(0.2, os._exit, [0]).start()
         return _text("bye")
+    if name == "bad_result":  # the answer to this call, in a shape no CallToolResult has; then sleeps
+        answer = {
+            "jsonrpc": "2.0",
+            "id": ctx.request_id,
+            "result": {"content": "not a list", "isError": "maybe"},
+        }
+        os.write(WIRE, (json.dumps(answer) + "\n").encode())
+        await anyio.sleep_forever()
     if name == "garbage":
         os.write(WIRE, b"this is not JSON-RPC\n")
         return _text("after garbage")
