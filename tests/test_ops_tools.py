@@ -748,6 +748,34 @@ async def test_a_path_with_a_lone_surrogate_is_a_clear_error(tmp_path: Path) -> 
             await invoke(tools[name], **args)
 
 
+async def test_list_dir_shows_a_name_that_is_not_utf8_so_the_model_can_act_on_it(tmp_path: Path) -> None:
+    # the name reached the model as 'bad?name.txt' (its byte replaced by the agent): reading that
+    # failed with 'no such file', and nothing said why
+    (tmp_path / os.fsdecode(b"bad\xffname.txt")).write_text("x")
+    (tmp_path / "link").symlink_to(os.fsdecode(b"to\xfe"))
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    listing = await invoke(tools["list_dir"])
+    assert listing.splitlines() == [
+        ".: 2 entries",
+        "bad\\xffname.txt  1 bytes  (the name is not UTF-8, so the file tools cannot open it: rename it with "
+        "the shell, e.g. mv ./bad*name.txt new-name)",
+        "link -> to\\xfe",
+    ]
+
+
+async def test_list_dir_of_a_link_removed_while_listing_still_lists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "link").symlink_to("target")
+    tools = {t.name: t for t in file_tools(tmp_path)}
+
+    def gone(path: Any) -> str:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+
+    monkeypatch.setattr(os, "readlink", gone)  # a raw FileNotFoundError ended the call
+    assert await invoke(tools["list_dir"]) == ".: 1 entries\nlink"
+
+
 async def test_list_dir_of_a_huge_directory_shows_the_first_names_in_order(tmp_path: Path) -> None:
     for i in reversed(range(3_000)):
         (tmp_path / f"f{i:04}").touch()

@@ -20,7 +20,9 @@ import contextlib
 import errno
 import heapq
 import os
+import re
 import secrets
+import shlex
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -418,15 +420,39 @@ def _first_names(directory: Path, limit: int) -> tuple[list[str], int]:
 
 
 def _describe(entry: Path) -> str:
+    name = _shown_name(entry.name)
+    note = _NOT_UTF8.format(glob=_glob(entry.name)) if name != entry.name else ""
     if entry.is_symlink():
-        return f"{entry.name} -> {os.readlink(entry)}"
+        try:
+            return f"{name} -> {_shown_name(os.readlink(entry))}{note}"
+        except OSError:  # removed since it was listed
+            return name + note
     if entry.is_dir():
-        return f"{entry.name}/"
+        return f"{name}/{note}"
     try:
         size = entry.stat().st_size
     except OSError:
-        return entry.name
-    return f"{entry.name}  {size} bytes"
+        return name + note
+    return f"{name}  {size} bytes{note}"
+
+
+_UNDECODED_RE = re.compile("[\udc80-\udcff]+")  # the bytes of a file name that are not UTF-8
+_NOT_UTF8 = (
+    "  (the name is not UTF-8, so the file tools cannot open it: rename it with the shell, e.g. "
+    "mv ./{glob} new-name)"
+)
+
+
+def _shown_name(name: str) -> str:
+    """A file name as text the model can read: bytes that are not UTF-8 as `\\xff` (they reached it as
+    `?`, a name it could not use and was not told why)."""
+    if not _UNDECODED_RE.search(name):
+        return name
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def _glob(name: str) -> str:
+    return "*".join(shlex.quote(part) if part else "" for part in _UNDECODED_RE.split(name))
 
 
 def file_tools(root: str | os.PathLike[str], *, max_read: int = DEFAULT_MAX_READ) -> list[Tool]:
