@@ -166,6 +166,16 @@ async def test_binary_output_is_described_not_shown(tmp_path: Path) -> None:
     assert result["stdout"] == "a.txt\x00b.txt\x00caf\ufffd ok"
 
 
+async def test_a_command_killed_by_a_signal_says_so(tmp_path: Path) -> None:
+    # exit_code -9 and an empty stderr: nothing told the model its command had been killed
+    result = await shell(shell_tool(cwd=tmp_path), "echo started; kill -9 $$")
+    assert (result["exit_code"], result["stdout"], result["timed_out"]) == (-9, "started\n", False)
+    assert result["stderr"] == "[the shell was killed by signal 9 (SIGKILL)]"
+    assert (await shell(shell_tool(cwd=tmp_path), "exit 3"))["stderr"] == ""
+    result = await shell(shell_tool(cwd=tmp_path), "printf oops >&2; kill -TERM $$")
+    assert result["stderr"] == "oops\n[the shell was killed by signal 15 (SIGTERM)]"
+
+
 async def test_shell_passes_only_allow_listed_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

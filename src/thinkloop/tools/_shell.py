@@ -160,11 +160,12 @@ async def run_command(
     finally:
         stdout.close()
         stderr.close()
-    note = "" if finished else _timeout_note(seconds, shell_exit)
+    errors = stderr.capture.text()
+    note = _signal_note(process.returncode, errors) if finished else _timeout_note(seconds, shell_exit)
     return {
         "exit_code": process.returncode if finished else None,
         "stdout": stdout.capture.text(),
-        "stderr": stderr.capture.text() + note,
+        "stderr": errors + note,
         "duration": round(time.perf_counter() - started, 3),
         "timed_out": not finished,
     }
@@ -229,6 +230,18 @@ def _cwd_problem(cwd: Path, exc: OSError) -> str:
             "nothing ran; recreate it, or make the tool again with an existing cwd"
         )
     return f"cannot enter the working directory {str(cwd)!r}: {exc.strerror or exc}; nothing ran"
+
+
+def _signal_note(returncode: int | None, errors: str) -> str:
+    """A negative exit code is a signal that ended the shell (-9: SIGKILL, e.g. the OOM killer)."""
+    if returncode is None or returncode >= 0:
+        return ""
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "an unknown signal"
+    apart = "\n" if errors and not errors.endswith("\n") else ""
+    return f"{apart}[the shell was killed by signal {-returncode} ({name})]"
 
 
 def _timeout_note(seconds: float, shell_exit: int | None) -> str:
