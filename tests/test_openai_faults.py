@@ -1314,3 +1314,49 @@ async def test_a_reply_body_nested_too_deeply_is_a_clear_model_error(
         await model.request(ask(max_output_tokens=8192))
     assert not isinstance(info.value, ModelRetryableError)
     assert "check that base_url is an OpenAI-compatible API" in str(info.value)
+
+
+_CHUNK = '{"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": '
+
+
+@pytest.mark.parametrize(
+    ("choices", "shown"),
+    [
+        ("[null]", '"choices": [null]'),
+        ('[{"index": 0, "delta": "hello"}]', '"delta": "hello"'),
+        ('[{"index": 0, "delta": {"tool_calls": [null]}}]', '"tool_calls": [null]'),
+        ('[{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": "add"}]}}]', '"function": "add"'),
+    ],
+    ids=["choice-null", "delta-text", "tool-call-null", "function-text"],
+)
+async def test_a_malformed_stream_chunk_is_quoted_in_the_error(
+    server: OpenAICompatibleServer, model: OpenAIModel, choices: str, shown: str
+) -> None:
+    """Before, the error gave only Python's complaint ('NoneType' object has no attribute 'finish_reason'),
+    not what the server sent."""
+    server.add(_event_stream(f"data: {_CHUNK}{choices}}}\n\n"))
+    with pytest.raises(ModelError, match="malformed stream chunk") as info:
+        await answer(model, True)
+    assert shown in str(info.value) and str(info.value).endswith(
+        "; check that base_url is an OpenAI-compatible API"
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        ("null", '"message": null'),
+        ('{"role": "assistant", "tool_calls": [{"id": "c", "function": "add"}]}', '"function": "add"'),
+    ],
+    ids=["message-null", "function-text"],
+)
+async def test_a_malformed_chat_completion_is_quoted_in_the_error(
+    server: OpenAICompatibleServer, model: OpenAIModel, message: str, shown: str
+) -> None:
+    body = f'{{"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [{{"index": 0, "message": {message}, "finish_reason": "stop"}}]}}'
+    server.add(Fault(200, body=body.encode()))
+    with pytest.raises(
+        ModelError, match=r"malformed chat completion \(AttributeError: .*\), its choices: \["
+    ) as info:
+        await model.request(ask())
+    assert shown in str(info.value) and not isinstance(info.value, ModelRetryableError)

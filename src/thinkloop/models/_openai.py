@@ -269,8 +269,8 @@ class OpenAIModel(Model):
             ValueError,
         ) as exc:  # a chunk of the wrong shape
             message = (
-                f"the server sent a malformed stream chunk ({type(exc).__name__}: {exc}); check that base_url "
-                "is an OpenAI-compatible API"
+                f"the server sent a malformed stream chunk ({type(exc).__name__}: {exc}): {_shown(chunk)}; check "
+                "that base_url is an OpenAI-compatible API"
             )
             raise ModelError(message, provider=self.provider, scope=scope) from exc
 
@@ -377,7 +377,8 @@ class OpenAIModel(Model):
             response = _parse_completion(completion, self.name)
         except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
             message = (
-                f"the server sent a malformed chat completion ({type(exc).__name__}: {exc}); check base_url"
+                f"the server sent a malformed chat completion ({type(exc).__name__}: {exc}), its choices: "
+                f"{_shown(getattr(completion, 'choices', None))}; check base_url"
             )
             raise ModelError(message, provider=self.provider, scope=scope) from exc
         if len(response.text) > most:
@@ -1231,6 +1232,28 @@ def _describe_body(text: str) -> str:
         title = " ".join(_TAG.sub(" ", match.group(1) or match.group(2)).split()) if match else ""
         return f"an HTML page ({_clip(title, 120)!r})" if title else "an HTML page"
     return f"the text {_clip(' '.join(head.split()), 200)!r}"
+
+
+def _shown(value: Any, limit: int = 300) -> str:
+    """What the server sent, as JSON and clipped, for an error message: the SDK builds its objects without
+    checking them (`construct`), so they hold whatever shapes the server sent."""
+    return _clip(json.dumps(_as_sent(value), ensure_ascii=False, default=repr), limit)
+
+
+def _as_sent(value: Any, depth: int = 0) -> Any:
+    """An SDK object of a reply as the plain data it was built from: the fields it was given and extras."""
+    if depth > 16:
+        return "…"
+    if isinstance(value, dict):
+        return {str(k): _as_sent(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_sent(v, depth + 1) for v in value]
+    given = getattr(value, "model_fields_set", None)
+    if isinstance(given, set) and hasattr(value, "__dict__"):
+        data = {k: v for k, v in vars(value).items() if k in given}
+        data.update(getattr(value, "__pydantic_extra__", None) or {})
+        return _as_sent(data, depth + 1)
+    return value
 
 
 def _clip(text: str, limit: int) -> str:
