@@ -725,3 +725,11 @@ async def test_a_react_model_writing_nan_is_asked_for_valid_json() -> None:
     assert result.output == "9" and seen == [3.0]
     observations = [m.content for m in model.requests[1].messages if m.content.startswith("Observation")]
     assert len(observations) == 1 and "not a JSON object" in observations[0] and "NaN" in observations[0]
+
+
+def test_records_are_ordered_without_the_numbers_json_does_not_have() -> None:
+    """Before: `a (nan)` came first, 'from lowest to highest', where NaN has no order at all."""
+    from thinkloop._react import list_orders
+
+    records = '[{"name": "a", "price": NaN}, {"name": "b", "price": 3}, {"name": "c", "price": 1}, {"name": "d", "price": Infinity}]'
+    assert list_orders(records) == "\n(items by price, from lowest to highest: c (1), b (3))"

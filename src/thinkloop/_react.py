@@ -794,12 +794,17 @@ def _orders(name: str, items: list[Any]) -> list[str]:
     lines = []
     for key in dict.fromkeys(k for item in items for k in item):
         values = [(item.get(key), label) for item, label in zip(items, labels, strict=True)]
-        known = [(v, label) for v, label in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        known = [(v, label) for v, label in values if _number(v)]
         if len(known) < 2 or len({v for v, _ in known}) < 2:
             continue
         ordered = ", ".join(f"{label} ({v})" for v, label in sorted(known, key=lambda p: p[0]))
         lines.append(f"{name} by {key}, from lowest to highest: {ordered}")
     return lines
+
+
+def _number(value: Any) -> bool:
+    """A number to order by: not a boolean, not NaN or an infinity (json.loads reads them; NaN has no order)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and not _json.non_finite(value)
 
 
 def _record_labels(items: list[dict[str, Any]]) -> list[str]:
