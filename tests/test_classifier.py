@@ -881,6 +881,12 @@ def test_a_variable_used_many_times_is_read_in_bounded_time() -> None:
         ('rm -rf "${HOME:?}/"', CRITICAL),
         ("rm -rf ${HOME:-/tmp}", CRITICAL),
         ('rm -rf "${HOME:?}/.cache"', HIGH),
+        # a find "filter" that matches every file is no filter
+        ("find / -name '*' -delete", CRITICAL),
+        ("find / -path '*' -exec rm -rf {} +", CRITICAL),
+        ("find / -regex '.*' | xargs rm -rf", CRITICAL),
+        ("find . -name '*.pyc' -delete", MEDIUM),
+        ("find / -name '*' -mtime +30 -delete", HIGH),
         # a Python fork bomb written on lines of its own
         ("python3 -c 'import os\nwhile True:\n    os.fork()'", CRITICAL),
         ("python3 -c 'import os\nwhile 1:\n    pid = os.fork()\n    print(pid)'", CRITICAL),

@@ -1200,6 +1200,18 @@ _FIND_FILTERS = frozenset(
      "-perm", "-uid", "-gid", "-inum", "-samefile", "-links", "-lname", "-ilname"}
 )  # fmt: skip
 _FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
+_FIND_ANY = {"-name": "*", "-iname": "*", "-path": "*", "-ipath": "*", "-wholename": "*", "-iwholename": "*",
+             "-regex": ".*", "-iregex": ".*"}  # fmt: skip  # a "filter" that every file passes
+
+
+def _find_filtered(expr: list[str]) -> bool:
+    """Whether a find expression selects some files only: `-name '*'` or `-regex '.*'` select them all."""
+    return any(
+        word in _FIND_FILTERS and _FIND_ANY.get(word, "\0") != value
+        for word, value in itertools.zip_longest(expr, expr[1:], fillvalue="")
+    )
+
+
 _FIND_WRITE = frozenset({"-fprint", "-fprint0", "-fprintf", "-fls"})
 
 
@@ -1244,7 +1256,7 @@ def _tree(ctx: _Ctx, starts: list[str]) -> Iterator[None]:
 
 def _h_find(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     starts, expr = _find_parts(cmd.args)
-    filtered = any(word in _FIND_FILTERS for word in expr)
+    filtered = _find_filtered(expr)
     findings: list[Finding] = [(LOW, "find: read-only search")]
     for start in starts:
         kind, _ = _path_kind(start, ctx)
@@ -3124,7 +3136,7 @@ def _xargs_input(argv: list[str] | None) -> tuple[list[str] | None, bool]:
     name = _normalize_name(argv[0])
     if name == "find":
         starts, expr = _find_parts(argv[1:])
-        return starts, not any(word in _FIND_FILTERS for word in expr)
+        return starts, not _find_filtered(expr)
     if name in ("echo", "printf", "ls"):
         return [a for a in argv[1:] if not a.startswith("-")] or None, False
     return None, False
