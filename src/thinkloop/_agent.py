@@ -18,7 +18,16 @@ from ._errors import ConcurrencyError, ConfigurationError, UserError
 from ._events import Done, Event, RunResult, RunStarted
 from ._execute import AllowAll, ToolGate
 from ._guards import GuardConfig, Guards
-from ._loop import Checkpointer, EventSink, LoopConfig, RunContext, current_run, run_loop, suspend
+from ._loop import (
+    Checkpointer,
+    EventSink,
+    LoopConfig,
+    RunContext,
+    current_run,
+    new_run_context,
+    run_loop,
+    suspend,
+)
 from ._messages import Message, ModelSettings
 from ._output import OutputSpec
 from ._prompt import DEFAULT_RULES
@@ -403,7 +412,7 @@ class Agent:
         state.budget = config.budget.as_dict()
         model = self.model
         shared = self._shared(model)
-        run = RunContext(
+        run = new_run_context(
             state=state,
             model=model,
             tools=shared.tools,

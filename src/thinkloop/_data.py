@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, ParamSpec, Self, TypeVar
 
@@ -77,34 +78,46 @@ def fast_constructor(cls: Callable[_P, _T]) -> Callable[_P, _T]:
     same arguments — minus the cost of calling a class: CPython 3.11 turns the keywords of a class call
     into a dict and back (`type_call`, `slot_tp_init`), which doubles what a small object costs to make.
     For the loop's hot path (a message, a ledger entry, a request a step); the generated code is what
-    `dataclasses` writes for `__init__`, on an instance made by `object.__new__`. Tests check both agree.
+    `dataclasses` writes for `__init__` (fields, then `init=False` fields, then `__post_init__`), on an
+    instance made by `object.__new__`. Tests check both agree.
     """
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and "__slots__" in vars(cls)):
         raise TypeError(
             f"{getattr(cls, '__name__', cls)!r} is not a slotted dataclass: build it by calling it"
         )
-    if hasattr(cls, "__post_init__"):
-        raise TypeError(f"{cls.__name__} has __post_init__: build it with {cls.__name__}(...)")
     names: dict[str, Any] = {"_new": object.__new__, "_cls": cls, "_MISSING": dataclasses.MISSING}
     positional: list[str] = []
     keywords: list[str] = []
     body: list[str] = []
     for f in dataclasses.fields(cls):
-        if not f.init:
-            raise TypeError(f"{cls.__name__}.{f.name} is not an __init__ field")
         if f.default is not dataclasses.MISSING:
             names[f"_d_{f.name}"] = f.default
             param, value = f"{f.name}=_d_{f.name}", f.name
         elif f.default_factory is not dataclasses.MISSING:
             names[f"_f_{f.name}"] = f.default_factory
             param, value = f"{f.name}=_MISSING", f"_f_{f.name}() if {f.name} is _MISSING else {f.name}"
-        else:
+        elif f.init:
             param, value = f.name, f.name
-        (keywords if f.kw_only else positional).append(param)
+        else:
+            continue  # `init=False` without a default: left unset, as by the class
+        if not f.init:  # set to its default, not an argument
+            param, value = "", f"_d_{f.name}" if f.default is not dataclasses.MISSING else f"_f_{f.name}()"
+        else:
+            (keywords if f.kw_only else positional).append(param)
         body.append(f"    o.{f.name} = {value}\n")
+    if hasattr(cls, "__post_init__"):
+        body.append("    o.__post_init__()\n")
     signature = ", ".join([*positional, *(["*", *keywords] if keywords else [])])
     source = f"def new_{cls.__name__}({signature}):\n    o = _new(_cls)\n{''.join(body)}    return o\n"
     exec(source, names)
     function: Callable[_P, _T] = names[f"new_{cls.__name__}"]
+    if _parameters(function) != _parameters(cls):  # e.g. an `InitVar`, which is no field
+        raise TypeError(
+            f"{cls.__name__}(...) takes arguments that are not its fields: build it by calling it"
+        )
     function.__qualname__ = f"fast_constructor.<{cls.__name__}>"
     return function
+
+
+def _parameters(function: Callable[..., Any]) -> list[tuple[str, Any]]:
+    return [(p.name, p.kind) for p in inspect.signature(function).parameters.values()]

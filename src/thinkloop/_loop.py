@@ -14,9 +14,9 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from .models import Model
 
 EventSink = Callable[[Event], None]
+T = TypeVar("T")
 logger = logging.getLogger("thinkloop.events")
 
 current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("current_run", default=None)
@@ -110,7 +111,7 @@ class LoopConfig:
     retry_backoff: float = 1.0
 
 
-@dataclass
+@dataclass(slots=True)
 class RunContext:
     """One run: its state plus everything the loop uses. Never shared between runs."""
 
@@ -138,6 +139,11 @@ class RunContext:
     _shown: dict[tuple[Mode, tuple[str, ...]], tuple[Message, list[ToolDefinition]]] = field(
         default_factory=dict, repr=False
     )
+    # set from the fields above (`__post_init__`)
+    logs_events: bool = field(init=False, default=False)
+    observed: bool = field(init=False, default=False)
+    live_store: bool = field(init=False, default=False)
+    step_saves: bool = field(init=False, default=False)
 
     def visible_names(self) -> list[str]:
         """The tools the model is shown: all of them, or with tool discovery the shown and discovered ones."""
@@ -293,6 +299,10 @@ class RunContext:
         return None if timeout is None else time.monotonic() + max(timeout - self.elapsed, 0.0)
 
 
+new_run_context = fast_constructor(RunContext)
+"""`RunContext(...)` for the start of every run (see `fast_constructor`)."""
+
+
 @dataclass(slots=True)
 class Reply:
     """A model reply as the loop understands it."""
@@ -424,13 +434,81 @@ def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
 
 
 async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
-    """Call the model (streaming when asked), under the run's deadline; account its usage."""
+    """Call the model (streaming when asked) under the run's deadline; account its usage.
+
+    A transient failure (429, 5xx, timeout, lost connection) is retried with exponential backoff (or the
+    provider's Retry-After), unless a streamed answer had already started, or the model is a router (it
+    retries itself) — except for a stream that broke before anything of it was shown (a ReAct reply
+    before its `Final Answer:`), which a router cannot fall back from. One coroutine for all of it: each
+    level of coroutines a model call waits in costs every step.
+    """
     started = time.perf_counter()
     deadline = run.deadline
-    if deadline is None:
-        response = await _call_with_retries(run, request)
-    else:
-        response = await run.deadlines.within(deadline, _call_with_retries(run, request))
+    attempt = 0
+    while True:
+        streamer = None
+        try:
+            if run.config.stream and run.model.capabilities.streaming:
+                streamer = _AnswerStreamer(run, react=run.state.mode == "react")
+                response = await _within(run, deadline, _stream_model(run, request, streamer))
+            elif deadline is None:
+                response = await run.model.request(request)
+            else:
+                response = await run.deadlines.within(deadline, run.model.request(request))
+            break
+        except Exception as exc:
+            attempt += 1
+            delay = _retry_delay(run, exc, attempt, streamer)  # raises unless the call is tried again
+        await _within(run, deadline, asyncio.sleep(delay))
+    return _received(run, request, response, started)
+
+
+async def _within(run: RunContext, deadline: float | None, awaitable: Awaitable[T]) -> T:
+    return await awaitable if deadline is None else await run.deadlines.within(deadline, awaitable)
+
+
+def _retry_delay(run: RunContext, exc: Exception, attempt: int, streamer: _AnswerStreamer | None) -> float:
+    """The wait before trying a failed model call again (announced as `model_attempt`); raises the error
+    that ends the call instead: the failure itself, `_Rebuild` when the request must be built anew, or a
+    `ModelError` for anything a model of the user's making raised."""
+    if isinstance(exc, ContextOverflowError):
+        if streamer is not None and streamer.started:
+            raise exc
+        _shrink_context(run, exc)
+        raise _Rebuild from exc
+    if isinstance(exc, ToolsUnsupportedError):
+        if run.state.mode != "native" or (streamer is not None and streamer.started):
+            raise exc
+        switch_mode(run, "react", f"the model does not take tool definitions ({exc})")
+        raise _Rebuild from exc
+    if isinstance(exc, ModelRetryableError):
+        shown = streamer is not None and streamer.started
+        # a router retries and falls back itself, but not once tokens flowed; unshown ones are ours to retry
+        unseen_break = streamer is not None and bool(streamer.buffer) and not shown
+        if attempt > run.config.model_retries or shown or (_retries_itself(run.model) and not unseen_break):
+            raise exc
+        backoff = run.config.retry_backoff * 2 ** (attempt - 1)
+        wait = backoff if exc.retry_after is None else exc.retry_after  # a Retry-After of 0 means now
+        delay = min(wait, 30.0)
+        run.emit(
+            ModelAttempt(
+                model=run.model.spec, attempt=attempt, error=str(exc), next_action="retry", delay=delay
+            )
+        )
+        return delay
+    if isinstance(
+        exc, ModelError | UserError | TimeoutError
+    ):  # a UserError (missing weights …) is the caller's
+        raise exc
+    raise ModelError(  # a model of the user's making raised something else: still a model error
+        f"the model raised {type(exc).__name__}: {exc}", provider=run.model.provider, scope="model request"
+    ) from exc
+
+
+def _received(
+    run: RunContext, request: ModelRequest, response: ModelResponse, started: float
+) -> ModelResponse:
+    """The model's reply checked (a `ModelResponse` with text), with the prefill put back; its usage accounted."""
     if not isinstance(response, ModelResponse) or type(response.text) is not str:
         raise ModelError(
             f"the model returned {_describe(response)}, not a ModelResponse with text",
@@ -445,63 +523,6 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
         response = response.model_copy(update={"text": f"{request.prefill} {response.text}"})
     _account(run, request, response, started)
     return response
-
-
-async def _call_with_retries(run: RunContext, request: ModelRequest) -> ModelResponse:
-    """One model call; a transient failure (429, 5xx, timeout, lost connection) is retried with
-    exponential backoff (or the provider's Retry-After), unless a streamed answer had already started, or
-    the model is a router (it retries itself) — except for a stream that broke before anything of it was
-    shown (a ReAct reply before its `Final Answer:`), which a router cannot fall back from."""
-    attempt = 0
-    while True:
-        streamer = None
-        try:
-            if run.config.stream and run.model.capabilities.streaming:
-                streamer = _AnswerStreamer(run, react=run.state.mode == "react")
-                return await _stream_model(run, request, streamer)
-            return await run.model.request(request)
-        except ContextOverflowError as exc:
-            if streamer is not None and streamer.started:
-                raise
-            _shrink_context(run, exc)
-            raise _Rebuild from exc
-        except ToolsUnsupportedError as exc:
-            if run.state.mode != "native" or (streamer is not None and streamer.started):
-                raise
-            switch_mode(run, "react", f"the model does not take tool definitions ({exc})")
-            raise _Rebuild from exc
-        except ModelRetryableError as exc:
-            attempt += 1
-            shown = streamer is not None and streamer.started
-            # a router retries and falls back itself, but not once tokens flowed; unshown ones are ours to retry
-            unseen_break = streamer is not None and bool(streamer.buffer) and not shown
-            if (
-                attempt > run.config.model_retries
-                or shown
-                or (_retries_itself(run.model) and not unseen_break)
-            ):
-                raise
-            backoff = run.config.retry_backoff * 2 ** (attempt - 1)
-            wait = backoff if exc.retry_after is None else exc.retry_after  # a Retry-After of 0 means now
-            delay = min(wait, 30.0)
-            run.emit(
-                ModelAttempt(
-                    model=run.model.spec, attempt=attempt, error=str(exc), next_action="retry", delay=delay
-                )
-            )
-            await asyncio.sleep(delay)
-        except (
-            ModelError,
-            UserError,
-            TimeoutError,
-        ):  # a UserError (missing weights …) is the caller's to fix
-            raise
-        except Exception as exc:  # a model of the user's making raised something else: still a model error
-            raise ModelError(
-                f"the model raised {type(exc).__name__}: {exc}",
-                provider=run.model.provider,
-                scope="model request",
-            ) from exc
 
 
 def _describe(response: object) -> str:
