@@ -936,6 +936,30 @@ async def test_a_server_that_never_answers_the_handshake_times_out_and_is_stoppe
     assert set(_our_children()) - before == set()
 
 
+async def test_a_server_dying_with_several_calls_in_flight_fails_each_saying_so() -> None:
+    """Before, only the first call to fail said the server died; the others said it 'was closed during the
+    call' — as though the application had closed it."""
+    model = ScriptedModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "hang", "args": {}},
+                    {"name": "hang", "args": {}},
+                    {"name": "crash", "args": {}},
+                ]
+            },
+            "done",
+        ]
+    )
+    events: list[Any] = []
+    async with Agent(model, mcp_servers=[_faulty()], on_event=events.append) as agent:
+        result = await asyncio.wait_for(agent.run("three at once"), 60)
+    outputs = [r.output for r in _results(events)]
+    assert len(outputs) == 3 and result.output == "done"
+    for output, name in zip(outputs, ["hang", "hang", "crash"], strict=True):
+        assert f"MCP server 'faulty' died during the call of '{name}' (its connection closed: " in output
+
+
 async def _until(condition: Any) -> bool:
     """Whether `condition()` holds within 10 s (a process's exit takes a moment to be noticed)."""
     for _ in range(200):

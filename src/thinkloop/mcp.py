@@ -128,6 +128,7 @@ class MCPServer(ABC):
         self._lost: str | None = None  # how the connection ended while no call ran: the next call restarts it
         self._in_flight = 0  # calls on their way
         self._probe: asyncio.Task[None] | None = None  # a ping after an abandoned call
+        self._died: tuple[Any, str] | None = None  # (the owner task of a connection that died mid-call, why)
         self._notes = 0  # what an HTTP server's transport noted (an error status, a failed connection)
         self._listed_schemas: dict[str, Any] = {}  # the input schemas as the server sent them, by tool
 
@@ -538,7 +539,9 @@ class MCPServer(ABC):
         what = _describe_exception(exc)
         if not _is_connection_loss(exc):
             return f"MCP server {self.name!r}: call of {name!r} failed: {what}"
-        if owner is not self._owner:  # `aclose()` ran while the call was in flight
+        if owner is not self._owner:  # `aclose()` ran while the call was in flight: ours, after a death?
+            if self._died is not None and self._died[0] is owner:
+                return self._died_during(name, self._died[1])
             return f"MCP server {self.name!r} was closed during the call of {name!r}"
         unreached = self._unreached_since(notes)
         if unreached and self._lost is None:
@@ -549,8 +552,12 @@ class MCPServer(ABC):
             )
         if self._lost is not None:  # stopped by a ping that went unanswered: the next call restarts it
             return f"MCP server {self.name!r} {self._lost}, which cut the call of {name!r}; the next call retries it"
+        self._died = (owner, what)  # for the other calls in flight on it, which `aclose()` ends too
         await self.aclose()
         self._failure = what
+        return self._died_during(name, what)
+
+    def _died_during(self, name: str, what: str) -> str:
         return (
             f"MCP server {self.name!r} died during the call of {name!r} (its connection closed: {what}); "
             f"this run cannot use it any more, the next run reconnects it{self._diagnostics()}"
