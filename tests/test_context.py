@@ -387,6 +387,13 @@ def test_every_trimmed_view_is_a_valid_chat_history(
         state.messages = messages
 
 
+class _AlwaysAssembled(ContextManager):
+    """A manager that never takes the fast path (the history as it is)."""
+
+    def _as_is(self, old_before: int) -> bool:
+        return False
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(messages=histories(), max_tokens=st.integers(50, 20_000), keep_steps=st.integers(1, 8))
 def test_the_fast_path_gives_the_same_view_as_the_full_assembly(
@@ -394,8 +401,7 @@ def test_the_fast_path_gives_the_same_view_as_the_full_assembly(
 ) -> None:
     """A history that fits as it is is returned without grouping work; it must be exactly the full view."""
     fast = ContextManager(max_tokens, keep_steps=keep_steps)
-    full = ContextManager(max_tokens, keep_steps=keep_steps)
-    full._as_is = lambda old_before: False  # type: ignore[method-assign]
+    full = _AlwaysAssembled(max_tokens, keep_steps=keep_steps)
     state = RunState(goal="the goal")
     for message in messages:  # the history grows one message at a time, like a run's
         state.messages.append(message)

@@ -210,6 +210,18 @@ class ContextManager:
             deterministic summary is used until it answers, and whenever it fails.
     """
 
+    # slotted: a run reads these every step, and past 30 attributes an instance's dict is no longer
+    # shared-key, so every read would be a dictionary lookup
+    __slots__ = (
+        "max_context_tokens", "counter", "keep_steps", "min_messages", "trim_ratio", "trim_to",
+        "old_observation_chars", "summary_max_chars", "summarizer", "_calibrated", "scale", "last_tokens",
+        "_exact", "_estimating", "_source", "_seen", "_grouped", "_counts", "_last", "_group_count",
+        "_last_group_size", "_groups", "_pinned", "_dropped", "_dropped_count", "_tokens", "_open_calls",
+        "_valid", "_first_long", "_prefix", "_model_summary", "_summary_cache", "_reserve_key",
+        "reserve_cache", "_reserve_for_system", "_reserve_for_tools", "_reserve", "_last_reserve",
+        "_summarizer_failed_at",
+    )  # fmt: skip
+
     def __init__(
         self,
         max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
