@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import socket
@@ -507,6 +508,16 @@ def test_bad_settings_are_configuration_errors() -> None:
         MCPServerHTTP("localhost:8000/mcp")
     with pytest.raises(ConfigurationError):
         MCPServerStdio("x", connect_timeout=0)
+
+
+@pytest.mark.parametrize("setting", [{"connect_timeout": math.nan}, {"timeout": math.nan}, {"timeout": -1}])
+def test_a_timeout_that_is_not_a_positive_number_is_a_configuration_error(setting: dict[str, float]) -> None:
+    """Before, NaN was accepted: asyncio.timeout(nan) fires at once, so every connection (or call) of the
+    server failed as timed out 'within nan s'."""
+    with pytest.raises(
+        ConfigurationError, match=r"MCP server 'x': timeouts must be positive numbers of seconds"
+    ):
+        MCPServerStdio("x", name="x", **setting)
 
 
 def test_run_sync_twice_reconnects_in_each_event_loop() -> None:

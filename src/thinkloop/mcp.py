@@ -104,8 +104,11 @@ class MCPServer(ABC):
         timeout: float | None = None,
         connect_timeout: float = 30.0,
     ) -> None:
-        if connect_timeout <= 0 or (timeout is not None and timeout <= 0):
-            raise ConfigurationError(f"MCP server {name!r}: timeouts must be positive")
+        if not connect_timeout > 0 or (timeout is not None and not timeout > 0):  # NaN too: it fires at once
+            raise ConfigurationError(
+                f"MCP server {name!r}: timeouts must be positive numbers of seconds, not timeout={timeout!r}, "
+                f"connect_timeout={connect_timeout!r}"
+            )
         self.name = name
         self.prefix = prefix
         self.risk = risk
