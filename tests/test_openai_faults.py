@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import socket
 import sys
@@ -18,6 +19,7 @@ import pytest
 
 from thinkloop import (
     Agent,
+    ConfigurationError,
     ContextOverflowError,
     Message,
     ModelError,
@@ -1360,3 +1362,10 @@ async def test_a_malformed_chat_completion_is_quoted_in_the_error(
     ) as info:
         await model.request(ask())
     assert shown in str(info.value) and not isinstance(info.value, ModelRetryableError)
+
+
+@pytest.mark.parametrize("timeout", [math.nan, 0, -1.0])
+def test_a_timeout_that_is_not_a_positive_number_is_a_configuration_error(timeout: float) -> None:
+    """Before, it was accepted and every request failed: 'no response from … within nan s', retried."""
+    with pytest.raises(ConfigurationError, match=r"OpenAIModel timeout must be a positive number of seconds"):
+        OpenAIModel("m", base_url="http://127.0.0.1:1/v1", timeout=timeout)

@@ -108,7 +108,8 @@ class OpenAIModel(Model):
         base_url: the API root, e.g. `http://localhost:11434/v1`; defaults to `$OPENAI_BASE_URL`, then OpenAI.
         api_key: defaults to `$OPENAI_API_KEY`; may be omitted for servers on this machine or a private network.
         timeout: seconds to wait for a response (a whole reply; when streaming, its headers and then each of
-            its events); opening the connection may take at most `CONNECT_TIMEOUT` (10 s) of them.
+            its events); opening the connection may take at most `CONNECT_TIMEOUT` (10 s) of them. A positive
+            number (`math.inf`: no limit); anything else is a `ConfigurationError`.
         max_retries: retries by the SDK itself; 0 by default, since retries and fallback belong to the router.
         capabilities: a `ModelCapabilities`, or a mapping of fields to override (e.g. `{"tools": False}` for
             a server without tool calling, which makes the loop use text ReAct).
@@ -133,6 +134,10 @@ class OpenAIModel(Model):
     ) -> None:
         if not name:
             raise ConfigurationError("OpenAIModel needs a model name, e.g. OpenAIModel('gpt-4o-mini')")
+        if not timeout > 0:  # NaN too: asyncio.timeout(nan) fires at once, and every request would fail
+            raise ConfigurationError(
+                f"OpenAIModel timeout must be a positive number of seconds (inf: no limit), not {timeout!r}"
+            )
         self.provider = provider
         self.name = name
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
