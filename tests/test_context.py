@@ -21,6 +21,7 @@ from thinkloop import (
     RunState,
     StopReason,
     ToolCall,
+    _context,
     tool,
 )
 from thinkloop._context import NO_RESULT, ContextManager, InvalidHistoryError, validate_history
@@ -387,13 +388,6 @@ def test_every_trimmed_view_is_a_valid_chat_history(
         state.messages = messages
 
 
-class _AlwaysAssembled(ContextManager):
-    """A manager that never takes the fast path (the history as it is)."""
-
-    def _as_is(self, old_before: int) -> bool:
-        return False
-
-
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(messages=histories(), max_tokens=st.integers(50, 20_000), keep_steps=st.integers(1, 8))
 def test_the_fast_path_gives_the_same_view_as_the_full_assembly(
@@ -401,11 +395,17 @@ def test_the_fast_path_gives_the_same_view_as_the_full_assembly(
 ) -> None:
     """A history that fits as it is is returned without grouping work; it must be exactly the full view."""
     fast = ContextManager(max_tokens, keep_steps=keep_steps)
-    full = _AlwaysAssembled(max_tokens, keep_steps=keep_steps)
+    full = ContextManager(max_tokens, keep_steps=keep_steps)
     state = RunState(goal="the goal")
     for message in messages:  # the history grows one message at a time, like a run's
         state.messages.append(message)
-        assert fast.view(state, system="system prompt") == full.view(state, system="system prompt")
+        seen = fast.view(state, system="system prompt")
+        _context._FAST_PATH = False
+        try:
+            assembled = full.view(state, system="system prompt")
+        finally:
+            _context._FAST_PATH = True
+        assert seen == assembled
         assert fast.last_tokens == full.last_tokens
 
 

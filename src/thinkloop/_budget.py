@@ -110,7 +110,8 @@ class PriceTable:
         return self.prices[best] if best is not None else None
 
     def cost(self, model_name: str, input_tokens: int, output_tokens: int) -> float:
-        price = self.price(model_name)
+        found = self._found.get(model_name)  # `price()`, its common case written out: a call every step
+        price = found[1] if found is not None and found[0] == len(self.prices) else self.price(model_name)
         return price.cost(input_tokens, output_tokens) if price else 0.0
 
 

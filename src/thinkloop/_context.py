@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("thinkloop.context")
 
 DEFAULT_MAX_CONTEXT_TOKENS = 8000
+_FAST_PATH = True  # False: every view is assembled from the step groups (tests compare the two)
 _ESTIMATING = (EstimateCounter, ModelTokenCounter)  # counters that estimate unless `exact`
 
 Summarizer = Callable[[list[Message], str], Awaitable[str]]
@@ -292,7 +293,13 @@ class ContextManager:
             reserve += self._reserve_for(system, tools)
         self._last_reserve = reserve
         self._scan(source)
-        if self._dropped == 1 and self._as_is(self._group_count - self.keep_steps):
+        if (  # the common case: a history that fits as it is (valid, every call answered, no old long result)
+            _FAST_PATH
+            and self._dropped == 1
+            and self._valid
+            and not self._open_calls
+            and not (0 <= self._first_long < self._group_count - self.keep_steps)
+        ):
             total = self._tokens + reserve  # the common case: the history fits as it is
             if total * self.scale <= int(self.max_context_tokens * self.trim_ratio):  # `budget`
                 self.last_tokens = total
@@ -417,10 +424,6 @@ class ContextManager:
             if position and group.pinned and (not self._pinned or self._pinned[-1] != position):
                 self._pinned.append(position)
         self._grouped = self._seen
-
-    def _as_is(self, old_before: int) -> bool:
-        """Whether the view is the history as it is: valid, every call answered, no old long observation."""
-        return self._valid and not self._open_calls and not (0 <= self._first_long < old_before)
 
     def _clean(self, group: _Group) -> tuple[list[Message], int]:
         size = len(group.messages)

@@ -81,6 +81,8 @@ DEFAULT_HINTS: dict[str, str] = {
     ),
 }
 
+_MALFORMED = frozenset({"unknown_tool", "invalid_arguments"})  # calls that need a correction (a heal)
+
 _STOP_TEXTS = {
     "blocked": "The run was stopped because the model kept repeating tool calls that had already been made.",
     "errors": "The run was stopped because the model kept making calls that failed with the same error.",
@@ -286,11 +288,14 @@ class Guards:
     # ------------------------------------------------------------------------------------ observing
 
     def observe(self, state: RunState, outcomes: list[ToolOutcome]) -> None:
-        """Update the failure, repeated-error and progress counters from one step's outcomes."""
+        """Update the failure, repeated-error and progress counters from one step's outcomes, and the heal
+        count: a step whose calls were all malformed (an unknown tool, invalid arguments) is a failed heal,
+        any other resets it (`note_heal`)."""
         g = state.guards
         if len(outcomes) == 1:
             self._observe_one(g, outcomes[0])
             return
+        g.heal_failures = g.heal_failures + 1 if all(o.error_kind in _MALFORMED for o in outcomes) else 0
         executed = [o for o in outcomes if o.error_kind != "repeated_call"]
         succeeded = False
         for outcome in executed:
@@ -311,7 +316,9 @@ class Guards:
 
     def _observe_one(self, g: GuardState, outcome: ToolOutcome) -> None:
         """`observe` of a step with one call (the same rules)."""
-        executed = outcome.error_kind != "repeated_call"
+        kind = outcome.error_kind
+        g.heal_failures = g.heal_failures + 1 if kind in _MALFORMED else 0
+        executed = kind != "repeated_call"
         if executed:
             if outcome.success:
                 g.consecutive_failures = 0

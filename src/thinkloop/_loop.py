@@ -443,7 +443,7 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
     level of coroutines a model call waits in costs every step.
     """
     started = time.perf_counter()
-    deadline = run.deadline
+    deadline = None if run.config.budget.timeout is None else run.deadline
     attempt = 0
     while True:
         streamer = None
@@ -678,7 +678,9 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     """Turn a raw response into a `Reply`: native tool calls, or a parsed ReAct step."""
     if run.state.mode == "react" and not response.tool_calls:
         return _interpret_react(run, response, request)
-    calls = _unique_ids(response.tool_calls, run.state.step)
+    calls = response.tool_calls
+    if not (len(calls) == 1 and calls[0].id):  # one call with an id: the common case, already unique
+        calls = _unique_ids(calls, run.state.step)
     if not calls and response.text and run.tools.names:
         answer = _react.json_answer(response.text, run.tools.names)  # {"name": "final_answer", ...} as text
         if answer is not None:
@@ -1009,21 +1011,12 @@ def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
             run.emit(_result_event(step, outcome))
         else:
             state.event_version += 1  # `run.skip_event()`, inlined: the hot path
-    guards.observe(state, outcomes)
-    malformed = (
-        outcomes[0].error_kind in _MALFORMED
-        if len(outcomes) == 1
-        else all(o.error_kind in _MALFORMED for o in outcomes)
-    )
-    guards.note_heal(state, malformed=malformed)
+    guards.observe(state, outcomes)  # the heal count too: a step of only malformed calls is a failed heal
     hint = guards.hint(state, run.config.budget.max_steps)
     if hint is not None:
         text, reason = hint
         state.messages.append(Message.user(text, kind="hint", step=step))
         run.emit(lambda: Hint(step=step, text=text, reason=reason))
-
-
-_MALFORMED = frozenset({"unknown_tool", "invalid_arguments"})
 
 
 def _result_event(step: int, o: ToolOutcome) -> ToolResultEvent:
