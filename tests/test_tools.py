@@ -839,3 +839,28 @@ def test_a_risk_function_that_exits_or_is_async_rates_the_call_high_without_side
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no "coroutine was never awaited"
             assert t.risk_for({}) is RiskLevel.HIGH
+
+
+# ====================================================================== audit: signatures, schemas, errors
+
+
+def test_a_pydantic_field_as_a_default_documents_and_defaults_the_parameter() -> None:
+    def find(
+        query: str = Field(description="what to look for"),
+        limit: int = Field(5, ge=1, description="at most this many"),
+        tags: list[str] = Field(default_factory=list),  # noqa: B008  # what pydantic users write
+    ) -> str:
+        """Find things."""
+        return f"{query} {limit} {tags}"
+
+    t = tool(find)
+    assert t.parameters["properties"] == {
+        "query": {"type": "string", "description": "what to look for"},
+        "limit": {"type": "integer", "minimum": 1, "description": "at most this many", "default": 5},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    }
+    assert t.parameters["required"] == ["query"]
+    # was: the FieldInfo itself passed to the function as `limit` and `tags`, `query` not required
+    assert asyncio.run(t.invoke(t.validate({"query": "q"}))) == "q 5 []"
+    with pytest.raises(ToolArgumentsError, match="limit"):
+        t.validate({"query": "q", "limit": 0})

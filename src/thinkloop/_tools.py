@@ -21,10 +21,11 @@ import unicodedata
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
-from typing import Any, Generic, TypeVar, get_origin, get_type_hints, overload
+from typing import Annotated, Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic.fields import FieldInfo
 from pydantic.json_schema import PydanticJsonSchemaWarning
 
 from ._errors import ConfigurationError
@@ -631,13 +632,18 @@ def _validator_for(
             raise ConfigurationError(
                 f"tool function {label!r} takes {stars}{param.name}: tools need named parameters only"
             )
-        options: dict[str, Any] = {"default": ... if param.default is param.empty else param.default}
+        hint: Any = hints.get(param.name, Any)
+        options: dict[str, Any] = {}
+        if isinstance(param.default, FieldInfo):  # `limit: int = Field(5, ge=1)`: its default, rules, doc
+            hint = Annotated[hint, param.default]
+        else:
+            options["default"] = ... if param.default is param.empty else param.default
         if param.name in docs:  # unset otherwise: an Annotated[..., Field(description=...)] stays
             options["description"] = docs[param.name]
         field_name = param.name
         if _reserved(param.name):  # `json`, `model_config`, `_id`: a pydantic name, the model's key
             field_name, options["alias"] = f"{_RENAMED}{index}", param.name
-        fields[field_name] = (hints.get(param.name, Any), Field(**options))
+        fields[field_name] = (hint, Field(**options))
     try:
         return create_model(f"{label}_arguments", __config__=_TOOL_CONFIG, **fields)
     except Exception as exc:
