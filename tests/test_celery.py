@@ -334,7 +334,7 @@ def test_a_run_whose_state_is_corrupt_fails_with_a_clear_error_and_is_not_redeli
     job = c.run_agent.submit("broken", run_id=run_id)
     worker = c.worker("w1", pool="solo")
     with pytest.raises(
-        Exception, match=f"run '{run_id}': corrupt run state: .* so this job cannot run it"
+        Exception, match=f"run '{run_id}' in .*: corrupt run state: .* so this job cannot run it"
     ) as failed:
         job.get(timeout=30)
     assert "submit the goal again under a new run id" in str(failed.value)

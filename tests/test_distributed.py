@@ -538,7 +538,7 @@ async def test_a_job_whose_state_is_corrupt_fails_with_a_clear_error_and_the_wor
         status = await queue.status("bad")
         assert status is not None and status.status == "failed" and status.attempts == 1
         assert (status.error or "").startswith(
-            "CorruptRunError: run 'bad': corrupt run state: 1 problem(s): step:"
+            f"CorruptRunError: run 'bad' in {store.url}: corrupt run state: 1 problem(s): step:"
         )
         assert "so this job cannot run it: repair or delete the run in" in (status.error or "")
         assert "submit the goal again under a new run id" in (status.error or "")

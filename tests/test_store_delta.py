@@ -292,14 +292,14 @@ async def test_a_damaged_or_missing_ledger_row_is_a_clear_error(store: Store) ->
         _step(state, step)
     await _save(store, state)
     sql(store, 'UPDATE {t}ledger SET data = \'{"status": "gone"}\' WHERE idx = 1')
-    with pytest.raises(StateError, match="run 'run-1': a stored ledger entry is corrupt"):
+    with pytest.raises(StateError, match=r"run 'run-1' in .*: its ledger entry \d+ is corrupt"):
         await store.load_state("run-1")
     sql(store, "UPDATE {t}ledger SET key = ? WHERE idx = 2", '"c1"')
     sql(store, "UPDATE {t}ledger SET data = ? WHERE idx = 1", to_json(state.ledger["c2"]))
-    with pytest.raises(StateError, match="run 'run-1': its stored ledger names a tool call twice"):
+    with pytest.raises(StateError, match=r"run 'run-1' in .*: its stored ledger names a tool call twice"):
         await store.load_state("run-1")
     sql(store, "DELETE FROM {t}ledger WHERE idx = 2")
-    with pytest.raises(StateError, match="run 'run-1': 1 of its 3 stored ledger entries are missing"):
+    with pytest.raises(StateError, match=r"run 'run-1' in .*: 1 of its 3 stored ledger entries are missing"):
         await store.load_state("run-1")
 
 

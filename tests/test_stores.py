@@ -745,9 +745,11 @@ async def test_a_file_store_lists_its_runs_past_damaged_foreign_and_newer_files(
         (runs / "notes.txt").write_text("a note someone left here")
         (runs / ".good.json.123.tmp").write_text('{"half": ')  # a write that a crash cut short
         assert [r.run_id for r in await store.list_runs()] == ["good"]
-        with pytest.raises(StateError, match="run 'newer': run state has schema version 99, newer"):
+        with pytest.raises(
+            StateError, match=r"run 'newer' in .*newer\.json: run state has schema version 99, newer"
+        ):
             await store.load_state("newer")
-        with pytest.raises(StateError, match="run 'binary': corrupt run state"):
+        with pytest.raises(StateError, match=r"run 'binary' in .*binary\.json: corrupt run state"):
             await store.load_state("binary")
         loaded = await store.load_state("good")
         assert loaded is not None and loaded.event_version == 1
@@ -1021,7 +1023,9 @@ async def test_a_state_file_copied_under_another_run_id_is_a_clear_error(tmp_pat
         await store.checkpoint(_state("a"), [])
         runs = tmp_path / "files" / "runs"
         (runs / "b.json").write_text((runs / "a.json").read_text())
-        with pytest.raises(StateError, match=r"run 'b': the state stored under that id is run 'a'"):
+        with pytest.raises(
+            StateError, match=r"run 'b' in .*b\.json: the state stored under that id is run 'a'"
+        ):
             await store.load_state("b")
         loaded = await store.load_state("a")
         assert loaded is not None and loaded.run_id == "a"
@@ -1371,9 +1375,9 @@ async def test_a_damaged_or_missing_sqlite_message_row_is_a_clear_error(tmp_path
         await _save(store, state)
         with sqlite3.connect(db) as conn:
             conn.execute('UPDATE messages SET data = \'{"role": "nobody"}\' WHERE idx = 2')
-        with pytest.raises(StateError, match="run 'run-1': a stored message is corrupt"):
+        with pytest.raises(StateError, match=r"run 'run-1' in .*runs\.db: its message \d+ is corrupt"):
             await store.load_state("run-1")
         with sqlite3.connect(db) as conn:
             conn.execute("DELETE FROM messages WHERE idx = 2")
-        with pytest.raises(StateError, match="run 'run-1': 1 of its 5 stored messages are missing"):
+        with pytest.raises(StateError, match=r"run 'run-1' in .*: 1 of its 5 stored messages are missing"):
             await store.load_state("run-1")

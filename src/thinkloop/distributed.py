@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._aio import PerLoop
 from ._budget import Budget
 from ._errors import ConfigurationError, StateError, ThinkloopError, UserError
-from .stores._base import check_id
+from .stores._base import DamagedRunError, check_id
 from .stores._postgres import Link
 
 if TYPE_CHECKING:
@@ -690,10 +690,13 @@ async def _load(store: Store, run_id: str) -> RunState | None:
     try:
         return await store.load_state(run_id)
     except StateError as exc:
-        if not str(exc).startswith(f"run {run_id!r}: "):  # what the stores say of a state they refuse
+        # the store holds the state but cannot load it (a store of one's own may say so in words only)
+        held = isinstance(exc, DamagedRunError) or str(exc).startswith(f"run {run_id!r}")
+        if not held:
             raise  # the store failed (unreachable, no answer in time), not the state: that may pass
+        what = exc.what if isinstance(exc, DamagedRunError) else str(exc)
         raise CorruptRunError(
-            f"{exc} — so this job cannot run it: repair or delete the run in {store.url or 'the store'}, "
+            f"{what} — so this job cannot run it: repair or delete the run in {store.url or 'the store'}, "
             "or submit the goal again under a new run id",
             state=exc.state,
         ) from exc

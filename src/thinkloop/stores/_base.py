@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import logging
 import operator
 import os
 import re
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from .._errors import ConfigurationError, StateError
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from pydantic import TypeAdapter
 
 T = TypeVar("T")
+logger = logging.getLogger("thinkloop.stores")
 RunStatus = Literal["running", "done", "error"]
 MemoryRole = Literal["system", "user", "assistant"]
 
@@ -213,26 +215,80 @@ def memory_turn(state: RunState, events: Sequence[Event]) -> list[tuple[MemoryRo
     return [("user", state.goal), ("assistant", state.answer)]
 
 
-def load_state_text(run_id: str, text: str | bytes) -> RunState:
+DAMAGED = "the store is left as it is: restore it from a backup"
+
+
+class DamagedRunError(StateError):
+    """What the store holds of a run cannot be loaded (corrupt, missing rows, from a newer thinkloop): the
+    store answered, so trying again cannot help — unlike a store that failed (unreachable, locked).
+    `what` says what is wrong; the message adds what to do."""
+
+    def __init__(self, what: str, advice: str = "") -> None:
+        super().__init__(f"{what}; {advice}" if advice else what)
+        self.what = what
+
+
+def load_state_text(run_id: str, text: str | bytes, where: str = "") -> RunState:
     """Parse a stored state; corrupt or too-new data, or the state of another run (a file copied or renamed
-    in a `FileStore`), raises `StateError` naming the run."""
+    in a `FileStore`), raises `StateError` naming the run and `where` it is stored (a file, a database)."""
     try:
         state = RunState.from_json(text)
     except StateError as exc:
-        raise StateError(f"run {run_id!r}: {exc}") from exc
+        newer = "newer than this thinkloop" in str(exc)  # says what to do: upgrade
+        advice = "" if newer else f"{DAMAGED}, or start the run again under another id"
+        raise DamagedRunError(f"run {run_id!r}{_in(where)}: {exc}", advice) from exc
     if state.run_id != run_id:
-        raise StateError(
-            f"run {run_id!r}: the state stored under that id is run {state.run_id!r}'s (a file copied or renamed?): "
-            "put it back under its own id, or load that id"
+        raise DamagedRunError(
+            f"run {run_id!r}{_in(where)}: the state stored under that id is run {state.run_id!r}'s (a file copied "
+            "or renamed?)",
+            "put it back under its own id, or load that id",
         )
     return state
 
 
-def parse_event(run_id: str, text: str | bytes) -> Event:
+def parse_event(run_id: str, text: str | bytes, where: str = "", number: int | None = None) -> Event:
+    """Parse a stored event (`number`: its seq, when known); a corrupt one raises `StateError` naming it."""
     try:
         return event_from_json(text)
     except ValueError as exc:
-        raise StateError(f"run {run_id!r}: a stored event is corrupt: {exc}") from exc
+        which = f"its event {number}" if number is not None else "a stored event"
+        raise StateError(
+            f"run {run_id!r}{_in(where)}: {which} is corrupt ({problem(exc)}); {DAMAGED}"
+        ) from exc
+
+
+def parse_summaries(rows: Sequence[tuple[str, str]], where: str) -> list[RunSummary]:
+    """The summaries of `(run_id, summary JSON)` rows; a corrupt one is left out with a warning (one damaged
+    row must not hide every run: `load_state` reports the run itself)."""
+    out = []
+    for run_id, text in rows:
+        try:
+            out.append(RunSummary.model_validate_json(text))
+        except ValueError as exc:
+            logger.warning(
+                "run %r%s: its summary is corrupt (%s); left out of the listing",
+                run_id,
+                _in(where),
+                problem(exc),
+            )
+    return out
+
+
+def problem(exc: Exception) -> str:
+    """What is wrong with stored data, in a line: pydantic's first error without its type dump and link."""
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False)
+        if errors:
+            first = errors[0]
+            loc = first["loc"][1:] if first["loc"] and isinstance(first["loc"][0], int) else first["loc"]
+            path = ".".join(str(p) for p in loc)  # (a leading number is the row: said by the caller)
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            return f"{path + ': ' if path else ''}{first['msg']}{more}"
+    return " ".join(str(exc).split())
+
+
+def _in(where: str) -> str:
+    return f" in {where}" if where else ""
 
 
 # ================================================================================ text a store can hold
@@ -434,41 +490,54 @@ def _kept_messages(messages: list[Message], saved: Saved | None) -> int:
     return len(saved.messages) if all(map(operator.is_, saved.messages, messages)) else 0
 
 
-def stored_ledger(run_id: str, rows: Sequence[tuple[str, str]], count: int) -> dict[str, LedgerEntry]:
+def stored_ledger(
+    run_id: str, rows: Sequence[tuple[str, str]], count: int, where: str = ""
+) -> dict[str, LedgerEntry]:
     """A ledger read from its rows (key as JSON, entry as JSON: `count` of them expected, in order);
-    missing or corrupt rows raise a `StateError` naming the run."""
+    missing or corrupt rows raise a `StateError` naming the run and `where` it is stored."""
     texts = [row[1] for row in rows]
+    run = f"run {run_id!r}{_in(where)}"
     if len(texts) != count:
-        raise StateError(
-            f"run {run_id!r}: {count - len(texts)} of its {count} stored ledger entries are missing: "
-            "the database is damaged; restore it from a backup, or start the run again"
+        raise DamagedRunError(
+            f"{run}: {count - len(texts)} of its {count} stored ledger entries are missing", _AGAIN
         )
     try:
         entries = _list_of(LedgerEntry).validate_json("[" + ",".join(texts) + "]")
         keys = _list_of(str).validate_json("[" + ",".join(row[0] for row in rows) + "]")
     except ValueError as exc:
-        raise StateError(f"run {run_id!r}: a stored ledger entry is corrupt: {exc}") from exc
+        raise DamagedRunError(
+            f"{run}: {_which(exc, 'ledger entry')} is corrupt ({problem(exc)})", _AGAIN
+        ) from exc
     ledger = dict(zip(keys, entries, strict=True))
     if len(ledger) != count:
-        raise StateError(
-            f"run {run_id!r}: its stored ledger names a tool call twice: the database is damaged; "
-            "restore it from a backup, or start the run again"
-        )
+        raise DamagedRunError(f"{run}: its stored ledger names a tool call twice", _AGAIN)
     return ledger
 
 
-def stored_messages(run_id: str, texts: list[str], count: int) -> list[Message]:
+def stored_messages(run_id: str, texts: list[str], count: int, where: str = "") -> list[Message]:
     """Messages read from their rows (`count` of them expected, in order); missing or corrupt rows raise a
-    `StateError` naming the run."""
+    `StateError` naming the run and `where` it is stored."""
+    run = f"run {run_id!r}{_in(where)}"
     if len(texts) != count:
-        raise StateError(
-            f"run {run_id!r}: {count - len(texts)} of its {count} stored messages are missing: "
-            "the database is damaged; restore it from a backup, or start the run again"
+        raise DamagedRunError(
+            f"{run}: {count - len(texts)} of its {count} stored messages are missing", _AGAIN
         )
     try:
         return _list_of(Message).validate_json("[" + ",".join(texts) + "]")
     except ValueError as exc:
-        raise StateError(f"run {run_id!r}: a stored message is corrupt: {exc}") from exc
+        raise DamagedRunError(f"{run}: {_which(exc, 'message')} is corrupt ({problem(exc)})", _AGAIN) from exc
+
+
+_AGAIN = f"{DAMAGED}, or start the run again"
+
+
+def _which(exc: ValueError, what: str) -> str:
+    """`its message 3` when the error says which row of the list (its first part) is at fault."""
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False)
+        if errors and errors[0]["loc"] and isinstance(errors[0]["loc"][0], int):
+            return f"its {what} {errors[0]['loc'][0] + 1}"
+    return f"a stored {what}"
 
 
 @functools.cache

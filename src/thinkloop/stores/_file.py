@@ -45,6 +45,7 @@ from ._base import (
     memory_turn,
     numbered,
     parse_event,
+    problem,
     to_json,
 )
 
@@ -119,7 +120,7 @@ class FileStore(Store):
     ) -> None:
         log = self._log_path(run_id)
         with self._locked():
-            existing = _read_lines(log)
+            existing = _read_lines(log, whole=True)
             if len(existing) != expected:
                 existing = self._repair(run_id, existing, expected)
             if lines:
@@ -151,7 +152,7 @@ class FileStore(Store):
     async def load_state(self, run_id: str) -> RunState | None:
         path = self._state_path(run_id)
         text = await self._call(_read_state, path)
-        return None if text is None else load_state_text(run_id, text)
+        return None if text is None else load_state_text(run_id, text, str(path))
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         check_id(run_id)
@@ -162,14 +163,16 @@ class FileStore(Store):
     def _append(self, run_id: str, expected: int, lines: list[str]) -> None:
         log = self._log_path(run_id)
         with self._locked():
-            actual = len(_read_lines(log))
+            actual = len(_read_lines(log, whole=True))
             if actual != expected:
                 raise ConcurrencyError(run_id, expected, actual)
             _append_synced(log, lines)
 
     async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
-        lines = await self._call(_read_lines, self._log_path(run_id))
-        return [parse_event(run_id, line) for line in lines[max(after, 0) :]]
+        log = self._log_path(run_id)
+        lines = await self._call(_read_whole_lines, log)
+        start = max(after, 0)
+        return [parse_event(run_id, line, str(log), start + i) for i, line in enumerate(lines[start:], 1)]
 
     async def list_runs(
         self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
@@ -214,18 +217,36 @@ class FileStore(Store):
         _append_synced(self._session_path(session), [entry.model_dump_json()])
 
     async def get_memory(self, session: str, limit: int | None = None) -> list[MemoryEntry]:
-        lines = await self._call(_read_lines, self._session_path(session))
-        if limit is not None:
-            lines = lines[-limit:] if limit > 0 else []
-        return [MemoryEntry.model_validate_json(line) for line in lines]
+        path = self._session_path(session)
+        lines = await self._call(_read_whole_lines, path)
+        first = 0 if limit is None else max(len(lines) - limit, 0) if limit > 0 else len(lines)
+        return [_memory_entry(session, path, first + i, line) for i, line in enumerate(lines[first:], 1)]
 
 
-def _read_lines(path: Path) -> list[str]:
+def _memory_entry(session: str, path: Path, number: int, line: str) -> MemoryEntry:
+    try:
+        return MemoryEntry.model_validate_json(line)
+    except ValueError as exc:
+        raise StateError(
+            f"session {session!r} in {path}: line {number} is corrupt ({problem(exc)}): remove or repair "
+            "that line (the file is left as it is)"
+        ) from exc
+
+
+def _read_lines(path: Path, *, whole: bool = False) -> list[str]:
+    """The file's lines; `whole`: without a last one cut off before its line break (a writer killed while
+    it appended — the next save under the lock repairs the file)."""
     try:  # a damaged byte is U+FFFD: the line still counts, and the rest of the file reads
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return []
+    if whole:
+        text = text[: text.rfind("\n") + 1]
     return [line for line in text.split("\n") if line.strip()]
+
+
+def _read_whole_lines(path: Path) -> list[str]:
+    return _read_lines(path, whole=True)
 
 
 def _read_state(path: Path) -> bytes | None:
@@ -248,14 +269,37 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _append_synced(path: Path, lines: list[str]) -> None:
-    """Append the lines to `path` and sync them (and the name of a new file) to disk."""
+    """Append the lines to `path` and sync them (and the name of a new file) to disk. A last line cut off
+    before its line break (its writer was killed: writers hold the lock, so nobody finishes it) is dropped
+    first — the first line appended would be glued to it, and lost with it."""
     new = not path.exists()
+    if not new:
+        _drop_cut_end(path)
     with open(path, "a", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in lines))
         f.flush()
         _sync(f.fileno())
     if new:
         _sync_dir(path.parent)
+
+
+def _drop_cut_end(path: Path, chunk: int = 65536) -> None:
+    """Truncate `path` after its last line break (nothing to do when it ends with one)."""
+    with open(path, "rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        position = end
+        while position > 0:
+            start = max(position - chunk, 0)
+            f.seek(start)
+            data = f.read(position - start)
+            if position == end and data.endswith(b"\n"):
+                return
+            newline = data.rfind(b"\n")
+            if newline >= 0:
+                f.truncate(start + newline + 1)
+                return
+            position = start
+        f.truncate(0)
 
 
 def _sync(fd: int) -> None:

@@ -26,6 +26,8 @@ from ._base import (
     to_json,
 )
 
+_WHERE = "the memory store"
+
 
 class MemoryStore(Store):
     """A store in memory: states and events are kept as JSON, so stored runs never change under you.
@@ -67,7 +69,7 @@ class MemoryStore(Store):
 
     async def load_state(self, run_id: str) -> RunState | None:
         stored = self._states.get(check_id(run_id))
-        return None if stored is None else load_state_text(run_id, stored[0])
+        return None if stored is None else load_state_text(run_id, stored[0], _WHERE)
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         self._check_version(check_id(run_id), expected_version)
@@ -77,7 +79,8 @@ class MemoryStore(Store):
 
     async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
         log = self._events.get(check_id(run_id), [])
-        return [parse_event(run_id, text) for text in log[max(after, 0) :]]
+        start = max(after, 0)
+        return [parse_event(run_id, text, _WHERE, start + i) for i, text in enumerate(log[start:], 1)]
 
     async def list_runs(
         self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None

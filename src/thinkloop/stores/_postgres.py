@@ -42,6 +42,7 @@ from ._base import (
     memory_turn,
     numbered,
     parse_event,
+    parse_summaries,
     stored_ledger,
     stored_messages,
     to_json,
@@ -169,6 +170,13 @@ class PostgresStore(Store):
                 )
             try:
                 await self._bounded(conn, _migrate)
+            except _NewerSchema as newer:
+                await conn.close()
+                raise StateError(
+                    f"the PostgreSQL store {self.url} has thinkloop schema version {newer.version}, newer "
+                    f"than this thinkloop supports ({SCHEMA_VERSION}): upgrade thinkloop to use it, or give "
+                    "this one another database (this one is left as it is)"
+                ) from None
             except BaseException:
                 await conn.close()
                 raise
@@ -275,14 +283,14 @@ class PostgresStore(Store):
         if row is None:
             return None
         text, message_count, ledger_count, token, messages, keys, entries = row
-        state = load_state_text(run_id, text)
+        state = load_state_text(run_id, text, self.url)
         if message_count is None or state.messages:  # saved by version 1: messages and ledger inline
             return state
-        state.messages = stored_messages(run_id, messages or [], message_count)
+        state.messages = stored_messages(run_id, messages or [], message_count, self.url)
         in_rows = ledger_count is not None and not state.ledger
         if in_rows:
             state.ledger = stored_ledger(
-                run_id, list(zip(keys or [], entries or [], strict=True)), ledger_count
+                run_id, list(zip(keys or [], entries or [], strict=True)), ledger_count, self.url
             )
         if token is not None and not state.finished:  # a resume writes only what it changes
             saved = self._saved.recall(run_id)
@@ -292,10 +300,10 @@ class PostgresStore(Store):
 
     async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
         rows = await self._fetchall(
-            "SELECT data FROM thinkloop_events WHERE run_id = %s AND seq > %s ORDER BY seq",
+            "SELECT seq, data FROM thinkloop_events WHERE run_id = %s AND seq > %s ORDER BY seq",
             (check_id(run_id), after),
         )
-        return [parse_event(run_id, r[0]) for r in rows]
+        return [parse_event(run_id, data, self.url, seq) for seq, data in rows]
 
     async def list_runs(
         self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
@@ -309,11 +317,11 @@ class PostgresStore(Store):
             clauses.append("session = %s")
             params.append(session)
         rows = await self._fetchall(
-            f"SELECT summary FROM thinkloop_runs WHERE {' AND '.join(clauses)} "
+            f"SELECT run_id, summary FROM thinkloop_runs WHERE {' AND '.join(clauses)} "
             "ORDER BY updated_at DESC LIMIT %s",
             (*params, limit),
         )
-        return [RunSummary.model_validate_json(r[0]) for r in rows]
+        return parse_summaries(rows, self.url)
 
     # ------------------------------------------------------------------------------------ memory
 
@@ -406,6 +414,14 @@ async def _write_delta(cur: Any, run_id: str, delta: Delta) -> None:
         await cur.executemany(_ENTRY_SQL, [(run_id, index, key, data) for index, key, data in entries])
 
 
+class _NewerSchema(Exception):
+    """The tables were made by a newer thinkloop (said with the store's URL by `PostgresStore`)."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(version)
+        self.version = version
+
+
 async def _migrate(conn: Any) -> None:
     """Create or upgrade the tables, once, under an advisory lock (several processes may start at once)."""
     async with conn.transaction():
@@ -414,10 +430,7 @@ async def _migrate(conn: Any) -> None:
         cur = await conn.execute("SELECT max(version) FROM thinkloop_schema")
         version = (await cur.fetchone())[0] or 0
         if version > SCHEMA_VERSION:
-            raise StateError(
-                f"the database has thinkloop schema version {version}, newer than this thinkloop "
-                f"supports ({SCHEMA_VERSION}): upgrade thinkloop"
-            )
+            raise _NewerSchema(version)
         if version < SCHEMA_VERSION:
             steps = [s for v in range(max(version, 1) + 1, SCHEMA_VERSION + 1) for s in _MIGRATIONS[v]]
             for sql in (_SCHEMA if version == 0 else []) + steps:

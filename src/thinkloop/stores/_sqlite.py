@@ -45,6 +45,7 @@ from ._base import (
     memory_turn,
     numbered,
     parse_event,
+    parse_summaries,
     stored_ledger,
     stored_messages,
     to_json,
@@ -227,6 +228,13 @@ class SQLiteStore(Store):
             _wal(conn, timeout)
             conn.execute("PRAGMA synchronous = NORMAL")
             _migrate(conn)
+        except _NewerSchema as newer:
+            conn.close()
+            raise StateError(
+                f"the SQLite store {self.path} has schema version {newer.version}, newer than this thinkloop "
+                f"supports ({SCHEMA_VERSION}): upgrade thinkloop to use it, or give this one another file "
+                "(this one is left as it is)"
+            ) from None
         except BaseException:
             conn.close()
             raise
@@ -263,13 +271,14 @@ class SQLiteStore(Store):
         if found is None:
             return None
         text, (message_count, ledger_count), token, message_rows, ledger_rows = found
-        state = load_state_text(run_id, text)
+        where = str(self.path)
+        state = load_state_text(run_id, text, where)
         if message_count is None or state.messages:  # saved by version 1: messages and ledger inline
             return state
-        state.messages = stored_messages(run_id, message_rows, message_count)
+        state.messages = stored_messages(run_id, message_rows, message_count, where)
         in_rows = ledger_count is not None and not state.ledger  # else saved by version 2: inline
         if ledger_count is not None and in_rows:
-            state.ledger = stored_ledger(run_id, ledger_rows, ledger_count)
+            state.ledger = stored_ledger(run_id, ledger_rows, ledger_count, where)
         if token is not None and not state.finished:  # a resume writes only what it changes
             saved = self._saved.recall(run_id)
             if saved is None or saved.token != token:  # same token: the live run's objects, kept
@@ -286,19 +295,21 @@ class SQLiteStore(Store):
     async def read_events(self, run_id: str, after: int = 0) -> list[Event]:
         rows = await self._call(
             _all,
-            "SELECT data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+            "SELECT seq, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
             (check_id(run_id), after),
         )
-        return [parse_event(run_id, r[0]) for r in rows]
+        return [parse_event(run_id, data, str(self.path), seq) for seq, data in rows]
 
     async def list_runs(
         self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
     ) -> list[RunSummary]:
         where, params = _filters(status, session)
         rows = await self._call(
-            _all, f"SELECT summary FROM runs{where} ORDER BY updated_at DESC LIMIT ?", (*params, limit)
+            _all,
+            f"SELECT run_id, summary FROM runs{where} ORDER BY updated_at DESC LIMIT ?",
+            (*params, limit),
         )
-        return [RunSummary.model_validate_json(r[0]) for r in rows]
+        return parse_summaries(rows, str(self.path))
 
     # ------------------------------------------------------------------------------------ memory
 
@@ -344,7 +355,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
 
 
 def _schema_version(conn: sqlite3.Connection) -> int:
-    """The database's schema version (0: none yet); a newer one than this thinkloop's is a `StateError`."""
+    """The database's schema version (0: none yet); a newer one than this thinkloop's is `_NewerSchema`."""
     try:
         version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
     except sqlite3.OperationalError as exc:
@@ -352,11 +363,16 @@ def _schema_version(conn: sqlite3.Connection) -> int:
             raise
         return 0
     if version > SCHEMA_VERSION:
-        raise StateError(
-            f"the database has schema version {version}, newer than this thinkloop supports "
-            f"({SCHEMA_VERSION}): upgrade thinkloop"
-        )
+        raise _NewerSchema(version)
     return int(version)
+
+
+class _NewerSchema(Exception):
+    """The database was made by a newer thinkloop (said with the file's name by `SQLiteStore._connect`)."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(version)
+        self.version = version
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -1,0 +1,306 @@
+"""Stores holding damaged data: a corrupt state, event, message or summary, a torn session file, a database
+of a newer thinkloop. Each is a `StateError` naming the run, where it is stored and what to do — not a raw
+pydantic or sqlite3 error — and what is stored is left as it is."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import private_schema
+from thinkloop import Agent, RunState, StateError
+from thinkloop._events import Status
+from thinkloop.stores import FileStore, MemoryStore, PostgresStore, SQLiteStore, Store
+from thinkloop.testing import ScriptedModel
+
+KINDS = ["memory", "file", "sqlite", "postgres"]
+
+
+@pytest.fixture
+def pg_dsn() -> Iterator[str]:
+    yield from private_schema("tl_faults")
+
+
+@pytest.fixture(params=KINDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    kind = request.param
+    if kind == "memory":
+        made: Store = MemoryStore()
+    elif kind == "file":
+        made = FileStore(tmp_path / "files")
+    elif kind == "sqlite":
+        made = SQLiteStore(tmp_path / "runs.db")
+    else:
+        made = PostgresStore(request.getfixturevalue("pg_dsn"))
+    async with made:
+        yield made
+
+
+def _where(store: Store, part: str) -> str:
+    """Where the store says the damaged data is."""
+    if isinstance(store, FileStore):
+        return str(store.root / "runs" / ("run-1.json" if part == "state" else "run-1.events.jsonl"))
+    if isinstance(store, SQLiteStore):
+        return str(store.path)
+    if isinstance(store, PostgresStore):
+        return store.url
+    return "the memory store"
+
+
+async def _saved(store: Store) -> RunState:
+    state = RunState(run_id="run-1", goal="a goal", model="test:script")
+    events = [Status(text="one"), Status(text="two")]
+    for event in events:
+        state.event_version += 1
+        event.run_id, event.seq = state.run_id, state.event_version
+    await store.checkpoint(state, events)
+    return state
+
+
+def _sql(store: Store) -> Callable[..., Any]:
+    """Run one statement on the store's database (with ? placeholders); the first row's first value."""
+    if isinstance(store, SQLiteStore):
+        db = str(store.path)
+
+        def lite(query: str, *params: Any) -> Any:
+            with sqlite3.connect(db) as conn:
+                row = conn.execute(query, params).fetchone()
+            return row[0] if row else None
+
+        return lite
+    import psycopg
+
+    assert isinstance(store, PostgresStore)
+    dsn = store.dsn
+
+    def pg(query: str, *params: Any) -> Any:
+        query = query.replace("?", "%s").replace("FROM runs", "FROM thinkloop_runs")
+        query = query.replace("UPDATE runs", "UPDATE thinkloop_runs").replace(
+            " events ", " thinkloop_events "
+        )
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            cur = conn.execute(query, params)
+            row = cur.fetchone() if cur.description else None
+        return row[0] if row else None
+
+    return pg
+
+
+def _damage_event(store: Store, text: str) -> Callable[[], Any]:
+    """Overwrite the run's second event with `text`; a function reading it back."""
+    if isinstance(store, MemoryStore):
+        store._events["run-1"][1] = text
+        return lambda: store._events["run-1"][1]
+    if isinstance(store, FileStore):
+        log = store.root / "runs" / "run-1.events.jsonl"
+        first = log.read_text().splitlines()[0]
+        log.write_text(f"{first}\n{text}\n")
+        return lambda: log.read_text().splitlines()[1]
+    sql = _sql(store)
+    sql("UPDATE events SET data = ? WHERE run_id = ? AND seq = 2", text, "run-1")
+    return lambda: sql("SELECT data FROM events WHERE run_id = ? AND seq = 2", "run-1")
+
+
+def _damage_state(store: Store, text: str) -> Callable[[], Any]:
+    if isinstance(store, MemoryStore):
+        store._states["run-1"] = (text, store._states["run-1"][1])
+        return lambda: store._states["run-1"][0]
+    if isinstance(store, FileStore):
+        path = store.root / "runs" / "run-1.json"
+        path.write_text(text)
+        return path.read_text
+    sql = _sql(store)
+    sql("UPDATE runs SET state = ? WHERE run_id = ?", text, "run-1")
+    return lambda: sql("SELECT state FROM runs WHERE run_id = ?", "run-1")
+
+
+async def test_a_corrupt_state_names_the_run_where_it_is_stored_and_what_to_do(store: Store) -> None:
+    await _saved(store)
+    read_back = _damage_state(store, '{"run_id": "run-1", "step": ')
+    for attempt in (store.load_state("run-1"), Agent(ScriptedModel(["unused"]), store=store).resume("run-1")):
+        with pytest.raises(StateError) as info:
+            await attempt
+        message = str(info.value)
+        assert message.startswith(
+            f"run 'run-1' in {_where(store, 'state')}: corrupt run state: 1 problem(s): "
+        )
+        assert message.endswith(
+            "; the store is left as it is: restore it from a backup, or start the run again under another id"
+        )
+    assert read_back() == '{"run_id": "run-1", "step": '
+
+
+async def test_a_state_of_a_newer_thinkloop_says_to_upgrade(store: Store) -> None:
+    await _saved(store)
+    read_back = _damage_state(store, '{"schema_version": 99, "run_id": "run-1", "future_field": 1}')
+    with pytest.raises(StateError) as info:
+        await store.load_state("run-1")
+    assert str(info.value) == (
+        f"run 'run-1' in {_where(store, 'state')}: run state has schema version 99, newer than this "
+        "thinkloop supports (1): upgrade thinkloop to load it"
+    )
+    assert read_back() == '{"schema_version": 99, "run_id": "run-1", "future_field": 1}'
+
+
+async def test_a_corrupt_event_names_its_number_and_store_without_pydantic_s_dump(store: Store) -> None:
+    # It was "run 'run-1': a stored event is corrupt: 1 validation error for tagged-union[RunStarted,
+    # Thought, … 18 event types …] Invalid JSON … For further information visit https://errors.pydantic.dev…"
+    await _saved(store)
+    read_back = _damage_event(store, '{"type": "sta')
+    with pytest.raises(StateError) as info:
+        await store.read_events("run-1")
+    where = _where(store, "events")
+    assert str(info.value) == (
+        f"run 'run-1' in {where}: its event 2 is corrupt (Invalid JSON: EOF while parsing a string at line 1 "
+        "column 13); the store is left as it is: restore it from a backup"
+    )
+    assert read_back() == '{"type": "sta'
+    assert [e.seq for e in await store.read_events("run-1", after=2)] == []
+
+
+async def test_an_event_of_an_unknown_type_says_which(store: Store) -> None:
+    await _saved(store)
+    _damage_event(store, '{"type": "teleported", "run_id": "run-1", "seq": 2}')
+    with pytest.raises(StateError, match=r"its event 2 is corrupt \(.*'teleported'") as info:
+        await store.read_events("run-1")
+    assert "errors.pydantic.dev" not in str(info.value) and "tagged-union" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_run_whose_summary_is_corrupt_is_left_out_of_the_listing_with_a_warning(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    # list_runs raised pydantic's ValidationError: one damaged row hid every run (`thinkloop runs list`)
+    made: Store = (
+        SQLiteStore(tmp_path / "runs.db")
+        if kind == "sqlite"
+        else PostgresStore(request.getfixturevalue("pg_dsn"))
+    )
+    async with made as store:
+        await _saved(store)
+        other = RunState(run_id="run-2", goal="another", model="test:script")
+        await store.checkpoint(other, [])
+        _sql(store)("UPDATE runs SET summary = ? WHERE run_id = ?", '{"run_id": ', "run-1")
+        with caplog.at_level(logging.WARNING, logger="thinkloop.stores"):
+            listed = await store.list_runs()
+        assert [s.run_id for s in listed] == ["run-2"]
+        (warning,) = [r.getMessage() for r in caplog.records if r.name == "thinkloop.stores"]
+        assert warning.startswith(f"run 'run-1' in {_where(store, 'summary')}: its summary is corrupt (")
+        assert (await store.load_state("run-1")) is not None  # the run itself still loads
+
+
+async def test_a_damaged_message_row_names_the_store(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        model = ScriptedModel(["hi"])
+        result = await Agent(model, store=store).run("x", run_id="run-1")
+        assert result.output == "hi"
+    with sqlite3.connect(tmp_path / "runs.db") as conn:
+        conn.execute("UPDATE messages SET data = '{\"role\": 3}' WHERE run_id = 'run-1' AND idx = 0")
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        with pytest.raises(StateError) as info:
+            await store.load_state("run-1")
+    message = str(info.value)
+    assert message.startswith(f"run 'run-1' in {tmp_path / 'runs.db'}: its message 1 is corrupt (")
+    assert message.endswith("; the store is left as it is: restore it from a backup, or start the run again")
+    assert "errors.pydantic.dev" not in message
+
+
+async def test_a_torn_line_in_a_session_file_names_the_file_and_line(tmp_path: Path) -> None:
+    # The session memory of a FileStore raised pydantic's ValidationError: every later run of the session
+    # failed with it, saying neither which file nor what to do.
+    async with FileStore(tmp_path / "files") as store:
+        await store.add_memory("chat", "user", "hello")
+        path = tmp_path / "files" / "sessions" / "chat.jsonl"
+        path.write_text(path.read_text() + '{"session": "chat", "ro\n')
+        before = path.read_text()
+        for attempt in (
+            store.get_memory("chat"),
+            Agent(ScriptedModel(["hi"]), store=store).run("x", session="chat"),
+        ):
+            with pytest.raises(StateError) as info:
+                await attempt
+            assert str(info.value).startswith(f"session 'chat' in {path}: line 2 is corrupt (Invalid JSON: ")
+            assert str(info.value).endswith(": remove or repair that line (the file is left as it is)")
+        assert path.read_text() == before
+
+
+async def test_a_sqlite_database_of_a_newer_thinkloop_names_the_file_and_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "runs.db"
+    async with SQLiteStore(db) as store:
+        await _saved(store)
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO schema_version (version) VALUES (99)")
+    async with SQLiteStore(db) as store:
+        with pytest.raises(StateError) as info:
+            await store.load_state("run-1")
+    assert str(info.value) == (
+        f"the SQLite store {db} has schema version 99, newer than this thinkloop supports (3): upgrade "
+        "thinkloop to use it, or give this one another file (this one is left as it is)"
+    )
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 99
+        assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+
+
+async def test_a_postgres_database_of_a_newer_thinkloop_names_the_store(pg_dsn: str) -> None:
+    import psycopg
+
+    async with PostgresStore(pg_dsn) as store:
+        await _saved(store)
+        url = store.url
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO thinkloop_schema (version) VALUES (99)")
+    async with PostgresStore(pg_dsn) as store:
+        with pytest.raises(StateError) as info:
+            await store.load_state("run-1")
+    assert str(info.value) == (
+        f"the PostgreSQL store {url} has thinkloop schema version 99, newer than this thinkloop supports "
+        "(2): upgrade thinkloop to use it, or give this one another database (this one is left as it is)"
+    )
+
+
+async def test_a_file_store_log_and_session_cut_mid_line_by_a_crash_read_their_whole_lines(
+    tmp_path: Path,
+) -> None:
+    # A process killed while it appended left half a line at the end: reading the log (the server does,
+    # to resume a run) or the session failed on it until the next save repaired the file.
+    async with FileStore(tmp_path / "files") as store:
+        state = await _saved(store)
+        await store.add_memory("chat", "user", "hello")
+        log = tmp_path / "files" / "runs" / "run-1.events.jsonl"
+        session = tmp_path / "files" / "sessions" / "chat.jsonl"
+        with log.open("a") as f:
+            f.write('{"run_id": "run-1", "seq": 3, "type": "sta')
+        with session.open("a") as f:
+            f.write('{"session": "chat", "ro')
+        assert [e.seq for e in await store.read_events("run-1")] == [1, 2]
+        assert [m.content for m in await store.get_memory("chat")] == ["hello"]
+        await store.checkpoint(state, [])
+        assert [e.seq for e in await store.read_events("run-1")] == [1, 2]
+
+
+async def test_what_a_file_store_appends_after_a_cut_line_is_kept(tmp_path: Path) -> None:
+    # The next line was glued to the cut one and lost with it (a session's next turn, a run's next events).
+    async with FileStore(tmp_path / "files") as store:
+        await store.add_memory("chat", "user", "hello")
+        session = tmp_path / "files" / "sessions" / "chat.jsonl"
+        with session.open("a") as f:
+            f.write('{"session": "chat", "role": "assistant", "content": "half an ans')
+        await store.add_memory("chat", "user", "again")
+        assert [m.content for m in await store.get_memory("chat")] == ["hello", "again"]
+        state = await _saved(store)
+        log = tmp_path / "files" / "runs" / "run-1.events.jsonl"
+        with log.open("a") as f:
+            f.write('{"run_id": "run-1", "seq": 3, "ty')
+        state.event_version += 1
+        event = Status(text="three")
+        event.run_id, event.seq = "run-1", 3
+        await store.checkpoint(state, [event])
+        assert [e.seq for e in await store.read_events("run-1")] == [1, 2, 3]
