@@ -287,14 +287,18 @@ class Guards:
 
     # ------------------------------------------------------------------------------------ observing
 
-    def observe(self, state: RunState, outcomes: list[ToolOutcome]) -> None:
+    def observe(self, state: RunState, outcomes: list[ToolOutcome]) -> frozenset[str]:
         """Update the failure, repeated-error and progress counters from one step's outcomes, and the heal
         count: a step whose calls were all malformed (an unknown tool, invalid arguments) is a failed heal,
-        any other resets it (`note_heal`)."""
+        any other resets it (`note_heal`). Returns the ids of the successful calls that repeat an earlier
+        call exactly, result included (`is_repeat`, as it was before this step): the loop notes it to the
+        model."""
         g = state.guards
         if len(outcomes) == 1:
-            self._observe_one(g, outcomes[0])
-            return
+            return self._observe_one(g, outcomes[0])
+        repeats = frozenset(
+            o.call.id for o in outcomes if o.success and self.is_repeat(state, o.call, o.output)
+        )
         g.heal_failures = g.heal_failures + 1 if all(o.error_kind in _MALFORMED for o in outcomes) else 0
         executed = [o for o in outcomes if o.error_kind != "repeated_call"]
         succeeded = False
@@ -313,24 +317,37 @@ class Guards:
         g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
         if g.recent_signatures:
             _note_results(g.recent_signatures, outcomes, blocked=not executed)
+        return repeats
 
-    def _observe_one(self, g: GuardState, outcome: ToolOutcome) -> None:
-        """`observe` of a step with one call (the same rules)."""
-        kind = outcome.error_kind
+    def _observe_one(self, g: GuardState, outcome: ToolOutcome) -> frozenset[str]:
+        """`observe` of a step with one call (the same rules; the result's digest taken once)."""
+        kind, success = outcome.error_kind, outcome.success
         g.heal_failures = g.heal_failures + 1 if kind in _MALFORMED else 0
         executed = kind != "repeated_call"
+        digest = _digest(outcome.output)
+        repeat = (
+            success
+            and g.signature_counts.get(self.signature(outcome.call), 0) > 1
+            and digest in g.seen_results
+        )
         if executed:
-            if outcome.success:
+            if success:
                 g.consecutive_failures = 0
                 if g.recent_errors:
                     g.recent_errors.clear()
             else:
                 g.consecutive_failures += 1
                 _push(g.recent_errors, _error_fingerprint(f"{outcome.call.name}:{outcome.output}"), 8)
-        useful = self._useful(outcome, g)
+        new = success and digest not in g.seen_results  # `_useful`, written out
+        if new:
+            _push(g.seen_results, digest, 64)
+        useful = new if self.config.is_useful is None else bool(self.config.is_useful(outcome, g))
         g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
-        if g.recent_signatures:
-            _note_results(g.recent_signatures, [outcome], blocked=not executed)
+        recent = g.recent_signatures
+        if recent:  # `_note_results` of one outcome
+            sig = recent[-1].split("#", 1)[0]
+            recent[-1] = f"{sig}#{digest if executed else _earlier_result(recent, sig, digest)}"
+        return frozenset((outcome.call.id,)) if repeat else _NONE
 
     def _useful(self, outcome: ToolOutcome, g: GuardState) -> bool:
         new = False
@@ -456,10 +473,16 @@ def _note_results(recent: list[str], outcomes: list[ToolOutcome], *, blocked: bo
     """Add the step's result fingerprint to its signature (a blocked step keeps the earlier result)."""
     sig = recent[-1].split("#", 1)[0]
     results = _digest(outcomes[0].output if len(outcomes) == 1 else "\n".join(o.output for o in outcomes))
-    if blocked:
-        earlier = next((r for r in reversed(recent[:-1]) if r.split("#", 1)[0] == sig and "#" in r), None)
-        results = earlier.split("#", 1)[1] if earlier else results
-    recent[-1] = f"{sig}#{results}"
+    recent[-1] = f"{sig}#{_earlier_result(recent, sig, results) if blocked else results}"
+
+
+def _earlier_result(recent: list[str], sig: str, default: str) -> str:
+    """The result fingerprint of the latest earlier step with signature `sig` (`default` if none)."""
+    earlier = next((r for r in reversed(recent[:-1]) if r.split("#", 1)[0] == sig and "#" in r), None)
+    return earlier.split("#", 1)[1] if earlier else default
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 def _alternates(recent: list[str], step_sig: str) -> bool:

@@ -460,7 +460,20 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
             attempt += 1
             delay = _retry_delay(run, exc, attempt, streamer)  # raises unless the call is tried again
         await _within(run, deadline, asyncio.sleep(delay))
-    return _received(run, request, response, started)
+    if not isinstance(response, ModelResponse) or type(response.text) is not str:
+        raise ModelError(
+            f"the model returned {_describe(response)}, not a ModelResponse with text",
+            provider=run.model.provider,
+            scope="model request",
+        )
+    if (  # the prefill put back
+        request.prefill
+        and response.text
+        and not response.text.lstrip().lower().startswith(request.prefill.lower())
+    ):
+        response = response.model_copy(update={"text": f"{request.prefill} {response.text}"})
+    _account(run, request, response, started)
+    return response
 
 
 async def _within(run: RunContext, deadline: float | None, awaitable: Awaitable[T]) -> T:
@@ -503,26 +516,6 @@ def _retry_delay(run: RunContext, exc: Exception, attempt: int, streamer: _Answe
     raise ModelError(  # a model of the user's making raised something else: still a model error
         f"the model raised {type(exc).__name__}: {exc}", provider=run.model.provider, scope="model request"
     ) from exc
-
-
-def _received(
-    run: RunContext, request: ModelRequest, response: ModelResponse, started: float
-) -> ModelResponse:
-    """The model's reply checked (a `ModelResponse` with text), with the prefill put back; its usage accounted."""
-    if not isinstance(response, ModelResponse) or type(response.text) is not str:
-        raise ModelError(
-            f"the model returned {_describe(response)}, not a ModelResponse with text",
-            provider=run.model.provider,
-            scope="model request",
-        )
-    if (
-        request.prefill
-        and response.text
-        and not response.text.lstrip().lower().startswith(request.prefill.lower())
-    ):
-        response = response.model_copy(update={"text": f"{request.prefill} {response.text}"})
-    _account(run, request, response, started)
-    return response
 
 
 def _describe(response: object) -> str:
@@ -679,7 +672,7 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     if run.state.mode == "react" and not response.tool_calls:
         return _interpret_react(run, response, request)
     calls = response.tool_calls
-    if not (len(calls) == 1 and calls[0].id):  # one call with an id: the common case, already unique
+    if calls and not (len(calls) == 1 and calls[0].id):  # one call with an id: the common case, unique
         calls = _unique_ids(calls, run.state.step)
     if not calls and response.text and run.tools.names:
         answer = _react.json_answer(response.text, run.tools.names)  # {"name": "final_answer", ...} as text
@@ -822,16 +815,6 @@ def switch_mode(run: RunContext, mode: Mode, reason: str) -> None:
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
-def _plain(call: ToolCall) -> bool:
-    """True when no string of the call can hold a surrogate and no number is NaN or infinite: its name and
-    arguments are ASCII, without `NaN`/`Infinity` (the arguments' JSON is kept: the guards' signature and
-    the token estimate read it too)."""
-    if call.raw_arguments is not None or not call.name.isascii():
-        return False
-    text = arguments_json(call.arguments)
-    return text.isascii() and "NaN" not in text and "Infinity" not in text
-
-
 def _non_finite(value: Any) -> bool:
     """Whether a NaN or an infinity is anywhere in `value` (JSON has neither: the state would not
     round-trip, so such arguments are answered as not being JSON)."""
@@ -856,10 +839,15 @@ def _valid_unicode(value: Any) -> Any:
 
 
 def _valid_unicode_reply(reply: Reply) -> Reply:
+    """The reply with lone surrogates replaced, and calls whose arguments hold NaN or an infinity marked as
+    malformed (the state must stay UTF-8 and JSON)."""
     if not reply.text.isascii():
         reply.text = _valid_unicode(reply.text)
-    for call in reply.calls:
-        if not _plain(call):
+    for call in reply.calls:  # plain calls need nothing: name and arguments ASCII, no `NaN`/`Infinity`
+        if call.raw_arguments is not None or not call.name.isascii():
+            break
+        text = arguments_json(call.arguments)  # kept: the guards' signature and the token estimate read it
+        if not text.isascii() or "NaN" in text or "Infinity" in text:
             break
     else:
         return reply  # the common case: nothing that can hold a lone surrogate
@@ -1000,9 +988,12 @@ def plan_calls(run: RunContext, calls: list[ToolCall], blocked: dict[str, str]) 
 def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
     """Record each result as a tool message, update the guards, add a hint when due (saved by the caller)."""
     state, guards, step = run.state, run.guards, run.state.step
+    repeats = guards.observe(
+        state, outcomes
+    )  # the heal count too: a step of only malformed calls is a failed heal
     for outcome in outcomes:
         text, call = outcome.output, outcome.call
-        if outcome.success and guards.is_repeat(state, call, text):
+        if repeats and call.id in repeats:  # a successful call that repeats an earlier one, result included
             text = f"{text}\n\n{guards.config.hint('repeat_note')}"
         state.messages.append(
             new_message(role="tool", content=text, tool_call_id=call.id, name=call.name, step=step)
@@ -1011,7 +1002,6 @@ def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
             run.emit(_result_event(step, outcome))
         else:
             state.event_version += 1  # `run.skip_event()`, inlined: the hot path
-    guards.observe(state, outcomes)  # the heal count too: a step of only malformed calls is a failed heal
     hint = guards.hint(state, run.config.budget.max_steps)
     if hint is not None:
         text, reason = hint
