@@ -864,3 +864,95 @@ def test_a_pydantic_field_as_a_default_documents_and_defaults_the_parameter() ->
     assert asyncio.run(t.invoke(t.validate({"query": "q"}))) == "q 5 []"
     with pytest.raises(ToolArgumentsError, match="limit"):
         t.validate({"query": "q", "limit": 0})
+
+
+class _Unit(enum.Enum):
+    C = "celsius"
+    F = "fahrenheit"
+
+
+class _Place(BaseModel):
+    """A place."""
+
+    city: str
+    country: str = Field(description="ISO code")
+
+
+class _Tree(BaseModel):
+    value: int
+    children: list[_Tree] = []
+
+
+def test_schemas_are_self_contained_without_titles_and_keep_only_recursive_defs() -> None:
+    @tool
+    def forecast(place: _Place, title: str, unit: _Unit = _Unit.C, home: _Place | None = None) -> str:
+        """Forecast.
+
+        Args:
+            place: where.
+        """
+        return ""
+
+    place = {
+        "type": "object",
+        "description": "where.",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string", "description": "ISO code"}},
+        "required": ["city", "country"],
+    }
+    assert forecast.parameters == {
+        "type": "object",
+        "properties": {
+            "place": place,
+            "title": {"type": "string"},  # a parameter named `title` is a parameter, not a title
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+            "home": {"anyOf": [{**place, "description": "A place."}, {"type": "null"}], "default": None},
+        },
+        "required": ["place", "title"],
+        "additionalProperties": False,
+    }  # was: "$ref": "#/$defs/_Place" and "title": "_Place", "City", … in $defs
+
+    @tool
+    def walk(tree: _Tree) -> int:
+        """Walk a tree."""
+        return tree.value
+
+    assert walk.parameters["properties"]["tree"] == {"$ref": "#/$defs/_Tree"}  # recursive: kept as a $ref
+    assert walk.parameters["$defs"] == {
+        "_Tree": {
+            "type": "object",
+            "properties": {
+                "value": {"type": "integer"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/_Tree"}, "default": []},
+            },
+            "required": ["value"],
+        }
+    }
+
+
+async def test_the_schema_an_invalid_call_is_answered_with_has_no_dangling_reference() -> None:
+    @tool
+    def forecast(place: _Place, unit: _Unit = _Unit.C) -> str:
+        """Forecast."""
+        return ""
+
+    (observation,) = await _run_once(forecast, {"place": {"city": "Oslo"}, "unit": "kelvin"})
+    assert "$ref" not in observation  # was: {"$ref": "#/$defs/_Place"} without the $defs it points into
+    assert '"enum": ["celsius", "fahrenheit"]' in observation and '"country"' in observation
+
+
+def test_shared_definitions_stay_references_when_inlining_them_would_explode() -> None:
+    from pydantic import create_model
+
+    level: Any = create_model("L0", v=(int, ...))
+    for i in range(1, 30):  # each level uses the one below twice: 2**29 copies if all were inlined
+        level = create_model(f"L{i}", left=(level, ...), right=(level, ...))
+
+    def deep(root: Any) -> str:
+        """Deep."""
+        return ""
+
+    deep.__annotations__["root"] = level
+    t = tool(deep)
+    assert t.parameters["properties"]["root"] == {"$ref": "#/$defs/L29"}
+    assert set(t.parameters["$defs"]) == {f"L{i}" for i in range(30)}
+    assert len(json.dumps(t.parameters)) < 10_000

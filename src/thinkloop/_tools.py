@@ -666,11 +666,91 @@ def _schema_of(validator: type[BaseModel]) -> dict[str, Any]:
     except Exception as exc:
         name = validator.__name__.removesuffix("_arguments")
         raise ConfigurationError(f"cannot build a JSON schema for tool {name!r}: {exc}") from exc
-    schema.pop("title", None)
-    for prop in schema.get("properties", {}).values():
-        prop.pop("title", None)
     schema.setdefault("properties", {})
-    return schema
+    return _self_contained(schema)
+
+
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_MAX_INLINED_NODES = 2_000  # past this, shared definitions stay `$ref`s (a deep diamond of models)
+
+
+def _self_contained(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with its definitions written where they are used and without pydantic's titles
+    (`"title": "City"` beside every property): what a model reads, in the tool list and in the error
+    answering a wrong call — which shows `properties` alone, so a `$ref` there would point nowhere.
+    A recursive model keeps its definition in `$defs`; so do all, should inlining grow too large."""
+    defs: dict[str, Any] = schema.get("$defs") or {}
+    recursive = {name for name in defs if name in _refs_reached(defs[name], defs)}
+    body = {k: v for k, v in schema.items() if k != "$defs"}
+    inliner = _Inliner(defs, recursive)
+    try:
+        tidied: dict[str, Any] = inliner.node(body)
+    except _TooLarge:
+        inliner = _Inliner(defs, set(defs))
+        tidied = inliner.node(body)
+    kept = {name: inliner.node(defs[name]) for name in defs if name in inliner.referenced}
+    if kept:
+        tidied["$defs"] = kept
+    return tidied
+
+
+def _ref_name(ref: Any) -> str | None:
+    return ref.removeprefix("#/$defs/") if isinstance(ref, str) and ref.startswith("#/$defs/") else None
+
+
+def _refs_reached(node: Any, defs: dict[str, Any]) -> set[str]:
+    """The definitions `node` refers to, directly or through others."""
+    reached: set[str] = set()
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            name = _ref_name(item.get("$ref"))
+            if name is not None and name in defs and name not in reached:
+                reached.add(name)
+                stack.append(defs[name])
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return reached
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Inliner:
+    def __init__(self, defs: dict[str, Any], kept: set[str]) -> None:
+        self.defs, self.kept = defs, kept
+        self.referenced: set[str] = set()  # the kept definitions a `$ref` points to
+        self.nodes = 0
+
+    def node(self, schema: Any) -> Any:
+        if isinstance(schema, list):
+            return [self.node(item) for item in schema]
+        if not isinstance(schema, dict):
+            return schema
+        self.nodes += 1
+        if self.nodes > _MAX_INLINED_NODES and len(self.kept) < len(self.defs):
+            raise _TooLarge
+        name = _ref_name(schema.get("$ref"))
+        if name in self.defs and name not in self.kept:  # its definition, the sibling keywords winning
+            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            return self.node({**self.defs[name], **rest})
+        if name is not None:
+            self._keep(name)
+        tidied = {}
+        for key, value in schema.items():
+            if key in _SCHEMA_MAPS and isinstance(value, dict):  # names: a property may be called `title`
+                tidied[key] = {name: self.node(sub) for name, sub in value.items()}
+            elif key != "title":
+                tidied[key] = self.node(value)
+        return {"type": tidied.pop("type"), **tidied} if "type" in tidied else tidied
+
+    def _keep(self, name: str) -> None:
+        if name not in self.referenced:
+            self.referenced.add(name)
+            self.node(self.defs[name])  # the definitions it refers to are kept too
 
 
 _SECTION_RE = re.compile(r"^(Args|Arguments|Parameters|Params):\s*$", re.IGNORECASE)
