@@ -225,9 +225,11 @@ def test_every_event_type_round_trips_through_json() -> None:
         "result": RunResult.from_state(state),
     }  # fmt: skip
     members = typing.get_args(typing.get_args(Event)[0])
-    assert len(members) == 17
+    assert len(members) == 18
+    own = {"TaskSkipped": {"reason": "cancelled"}}  # fields whose values are a closed set of their own
     for cls in members:
-        required = {k: values[k] for k, f in cls.model_fields.items() if f.is_required()}
+        given = {**values, **own.get(cls.__name__, {})}
+        required = {k: given[k] for k, f in cls.model_fields.items() if f.is_required()}
         event = cls(**required, run_id="r", seq=7)
         assert event_from_json(event.model_dump_json()) == event, cls.__name__
         assert event_from_json(event.model_dump(mode="json")) == event, cls.__name__
