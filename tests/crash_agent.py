@@ -3,6 +3,8 @@
     python tests/crash_agent.py start  DB EFFECTS RUN_ID
     python tests/crash_agent.py resume DB EFFECTS RUN_ID
 
+DB is a SQLite file, or a PostgreSQL DSN (`postgresql://…`).
+
 The agent's tools append a line to EFFECTS: `record` is not idempotent, `mark` is. Its model is a
 by-turn script with parallel tool calls. One environment variable picks where the process kills
 itself with SIGKILL (no cleanup, no flush — like a crash):
@@ -22,9 +24,10 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from thinkloop import Agent, Event, RunState, tool
-from thinkloop.stores import SQLiteStore
+from thinkloop.stores import PostgresStore, SQLiteStore, Store
 from thinkloop.testing import ScriptedModel
 
 SCRIPT: list[object] = [
@@ -54,16 +57,29 @@ def _env_int(name: str) -> int:
     return int(os.environ.get(name) or 0)
 
 
-class KillingStore(SQLiteStore):
-    """A SQLite store that kills the process around its n-th checkpoint."""
+class _Killing:
+    """Kills the process around the store's n-th checkpoint."""
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
         n = next(_checkpoints)
         if n == _env_int("KILL_BEFORE_CHECKPOINT"):
             _die()
-        await super().checkpoint(state, events)
+        saving: Any = super()
+        await saving.checkpoint(state, events)
         if n == _env_int("KILL_AFTER_CHECKPOINT"):
             _die()
+
+
+class KillingStore(_Killing, SQLiteStore):
+    """A SQLite store that kills the process around its n-th checkpoint."""
+
+
+class KillingPostgresStore(_Killing, PostgresStore):
+    """A PostgreSQL store that kills the process around its n-th checkpoint."""
+
+
+def _store(db: str) -> Store:
+    return KillingPostgresStore(db) if db.startswith("postgresql://") else KillingStore(db)
 
 
 def _effect(path: str, line: str) -> None:
@@ -94,7 +110,7 @@ def build_agent(db: str, effects: str) -> Agent:
         _effect(effects, f"mark:{tag}")
         return f"marked {tag}"
 
-    return Agent(ScriptedModel(SCRIPT, by_turn=True), tools=[record, mark], store=KillingStore(db))
+    return Agent(ScriptedModel(SCRIPT, by_turn=True), tools=[record, mark], store=_store(db))
 
 
 async def main(command: str, db: str, effects: str, run_id: str) -> None:
@@ -105,7 +121,7 @@ async def main(command: str, db: str, effects: str, run_id: str) -> None:
         else:
             result = await agent.resume(run_id)
     finally:
-        assert isinstance(agent.store, SQLiteStore)
+        assert agent.store is not None
         await agent.store.aclose()
     summary = {"output": result.output, "stop_reason": result.stop_reason.value, "steps": result.steps}
     print(json.dumps({**summary, "checkpoints": next(_checkpoints) - 1, "tool_calls": next(_tool_calls) - 1}))
