@@ -472,7 +472,7 @@ async def test_tools_and_static_arguments_are_checked_before_running() -> None:
     message = str(info.value)
     assert "task 'x' uses unknown tool 'teleport'" in message
     assert (
-        "task 'r': invalid arguments for report: text: Field required; total: Input should be a valid integer"
+        "task 'r': invalid arguments for report: text: required, not given; total: Input should be a valid integer"
         in message
     )
     assert "task 'w'" not in message
@@ -600,7 +600,7 @@ async def test_run_plan_attempts_are_bounded_per_run() -> None:
     agent = Agent(model, tools=[plan_tool([shout], max_attempts=2)], on_event=events.append)
     result = await agent.run("shout")
     outputs = [e.output for e in events if isinstance(e, ToolResultEvent)]
-    assert "invalid arguments for shout: text: Field required" in outputs[0]
+    assert "invalid arguments for shout: text: required, not given" in outputs[0]
     assert "already called 2 times in this run (the limit)" in outputs[2]
     assert result.output == "gave up"
 

@@ -60,9 +60,9 @@ def test_tool_decorator_with_options() -> None:
 
 def test_validation_coerces_and_explains() -> None:
     assert add.validate({"a": "3"}) == {"a": 3, "b": 2}
-    with pytest.raises(ToolArgumentsError, match="a: Field required"):
+    with pytest.raises(ToolArgumentsError, match="a: required, not given"):
         add.validate({})
-    with pytest.raises(ToolArgumentsError, match="c: Extra inputs are not permitted"):
+    with pytest.raises(ToolArgumentsError, match="c: no such argument"):
         add.validate({"a": 1, "c": 2})
     with pytest.raises(ToolArgumentsError, match="a: Input should be a valid integer"):
         add.validate({"a": "three"})
@@ -601,7 +601,7 @@ def test_lists_and_objects_sent_as_json_text_are_decoded() -> None:
         "limits": {"lo": 0.0},
         "pair": (3, 4),
     }
-    with pytest.raises(ToolArgumentsError, match=r"values\.1: Input should be a valid integer"):
+    with pytest.raises(ToolArgumentsError, match=r"values\[1\]: Input should be a valid integer"):
         plot.validate({**args, "values": '[1, "x"]'})  # decoded, then told what is wrong inside
     with pytest.raises(ToolArgumentsError, match="values: Input should be a valid list"):
         plot.validate({**args, "values": "1, 2"})  # not JSON: the original error
@@ -878,6 +878,12 @@ class _Place(BaseModel):
     country: str = Field(description="ISO code")
 
 
+@dataclass
+class _Size:
+    w: float
+    h: float
+
+
 class _Tree(BaseModel):
     value: int
     children: list[_Tree] = []
@@ -956,3 +962,53 @@ def test_shared_definitions_stay_references_when_inlining_them_would_explode() -
     assert t.parameters["properties"]["root"] == {"$ref": "#/$defs/L29"}
     assert set(t.parameters["$defs"]) == {f"L{i}" for i in range(30)}
     assert len(json.dumps(t.parameters)) < 10_000
+
+
+def test_what_a_model_reads_for_a_wrong_call_names_the_argument_the_value_and_what_is_expected() -> None:
+    @tool
+    def book(
+        place: _Place,
+        nights: int,
+        unit: _Unit = _Unit.C,
+        guests: int | str = 1,
+        near: _Place | _Size | None = None,
+        rooms: list[int] | None = None,
+    ) -> str:
+        """Book."""
+        return ""
+
+    oslo = {"city": "Oslo", "country": "NO"}
+
+    def told(arguments: dict[str, Any]) -> str:
+        with pytest.raises(ToolArgumentsError) as caught:
+            book.validate(arguments)
+        return str(caught.value)
+
+    # what pydantic said: "Field required", "Extra inputs are not permitted", no value given, "valid
+    # dictionary or instance of _Place", and a union's Python members in the path ("guests.int", "near._Place")
+    assert told({"place": oslo, "nights": "three"}) == (
+        'nights: Input should be a valid integer, unable to parse string as an integer (got "three")'
+    )
+    assert told({"place": oslo}) == "nights: required, not given"
+    assert told({"plac": oslo, "nights": 1}) == (
+        "place: required, not given; plac: no such argument (did you mean place?)"
+    )
+    assert told({"place": oslo, "nights": 1, "unit": "kelvin"}) == (
+        "unit: Input should be 'celsius' or 'fahrenheit' (got \"kelvin\")"
+    )
+    assert told({"place": {"city": "Oslo"}, "nights": 1}) == "place.country: required, not given"
+    assert told({"place": "Oslo", "nights": 1}) == 'place: Input should be an object (got "Oslo")'
+    assert told({"place": oslo, "nights": 1, "rooms": [1, "x"]}) == (
+        'rooms[1]: Input should be a valid integer, unable to parse string as an integer (got "x")'
+    )
+    assert told({"place": oslo, "nights": 1, "guests": [2]}) == (
+        "guests: Input should be a valid integer or a valid string (got [2])"
+    )
+    assert told({"place": oslo, "nights": 1, "near": {"city": "Oslo"}}) == (
+        "near: matches none of the forms it accepts (first form: country: required, not given / "
+        "second form: w: required, not given, h: required, not given, city: no such field)"
+    )
+    many = told({"place": oslo, "nights": 1, **{f"x{i}": i for i in range(8)}})
+    assert many.endswith("x4: no such argument; and 3 more problems")
+    long = told({"place": oslo, "nights": "9" * 50 + "x" * 100})
+    assert long.endswith('(got "' + "9" * 50 + "x" * 28 + "…)")

@@ -11,6 +11,7 @@ import concurrent.futures
 import contextvars
 import dataclasses
 import decimal
+import difflib
 import functools
 import inspect
 import json
@@ -260,11 +261,11 @@ def _revalidated(validator: type[BaseModel], arguments: dict[str, Any], exc: Val
     else `ToolArgumentsError` explaining the first failure."""
     repaired = _repaired(validator, arguments, exc)
     if repaired is None:
-        raise ToolArgumentsError(_explain(exc)) from None
+        raise ToolArgumentsError(_explain(exc, arguments)) from None
     try:
         return validator.__pydantic_validator__.validate_python(repaired)  # type: ignore[no-any-return]
     except ValidationError as again:
-        raise ToolArgumentsError(_explain(again)) from None
+        raise ToolArgumentsError(_explain(again, repaired)) from None
 
 
 _STRUCTURED = frozenset(
@@ -467,12 +468,120 @@ def tool_threads() -> Executor:
     return _tool_threads
 
 
-def _explain(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "arguments"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
+_MISSING = frozenset(
+    {"missing", "missing_argument", "missing_keyword_only_argument", "missing_positional_only_argument"}
+)
+_EXTRA = frozenset({"extra_forbidden", "unexpected_keyword_argument", "unexpected_positional_argument"})
+_OBJECT_TYPES = frozenset({"model_type", "model_attributes_type", "dataclass_type", "dict_type"})
+_MAX_PROBLEMS = 5  # told one by one; the rest counted
+_ORDINALS = ("first", "second", "third", "fourth", "fifth")
+
+Located = tuple[str, str | None, str, str, str]  # where, union member, where in it, problem, value given
+
+
+def _explain(exc: ValidationError, arguments: dict[str, Any]) -> str:
+    """What is wrong with the arguments, for the model: each problem where it is (`place.city`,
+    `values[1]`), what is wrong and the value given (`Input should be a valid integer (got "three")`),
+    an argument the tool does not take with the one it may have meant, and for a value matching none of
+    a union's forms, why it fails each (a union's members, Python names, are not shown)."""
+    return explain_errors(exc.errors(include_url=False), arguments)
+
+
+def explain_errors(errors: Iterable[Any], arguments: dict[str, Any]) -> str:
+    """`_explain` for some of a `ValidationError`'s `errors()`."""
+    located = [_located(err, arguments) for err in errors]
+    missing = [
+        where for where, tag, _, problem, _ in located
+        if problem == _REQUIRED and tag is None and not set(where) & {".", "["}
+    ]  # fmt: skip
+    groups: dict[str, list[Located]] = {}
+    for item in located:
+        groups.setdefault(item[0], []).append(item)
+    parts = [_described(where, items, missing) for where, items in groups.items()]
+    more = len(parts) - _MAX_PROBLEMS
+    shown = "; ".join(parts[:_MAX_PROBLEMS])
+    return f"{shown}; and {more} more problem{'s' * (more > 1)}" if more > 0 else shown
+
+
+_REQUIRED = "required, not given"
+
+
+def _located(err: Any, arguments: dict[str, Any]) -> Located:
+    """`(where, union member, where inside the member, problem, value)` of one pydantic error. pydantic's
+    location names a union's member (`("guests", "int")`); it is told apart as no key of the input."""
+    kind, loc = err["type"], err["loc"]
+    before: list[str | int] = []
+    after: list[str | int] = []
+    tag: str | None = None
+    node: Any = arguments
+    for index, part in enumerate(loc):
+        present = (isinstance(node, dict) and part in node) or (
+            isinstance(node, list | tuple) and isinstance(part, int) and -len(node) <= part < len(node)
+        )
+        if present or (index == len(loc) - 1 and kind in _MISSING | _EXTRA):
+            (before if tag is None else after).append(part)
+            node = node[part] if present else None
+        elif tag is None:
+            tag = str(part)
+    where = _path(before) or "arguments"
+    if kind in _MISSING:
+        return where, tag, _path(after), _REQUIRED, ""
+    if kind in _EXTRA:
+        return where, tag, _path(after), "no such argument" if len(loc) == 1 else "no such field", ""
+    problem = "Input should be an object" if kind in _OBJECT_TYPES else str(err["msg"])
+    return where, tag, _path(after), problem, _shown(err.get("input"))
+
+
+def _path(parts: list[str | int]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=_safe_str)
+    except (TypeError, ValueError, RecursionError):
+        text = _safe_str(value)
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def _described(where: str, items: list[Located], missing: list[str]) -> str:
+    """One location's problems: one problem as it is; a union's, member by member."""
+    members = list(dict.fromkeys(tag for _, tag, _, _, _ in items))
+    if len(members) <= 1:
+        texts = [_problem(_path_join(where, inner), problem, given) for _, _, inner, problem, given in items]
+        if items[0][3] == "no such argument":
+            texts[0] += _meant(where, missing)
+        return "; ".join(texts)
+    problems = [problem for _, _, inner, problem, _ in items if not inner]
+    if len(problems) == len(items) and all(p.startswith("Input should be ") for p in problems):
+        merged = " or ".join(dict.fromkeys(p.removeprefix("Input should be ") for p in problems))
+        return _problem(where, f"Input should be {merged}", items[0][4])
+    forms = []
+    for number, member in enumerate(members):
+        inside = [_problem(inner, p, given) for _, tag, inner, p, given in items if tag == member]
+        ordinal = _ORDINALS[number] if number < len(_ORDINALS) else f"number {number + 1}"
+        forms.append(f"{ordinal} form: {', '.join(inside)}")
+    return f"{where}: matches none of the forms it accepts ({' / '.join(forms)})"
+
+
+def _path_join(where: str, inner: str) -> str:
+    return where if not inner else f"{where}{inner}" if inner.startswith("[") else f"{where}.{inner}"
+
+
+def _problem(where: str, problem: str, given: str) -> str:
+    text = f"{where}: {problem}" if where else problem
+    return f"{text} (got {given})" if given else text
+
+
+def _meant(extra: str, missing: list[str]) -> str:
+    """For an argument the tool does not take: the required one not given that it may stand for."""
+    if len(missing) == 1:
+        return f" (did you mean {missing[0]}?)"
+    close = difflib.get_close_matches(extra, missing, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {

@@ -61,6 +61,7 @@ from ._tools import (
     ToolContext,
     ToolRegistry,
     _check_against_schema,
+    explain_errors,
     render_output,
     truncate_output,
 )
@@ -573,10 +574,7 @@ def _static_argument_problem(tool: Tool, fixed: dict[str, Any], pending: set[str
             tool.validator.model_validate(fixed)
         except ValidationError as exc:
             errors = [e for e in exc.errors(include_url=False) if not (e["loc"] and e["loc"][0] in pending)]
-            return (
-                "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in errors)
-                or None
-            )
+            return explain_errors(errors, fixed) or None
         return None
     schema = dict(tool.parameters)
     schema["required"] = [r for r in schema.get("required", []) if r not in pending]
