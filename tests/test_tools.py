@@ -1012,3 +1012,39 @@ def test_what_a_model_reads_for_a_wrong_call_names_the_argument_the_value_and_wh
     assert many.endswith("x4: no such argument; and 3 more problems")
     long = told({"place": oslo, "nights": "9" * 50 + "x" * 100})
     assert long.endswith('(got "' + "9" * 50 + "x" * 28 + "…)")
+
+
+async def test_types_defined_in_the_enclosing_function_resolve_under_postponed_annotations() -> None:
+    # this module has `from __future__ import annotations`: every hint is a string, and `Order` and
+    # `Shelf` exist only in this function's locals, which `get_type_hints` does not see
+    class Order(BaseModel):
+        sku: str
+        quantity: int = 1
+
+    @dataclass
+    class Shelf:
+        row: int
+
+    @tool
+    def place_order(order: Order, shelf: Shelf | None, ctx: ToolContext[Shop]) -> str:
+        """Place an order."""
+        return f"{ctx.deps.user}: {order.quantity} x {order.sku} from row {shelf and shelf.row}"
+
+    def restock(order: Order) -> str:  # made a tool by the agent, deeper in the stack
+        """Restock."""
+        return order.sku
+
+    assert place_order.context_param == "ctx"  # was: ConfigurationError "name 'Order' is not defined"
+    assert place_order.parameters["properties"]["order"]["properties"]["sku"] == {"type": "string"}
+    calls = [{"name": "place_order", "args": {"order": {"sku": "A1"}, "shelf": {"row": 2}}}]
+    agent = Agent(ScriptedModel([{"tool_calls": calls}, "done"]), tools=[place_order, restock])
+    result = await agent.run("order", deps=Shop("ada", {}))
+    assert _observations(result) == ["ada: 1 x A1 from row 2"]
+    assert agent.tools.get("restock") is not None
+
+    def later(item: Missing) -> str:  # type: ignore[name-defined]  # noqa: F821
+        """Uses a type defined nowhere."""
+        return ""
+
+    with pytest.raises(ConfigurationError, match=r"name 'Missing' is not defined: .*module level"):
+        tool(later)

@@ -657,8 +657,9 @@ def tool(
     def build(fn: Callable[..., Any]) -> Tool:
         label = name or _function_name(fn)
         summary, param_docs = _parse_docstring(_function_doc(fn))
-        context_param = _context_param(fn)
-        validator = _validator_for(fn, param_docs, skip=context_param, label=label)
+        hints = _type_hints(fn, label)
+        context_param = _context_param(hints, label)
+        validator = _validator_for(fn, hints, param_docs, skip=context_param, label=label)
         return Tool(
             name=label,
             description=description or summary or label.replace("_", " "),
@@ -708,30 +709,59 @@ def _function_doc(fn: Callable[..., Any]) -> str:
     return doc
 
 
-def _context_param(fn: Callable[..., Any]) -> str | None:
-    """The parameter annotated `ToolContext` (or `ToolContext[...]`), if the function has one."""
+def _type_hints(fn: Callable[..., Any], label: str) -> dict[str, Any]:
+    """The type hints of `fn`, `Annotated` kept. Under `from __future__ import annotations` a hint is
+    text, and a type defined in the function that makes the tool (a model, a dataclass) is in no
+    namespace `get_type_hints` reads: it is looked up in the calling frames' locals."""
+    hinted = _hinted(fn)
     try:
-        hints = get_type_hints(_hinted(fn))
-    except Exception:
-        return None  # reported by `_validator_for`
+        return get_type_hints(hinted, include_extras=True)  # keeps Annotated[int, Field(ge=0)]
+    except NameError as exc:
+        frame, problem = inspect.currentframe(), exc
+        for _ in range(_MAX_FRAMES):
+            frame = frame.f_back if frame is not None else None
+            if frame is None:
+                break
+            try:
+                return get_type_hints(hinted, localns=frame.f_locals, include_extras=True)
+            except NameError:
+                continue
+            except Exception:
+                break
+        del frame
+        raise ConfigurationError(
+            f"cannot read the type hints of tool function {label!r}: {problem}: a type a parameter is "
+            "annotated with must be defined at module level, or before the function in the function "
+            "that makes the tool"
+        ) from problem
+    except Exception as exc:
+        raise ConfigurationError(f"cannot read the type hints of tool function {label!r}: {exc}") from exc
+
+
+_MAX_FRAMES = 20  # frames searched for a local type: the tool is made there or a few calls below
+
+
+def _context_param(hints: dict[str, Any], label: str) -> str | None:
+    """The parameter annotated `ToolContext` (or `ToolContext[...]`), if the function has one."""
     found = [
         n for n, h in hints.items() if n != "return" and (h is ToolContext or get_origin(h) is ToolContext)
     ]
     if len(found) > 1:
         raise ConfigurationError(
-            f"tool function {getattr(_hinted(fn), '__name__', fn)!r} has {len(found)} ToolContext parameters; one is enough"
+            f"tool function {label!r} has {len(found)} ToolContext parameters; one is enough"
         )
     return found[0] if found else None
 
 
 def _validator_for(
-    fn: Callable[..., Any], docs: dict[str, str], *, skip: str | None = None, label: str | None = None
+    fn: Callable[..., Any],
+    hints: dict[str, Any],
+    docs: dict[str, str],
+    *,
+    skip: str | None = None,
+    label: str | None = None,
 ) -> type[BaseModel]:
     label = label or _function_name(fn)
-    try:
-        hints = get_type_hints(_hinted(fn), include_extras=True)  # keeps Annotated[int, Field(ge=0)]
-    except Exception as exc:
-        raise ConfigurationError(f"cannot read the type hints of tool function {label!r}: {exc}") from exc
     fields: dict[str, Any] = {}
     for index, param in enumerate(inspect.signature(fn).parameters.values()):
         if param.name == skip:
