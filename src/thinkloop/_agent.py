@@ -530,12 +530,11 @@ class Agent:
             state.messages[:0] = memory_messages([(m.role, m.content) for m in memory])
         if self.experience is not None:
             await self._use_lessons(run, resumed=resumed)
-        run.emit(lambda: RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
-        await self._first_checkpoint(run, resumed=resumed)
-
-    @staticmethod
-    async def _first_checkpoint(run: RunContext, *, resumed: bool) -> None:
-        """Recorded before the first model call: a crash leaves a resumable run."""
+        if run.observed:
+            run.emit(RunStarted(goal=state.goal, model=state.model, mode=state.mode, resumed=resumed))
+        else:
+            state.event_version += 1  # `run.skip_event()`, inlined: every run
+        # the first checkpoint, before the first model call: a crash leaves a resumable run
         try:
             await run.checkpoint()
         except ConcurrencyError as exc:

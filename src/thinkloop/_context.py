@@ -363,16 +363,15 @@ class ContextManager:
 
     def _scan(self, source: Sequence[Message]) -> None:
         """Count and check the messages added since the last call (start over if the history changed)."""
-        seen = self._seen
-        if source is not self._source or len(source) < seen or (seen and source[seen - 1] is not self._last):
+        seen, end = self._seen, len(source)
+        if source is not self._source or end < seen or (seen and source[seen - 1] is not self._last):
             if seen == 0 and self._source is None:
                 self._source = source  # the first view: nothing to start over
             else:
                 self._reset(source)
                 seen = 0
-        if len(source) == seen:
+        if end == seen:
             return
-        count = self.counter.count
         estimate = self._estimating  # the estimate message by message: no list, no sum
         limit = self.old_observation_chars
         counts, open_calls, valid = self._counts, self._open_calls, self._valid
@@ -383,7 +382,7 @@ class ContextManager:
                 groups += 1  # a step, or the task, which starts its own (pinned) group
                 size = 0
             size += 1
-            n = estimate_message(msg) if estimate else count([msg])
+            n = estimate_message(msg) if estimate else self.counter.count([msg])
             counts.append(n)
             tokens += n
             if not valid:
@@ -404,7 +403,7 @@ class ContextManager:
                 valid = len(calls) == 1 or len(set(open_calls)) == len(calls)
         self._open_calls, self._valid = open_calls, valid
         self._group_count, self._last_group_size, self._tokens = groups, size, tokens
-        self._seen = len(source)
+        self._seen = end
         self._last = source[-1]
 
     def _sync(self, source: Sequence[Message]) -> None:

@@ -325,9 +325,10 @@ class Guards:
         g.heal_failures = g.heal_failures + 1 if kind in _MALFORMED else 0
         executed = kind != "repeated_call"
         digest = _digest(outcome.output)
-        repeat = (
+        call = outcome.call
+        repeat = (  # `is_repeat`, written out
             success
-            and g.signature_counts.get(self.signature(outcome.call), 0) > 1
+            and g.signature_counts.get(self._signatures.get(call.id) or signature(call), 0) > 1
             and digest in g.seen_results
         )
         if executed:
@@ -337,17 +338,20 @@ class Guards:
                     g.recent_errors.clear()
             else:
                 g.consecutive_failures += 1
-                _push(g.recent_errors, _error_fingerprint(f"{outcome.call.name}:{outcome.output}"), 8)
-        new = success and digest not in g.seen_results  # `_useful`, written out
+                _push(g.recent_errors, _error_fingerprint(f"{call.name}:{outcome.output}"), 8)
+        seen = g.seen_results
+        new = success and digest not in seen  # `_useful`, written out
         if new:
-            _push(g.seen_results, digest, 64)
+            seen.append(digest)
+            if len(seen) > 64:
+                del seen[0]
         useful = new if self.config.is_useful is None else bool(self.config.is_useful(outcome, g))
         g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
         recent = g.recent_signatures
         if recent:  # `_note_results` of one outcome
             sig = recent[-1].split("#", 1)[0]
             recent[-1] = f"{sig}#{digest if executed else _earlier_result(recent, sig, digest)}"
-        return frozenset((outcome.call.id,)) if repeat else _NONE
+        return frozenset((call.id,)) if repeat else _NONE
 
     def _useful(self, outcome: ToolOutcome, g: GuardState) -> bool:
         new = False
