@@ -1048,3 +1048,75 @@ async def test_types_defined_in_the_enclosing_function_resolve_under_postponed_a
 
     with pytest.raises(ConfigurationError, match=r"name 'Missing' is not defined: .*module level"):
         tool(later)
+
+
+class _Catalog:
+    KINDS = ("book", "film")
+
+    def __init__(self, items: list[str]) -> None:
+        self.items = items
+
+    @tool
+    def search(self, query: str, limit: int = 5) -> list[str]:
+        """Search the catalog.
+
+        Args:
+            query: words to look for.
+        """
+        return [item for item in self.items if query in item][:limit]
+
+    @tool
+    async def count(self) -> int:
+        """How many items there are."""
+        return len(self.items)
+
+    @tool
+    @classmethod
+    def kinds(cls) -> str:
+        """The kinds of items."""
+        return ", ".join(cls.KINDS)
+
+    @tool
+    @staticmethod
+    def shout(text: str) -> str:
+        """Upper-case the text."""
+        return text.upper()
+
+    def lookup(self, sku: str) -> str:
+        """Look an item up."""
+        return sku
+
+
+async def test_tool_on_a_method_binds_to_each_instance_and_hides_self() -> None:
+    assert _catalog_properties() == {
+        "search": ["query", "limit"],  # was: "self" was a required parameter the model was asked for
+        "count": [],
+        "kinds": [],
+        "shout": ["text"],
+    }
+    books, films = _Catalog(["dune", "emma"]), _Catalog(["alien", "dune (1984)"])
+    assert books.search.function.__self__ is books and films.search.function.__self__ is films
+    calls = [{"name": "search", "args": {"query": "dune"}}, {"name": "count", "args": {}}]
+    for catalog, expected in [(books, ["dune", "2"]), (films, ["dune (1984)", "2"])]:
+        agent = Agent(ScriptedModel([{"tool_calls": calls}, "done"]), tools=[catalog.search, catalog.count])
+        assert _observations(await agent.run("find dune")) == expected
+    assert await _catalog_invoke(_Catalog.kinds) == "book, film"
+    assert await _catalog_invoke(books.kinds) == "book, film"
+    assert await _catalog_invoke(_Catalog.shout, text="hi") == "HI"
+
+    with pytest.raises(ConfigurationError, match=r"'search' is a method of _Catalog: .*\(_Catalog\(\.\.\.\)\.search\)"):
+        Agent(ScriptedModel(["done"]), tools=[_Catalog.search])  # the class's: no instance to call it on
+    with pytest.raises(ConfigurationError, match=r"'lookup' is a method of _Catalog"):
+        tool(_Catalog.lookup)  # was: a tool with a "self" parameter
+    assert tool(books.lookup).parameters["properties"].keys() == {"sku"}
+    with pytest.raises(ConfigurationError, match=r"Tool\('shout'\) is a tool already: use it as it is"):
+        tool(timeout=5)(_Catalog.shout)  # was: "cannot read the type hints of tool function 'Tool'"
+
+
+def _catalog_properties() -> dict[str, list[str]]:
+    tools = [_Catalog.search, _Catalog.count, _Catalog.kinds, _Catalog.shout]
+    return {t.name: list(t.parameters["properties"]) for t in tools}
+
+
+async def _catalog_invoke(t: Tool, **arguments: Any) -> Any:
+    return await t.invoke(t.validate(arguments))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import copy
 import dataclasses
 import decimal
 import difflib
@@ -18,6 +19,7 @@ import json
 import queue
 import re
 import threading
+import types
 import unicodedata
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -140,9 +142,26 @@ class Tool:
         self._collects = inspect.isasyncgenfunction(function)  # an async generator: its items are the output
         self._positional = _positional_only(function)  # passed by position: `def f(a, /)` takes no a=
         self.definition = ToolDefinition(name=name, description=self.description, parameters=self.parameters)
+        self._binds: str | None = None  # "instance" / "class": `@tool` on a method, bound on access
+        self._attribute: str | None = None  # the name it has in a class
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r})"
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attribute = name
+
+    def __get__(self, instance: object, owner: type | None = None) -> Tool:
+        """`@tool` on a method: the tool of the instance (`catalog.search`, with its own `self`), or of
+        the class for a classmethod. Any other tool kept in a class is itself."""
+        binds = self._binds
+        if binds is None or (binds == "instance" and instance is None):
+            return self
+        bound = copy.copy(self)
+        bound._binds = None
+        bound.function = types.MethodType(self.function, owner if binds == "class" else instance)
+        bound._positional = _positional_only(bound.function)
+        return bound
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Return the validated (and coerced) arguments, or raise `ToolArgumentsError`."""
@@ -655,12 +674,17 @@ def tool(
     """
 
     def build(fn: Callable[..., Any]) -> Tool:
+        if isinstance(fn, Tool):
+            raise ConfigurationError(
+                f"{fn!r} is a tool already: use it as it is (tool() makes one from a function, once)"
+            )
+        fn, binds, self_param = _method_parts(fn)
         label = name or _function_name(fn)
         summary, param_docs = _parse_docstring(_function_doc(fn))
         hints = _type_hints(fn, label)
         context_param = _context_param(hints, label)
-        validator = _validator_for(fn, hints, param_docs, skip=context_param, label=label)
-        return Tool(
+        validator = _validator_for(fn, hints, param_docs, skip={context_param, self_param}, label=label)
+        made = Tool(
             name=label,
             description=description or summary or label.replace("_", " "),
             parameters=_schema_of(validator),
@@ -673,8 +697,58 @@ def tool(
             in_thread=in_thread,
             context_param=context_param,
         )
+        made._binds = binds
+        return made
 
     return build(function) if function is not None else build
+
+
+def _method_parts(fn: Any) -> tuple[Callable[..., Any], str | None, str | None]:
+    """`(function, binds, self parameter)`: a `staticmethod` unwrapped; a `classmethod` bound to its
+    class on access; a function defined in a class body whose first parameter is `self` (or `cls`)
+    bound to the instance — `@tool` in the class body; anywhere else such a function (`tool(Catalog.
+    search)`, the class's) has no instance to run on, and is refused."""
+    if isinstance(fn, staticmethod):
+        return fn.__func__, None, None
+    if isinstance(fn, classmethod):
+        func = fn.__func__
+        return func, "class", _first_parameter(func)
+    first = _first_parameter(fn) if inspect.isfunction(fn) else None
+    owner = fn.__qualname__.split(".")[-2] if "." in getattr(fn, "__qualname__", "") else "<locals>"
+    if first not in ("self", "cls") or owner == "<locals>":
+        return fn, None, None
+    if not _in_class_body(fn.__qualname__.rpartition(".")[0]):
+        raise ConfigurationError(
+            f"{fn.__name__!r} is a method of {owner}: it has no {first} to run with; make the tool from "
+            f"an instance's method ({owner}(...).{fn.__name__}), or decorate the method with @tool"
+        )
+    return fn, "instance", first
+
+
+def _first_parameter(fn: Callable[..., Any]) -> str | None:
+    try:
+        first = next(iter(inspect.signature(fn).parameters.values()), None)
+    except (TypeError, ValueError):
+        return None
+    return first.name if first is not None and first.kind in _BY_POSITION else None
+
+
+_BY_POSITION = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _in_class_body(qualname: str) -> bool:
+    """Whether the class body named `qualname` is running (a method decorated in it, not after)."""
+    frame = inspect.currentframe()
+    try:
+        for _ in range(_MAX_FRAMES):
+            frame = frame.f_back if frame is not None else None
+            if frame is None:
+                return False
+            if frame.f_locals.get("__qualname__") == qualname and "__module__" in frame.f_locals:
+                return True
+        return False
+    finally:
+        del frame
 
 
 def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -758,13 +832,13 @@ def _validator_for(
     hints: dict[str, Any],
     docs: dict[str, str],
     *,
-    skip: str | None = None,
+    skip: Iterable[str | None] = (),
     label: str | None = None,
 ) -> type[BaseModel]:
     label = label or _function_name(fn)
     fields: dict[str, Any] = {}
     for index, param in enumerate(inspect.signature(fn).parameters.values()):
-        if param.name == skip:
+        if param.name in skip:
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             stars = "*" if param.kind is param.VAR_POSITIONAL else "**"
@@ -1009,6 +1083,12 @@ class ToolRegistry:
 
     def add(self, item: Tool | Callable[..., Any]) -> Tool:
         new = as_tool(item)
+        if new._binds == "instance":
+            owner = new.function.__qualname__.rpartition(".")[0].rpartition(".")[2]
+            raise ConfigurationError(
+                f"{new.name!r} is a method of {owner}: give the tool of an instance "
+                f"({owner}(...).{new._attribute or new.function.__name__}), which has its self"
+            )
         if new.name in self._tools:
             raise ConfigurationError(f"two tools are named {new.name!r}: tool names must be unique")
         self._tools[new.name] = new
