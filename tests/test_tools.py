@@ -1120,3 +1120,15 @@ def _catalog_properties() -> dict[str, list[str]]:
 
 async def _catalog_invoke(t: Tool, **arguments: Any) -> Any:
     return await t.invoke(t.validate(arguments))
+
+
+def test_two_tools_of_one_name_are_refused_saying_whose_they_are_and_what_to_do() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        ToolRegistry([add, add])
+    assert str(caught.value) == "two tools are named 'add' (the same tool, given twice): tool names must be unique"
+    with pytest.raises(ConfigurationError) as caught:
+        ToolRegistry([add, Tool("add", "Add.", None, sum)])
+    assert str(caught.value) == (
+        f"two tools are named 'add' ({__name__}.add and builtins.sum): tool names must be unique; "
+        "give one another name (tool(name=...))"
+    )

@@ -1090,7 +1090,7 @@ class ToolRegistry:
                 f"({owner}(...).{new._attribute or new.function.__name__}), which has its self"
             )
         if new.name in self._tools:
-            raise ConfigurationError(f"two tools are named {new.name!r}: tool names must be unique")
+            raise ConfigurationError(_clash_message(self._tools[new.name], new))
         self._tools[new.name] = new
         return new
 
@@ -1132,6 +1132,23 @@ class ToolRegistry:
         if names is None:
             return [t.definition for t in self._tools.values()]
         return [self._tools[n].definition for n in names if n in self._tools]
+
+
+def _clash_message(taken: Tool, new: Tool) -> str:
+    if taken is new or taken.function is new.function:
+        return f"two tools are named {new.name!r} (the same tool, given twice): tool names must be unique"
+    return (
+        f"two tools are named {new.name!r} ({_origin(taken)} and {_origin(new)}): tool names must be "
+        "unique; give one another name (tool(name=...))"
+    )
+
+
+def _origin(t: Tool) -> str:
+    """Where a tool's function comes from (`billing.tools.refund`), to tell two tools apart."""
+    fn = _unwrapped(t.function)
+    fn = getattr(fn, "__func__", fn)  # a bound method: its function
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', None) or '?'}.{getattr(named, '__qualname__', '?')}"
 
 
 def _plain_name(name: str) -> str:
