@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import pytest
+import typing_extensions
 from pydantic import BaseModel, Field
 
 from thinkloop import Agent, ConfigurationError, RiskLevel, Tool, ToolContext, ToolRegistry, tool
@@ -884,6 +885,11 @@ class _Size:
     h: float
 
 
+class _Target(typing_extensions.TypedDict):
+    x: int
+    y: int
+
+
 class _Tree(BaseModel):
     value: int
     children: list[_Tree] = []
@@ -1132,3 +1138,36 @@ def test_two_tools_of_one_name_are_refused_saying_whose_they_are_and_what_to_do(
         f"two tools are named 'add' ({__name__}.add and builtins.sum): tool names must be unique; "
         "give one another name (tool(name=...))"
     )
+
+
+def test_the_fields_of_an_object_parameter_sent_flat_are_taken_as_that_object() -> None:
+    @tool
+    def forecast(place: _Place, days: int = 1) -> str:
+        """Forecast."""
+        return f"{place.city} for {days} days"
+
+    @tool
+    def area(size: _Size | None) -> float:
+        """Area."""
+        return size.w * size.h if size else 0.0
+
+    @tool
+    def move(to: _Target) -> str:
+        """Move."""
+        return str(to)
+
+    oslo = _Place(city="Oslo", country="NO")
+    # small models write the fields of the one object parameter as the arguments themselves
+    assert forecast.validate({"city": "Oslo", "country": "NO"}) == {"place": oslo, "days": 1}
+    assert forecast.validate({"city": "Oslo", "country": "NO", "days": 3}) == {"place": oslo, "days": 3}
+    assert area.validate({"w": 2, "h": "3"}) == {"size": _Size(w=2.0, h=3.0)}
+    assert move.validate({"x": 1, "y": 2}) == {"to": {"x": 1, "y": 2}}
+    with pytest.raises(ToolArgumentsError) as caught:
+        forecast.validate({"city": "Oslo"})  # taken as the place, and told what the place lacks
+    assert str(caught.value) == "place.country: required, not given"
+    with pytest.raises(ToolArgumentsError) as caught:
+        forecast.validate({"city": "Oslo", "country": "NO", "when": "now"})  # not all the place's fields
+    assert str(caught.value) == (  # several unknown arguments: none is said to mean the place
+        "place: required, not given; city: no such argument; country: no such argument; when: no such argument"
+    )
+    assert asyncio.run(_run_once(forecast, {"city": "Oslo", "country": "NO"})) == ["Oslo for 1 days"]

@@ -20,6 +20,7 @@ import queue
 import re
 import threading
 import types
+import typing
 import unicodedata
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -296,12 +297,15 @@ _STRUCTURED = frozenset(
 def _repaired(
     validator: type[BaseModel], arguments: dict[str, Any], exc: ValidationError
 ) -> dict[str, Any] | None:
-    """The arguments with two slips of small models put right, where the intent is plain: a list or an
-    object sent as JSON text (`"[1, 2]"` for a `list[int]`) is decoded, and null for a parameter that
-    has a default is dropped (the default applies). None when neither happened."""
+    """The arguments with three slips of small models put right, where the intent is plain: a list or
+    an object sent as JSON text (`"[1, 2]"` for a `list[int]`) is decoded, null for a parameter that
+    has a default is dropped (the default applies), and the fields of the one object parameter missing
+    sent as arguments themselves (`{"city": …}` for `forecast(place: Place)`) are put in it. None when
+    none happened."""
     optional = {f.alias or n for n, f in validator.model_fields.items() if not f.is_required()}
-    fixed = dict(arguments)
-    for error in exc.errors(include_url=False):
+    errors = exc.errors(include_url=False)
+    fixed = _nested(validator, arguments, errors) or dict(arguments)
+    for error in errors:
         key = error["loc"][0] if error["loc"] else None
         if not isinstance(key, str) or key not in fixed:
             continue
@@ -313,6 +317,37 @@ def _repaired(
             if decoded is not None:
                 fixed[key] = decoded
     return fixed if fixed != arguments else None
+
+
+def _nested(
+    validator: type[BaseModel], arguments: dict[str, Any], errors: list[Any]
+) -> dict[str, Any] | None:
+    """The arguments that are fields of the one required object parameter missing, moved into it."""
+    missing = [e["loc"][0] for e in errors if e["type"] == "missing" and len(e["loc"]) == 1]
+    fields = {f.alias or n: f for n, f in validator.model_fields.items()}
+    objects = {name: _object_fields(fields[name].annotation) for name in missing if name in fields}
+    found = [(name, keys) for name, keys in objects.items() if keys]
+    if len(found) != 1:
+        return None
+    name, keys = found[0]
+    flat = {key: value for key, value in arguments.items() if key not in fields}
+    if not flat or not flat.keys() <= keys:
+        return None
+    return {**{k: v for k, v in arguments.items() if k in fields}, name: flat}
+
+
+def _object_fields(annotation: Any) -> set[str] | None:
+    """The field names of a model, dataclass or TypedDict (`X | None` too), else None."""
+    options = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) in (typing.Union, types.UnionType) and len(options) == 1:
+        annotation = options[0]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {f.alias or n for n, f in annotation.model_fields.items()}
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        return {f.name for f in dataclasses.fields(annotation)}
+    if isinstance(annotation, type) and issubclass(annotation, dict) and hasattr(annotation, "__total__"):
+        return set(annotation.__annotations__)  # a TypedDict
+    return None
 
 
 def _json_container(text: str) -> list[Any] | dict[str, Any] | None:
@@ -508,15 +543,15 @@ def _explain(exc: ValidationError, arguments: dict[str, Any]) -> str:
 
 def explain_errors(errors: Iterable[Any], arguments: dict[str, Any]) -> str:
     """`_explain` for some of a `ValidationError`'s `errors()`."""
+    errors = list(errors)
     located = [_located(err, arguments) for err in errors]
-    missing = [
-        where for where, tag, _, problem, _ in located
-        if problem == _REQUIRED and tag is None and not set(where) & {".", "["}
-    ]  # fmt: skip
+    top = [(err["type"], str(err["loc"][0])) for err in errors if len(err["loc"]) == 1]
+    missing = [name for kind, name in top if kind in _MISSING]
+    unknown = sum(kind in _EXTRA for kind, _ in top)
     groups: dict[str, list[Located]] = {}
     for item in located:
         groups.setdefault(item[0], []).append(item)
-    parts = [_described(where, items, missing) for where, items in groups.items()]
+    parts = [_described(where, items, (missing, unknown)) for where, items in groups.items()]
     more = len(parts) - _MAX_PROBLEMS
     shown = "; ".join(parts[:_MAX_PROBLEMS])
     return f"{shown}; and {more} more problem{'s' * (more > 1)}" if more > 0 else shown
@@ -566,13 +601,13 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:79] + "…"
 
 
-def _described(where: str, items: list[Located], missing: list[str]) -> str:
+def _described(where: str, items: list[Located], missing: tuple[list[str], int]) -> str:
     """One location's problems: one problem as it is; a union's, member by member."""
     members = list(dict.fromkeys(tag for _, tag, _, _, _ in items))
     if len(members) <= 1:
         texts = [_problem(_path_join(where, inner), problem, given) for _, _, inner, problem, given in items]
         if items[0][3] == "no such argument":
-            texts[0] += _meant(where, missing)
+            texts[0] += _meant(where, *missing)
         return "; ".join(texts)
     problems = [problem for _, _, inner, problem, _ in items if not inner]
     if len(problems) == len(items) and all(p.startswith("Input should be ") for p in problems):
@@ -595,9 +630,10 @@ def _problem(where: str, problem: str, given: str) -> str:
     return f"{text} (got {given})" if given else text
 
 
-def _meant(extra: str, missing: list[str]) -> str:
-    """For an argument the tool does not take: the required one not given that it may stand for."""
-    if len(missing) == 1:
+def _meant(extra: str, missing: list[str], unknown: int) -> str:
+    """For an argument the tool does not take: the required one not given that it may stand for — the
+    only one missing for the only one unknown, else the one spelled most like it."""
+    if len(missing) == 1 and unknown == 1:
         return f" (did you mean {missing[0]}?)"
     close = difflib.get_close_matches(extra, missing, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
