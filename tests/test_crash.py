@@ -238,15 +238,7 @@ def crash_pg_dsn() -> Iterator[str]:
     yield from private_schema("tl_crash")
 
 
-_PARALLEL_SAVES = (
-    "core fault (_loop.py RunContext.checkpoint): the script's parallel tool calls save concurrently, and "
-    "on PostgreSQL the second save fails with ConcurrencyError (see tests/test_store_faults.py)"
-)
-
-
-@pytest.mark.parametrize(
-    "kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.xfail(strict=True, reason=_PARALLEL_SAVES))]
-)
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_two_processes_resuming_one_run_at_once_run_nothing_twice(
     tmp_path: Path, kind: str, request: pytest.FixtureRequest
 ) -> None:

@@ -174,6 +174,27 @@ async def test_tool_exception_and_timeout_become_observations() -> None:
     assert result.output == "gave up"
 
 
+async def test_a_tool_that_catches_its_timeout_and_answers_late_has_timed_out() -> None:
+    """A late result is no success: the call was past its time limit (and its result is not used)."""
+
+    @tool(timeout=0.05)
+    async def stubborn() -> str:
+        """Ignore the first cancellation."""
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # goes on after being told to stop
+        return "late"
+
+    model = ScriptedModel([call("stubborn"), "gave up"])
+    result = await Agent(model, tools=[stubborn]).run("try")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs == ["Error: stubborn was abandoned: it timed out after 0.05 s."]
+    entry = next(iter(result.state.ledger.values()))
+    assert (entry.success, entry.error_kind) == (False, "timeout")
+    assert result.output == "gave up" and result.stop_reason is StopReason.FINAL_ANSWER
+
+
 async def test_long_output_is_truncated_keeping_head_and_tail() -> None:
     @tool
     def dump() -> str:
@@ -688,6 +709,28 @@ async def test_a_native_call_with_a_near_miss_tool_name_runs_the_tool_it_meant()
     assert outputs[:2] == ["3", "4"]
     assert outputs[2].startswith("Error: there is no tool named 'GET-WEATHER'")
     assert result.tool_calls == 3 and result.output == "done"
+
+
+async def test_bare_text_that_python_reads_as_a_non_finite_number_stays_text() -> None:
+    """`Action Input: NaN` for a one-parameter tool: JSON has no NaN or infinities, so it is the text."""
+
+    @tool
+    def label(text: str) -> str:
+        """Label something."""
+        return f"label: {text}"
+
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "label", "args": "NaN"}]},
+            {"tool_calls": [{"name": "label", "args": "1e999"}]},
+            {"tool_calls": [{"name": "label", "args": "-Infinity"}]},
+            "done",
+        ]
+    )
+    result = await Agent(model, tools=[label]).run("x")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs == ["label: NaN", "label: 1e999", "label: -Infinity"]
+    assert json.loads(result.state.to_json())["ledger"]  # and the state is valid JSON
 
 
 async def test_arguments_a_small_model_gets_slightly_wrong_are_understood() -> None:

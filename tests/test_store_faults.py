@@ -313,16 +313,6 @@ async def test_what_a_file_store_appends_after_a_cut_line_is_kept(tmp_path: Path
         assert [e.seq for e in await store.read_events("run-1")] == [1, 2, 3]
 
 
-PARALLEL_SAVES = (
-    "core fault (src/thinkloop/_loop.py, RunContext.checkpoint, not this module's to change): parallel tool "
-    "calls each save their ledger entry, and a store that awaits (PostgreSQL) gets the second checkpoint "
-    "while the first is written, with the same pending events at the same expected version — "
-    "ConcurrencyError ends the run; events emitted meanwhile are dropped with `self.pending = []`. "
-    "SQLite saves inline when its lock is free, so it does not see it"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=PARALLEL_SAVES)
 async def test_a_run_with_parallel_tool_calls_saved_to_postgres_finishes(pg_dsn: str) -> None:
     from thinkloop import tool
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from . import _json
 from ._data import fast_constructor
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
@@ -167,7 +168,7 @@ def _as_sole_argument(tool: Tool, raw: str) -> dict[str, Any] | None:
     if len(properties) != 1 or not text or text[0] in "{[":
         return None
     try:
-        value = json.loads(text)
+        value = _json.loads(text)  # strict: `NaN` or `1e999` is text, not a float JSON does not have
     except ValueError:
         value = text.strip("`'\"").strip()
     return None if isinstance(value, dict | list) else {next(iter(properties)): value}
@@ -405,8 +406,9 @@ class Deadlines:
                 raise DeadlineExceeded from None
             raise
         else:
-            if entry[2]:  # it ended just as its deadline passed: withdraw our cancellation request
+            if entry[2]:  # it ended after its deadline (it caught the cancellation and went on): too late
                 task.uncancel()
+                raise DeadlineExceeded
             return result
         finally:
             del self._active[key]

@@ -11,7 +11,6 @@ import functools
 import inspect
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from . import _react
+from . import _json, _react
 from ._budget import Budget, PriceTable
 from ._context import ContextManager
 from ._data import fast_constructor
@@ -131,6 +130,7 @@ class RunContext:
     discovery: ToolDiscovery | None = None  # runtime tool discovery: which tools the model is shown
     deadlines: Deadlines = field(default_factory=Deadlines)  # the time limits of its tool and model calls
     saved: bool = False  # whether the store has seen this run (a live store needs no more until the end)
+    saving: asyncio.Lock | None = None  # held while a checkpoint is written: parallel tool calls save in turn
     output: OutputSpec | None = None  # `Agent(output_type=…)`: what the final answer must be
     parsed: Any = None  # the final answer validated against `output`
     deps: Any = None  # `agent.run(..., deps=…)`: handed to tools that take a `ToolContext`
@@ -236,18 +236,21 @@ class RunContext:
         """Save the state with the events emitted since the last checkpoint, in one transaction."""
         if self.store is None or (self.saved and self.live_store and not self.state.finished):
             return
-        if not self.state.finished:  # a finished run's time was fixed by `finish` (and its `done` event)
-            self.state.elapsed = self.elapsed
-        events = self.pending
-        try:
-            await self.store.checkpoint(self.state, events)
-            self.pending = []  # kept after a failure: the next checkpoint carries them
-        except RunError:
-            raise
-        except Exception as exc:  # a store of the user's making: its failure is a StateError all the same
-            name = type(self.store).__name__
-            raise StateError(f"the store {name} could not save run {self.state.run_id}: {exc!r}") from exc
-        self.saved = True
+        if self.saving is None:
+            self.saving = asyncio.Lock()
+        async with self.saving:  # two saves at once (parallel tool calls) would write the same version twice
+            if not self.state.finished:  # a finished run's time was fixed by `finish` (and its `done` event)
+                self.state.elapsed = self.elapsed
+            events, self.pending = self.pending, []  # those emitted while it is written go with the next
+            try:
+                await self.store.checkpoint(self.state, events)
+            except BaseException as exc:
+                self.pending = events + self.pending  # kept after a failure: the next checkpoint carries them
+                if isinstance(exc, RunError) or not isinstance(exc, Exception):
+                    raise
+                name = type(self.store).__name__  # a store of the user's making: a StateError all the same
+                raise StateError(f"the store {name} could not save run {self.state.run_id}: {exc!r}") from exc
+            self.saved = True
 
     async def ledger_started(self, call: ToolCall) -> None:
         """Mark a call as started (its planned entry, or a new one) and save that before it runs. When the
@@ -815,18 +818,6 @@ def switch_mode(run: RunContext, mode: Mode, reason: str) -> None:
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
-def _non_finite(value: Any) -> bool:
-    """Whether a NaN or an infinity is anywhere in `value` (JSON has neither: the state would not
-    round-trip, so such arguments are answered as not being JSON)."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_non_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_non_finite(v) for v in value)
-    return False
-
-
 def _valid_unicode(value: Any) -> Any:
     """`value` with lone surrogates (from truncated JSON escapes) replaced: the state must stay UTF-8."""
     if isinstance(value, str):
@@ -855,7 +846,7 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
     for call in reply.calls:
         fields = {"name": call.name, "arguments": call.arguments, "raw_arguments": call.raw_arguments}
         clean = _valid_unicode(fields)
-        if _non_finite(clean["arguments"]):  # `{"x": NaN}` from json.loads: answered as malformed
+        if _json.non_finite(clean["arguments"]):  # `{"x": NaN}` from json.loads: answered as malformed
             clean["raw_arguments"], clean["arguments"] = arguments_json(clean["arguments"]), {}
         calls.append(call.model_copy(update=clean) if clean != fields else call)
     reply.calls = calls  # a new list: the response's own is left as it was
