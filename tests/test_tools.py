@@ -1171,3 +1171,20 @@ def test_the_fields_of_an_object_parameter_sent_flat_are_taken_as_that_object() 
         "place: required, not given; city: no such argument; country: no such argument; when: no such argument"
     )
     assert asyncio.run(_run_once(forecast, {"city": "Oslo", "country": "NO"})) == ["Oslo for 1 days"]
+
+
+def test_a_description_longer_than_model_apis_accept_is_refused_when_the_tool_is_made() -> None:
+    def report(day: str) -> str:
+        return day
+
+    report.__doc__ = "Report. " + "Very detailed. " * 80 + "\n\nArgs:\n    day: the day."
+    with pytest.raises(ConfigurationError) as caught:
+        tool(report)  # was accepted: then every request to OpenAI failed with 400 string_above_max_length
+    assert str(caught.value) == (
+        "the description of tool 'report' has 1,207 characters, more than the 1,024 model APIs accept "
+        "(OpenAI refuses the request): shorten the docstring before its first section (Args:), move "
+        "details into the parameters' docs, or pass tool(description=...)"
+    )
+    with pytest.raises(ConfigurationError, match="has 1,025 characters"):
+        tool(description="x" * 1025)(report)
+    assert len(tool(description="x" * 1024)(report).description) == 1024

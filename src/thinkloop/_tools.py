@@ -717,12 +717,20 @@ def tool(
         fn, binds, self_param = _method_parts(fn)
         label = name or _function_name(fn)
         summary, param_docs = _parse_docstring(_function_doc(fn))
+        described = (description or summary or label.replace("_", " ")).strip()
+        if len(described) > MAX_DESCRIPTION:
+            raise ConfigurationError(
+                f"the description of tool {label!r} has {len(described):,} characters, more than the "
+                f"{MAX_DESCRIPTION:,} model APIs accept (OpenAI refuses the request): shorten the docstring "
+                "before its first section (Args:), move details into the parameters' docs, or pass "
+                "tool(description=...)"
+            )
         hints = _type_hints(fn, label)
         context_param = _context_param(hints, label)
         validator = _validator_for(fn, hints, param_docs, skip={context_param, self_param}, label=label)
         made = Tool(
             name=label,
-            description=description or summary or label.replace("_", " "),
+            description=described,
             parameters=_schema_of(validator),
             function=fn,
             risk=risk,
@@ -785,6 +793,9 @@ def _in_class_body(qualname: str) -> bool:
         return False
     finally:
         del frame
+
+
+MAX_DESCRIPTION = 1024  # OpenAI's limit on a tool's description ("string_above_max_length")
 
 
 def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
