@@ -1188,3 +1188,23 @@ def test_a_description_longer_than_model_apis_accept_is_refused_when_the_tool_is
     with pytest.raises(ConfigurationError, match="has 1,025 characters"):
         tool(description="x" * 1025)(report)
     assert len(tool(description="x" * 1024)(report).description) == 1024
+
+
+def test_a_text_in_annotated_documents_the_parameter() -> None:
+    @tool
+    def convert(
+        amount: Annotated[float, "the amount to convert"],
+        to: Annotated[str, Field(min_length=3), "an ISO 4217 code"] = "EUR",
+        rounding: Annotated[int, "ignored: the docstring says more"] = 2,
+    ) -> str:
+        """Convert money.
+
+        Args:
+            rounding: digits after the point.
+        """
+        return f"{amount} {to}"
+
+    properties = convert.parameters["properties"]
+    assert properties["amount"] == {"type": "number", "description": "the amount to convert"}  # was lost
+    assert properties["to"] == {"type": "string", "minLength": 3, "default": "EUR", "description": "an ISO 4217 code"}
+    assert properties["rounding"]["description"] == "digits after the point."

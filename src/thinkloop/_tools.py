@@ -898,8 +898,9 @@ def _validator_for(
             hint = Annotated[hint, param.default]
         else:
             options["default"] = ... if param.default is param.empty else param.default
-        if param.name in docs:  # unset otherwise: an Annotated[..., Field(description=...)] stays
-            options["description"] = docs[param.name]
+        described = docs.get(param.name) or _annotated_text(hint)
+        if described:  # unset otherwise: an Annotated[..., Field(description=...)] stays
+            options["description"] = described
         field_name = param.name
         if _reserved(param.name):  # `json`, `model_config`, `_id`: a pydantic name, the model's key
             field_name, options["alias"] = f"{_RENAMED}{index}", param.name
@@ -908,6 +909,13 @@ def _validator_for(
         return create_model(f"{label}_arguments", __config__=_TOOL_CONFIG, **fields)
     except Exception as exc:
         raise ConfigurationError(f"cannot build a schema for tool function {label!r}: {exc}") from exc
+
+
+def _annotated_text(hint: Any) -> str | None:
+    """The text in `Annotated[float, "the amount to convert"]`, which documents the parameter."""
+    if get_origin(hint) is not Annotated:
+        return None
+    return next((item.strip() for item in hint.__metadata__ if isinstance(item, str) and item.strip()), None)
 
 
 _RENAMED = "thinkloop_param_"  # the field of a parameter whose name pydantic reserves (its alias is the name)
