@@ -1208,3 +1208,31 @@ def test_a_text_in_annotated_documents_the_parameter() -> None:
     assert properties["amount"] == {"type": "number", "description": "the amount to convert"}  # was lost
     assert properties["to"] == {"type": "string", "minLength": 3, "default": "EUR", "description": "an ISO 4217 code"}
     assert properties["rounding"]["description"] == "digits after the point."
+
+
+def test_the_react_prompt_shows_the_rules_and_formats_of_the_schema() -> None:
+    from thinkloop._react import arguments_example
+
+    @tool
+    def schedule(
+        day: datetime.date,
+        at: datetime.datetime | None = None,
+        people: Annotated[int, Field(ge=1, le=12)] = 2,
+        budget: Annotated[float, Field(gt=0)] = 100.0,
+        code: Annotated[str, Field(pattern=r"^[A-Z]{3}$", description="the room code")] = "ABC",
+        name: Annotated[str, Field(min_length=2, max_length=40)] = "guest",
+        notes: Annotated[list[str], Field(max_length=3)] = [],  # noqa: B006  # never changed
+    ) -> str:
+        """Schedule a meeting."""
+        return ""
+
+    example, complete = arguments_example(schedule.parameters)
+    # was: "<string>" for the day, "<integer, optional, default 2>" — a small model saw no range or format
+    assert example == (
+        '{"day": "<string (date: YYYY-MM-DD)>", "at": "<string (date and time: ISO 8601, e.g. '
+        '2025-01-31T14:30:00), optional>", "people": <integer, 1 to 12, optional, default 2>, '
+        '"budget": <number, above 0, optional, default 100.0>, "code": "<string, matching ^[A-Z]{3}$, '
+        'optional, default \\"ABC\\": the room code>", "name": "<string, 2 to 40 characters, optional, '
+        'default \\"guest\\">", "notes": <list of strings, at most 3 items, optional, default []>}'
+    )
+    assert complete

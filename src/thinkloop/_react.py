@@ -105,7 +105,8 @@ class _Placeholders:
         kind = self.kind(schema)
         if kind == "object" and isinstance(schema.get("properties"), dict) and depth < 3:
             return self.object(schema, depth)
-        notes = [kind]
+        fmt = _FORMATS.get(str(schema.get("format")))
+        notes = [f"{kind} ({fmt})" if fmt else kind, *_rules(schema)]
         if "enum" in schema and isinstance(schema["enum"], list):
             notes = ["one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])]
         if optional:
@@ -161,6 +162,39 @@ class _Placeholders:
             return "value"
         self.complete = False
         return "value"
+
+
+_FORMATS = {
+    "date": "date: YYYY-MM-DD",
+    "date-time": "date and time: ISO 8601, e.g. 2025-01-31T14:30:00",
+    "time": "time: HH:MM:SS",
+    "duration": "duration: ISO 8601, e.g. P1DT2H",
+    "uuid": "a UUID",
+    "email": "an email address",
+    "uri": "a URL",
+}
+
+
+def _rules(schema: dict[str, Any]) -> list[str]:
+    """What a placeholder says of a schema's bounds: `1 to 12`, `above 0`, `2 to 40 characters`, `at
+    most 3 items`, `matching ^[A-Z]{3}$` — a small model reads no schema, only the placeholders."""
+    rules = []
+    for low, high, unit in (("minimum", "maximum", ""), ("minLength", "maxLength", " characters"),
+                            ("minItems", "maxItems", " items")):  # fmt: skip
+        bounds = [schema.get(low), schema.get(high)]
+        if bounds[0] is not None and bounds[1] is not None:
+            rules.append(f"{bounds[0]} to {bounds[1]}{unit}")
+        elif bounds[0] is not None:
+            rules.append(f"at least {bounds[0]}{unit}")
+        elif bounds[1] is not None:
+            rules.append(f"at most {bounds[1]}{unit}")
+    if schema.get("exclusiveMinimum") is not None:
+        rules.append(f"above {schema['exclusiveMinimum']}")
+    if schema.get("exclusiveMaximum") is not None:
+        rules.append(f"below {schema['exclusiveMaximum']}")
+    if isinstance(schema.get("pattern"), str):
+        rules.append(f"matching {schema['pattern']}")
+    return rules
 
 
 def _compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
