@@ -419,7 +419,7 @@ async def test_partials_callable_objects_and_methods_are_tools() -> None:
 
     double = tool(functools.partial(scale, factor=2.0))
     assert (double.name, double.description) == ("scale", "Multiply x by a factor.")
-    assert list(double.parameters["properties"]) == ["x", "factor"] and double.parameters["required"] == ["x"]
+    assert list(double.parameters["properties"]) == ["x"] and double.parameters["required"] == ["x"]
     assert await double.invoke({"x": 4}) == 8.0
     greet = tool(Greeter("Hello"))
     assert (greet.name, greet.description, greet.parameters["required"]) == (
@@ -1236,3 +1236,16 @@ def test_the_react_prompt_shows_the_rules_and_formats_of_the_schema() -> None:
         'default \\"guest\\">", "notes": <list of strings, at most 3 items, optional, default []>}'
     )
     assert complete
+
+
+async def test_arguments_bound_by_a_partial_are_neither_shown_to_the_model_nor_taken_from_it() -> None:
+    def send(to: str, text: str, api_key: str, retries: int = 3) -> str:
+        """Send a message."""
+        return f"{to}: {text} ({api_key[:2]}…, {retries})"
+
+    t = tool(functools.partial(functools.partial(send, api_key="sk-secret"), retries=5))
+    assert "sk-secret" not in json.dumps(t.parameters)  # was: "api_key": {"default": "sk-secret", ...}
+    assert list(t.parameters["properties"]) == ["to", "text"] and t.parameters["required"] == ["to", "text"]
+    assert await t.invoke(t.validate({"to": "ada", "text": "hi"})) == "ada: hi (sk…, 5)"
+    with pytest.raises(ToolArgumentsError, match="api_key: no such argument"):
+        t.validate({"to": "ada", "text": "hi", "api_key": "mine"})  # the model cannot replace it

@@ -798,6 +798,16 @@ def _in_class_body(qualname: str) -> bool:
 MAX_DESCRIPTION = 1024  # OpenAI's limit on a tool's description ("string_above_max_length")
 
 
+def _bound_keywords(fn: Callable[..., Any]) -> set[str]:
+    """The keyword arguments a (nested) `functools.partial` binds: fixed by the application (an API key,
+    a connection), so the model neither sees their values nor replaces them."""
+    bound: set[str] = set()
+    while isinstance(fn, functools.partial):
+        bound.update(fn.keywords)
+        fn = fn.func
+    return bound
+
+
 def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The callable a (nested) `functools.partial` wraps, else `fn`."""
     while isinstance(fn, functools.partial):
@@ -884,6 +894,7 @@ def _validator_for(
 ) -> type[BaseModel]:
     label = label or _function_name(fn)
     fields: dict[str, Any] = {}
+    skip = {*skip, *_bound_keywords(fn)}
     for index, param in enumerate(inspect.signature(fn).parameters.values()):
         if param.name in skip:
             continue
