@@ -245,7 +245,7 @@ def test_model_error_exits_1(cli: Cli) -> None:
         (["--model", "script:broken.json"], "error: script file 'broken.json' is not valid JSON"),
         (["--model", "script:object.json"], "must hold a JSON list of replies"),
         (["--model", "nope:x"], "error: unknown model 'nope:x'"),
-        (["--model", "script:adir"], "error: cannot read the model 'script:adir': Is a directory"),
+        (["--model", "script:adir"], "error: script file 'adir' is a directory, not a JSON file of replies"),
         (["--model", ""], "error: --model is empty (''): name a model"),
         (["--model", " "], "error: --model is empty (' '): name a model"),
         (["--store", "nope://x"], "error: unknown store URL 'nope://x'"),

@@ -290,9 +290,9 @@ async def load_model(spec: str | None, console: Console) -> Model:
             f"--model is empty ({spec!r}): name a model — local, openai:MODEL, router:A,B, script:FILE — "
             "or leave the option out for $THINKLOOP_MODEL, else the local model"
         )
-    variable = os.environ.get(MODEL_VARIABLE, "") if spec is None else ""
-    try:
-        model = resolve_model(spec)
+    variable = os.environ.get(MODEL_VARIABLE, "").strip() if spec is None else ""
+    try:  # the variable passed as the spec: its errors are worded for the CLI below
+        model = resolve_model(spec if spec is not None else variable or None)
     except OSError as exc:
         what = f"${MODEL_VARIABLE}={variable!r}" if variable else repr(spec)
         raise ConfigurationError(f"cannot read the model {what}: {describe_os_error(exc)}") from None
