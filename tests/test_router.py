@@ -873,3 +873,104 @@ async def test_a_react_stream_cut_before_its_final_answer_is_retried_by_the_loop
         assert "".join(e.text for e in events if e.type == "answer_delta") == result.output  # shown once
         assert len(server.chat_requests) == 2
         await member.aclose()
+
+
+# -------------------------------------------------------------- a member's stream without its response
+
+
+class _EndsWithoutResponse(FunctionModel):
+    """A streaming model whose stream ends (cleanly) before its final `ModelResponse`, after `chunks`."""
+
+    def __init__(self, *chunks: StreamChunk, name: str) -> None:
+        super().__init__(lambda r: "unused", name=name)
+        self.chunks = list(chunks)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        self.requests.append(request)
+        for chunk in self.chunks:
+            yield chunk
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [(), (ToolCallDelta(index=0, id="c1", name="add", arguments_delta='{"a": 1'),)],
+    ids=["nothing", "half-a-tool-call"],
+)
+async def test_a_stream_that_ends_without_its_response_is_retried_then_falls_back(
+    chunks: tuple[StreamChunk, ...],
+) -> None:
+    rec = Recorder()
+    cut = _EndsWithoutResponse(*chunks, name="cut")
+    router = rec.router(cut, flaky("From b.", name="b"), retries=1)
+    got = await _collect(router)
+    assert "".join(c.text for c in got if isinstance(c, TextDelta)) == "From b."
+    assert not any(isinstance(c, ToolCallDelta) and c.name == "add" for c in got)  # nothing of the cut call
+    assert isinstance(got[-1], ModelResponse) and got[-1].model_name == "b"
+    assert rec.actions == [("test:cut", 1, "retry"), ("test:cut", 2, "fallback")]
+    assert "the stream of test:cut ended without its final response" in rec.attempts[0].error
+    assert len(cut.requests) == 2
+
+
+async def test_a_probe_whose_stream_ends_without_its_response_does_not_keep_the_member_skipped() -> None:
+    """The half-open probe slot was never given back: the member was skipped for good, 'circuit open for
+    0.0 s more'."""
+    rec = Recorder()
+    cut = _EndsWithoutResponse(name="cut")
+    router = rec.router(cut, flaky("spare", name="spare"), retries=0, breaker_threshold=1, breaker_cooldown=5)
+    router.breakers[0].failure(rec.now)
+    rec.now += 6  # half-open: the next request probes `cut`
+    await _collect(router)
+    assert len(cut.requests) == 1 and router.breakers[0].state(rec.now) == "open"  # the probe failed
+    rec.now += 6
+    await _collect(router)
+    assert len(cut.requests) == 2  # probed again after the next cooldown
+
+
+async def test_a_stream_ending_without_its_response_after_text_was_shown_surfaces() -> None:
+    rec = Recorder()
+    cut = _EndsWithoutResponse(TextDelta(text="The answer is"), name="cut")
+    spare = flaky("spare", name="spare")
+    router = rec.router(cut, spare)
+    seen: list[StreamChunk] = []
+    with pytest.raises(ModelRetryableError, match="ended without its final response, after 1 chunk"):
+        async for chunk in router.stream(REQUEST):
+            seen.append(chunk)
+    assert seen == [TextDelta(text="The answer is")] and spare.requests == []
+    assert rec.actions == [("test:cut", 1, "give_up")] and router.breakers[0].failures == 1
+
+
+# --------------------------------------------------------------------------------- a router of routers
+
+
+async def test_an_inner_router_that_failed_is_not_retried_by_the_outer_one() -> None:
+    """An inner router has retried its own members already: retrying it multiplied the attempts and the
+    waits (3 x 3 per member, with the defaults) and found its breakers open."""
+    rec = Recorder()
+    a, b = flaky(busy(), name="a"), flaky(busy(), name="b")
+    inner = rec.router(a, b, retries=2, breaker_threshold=100)
+    outer = rec.router(inner, flaky("from c", name="c"), retries=2)
+    assert (await outer.request(REQUEST)).text == "from c"
+    assert len(a.requests) == 3 and len(b.requests) == 3
+    assert rec.sleeps == [0.5, 1.0, 0.5, 1.0]  # the inner router's backoff only
+    assert rec.actions[-1] == ("router:test:a,test:b", 1, "fallback")
+
+
+async def test_an_inner_router_alone_is_not_retried_either() -> None:
+    rec = Recorder()
+    a = flaky(busy(), name="a")
+    outer = rec.router(rec.router(a, retries=1, breaker_threshold=100), retries=3)
+    with pytest.raises(ModelRetryableError, match="all 1 models of the router failed: router:test:a: "):
+        await outer.request(REQUEST)
+    assert len(a.requests) == 2 and rec.sleeps == [0.5]
+
+
+async def test_tokens_of_an_inner_routers_failed_attempts_are_charged_once() -> None:
+    error = busy()
+    error.usage = Usage(input_tokens=100, output_tokens=7, requests=1)  # type: ignore[attr-defined]
+    rec = Recorder()
+    inner = rec.router(flaky(error, name="a"), retries=1)  # two failed attempts of 107 tokens
+    reply = ModelResponse(text="done", usage=Usage(input_tokens=50, output_tokens=5, requests=1))
+    outer = rec.router(inner, flaky(reply, name="b"))
+    response = await outer.request(REQUEST)
+    usage = response.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.requests) == (250, 19, 1)

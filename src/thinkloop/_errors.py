@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._messages import Usage
     from ._state import RunState
 
 
@@ -43,7 +44,13 @@ class RunError(ThinkloopError):
 
 
 class ModelError(RunError):
-    """A model provider failed. `provider` names it, `scope` says what was being done."""
+    """A model provider failed. `provider` names it, `scope` says what was being done.
+
+    `usage` holds the tokens the failed request(s) consumed when the adapter knows them (a `RouterModel`
+    charges them to the response that follows, and sets them on the error it raises when all failed).
+    """
+
+    usage: Usage | None = None
 
     def __init__(
         self,

@@ -11,17 +11,19 @@ For each request the router walks its members in order:
    is retried on the same member after an exponential backoff with jitter, or after the provider's
    `Retry-After` (capped at `max_backoff`), up to `retries` times — unless the provider asked for a longer
    wait than `max_backoff` and a later member can be asked now: then the request falls back at once.
-   Any other `ModelError` goes straight to the next member.
+   A member that is itself a router is never retried (it retried its own members). Any other
+   `ModelError` goes straight to the next member.
 4. A `ContextOverflowError` (the prompt does not fit the member's window) is not a failure of the member:
    it is not retried and does not count against its breaker. By default (`overflow_fallback="larger"`) the
    request goes on to the next member whose declared `context_window` is larger than the window that
    overflowed; members with a smaller or unknown window are skipped. If none answers, the router raises
    a `ContextOverflowError` with the first member's numbers, and the loop shrinks the run's context.
 5. When every member has failed, the last error is raised with a message listing each member's failure
-   and what to do.
+   and what to do, and the tokens the failed attempts consumed as its `usage`.
 
 When streaming, text is delivered as it comes and a member's tool-call deltas with its complete reply, so
-a failure in the middle of a tool call falls back unseen; a failure after text was delivered surfaces.
+a failure in the middle of a tool call falls back unseen; a failure after text was delivered surfaces. A
+stream that ends without its final response is such a failure (a `ModelRetryableError`).
 
 `asyncio.CancelledError` (and the run's deadline) always pass through: nothing is retried after them.
 Each failed attempt is reported as a `ModelAttempt` event of the current run and to `on_attempt`.
@@ -187,8 +189,10 @@ class _Attempt:
             member = router.models[self.candidates[self.index]]
             fits = any(self._fits(slot, exc, member) for slot in later)
             return ("fallback" if fits else "give_up"), 0.0
+        member = router.models[self.candidates[self.index]]
         retry = (
             isinstance(exc, ModelRetryableError)
+            and not isinstance(member, RouterModel)  # it retried its own members: not again, multiplied
             and self.attempt <= router.retries
             and breaker.state(router.clock()) == "closed"
         )
@@ -242,7 +246,7 @@ class _Attempt:
                 completion_tokens=first.completion_tokens,
             )
             overflow.__cause__ = first
-            return overflow
+            return self._charged(overflow)
         cls = type(last) if isinstance(last, ModelRetryableError) else ModelError
         if isinstance(last, ModelRetryableError):
             message += (
@@ -264,6 +268,12 @@ class _Attempt:
             retry_after=last.retry_after,
         )
         error.__cause__ = last
+        return self._charged(error)
+
+    def _charged(self, error: ModelError) -> ModelError:
+        """`error` carrying the tokens the failed attempts consumed (an outer router charges them)."""
+        if self.spent.total_tokens or self.spent.cost:
+            error.usage = self.spent.copy()
         return error
 
     def _soonest_retry(self) -> float | None:
@@ -274,7 +284,7 @@ class _Attempt:
 
 def _spent_usage(exc: ModelError) -> Usage:
     """Tokens a failed attempt consumed, when the adapter attached them to the error as `usage`."""
-    usage = getattr(exc, "usage", None)
+    usage = exc.usage
     if not isinstance(usage, Usage):
         return Usage()
     return usage.model_copy(update={"requests": 0})
@@ -421,21 +431,26 @@ class RouterModel(Model):
         """The chunks of `member`'s stream the router delivers: text at once, tool-call deltas with the
         complete reply (see `stream`); each chunk within `timeout`."""
         held: list[StreamChunk] = []
+        count = 0
         chunks = _member_stream(member, request)
         try:
             while (chunk := await self._within(member, _next_chunk(chunks))) is not None:
+                count += 1
                 if isinstance(chunk, ModelResponse):
                     for piece in [*held, plan.succeeded(chunk, member, request)]:
                         yield piece
-                    held = []
-                elif held or isinstance(chunk, ToolCallDelta):
+                    return
+                if held or isinstance(chunk, ToolCallDelta):
                     held.append(chunk)
                 else:
                     yield chunk
         finally:
             await chunks.aclose()
-        for piece in held:  # a member whose stream ended without its response: the loop says so
-            yield piece
+        raise ModelRetryableError(  # cut off like a dropped connection (its held tool-call deltas with it)
+            f"the stream of {member.spec} ended without its final response, after {count} chunk(s)",
+            provider=member.provider,
+            scope="streaming",
+        )
 
     async def _within(self, member: Model, step: Awaitable[_T]) -> _T:
         """`await step`, failing with a `ModelRetryableError` when it takes longer than `timeout`."""
