@@ -41,10 +41,10 @@ async def test_arguments_a_model_adds_to_discover_tools_are_ignored_and_said_so(
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        ({}, "missing required argument(s): query"),
-        ({"q": "weather"}, "missing required argument(s): query"),
-        ({"query": None}, "query: expected string"),
-        ({"query": ["weather"]}, "query: expected string"),
+        ({}, "query: required, not given"),
+        ({"q": "weather"}, "query: required, not given"),
+        ({"query": None}, "query: Input should be a string"),
+        ({"query": ["weather"]}, "query: Input should be a string"),
         ({"query": "   "}, "Error: describe what you need a tool for"),
         ({"query": "zzzz qqqq"}, "No tool matches 'zzzz qqqq'"),
     ],

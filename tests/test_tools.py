@@ -77,9 +77,9 @@ def test_hand_written_tool_checks_schema() -> None:
         str,
     )
     assert echo.validate({"text": "hi"}) == {"text": "hi"}
-    with pytest.raises(ToolArgumentsError, match="missing required argument"):
+    with pytest.raises(ToolArgumentsError, match="text: required, not given"):
         echo.validate({})
-    with pytest.raises(ToolArgumentsError, match="text: expected string"):
+    with pytest.raises(ToolArgumentsError, match="text: Input should be a string"):
         echo.validate({"text": 3})
 
 
@@ -1249,3 +1249,40 @@ async def test_arguments_bound_by_a_partial_are_neither_shown_to_the_model_nor_t
     assert await t.invoke(t.validate({"to": "ada", "text": "hi"})) == "ada: hi (sk…, 5)"
     with pytest.raises(ToolArgumentsError, match="api_key: no such argument"):
         t.validate({"to": "ada", "text": "hi", "api_key": "mine"})  # the model cannot replace it
+
+
+def test_a_hand_written_tool_coerces_scalars_as_pydantic_would_and_explains_like_tool() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "offset": {"type": "integer"},
+            "ratio": {"type": "number"},
+            "follow": {"type": "boolean"},
+            "odd": True,  # a boolean schema: any value
+        },
+        "required": ["path"],
+        "additionalProperties": False,
+    }
+    t = Tool("read", "Read.", schema, lambda **kwargs: kwargs)
+    # small models send numbers and booleans as text: a @tool tool took them, a hand-written one refused
+    assert t.validate({"path": "a", "offset": "100", "ratio": "0.5", "follow": "True"}) == {
+        "path": "a",
+        "offset": 100,
+        "ratio": 0.5,
+        "follow": True,
+    }
+    assert t.validate({"path": "a", "offset": 2.0, "odd": [1]}) == {"path": "a", "offset": 2, "odd": [1]}
+
+    def told(arguments: dict[str, Any]) -> str:
+        with pytest.raises(ToolArgumentsError) as caught:
+            t.validate(arguments)
+        return str(caught.value)
+
+    assert told({}) == "path: required, not given"  # was: "missing required argument(s): path"
+    assert told({"pth": "a"}) == "path: required, not given; pth: no such argument (did you mean path?)"
+    assert told({"path": 3}) == "path: Input should be a string (got 3)"  # was: "expected string, got int 3"
+    assert told({"path": "a", "offset": "1.5"}) == 'offset: Input should be an integer (got "1.5")'
+    assert told({"path": "a", "ratio": True, "follow": "maybe"}) == (
+        'ratio: Input should be a number (got true); follow: Input should be true or false (got "maybe")'
+    )

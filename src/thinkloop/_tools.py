@@ -16,6 +16,7 @@ import difflib
 import functools
 import inspect
 import json
+import math
 import queue
 import re
 import threading
@@ -100,7 +101,8 @@ class Tool:
         idempotent: True if running a call twice has the same effect as once (safe to re-run on resume).
         output_max_length: characters kept of the output (None: the agent's default, 10,000).
         validator: a pydantic model validating and coercing the arguments (built by `@tool`); without
-            one, required properties and basic JSON types are checked against `parameters`.
+            one, required properties and basic JSON types are checked against `parameters` (a number or
+            boolean sent as text, `"100"`, is converted as pydantic would).
         in_thread: run a sync function in a worker thread (the default, so a blocking function never
             stalls other runs); `False` calls it directly — only for quick, non-blocking functions.
         context_param: the function's parameter that receives the call's `ToolContext` (set by `@tool`
@@ -184,8 +186,7 @@ class Tool:
             if self._renamed:
                 return {self._renamed.get(key, key): value for key, value in values.items()}
             return values
-        _check_against_schema(arguments, self.parameters)
-        return arguments
+        return _check_against_schema(arguments, self.parameters)
 
     def risk_for(self, arguments: dict[str, Any]) -> RiskLevel:
         """The risk of a call with these arguments; a failing risk function rates the call HIGH."""
@@ -650,25 +651,75 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _check_against_schema(arguments: dict[str, Any], schema: Mapping[str, Any]) -> None:
-    """A light check for hand-written tools: required properties, unknown ones, and top-level types."""
+def _check_against_schema(arguments: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A light check for hand-written tools: required properties, unknown ones, and top-level types, told
+    as `@tool`'s errors are. A number or boolean sent as text (`"100"`, `"true"`) is taken as pydantic's
+    lax mode takes it; the arguments returned are those (the same dict when nothing was converted)."""
     properties: Mapping[str, Any] = schema.get("properties", {})
-    missing = [name for name in schema.get("required", []) if name not in arguments]
-    if missing:
-        raise ToolArgumentsError(f"missing required argument(s): {', '.join(missing)}")
-    if schema.get("additionalProperties") is False:
-        unknown = [name for name in arguments if name not in properties]
-        if unknown:
-            raise ToolArgumentsError(f"unknown argument(s): {', '.join(unknown)}")
+    problems = [f"{name}: {_REQUIRED}" for name in schema.get("required", []) if name not in arguments]
+    closed = schema.get("additionalProperties") is False
+    unknown = [name for name in arguments if closed and name not in properties]
+    checked = arguments
     for name, value in arguments.items():
-        expected = properties.get(name, {}).get("type")
-        if not isinstance(expected, str) or expected not in _JSON_TYPES:
+        if name in unknown:
+            meant = _meant(name, [p.partition(":")[0] for p in problems], len(unknown))
+            problems.append(f"{name}: no such argument{meant}")
             continue
-        ok = isinstance(value, _JSON_TYPES[expected]) and not (
-            expected in ("integer", "number") and isinstance(value, bool)
-        )
-        if not ok:
-            raise ToolArgumentsError(f"{name}: expected {expected}, got {type(value).__name__} {value!r}")
+        prop = properties.get(name)
+        expected = prop.get("type") if isinstance(prop, dict) else None
+        if not isinstance(expected, str) or expected not in _JSON_TYPES or _is_json_type(value, expected):
+            continue
+        converted = _lax(value, expected)
+        if converted is _NOT_CONVERTED:
+            problems.append(f"{name}: Input should be {_JSON_TYPE_TEXT[expected]} (got {_shown(value)})")
+        else:
+            checked = {**checked, name: converted}
+    if problems:
+        raise ToolArgumentsError("; ".join(problems))
+    return checked
+
+
+_JSON_TYPE_TEXT = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "array": "a list",
+    "object": "an object",
+    "null": "null",
+}
+_NOT_CONVERTED = object()
+
+
+def _is_json_type(value: Any, expected: str) -> bool:
+    if isinstance(value, bool):
+        return expected == "boolean"
+    return isinstance(value, _JSON_TYPES[expected])
+
+
+def _lax(value: Any, expected: str) -> Any:
+    """`value` as the JSON type `expected`, where pydantic's lax mode converts it (`"100"` → 100, 2.0 → 2,
+    `"true"` → True), else `_NOT_CONVERTED`."""
+    if isinstance(value, bool):
+        return _NOT_CONVERTED
+    if expected == "boolean" and isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if expected in ("integer", "number") and isinstance(value, str):
+        try:
+            value = (
+                float(value)
+                if expected == "number" or not value.strip().lstrip("+-").isdigit()
+                else int(value)
+            )
+        except ValueError:
+            return _NOT_CONVERTED
+    if expected == "number" and isinstance(value, int | float) and math.isfinite(value):
+        return value
+    if expected == "integer" and isinstance(value, int):
+        return value
+    if expected == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return _NOT_CONVERTED
 
 
 # ---------------------------------------------------------------------------------------------- @tool
