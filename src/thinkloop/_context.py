@@ -220,7 +220,7 @@ class ContextManager:
         "_last_group_size", "_groups", "_pinned", "_dropped", "_dropped_count", "_tokens", "_open_calls",
         "_valid", "_first_long", "_prefix", "_model_summary", "_summary_cache", "_reserve_key",
         "reserve_cache", "_reserve_for_system", "_reserve_for_tools", "_reserve", "_last_reserve",
-        "_summarizer_failed_at",
+        "_summarizer_failed_at", "_fits",
     )  # fmt: skip
 
     def __init__(
@@ -260,6 +260,7 @@ class ContextManager:
         self._summary_cache: tuple[tuple[int, int], Message, int] | None = None
         self._model_summary: tuple[int, str] | None = None  # (groups covered, text)
         self._summarizer_failed_at = -1
+        self._fits: tuple[int, float, int] = (0, 0.0, 0)  # (max_context_tokens, trim_ratio, their budget)
 
     # ------------------------------------------------------------------------------------ public
 
@@ -301,7 +302,10 @@ class ContextManager:
             and not (0 <= self._first_long < self._group_count - self.keep_steps)
         ):
             total = self._tokens + reserve  # the common case: the history fits as it is
-            if total * self.scale <= int(self.max_context_tokens * self.trim_ratio):  # `budget`
+            fits = self._fits  # `budget`, computed again only when the window or the ratio changed
+            if fits[0] != self.max_context_tokens or fits[1] != self.trim_ratio:
+                fits = self._fits = (self.max_context_tokens, self.trim_ratio, self.budget)
+            if total * self.scale <= fits[2]:
                 self.last_tokens = total
                 return list(source)
         out, tokens = self._plan(state, source, self._last_reserve) or self._assemble(state)
@@ -331,9 +335,14 @@ class ContextManager:
 
     def record_usage(self, reported_input_tokens: int) -> None:
         """Calibrate an estimating counter with the input tokens the provider reported for the last view."""
-        if reported_input_tokens <= 0 or self.last_tokens <= 0 or self._exact:
+        last = self.last_tokens
+        if reported_input_tokens <= 0 or last <= 0 or self._exact:
             return
-        ratio = min(max(reported_input_tokens / self.last_tokens, 0.5), 2.0)
+        ratio = reported_input_tokens / last  # kept within [0.5, 2] (without min/max: this runs every step)
+        if ratio < 0.5:
+            ratio = 0.5
+        elif ratio > 2.0:
+            ratio = 2.0
         self.scale = ratio if not self._calibrated else 0.7 * self.scale + 0.3 * ratio
         self._calibrated = True
 
