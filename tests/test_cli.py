@@ -461,7 +461,8 @@ def test_yes_never_runs_a_blacklisted_command(cli: Cli) -> None:
 class Terminal:
     """The CLI in a pseudo-terminal that is its controlling terminal (so Ctrl-C sends SIGINT)."""
 
-    def __init__(self, cli: Cli, *args: str) -> None:
+    def __init__(self, cli: Cli, *args: str, stdout: Any = None, stderr: Any = None) -> None:
+        """`stdout`, `stderr`: a file to redirect that stream to (`> out.txt`), else the terminal."""
         import pty
 
         self.master, slave = pty.openpty()
@@ -472,8 +473,8 @@ class Terminal:
             cwd=cli.dir,
             env=env,
             stdin=slave,
-            stdout=slave,
-            stderr=slave,
+            stdout=slave if stdout is None else stdout,
+            stderr=slave if stderr is None else stderr,
             start_new_session=True,
             preexec_fn=_take_terminal,
         )
@@ -521,8 +522,8 @@ def _take_terminal() -> None:
 
 
 @contextlib.contextmanager
-def terminal(cli: Cli, *args: str) -> Iterator[Terminal]:
-    term = Terminal(cli, *args)
+def terminal(cli: Cli, *args: str, stdout: Any = None, stderr: Any = None) -> Iterator[Terminal]:
+    term = Terminal(cli, *args, stdout=stdout, stderr=stderr)
     try:
         yield term
     finally:
@@ -549,6 +550,40 @@ def test_terminal_approval_prompt(cli: Cli, answer: str, runs: bool) -> None:
     assert screen.index("? approval requested") < screen.index("Run it?")  # the event line comes first
     assert (cli.dir / "ws" / "x").exists() is runs
     assert ("medium · approved" if runs else "medium · denied") in screen
+
+
+def test_with_stdout_in_a_file_the_approval_prompt_is_asked_on_the_terminal(cli: Cli) -> None:
+    """`thinkloop run … > out.txt` (or `| tee log`, `| head`) at a terminal wrote the question into the file
+    and waited for an answer to it: the person at the terminal saw nothing, and the run hung for ever."""
+    (cli.dir / "ws").mkdir()
+    model = shell_script(cli, "touch x")
+    args = ["run", "x", "--model", model, "--tools", "shell", "--safety", "strict", "--workspace", "ws"]
+    with (cli.dir / "out.txt").open("w") as out, terminal(cli, *args, stdout=out) as t:
+        t.read_until(b"Run it?", timeout=30)  # on stderr, the terminal
+        assert "Approval needed — tool shell, risk medium" in t.text and "command: touch x" in t.text
+        t.type("y\n")
+        assert t.wait() == 0
+    assert (cli.dir / "ws" / "x").exists()
+    view = (cli.dir / "out.txt").read_text()
+    assert "? approval requested for shell" in view and "medium · approved" in view  # the live view
+    assert "Run it?" not in view
+
+
+def test_with_neither_stdout_nor_stderr_a_terminal_a_risky_call_is_denied_not_asked_unseen(cli: Cli) -> None:
+    """Stdin at a terminal but both outputs redirected (`> out.txt 2>&1`): a question would not be seen, so
+    the call is denied as with no terminal at all (the run went on waiting for an answer for ever)."""
+    (cli.dir / "ws").mkdir()
+    model = shell_script(cli, "touch x")
+    args = ["run", "x", "--model", model, "--tools", "shell", "--safety", "strict", "--workspace", "ws"]
+    with (cli.dir / "out.txt").open("w") as out, terminal(cli, *args, "--json", stdout=out, stderr=out) as t:
+        assert t.wait(timeout=30) == 0
+    assert not (cli.dir / "ws" / "x").exists()
+    lines = (cli.dir / "out.txt").read_text().splitlines()
+    assert not any("Run it?" in line for line in lines)
+    (called,) = by_type([json.loads(line) for line in lines], "tool_call")
+    assert called["decision"] == "denied"
+    (result,) = by_type([json.loads(line) for line in lines], "tool_result")
+    assert "nobody could be asked" in result["output"] and "--yes" in result["output"]
 
 
 def test_ctrl_c_at_the_approval_prompt_interrupts_at_once_and_the_run_resumes(cli: Cli) -> None:

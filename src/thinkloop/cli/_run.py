@@ -434,7 +434,7 @@ def load_hosts(path: Path | None) -> dict[str, Any] | None:
 
 
 def _safety(mode: str, yes: bool, console: Console) -> Any:
-    from ..safety import SafetyController, SafetyMode, SafetyPolicy, console_approval
+    from ..safety import SafetyController, SafetyMode, SafetyPolicy
 
     try:
         policy = SafetyPolicy(mode=SafetyMode(mode))
@@ -442,7 +442,41 @@ def _safety(mode: str, yes: bool, console: Console) -> Any:
         raise ConfigurationError(
             f"the safety mode must be strict, balanced or permissive, not {mode!r}"
         ) from None
-    return SafetyController(policy, approval=console_approval(console, assume_yes=yes))
+    return SafetyController(policy, approval=_terminal_approval(console, yes))
+
+
+UNSEEN = (
+    "nobody could be asked: stdout and stderr are not a terminal, so the question would not have been "
+    "seen (the user can pass --yes to approve such calls)"
+)
+
+
+def _terminal_approval(console: Console, yes: bool) -> Any:
+    """The approval prompt, asked where the person at the terminal sees it: with the live view (`console`)
+    when that is a terminal, else on stderr — `thinkloop run … > out.txt` (or `| tee`, `| head`) wrote the
+    question into the file and waited for an answer nobody could give. With neither a terminal, a call
+    needing approval is denied, as without a terminal at all."""
+    from ..safety import ApprovalDecision, ApprovalRequest, console_approval
+
+    if yes:
+        return console_approval(assume_yes=True)
+    if not _is_tty(console):
+        console = Console(stderr=True)
+    if _is_tty(console) or not _is_tty(sys.stdin):  # no terminal at all: console_approval denies
+        return console_approval(console)
+
+    async def unseen(request: ApprovalRequest) -> ApprovalDecision:
+        return ApprovalDecision.deny(UNSEEN)
+
+    return unseen
+
+
+def _is_tty(stream: Console | Any) -> bool:
+    """Whether the stream (a console's file) is a terminal."""
+    try:
+        return bool((stream.file if isinstance(stream, Console) else stream).isatty())
+    except (AttributeError, OSError, ValueError):  # a closed stream
+        return False
 
 
 def _store(url: str | None) -> Any:
