@@ -44,7 +44,7 @@ from .._messages import (
     ToolDefinition,
     Usage,
 )
-from . import _weights
+from . import _gguf, _weights
 from ._base import Model, ModelCapabilities
 from ._prompt_cache import PromptCache
 
@@ -247,25 +247,104 @@ def _import_llama() -> Any:
     return llama_cpp.Llama
 
 
-def _load_runtime(path: Path, n_ctx: int, n_threads: int, seed: int) -> _Runtime:
-    """The shared runtime of a model file (loaded on first use; seconds)."""
+def _load_runtime(path: Path, n_ctx: int, n_threads: int, seed: int, *, assembled: bool = False) -> _Runtime:
+    """The shared runtime of a model file (loaded on first use; seconds). `assembled`: the file is the
+    verified weights of a variant (not one given as `path=`), which changes the advice of a failure."""
     key = (str(path.resolve()), n_ctx, n_threads)
     with _LOAD_LOCK:
         runtime = _RUNTIMES.get(key)
         if runtime is None:
             llama = _import_llama()
+            info = _check_model_file(path, n_ctx)
             try:
                 llm = llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, seed=seed, verbose=False)
-            except (ValueError, RuntimeError) as exc:
-                raise ConfigurationError(
-                    f"llama.cpp could not load the model file {path}: {exc}; check that it is a GGUF file "
-                    "(re-assemble the default weights with `python -m thinkloop.models._weights`)"
-                ) from exc
+            except (ValueError, RuntimeError, MemoryError) as exc:
+                raise _load_error(path, n_ctx, info, exc, assembled=assembled) from exc
             if not _RUNTIMES:
                 atexit.register(_close_all)
                 _warn_if_amx_on_a_vm(lambda: sys.modules["llama_cpp"].llama_print_system_info())
             runtime = _RUNTIMES[key] = _Runtime(llm, path)
         return runtime
+
+
+def _check_model_file(path: Path, n_ctx: int) -> _gguf.GgufInfo:
+    """The header of the model file, refused in words before llama.cpp reads it: not GGUF, cut short, trained
+    for a smaller context than `n_ctx`, or too large a KV cache for the memory this machine has (llama.cpp
+    would allocate it anyway, and the kernel kill the process)."""
+    try:
+        info = _gguf.read_header(path)
+    except _gguf.GgufError as exc:
+        raise ConfigurationError(
+            f"the local model file {path} cannot be loaded: {exc}; {_BAD_FILE}"
+        ) from None
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the local model file {path}: {exc.strerror or exc}") from None
+    if info.data_end > info.file_size:
+        need = f"{info.data_end:,}" if info.data_exact else f"more than {info.data_end:,}"
+        raise ConfigurationError(
+            f"the local model file {path} is cut short: it has {info.file_size:,} bytes and its "
+            f"{info.tensor_count} tensors need {need} (a copy or download that did not finish); {_BAD_FILE}"
+        )
+    if info.context_length is not None and n_ctx > info.context_length:
+        raise ConfigurationError(
+            f"n_ctx={n_ctx:,} is more than the {info.context_length:,} tokens the model {path.name} was trained "
+            f"for: use LocalModel(n_ctx=...) of at most {info.context_length}"
+        )
+    _check_memory(path, n_ctx, info)
+    return info
+
+
+_BAD_FILE = (
+    "LocalModel(path=...) needs a complete GGUF model file that uses the ChatML template (a Qwen2.5 instruct "
+    "model): copy or download it again"
+)
+
+
+def _check_memory(path: Path, n_ctx: int, info: _gguf.GgufInfo) -> None:
+    """ConfigurationError when the KV cache and buffers of `n_ctx` tokens exceed the available memory; a
+    warning when the weights do not fit beside them (they are paged in from disk: slow, but it works)."""
+    kv, available = info.kv_cache_bytes(n_ctx), _gguf.available_memory()
+    if kv is None or available is None or info.kv_bytes_per_token is None:
+        return
+    need = kv + info.compute_bytes()
+    if need <= available:
+        if need + info.file_size > available:
+            logger.warning(
+                "the local model %s needs about %s of memory with n_ctx=%d and %s are available: its weights "
+                "will be read from disk again and again (slow); lower n_ctx or free memory",
+                path.name, _gguf.gib(need + info.file_size), n_ctx, _gguf.gib(available),
+            )  # fmt: skip
+        return
+    fits = (available - info.compute_bytes()) // info.kv_bytes_per_token // 1024 * 1024
+    what = f"lower n_ctx (n_ctx={fits} fits)" if fits >= 512 else "use a smaller model (local:0.5b)"
+    raise ConfigurationError(
+        f"not enough memory for the local model {path.name} with n_ctx={n_ctx:,}: its KV cache and buffers "
+        f"need about {_gguf.gib(need)} ({info.kv_bytes_per_token / 1024:,.0f} KiB a token of n_ctx), besides "
+        f"{_gguf.gib(info.file_size)} of weights, and {_gguf.gib(available)} are available: {what}, or free memory"
+    )
+
+
+def _load_error(
+    path: Path, n_ctx: int, info: _gguf.GgufInfo, exc: BaseException, *, assembled: bool
+) -> ConfigurationError:
+    """What llama.cpp's refusal of a file whose header looked right means, and what to do."""
+    if isinstance(exc, MemoryError) or "context" in str(exc):  # "Failed to create llama_context"
+        kv = info.kv_cache_bytes(n_ctx)
+        size = f" ({_gguf.gib(kv)} for its KV cache)" if kv is not None else ""
+        return ConfigurationError(
+            f"llama.cpp could not set up the model file {path} with n_ctx={n_ctx:,}: {str(exc) or 'out of memory'}; "
+            f"there is probably not enough memory{size}: lower n_ctx or free memory"
+        )
+    version = getattr(sys.modules.get("llama_cpp"), "__version__", "?")
+    what = f"a GGUF v{info.version} file of architecture {info.architecture or 'unknown'!r}, {info.file_size:,} bytes"
+    advice = (
+        "its SHA-256 was verified when it was assembled, so llama-cpp-python is at fault: reinstall it with "
+        "`pip install --force-reinstall 'thinkloop[local]'`"
+        if assembled
+        else f"check that llama-cpp-python {version} supports its architecture and quantisation (upgrade it with "
+        "`pip install -U llama-cpp-python`), or use another GGUF file"
+    )
+    return ConfigurationError(f"llama.cpp could not load the model file {path} ({what}): {exc}; {advice}")
 
 
 AMX_WARNING = (
@@ -502,7 +581,7 @@ class LocalModel(Model):
         path = self._weights_path(progress)
         if progress is not None:
             progress("load", 0, 1)
-        runtime = _load_runtime(path, self.n_ctx, self.n_threads, self.seed)
+        runtime = _load_runtime(path, self.n_ctx, self.n_threads, self.seed, assembled=self.path is None)
         if progress is not None:
             progress("load", 1, 1)
         return runtime
@@ -510,6 +589,8 @@ class LocalModel(Model):
     def _weights_path(self, progress: _weights.ProgressCallback | None) -> Path:
         if self.path is None:
             return _weights.assemble(self.variant.key, progress)
+        if self.path.is_dir():
+            raise ConfigurationError(f"the local model file {self.path} is a directory, not a GGUF file")
         if not self.path.is_file():
             raise ConfigurationError(f"the local model file {self.path} does not exist")
         return self.path
