@@ -1047,6 +1047,47 @@ def test_export_to_a_file_that_cannot_be_written_names_it(cli: Cli) -> None:
     assert line.startswith(f"error: could not write run {run_id} to {str(cli.dir)!r}: Is a directory"), line
 
 
+UNICODE = "Grüße aus 東京 ✓ 🙂"
+
+
+def run_bytes(cli: Cli, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [*CLI, *args], cwd=cli.dir, env=cli.env, stdin=subprocess.DEVNULL, capture_output=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_output_in_an_encoding_other_than_utf8_shows_the_answer_and_keeps_every_character_in_json(
+    cli: Cli, encoding: str
+) -> None:
+    """stdout in another encoding (a latin-1 locale, PYTHONIOENCODING=ascii): the live view's first `·`
+    failed — `error: could not write the output to stdout ('ascii' codec can't encode …)`, exit 1 for a run
+    that answered — and so did each JSON line holding a character the encoding lacks."""
+    cli.env["PYTHONIOENCODING"] = encoding
+    model = cli.script([call("calculator", expression="6*7"), text(UNICODE)])
+    view = run_bytes(cli, "run", UNICODE, "--model", model)
+    assert view.returncode == 0, view.stderr.decode()
+    shown = view.stdout.decode(encoding)
+    assert UNICODE.encode(encoding, "replace").decode(encoding) in shown  # what the encoding lacks is a ?
+    assert "stop reason final_answer" in shown
+
+    lines = run_bytes(cli, "run", UNICODE, "--model", model, "--json")
+    assert lines.returncode == 0, lines.stderr.decode()
+    events = [json.loads(line) for line in lines.stdout.decode("ascii").splitlines()]  # \u escapes: lossless
+    assert events[0]["goal"] == UNICODE and events[-1]["result"]["output"] == UNICODE
+    run_id = events[0]["run_id"]
+    listed = run_bytes(cli, "runs", "list", "--json")
+    assert [json.loads(line)["goal"] for line in listed.stdout.decode("ascii").splitlines()] == [UNICODE] * 2
+    replayed = run_bytes(cli, "runs", "replay", run_id, "--json")
+    assert [json.loads(line) for line in replayed.stdout.decode("ascii").splitlines()] == events
+    exported = run_bytes(cli, "runs", "export", run_id)
+    assert json.loads(exported.stdout.decode("ascii"))["state"]["answer"] == UNICODE
+    for command in (["show", run_id], ["replay", run_id], ["list"]):
+        human = run_bytes(cli, "runs", *command)
+        assert human.returncode == 0 and human.stderr == b"", human.stderr.decode()
+        assert UNICODE.encode(encoding, "replace").decode(encoding)[:9] in human.stdout.decode(encoding)
+
+
 def test_columns_zero_still_prints_the_answer_and_the_errors(cli: Cli) -> None:
     """Rich took COLUMNS=0 as a width of 0 and printed nothing at all: no answer, no error, no help."""
     cli.env["COLUMNS"] = "0"

@@ -8,9 +8,12 @@ A closed pipe is how a reader says it has read enough. A command that only print
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
+import io
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,3 +58,44 @@ def until_the_reader_leaves() -> Iterator[None]:
             )
             sys.stderr.flush()
         raise typer.Exit(1) from None
+
+
+# ====================================================================== stdout in another encoding
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def is_utf8(stream: object) -> bool:
+    """Whether a text stream encodes UTF-8 (one without an encoding is taken to)."""
+    encoding = getattr(stream, "encoding", None)
+    try:
+        return not encoding or codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
+
+
+def replace_what_stdout_cannot_encode() -> None:
+    """On a stdout whose encoding is not UTF-8 (a latin-1 locale, `PYTHONIOENCODING=ascii`), a character the
+    encoding lacks is printed as `?`: the live view's first `·` failed the output ("could not write the
+    output to stdout (… codec can't encode …)", exit 1 for a run that answered). JSON lines escape such
+    characters instead (`json_for_stdout`); stderr has Python's `backslashreplace` already."""
+    stream = sys.stdout
+    if isinstance(stream, io.TextIOWrapper) and not is_utf8(stream):
+        stream.reconfigure(errors="replace")
+
+
+def json_for_stdout(text: str) -> str:
+    """JSON text as stdout can carry it: unchanged on a UTF-8 stdout; on another, every non-ASCII character
+    as a `\\uXXXX` escape — the same JSON value for any reader, where printing it failed (or would turn it
+    into `?`)."""
+    if is_utf8(sys.stdout):
+        return text
+    return _NON_ASCII.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # outside the BMP: a UTF-16 surrogate pair, as JSON writes it
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"

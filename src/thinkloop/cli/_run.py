@@ -44,7 +44,7 @@ from ._options import (
     finite,
     read_goal,
 )
-from ._pipe import stdout_to_devnull
+from ._pipe import json_for_stdout, stdout_to_devnull
 from ._view import LiveView, exit_code
 
 T = TypeVar("T")
@@ -248,7 +248,7 @@ class Printer:
             return
         try:
             if self.as_json:
-                sys.stdout.write(event.model_dump_json() + "\n")
+                sys.stdout.write(json_for_stdout(event.model_dump_json()) + "\n")
                 sys.stdout.flush()
             else:
                 self.view(event)

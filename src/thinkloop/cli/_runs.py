@@ -20,7 +20,7 @@ from .._state import RunState
 from ..stores import RunSummary, Store
 from ..stores._owner import check_not_running, claim
 from ._fail import describe_os_error
-from ._pipe import Output, until_the_reader_leaves
+from ._pipe import Output, json_for_stdout, until_the_reader_leaves
 from ._run import drive, open_store_named, print_error
 
 T = TypeVar("T")
@@ -91,7 +91,7 @@ def list_command(
 def _print_runs(console: Console, runs: list[RunSummary], as_json: bool) -> None:
     if as_json:
         for run in runs:
-            sys.stdout.write(run.model_dump_json() + "\n")
+            sys.stdout.write(json_for_stdout(run.model_dump_json()) + "\n")
         return
     if console.width >= TABLE_WIDTH:
         console.print(_runs_table(runs))
@@ -207,7 +207,7 @@ def replay_command(
     with until_the_reader_leaves():
         for event in events:
             if as_json:
-                sys.stdout.write(event.model_dump_json() + "\n")
+                sys.stdout.write(json_for_stdout(event.model_dump_json()) + "\n")
             elif event.type != "answer_delta":  # the answer is shown whole by `done`
                 render_event(console, event)
 
@@ -238,7 +238,7 @@ def export_command(
     text = _with_store(store, job)
     if output is None:
         with until_the_reader_leaves():
-            sys.stdout.write(text + "\n")
+            sys.stdout.write(json_for_stdout(text) + "\n")
     else:
         try:
             output.write_text(text + "\n", encoding="utf-8")
