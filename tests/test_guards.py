@@ -360,6 +360,12 @@ def test_hint_texts_are_configurable_and_scaled_to_max_steps() -> None:
     assert [(e.step, e.text) for e in events if isinstance(e, Hint)][-1] == (6, "Wrap up: 2 left.")
 
 
+def test_a_replacement_hint_keeps_placeholders_it_is_not_given() -> None:
+    plain = GuardConfig(hints={"answer_now": "Only {remaining} left, {name}."})
+    assert plain.hint("answer_now", remaining=2) == "Only 2 left, {name}."
+    assert plain.hint("answer_now", remaining=2, name="x") == "Only 2 left, x."
+
+
 def test_checkpoint_hints_can_be_turned_off() -> None:
     keys = itertools.count()
     model = FunctionModel(lambda r: "done" if is_final(r) else call("lookup", key=str(next(keys))))

@@ -125,7 +125,10 @@ class GuardConfig:
 
     def hint(self, key: str, **values: Any) -> str:
         template = self.hints.get(key, DEFAULT_HINTS[key])
-        return template.format_map(_Defaults(values))
+        try:
+            return template.format_map(values)
+        except KeyError:  # a placeholder of a replacement text that is not filled in here stays as it is
+            return template.format_map(_Defaults(values))
 
 
 class _Defaults(dict[str, Any]):
@@ -255,7 +258,8 @@ class Guards:
         sig = signature(call)
         self._signatures = {call.id: sig}
         recent = g.recent_signatures
-        alternating = len(recent) >= 4 and _alternates(recent, sig)
+        # A, B, A, B and now A: the step two back must start with this signature (a cheap test first)
+        alternating = len(recent) >= 4 and recent[-2].startswith(sig) and _alternates(recent, sig)
         counts = g.signature_counts
         count = counts[sig] = counts.get(sig, 0) + 1
         g.total_calls += 1
@@ -349,7 +353,8 @@ class Guards:
         g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
         recent = g.recent_signatures
         if recent:  # `_note_results` of one outcome
-            sig = recent[-1].split("#", 1)[0]
+            last = recent[-1]  # this step's signature, without a result yet
+            sig = last if "#" not in last else last.split("#", 1)[0]
             recent[-1] = f"{sig}#{digest if executed else _earlier_result(recent, sig, digest)}"
         return frozenset((call.id,)) if repeat else _NONE
 
@@ -439,7 +444,8 @@ class Guards:
             if state.step not in rounds[1]:
                 return None
         key = self._checkpoint_key(state, max_steps)
-        errors, similar = _streak(g.recent_errors), _similar_streak(g.recent_errors)
+        recent_errors = g.recent_errors
+        errors, similar = (_streak(recent_errors), _similar_streak(recent_errors)) if recent_errors else (0, 0)
         guessing = similar >= _GUESSES and errors < 2
         if key is None and errors == 2:
             key = "repeated_error"
