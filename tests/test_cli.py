@@ -756,6 +756,77 @@ def test_ctrl_c_while_the_script_imports_thinkloop_exits_130_quietly(cli: Cli, m
     assert (proc.returncode, out, err) == (130, "", "cancelled\n")
 
 
+# Put on PYTHONPATH as `sitecustomize`: the local model's weights are "assembled" for ever (a first use that
+# takes minutes), reporting progress as the real assembly does, in a temporary file it removes when it stops.
+_SLOW_WEIGHTS = """
+import importlib.machinery
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def assemble(variant=None, progress=None):
+    partial = Path(os.environ["PARTIAL_WEIGHTS"])
+    partial.write_bytes(b"")
+    sys.stderr.write("assembling\\n")
+    sys.stderr.flush()
+    try:
+        while True:
+            time.sleep(0.01)
+            if progress is not None:
+                progress("assemble", 1, 100)
+    finally:
+        partial.unlink()
+
+
+class _Patch:
+    def find_spec(self, name, path=None, target=None):
+        if name != "thinkloop.models._local":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module._import_llama = lambda: None
+            module._weights.assemble = assemble
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Patch())
+"""
+
+
+def test_ctrl_c_while_the_local_model_loads_stops_the_loading_and_exits_130(cli: Cli) -> None:
+    """The first use of the local model assembles its weights (a gigabyte) in a worker thread: Ctrl-C
+    cancelled the command, and the process then waited for that thread — until the assembly ended."""
+    hook = cli.dir / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_SLOW_WEIGHTS, encoding="utf-8")
+    partial = cli.dir / "weights.partial"
+    env = {**cli.env, "PYTHONPATH": str(hook), "PARTIAL_WEIGHTS": str(partial)}
+    proc = subprocess.Popen(
+        [*CLI, "run", "x", "--model", "local"], cwd=cli.dir, env=env, text=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == "assembling\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, err) == (130, "cancelled\n"), err
+    assert not partial.exists()  # the assembly stopped, and cleaned up after itself
+    assert "answer" not in out
+
+
 def test_the_script_runs_the_cli_through_its_entry_point(cli: Cli) -> None:
     assert "from _thinkloop_cli import main" in SCRIPT.read_text(encoding="utf-8"), (
         "the installed `thinkloop` script is stale: reinstall the package (pip install -e .)"

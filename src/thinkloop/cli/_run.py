@@ -305,9 +305,36 @@ async def load_model(spec: str | None, console: Console) -> Model:
         ) from None
     load = getattr(model, "load", None)
     if load is not None:
-        with console.status(f"Loading {model.spec} (first use assembles and maps the weights)…"):
-            await load()
+        await _load(model.spec, load, console)
     return model
+
+
+class _LoadStopped(Exception):
+    """Raised in the loading thread, at its next progress report, once the command was cancelled."""
+
+
+async def _load(spec: str, load: Callable[..., Coroutine[Any, Any, None]], console: Console) -> None:
+    """`await load(progress)` behind a spinner that shows the progress; Ctrl-C stops the loading itself.
+
+    The load runs in a worker thread, which cancelling the command does not stop: the process waited for
+    it at exit — a first use assembling a gigabyte of weights held a Ctrl-C for as long as that took. Its
+    next progress report (every few megabytes) now ends it, and it removes what it had written.
+    """
+    stopped = threading.Event()
+    title = f"Loading {spec} (first use assembles and maps the weights)"
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if stopped.is_set():
+            raise _LoadStopped
+        if stage != "load" and total:
+            status.update(f"{title}: {stage} {100 * done // total}%…")
+
+    with console.status(f"{title}…") as status:
+        try:
+            await load(progress)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
 
 
 def build_agent(
