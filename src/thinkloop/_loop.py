@@ -139,6 +139,9 @@ class RunContext:
     _shown: dict[tuple[Mode, tuple[str, ...]], tuple[Message, list[ToolDefinition]]] = field(
         default_factory=dict, repr=False
     )
+    _last_shown: tuple[Mode, tuple[str, ...], tuple[Message, list[ToolDefinition]]] | None = field(
+        default=None, init=False, repr=False
+    )  # what `shown` returned last
     # set from the fields above (`__post_init__`)
     logs_events: bool = field(init=False, default=False)
     observed: bool = field(init=False, default=False)
@@ -159,17 +162,22 @@ class RunContext:
     def forget_shown(self) -> None:
         """Build the system message and tool list for this run alone (its tools differ from the agent's)."""
         self._shown = {}
+        self._last_shown = None
         self.context.reserve_cache = {}
 
     def shown(self, mode: Mode) -> tuple[Message, list[ToolDefinition]]:
         """The system message and the tool definitions the model is shown in `mode` (built once per tool set)."""
         names = self.tools.key if self.discovery is None else tuple(self.visible_names())
+        last = self._last_shown  # the same as the step before, most steps: no key to hash
+        if last is not None and last[0] == mode and last[1] == names:
+            return last[2]
         found = self._shown.get((mode, names))
         if found is None:
             definitions = self.tools.definitions(names)
             tools = _react.tools_prompt(definitions) if mode == "react" and definitions else ""
             system = Message.system(system_prompt(tools=tools, **self.prompt_layers))
             found = self._shown[(mode, names)] = (system, definitions)
+        self._last_shown = (mode, names, found)
         return found
 
     # ------------------------------------------------------------------------------------- events
