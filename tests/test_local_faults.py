@@ -4,14 +4,22 @@ before llama.cpp allocates anything."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import os
 import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from thinkloop import ConfigurationError
+from test_local_model import FakeLlama, _request
+from thinkloop import ConfigurationError, Message, ModelRequest, ModelSettings
+from thinkloop._messages import TextDelta
 from thinkloop.models import _gguf, _local, _weights
 from thinkloop.models._local import LocalModel
 
@@ -261,3 +269,185 @@ async def test_a_real_copy_cut_short_is_refused_saying_how_much_is_missing(
         f"the local model file {cut} is cut short: it has 20,000,000 bytes and its 291 tensors need "
         "491,400,064 (a copy or download that did not finish)"
     ), message
+
+
+# ============================================================================ concurrency, cancellation
+
+
+class GatedLlama(FakeLlama):
+    """A stand-in whose first completion is held (as if reading a long prompt) until `gate` is set."""
+
+    def __init__(self, reply: list[str]) -> None:
+        super().__init__(reply)
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def create_completion(self, prompt: list[int], **kwargs: Any) -> Iterator[dict[str, Any]]:
+        first = not self.calls
+        chunks = super().create_completion(prompt, **kwargs)
+        if first:
+            self.entered.set()
+            self.gate.wait(30)
+        return chunks
+
+
+def _gated_model(reply: list[str]) -> tuple[LocalModel, GatedLlama]:
+    fake = GatedLlama(reply)
+    model = LocalModel(prompt_cache=False)
+    model._runtime = _local._Runtime(fake, Path("fake.gguf"))
+    return model, fake
+
+
+def _watch_generations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[threading.Event], list[threading.Event]]:
+    """Events set as each generation enters `_generate` (in its worker thread) and leaves it."""
+    entered, left = [threading.Event() for _ in range(8)], [threading.Event() for _ in range(8)]
+    real, count = _local._generate, iter(range(8))
+
+    def generate(runtime: Any, job: Any, provider: str) -> Any:
+        n = next(count)
+        entered[n].set()
+        try:
+            return real(runtime, job, provider)
+        finally:
+            left[n].set()
+
+    monkeypatch.setattr(_local, "_generate", generate)
+    return entered, left
+
+
+async def test_a_run_cancelled_while_it_waits_for_the_model_gives_its_turn_to_the_next() -> None:
+    model, fake = _gated_model(["ok"])
+    first = asyncio.create_task(model.request(_request("first")))
+    await asyncio.to_thread(fake.entered.wait, 10)
+    waiting, last = (asyncio.create_task(model.request(_request(t))) for t in ("waiting", "last"))
+    for _ in range(5):  # both reach the model's lock and queue there
+        await asyncio.sleep(0)
+    waiting.cancel()
+    fake.gate.set()
+    assert [r.text for r in await asyncio.gather(first, last)] == ["ok", "ok"]
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert len(fake.calls) == 2 and fake.max_active == 1  # the cancelled run never generated
+
+
+async def test_a_run_cancelled_after_it_was_handed_to_the_worker_thread_does_not_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run cancelled while the generation before it (itself cancelled) still held the model: it was
+    generated all the same once the model was free — its whole prompt read, on 2 cores a minute — for
+    nobody, while the runs after it waited."""
+    entered, left = _watch_generations(monkeypatch)
+    model, fake = _gated_model(["x"] * 50)
+    first = asyncio.create_task(model.request(_request("first")))
+    await asyncio.to_thread(fake.entered.wait, 10)
+    first.cancel()  # it stops at its next token, but holds the model until then
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    second = asyncio.create_task(model.request(_request("second")))
+    await asyncio.to_thread(entered[1].wait, 10)  # in its worker thread, waiting for the model
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    fake.gate.set()
+    await asyncio.to_thread(left[1].wait, 10)
+    assert len(fake.calls) == 1  # only the first generation ran
+    fake.reply = ["fine"]
+    assert (await model.request(_request("third"))).text == "fine"
+
+
+@pytest.mark.local_model
+@needs_05b
+async def test_real_generation_cancelled_in_its_prompt_or_its_reply_leaves_the_model_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Cancelling only stopped a generation at its next token: one cancelled while llama.cpp read its long
+    prompt read all of it first (2,500 tokens: half a minute on a busy 2-core machine) while the next runs
+    waited. Now llama.cpp aborts the next batch of the prompt, and the model answers as before."""
+    _, left = _watch_generations(monkeypatch)
+    model = LocalModel("0.5b", n_ctx=4096, prompt_cache=False)
+    ask = ModelRequest(
+        messages=[Message.user("Say the word 'blue'.")],
+        settings=ModelSettings(temperature=0.0, max_output_tokens=8),
+    )
+    before = (await model.request(ask)).text
+    runtime = model._runtime
+    assert runtime is not None and before.strip()
+
+    long = ModelRequest(
+        messages=[Message.user("The quick brown fox jumps over the lazy dog. " * 250)],
+        settings=ModelSettings(temperature=0.0, max_output_tokens=8),
+    )
+    decoded = threading.Event()  # set when llama.cpp has read a batch (512 tokens) of the prompt
+    decode = runtime.llm._ctx.decode
+
+    def decode_and_tell(batch: Any) -> None:
+        decode(batch)
+        decoded.set()
+
+    monkeypatch.setattr(runtime.llm._ctx, "decode", decode_and_tell)
+    reading = asyncio.create_task(model.request(long))
+    await asyncio.to_thread(decoded.wait, 600)
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    await asyncio.to_thread(left[1].wait, 600)
+    assert runtime.llm.n_tokens < 2000  # the rest of the prompt was not read (reset after the abort)
+    assert not runtime.aborting
+
+    counting = ModelRequest(
+        messages=[Message.user("Count from 1 to 200, one number a line.")],
+        settings=ModelSettings(temperature=0.0, max_output_tokens=400),
+    )
+    stream = model.stream(counting)
+    assert isinstance(await anext(stream), TextDelta)
+    await stream.aclose()  # abandoned after its first token
+    await asyncio.to_thread(left[2].wait, 600)
+    assert (await model.request(ask)).text == before
+
+
+# ====================================================================================== OMP_WAIT_POLICY
+
+_WATCH_IMPORT = """
+import importlib.abc, os, sys
+
+seen = []
+
+
+class Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "llama_cpp":
+            seen.append(os.environ.get("OMP_WAIT_POLICY", "unset"))
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+from thinkloop import ConfigurationError
+from thinkloop.models import _local
+
+try:
+    _local._import_llama()
+except ConfigurationError:
+    pass  # without the local extra: what matters is the environment at the import
+print(seen[0] if seen else "not imported")
+"""
+
+
+@pytest.mark.parametrize(("given", "at_import"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_omp_wait_policy_is_passive_before_llama_cpp_is_imported_unless_chosen(
+    given: str | None, at_import: str
+) -> None:
+    """OpenMP reads it when llama.cpp's library loads: idle threads must not spin between requests on the
+    CPU the event loop and tools need; a policy the user chose is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    out = subprocess.run(
+        [sys.executable, "-c", _WATCH_IMPORT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip() == at_import, out.stderr

@@ -217,6 +217,32 @@ class _Runtime:
     _loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = field(
         default_factory=weakref.WeakKeyDictionary
     )
+    running: _Job | None = None  # the job generating now (it holds `thread_lock`)
+    aborting: bool = False  # llama.cpp's abort callback is set: its next batch fails
+    state_lock: threading.Lock = field(default_factory=threading.Lock)  # guards `running` and `aborting`
+
+    def stop(self, job: _Job) -> None:
+        """Cancel `job`: one that has not started does not start; one that runs stops at its next token, and
+        llama.cpp aborts its next batch of up to 512 prompt tokens (reading a long prompt takes a minute)."""
+        with self.state_lock:
+            job.cancel.set()
+            if self.running is job and not self.aborting:
+                self.aborting = _set_abort(self.llm, True)
+
+    def start(self, job: _Job) -> bool:
+        """Mark `job` as running (under `thread_lock`); False when it was cancelled while it waited."""
+        with self.state_lock:
+            if job.cancel.is_set():
+                return False
+            self.running = job
+            return True
+
+    def finish(self) -> None:
+        """The running job is over: the next one must not be aborted."""
+        with self.state_lock:
+            self.running = None
+            if self.aborting:
+                self.aborting = not _set_abort(self.llm, False)
 
     def async_lock(self) -> asyncio.Lock:
         """This event loop's lock: waiting runs queue here, not in worker threads."""
@@ -236,6 +262,21 @@ class _Runtime:
 
 _RUNTIMES: dict[tuple[str, int, int], _Runtime] = {}
 _LOAD_LOCK = threading.Lock()
+_ABORT_CALLBACKS: list[Any] = []  # [abort, none], made once: llama.cpp keeps a pointer to them
+
+
+def _set_abort(llm: Any, on: bool) -> bool:
+    """Set (or clear) the llama.cpp abort callback of `llm`'s context; False for a stand-in without one."""
+    ctx = getattr(getattr(llm, "_ctx", None), "ctx", None)
+    if ctx is None:
+        return False
+    llama_cpp = sys.modules["llama_cpp"]
+    if not _ABORT_CALLBACKS:
+        _ABORT_CALLBACKS.extend(
+            [llama_cpp.ggml_abort_callback(lambda _: True), llama_cpp.ggml_abort_callback()]
+        )
+    llama_cpp.llama_set_abort_callback(ctx, _ABORT_CALLBACKS[0 if on else 1], None)
+    return True
 
 
 def _import_llama() -> Any:
@@ -411,28 +452,40 @@ class _Job:
 def _generate(runtime: _Runtime, job: _Job, provider: str) -> _Generation:
     """Run one completion (blocking: call it in a worker thread), streaming text to `job.on_text`."""
     with runtime.thread_lock:
-        llm = runtime.llm
-        tokens = runtime.tokenize(job.segments)
-        n_ctx = int(llm.n_ctx())
-        if len(tokens) >= n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(tokens):,} tokens, more than the context window of {n_ctx:,}: "
-                "lower the agent's max_context_tokens or load the model with a larger n_ctx",
-                provider=provider,
-                scope="generation",
-                limit=n_ctx,
-                prompt_tokens=len(tokens),
-            )
-        result = _Generation(prompt_tokens=len(tokens))
+        if not runtime.start(job):  # cancelled while it waited for the model: nobody wants its reply
+            return _Generation()
         try:
-            _hold_system_prompt(runtime, job, tokens)
-            result.text, result.finish_reason = _complete(llm, tokens, job)
-        except (RuntimeError, ValueError, OSError) as exc:
-            llm.reset()  # the KV cache may be half-written: start the next prompt from scratch
-            raise ModelError(f"llama.cpp failed: {exc}", provider=provider, scope="generation") from exc
-        end = 1 if result.finish_reason == "stop" else 0  # the stop token was generated too
-        result.completion_tokens = len(llm.tokenize(result.text.encode("utf-8"), add_bos=False)) + end
-        return result
+            return _generate_now(runtime, job, provider)
+        finally:
+            runtime.finish()
+
+
+def _generate_now(runtime: _Runtime, job: _Job, provider: str) -> _Generation:
+    """The completion of a job that has the model (under `thread_lock`)."""
+    llm = runtime.llm
+    tokens = runtime.tokenize(job.segments)
+    n_ctx = int(llm.n_ctx())
+    if len(tokens) >= n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(tokens):,} tokens, more than the context window of {n_ctx:,}: "
+            "lower the agent's max_context_tokens or load the model with a larger n_ctx",
+            provider=provider,
+            scope="generation",
+            limit=n_ctx,
+            prompt_tokens=len(tokens),
+        )
+    result = _Generation(prompt_tokens=len(tokens))
+    try:
+        _hold_system_prompt(runtime, job, tokens)
+        result.text, result.finish_reason = _complete(llm, tokens, job)
+    except (RuntimeError, ValueError, OSError) as exc:
+        llm.reset()  # the KV cache may be half-written (or aborted): start the next prompt from scratch
+        if job.cancel.is_set():  # aborted by `stop`: nobody wants its reply
+            return result
+        raise ModelError(f"llama.cpp failed: {exc}", provider=provider, scope="generation") from exc
+    end = 1 if result.finish_reason == "stop" else 0  # the stop token was generated too
+    result.completion_tokens = len(llm.tokenize(result.text.encode("utf-8"), add_bos=False)) + end
+    return result
 
 
 SYSTEM_SEGMENTS = (
@@ -630,8 +683,8 @@ class LocalModel(Model):
                     yield TextDelta(text=text)
                 generation = await task
             finally:
-                if not task.done():  # cancelled or abandoned: stop generating at the next token
-                    job.cancel.set()
+                if not task.done():  # cancelled or abandoned: stop generating (or reading the prompt)
+                    runtime.stop(job)
                     task.add_done_callback(_consume_result)
         yield self._response(request, generation)
 
