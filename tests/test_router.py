@@ -974,3 +974,31 @@ async def test_tokens_of_an_inner_routers_failed_attempts_are_charged_once() -> 
     response = await outer.request(REQUEST)
     usage = response.usage
     assert (usage.input_tokens, usage.output_tokens, usage.requests) == (250, 19, 1)
+
+
+# ------------------------------------------------------------------------ Retry-After that is no time
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [(2.5, 2.5), (0.0, 0.0), (-3.0, 0.0), (float("nan"), None), (float("inf"), None), (None, None)],
+)
+def test_a_retry_after_that_is_no_wait_is_none_or_zero(given: float | None, kept: float | None) -> None:
+    assert ModelRetryableError("busy", provider="test", retry_after=given).retry_after == kept
+
+
+async def test_a_models_nan_retry_after_does_not_corrupt_the_stored_run(tmp_path: Path) -> None:
+    """A model of the user's making said retry_after=nan: the agent's `model_attempt` event had delay NaN,
+    stored as null, and the run's event log could not be read again ('its event 3 is corrupt')."""
+    from thinkloop.stores import open_store
+
+    replies: list[BaseException | Reply] = [
+        ModelRetryableError("busy", provider="test", retry_after=float("nan")),
+        ModelRetryableError("busy", provider="test", retry_after=-3),
+        "done",
+    ]
+    store = open_store(f"sqlite:///{tmp_path / 'runs.db'}")
+    result = await Agent(flaky(*replies), store=store).run("q")
+    assert result.output == "done"
+    events = await store.read_events(result.state.run_id)
+    assert [e.delay for e in events if isinstance(e, ModelAttempt)] == [1.0, 0.0]  # the backoff, then at once

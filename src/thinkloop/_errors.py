@@ -16,6 +16,7 @@ Exceptions never log by themselves. Messages say what happened, with what value,
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -66,7 +67,14 @@ class ModelError(RunError):
         self.provider = provider
         self.scope = scope
         self.status_code = status_code
-        self.retry_after = retry_after
+        self.retry_after = _wait(retry_after)
+
+
+def _wait(seconds: float | None) -> float | None:
+    """A `retry_after` that is a wait: NaN and infinity say no time (None), a negative one means now (0)."""
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return max(float(seconds), 0.0)
 
 
 class ModelRetryableError(ModelError):
