@@ -583,12 +583,12 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: Any, **config: Any) -> AsyncIterator[Served]:
-    """Run `app` on uvicorn on 127.0.0.1 (a free port) in this event loop, configured as `thinkloop serve`
-    runs it (`config`: `uvicorn_config`'s timeouts); stop it gracefully at the end."""
+async def serve(app: Any, port: int = 0, **config: Any) -> AsyncIterator[Served]:
+    """Run `app` on uvicorn on 127.0.0.1 (`port`, else a free one) in this event loop, configured as
+    `thinkloop serve` runs it (`config`: `uvicorn_config`'s timeouts); stop it gracefully at the end."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     server = uvicorn.Server(uvicorn_config(app, **config))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

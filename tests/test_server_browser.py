@@ -28,7 +28,7 @@ from test_server_resume import interrupt
 from thinkloop import Agent, Budget, RiskLevel, tool
 from thinkloop.safety import PendingApprovals, SafetyController
 from thinkloop.server import create_app
-from thinkloop.stores import MemoryStore
+from thinkloop.stores import MemoryStore, SQLiteStore, Store
 from thinkloop.stores._owner import StillRunningError, check_not_running
 from thinkloop.testing import FunctionModel, Reply, ScriptedModel
 
@@ -52,14 +52,21 @@ def decide(request: Any) -> Reply:
 @contextlib.asynccontextmanager
 async def open_page(app: FastAPI) -> AsyncIterator[Any]:
     """The app on uvicorn, its page open in headless Chromium; no script error, no dialog, no injection."""
-    async with serve(app) as served, async_api.async_playwright() as playwright:
+    async with serve(app) as served, browser_tab() as tab:
+        await tab.goto(served.url + "/")
+        yield tab
+
+
+@contextlib.asynccontextmanager
+async def browser_tab() -> AsyncIterator[Any]:
+    """A tab of headless Chromium; at the end, no script error, no dialog, and no injected script ran."""
+    async with async_api.async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
         try:
             tab = await browser.new_page()
             errors: list[str] = []
             tab.on("pageerror", lambda exc: errors.append(str(exc)))
             tab.on("dialog", lambda dialog: errors.append(f"dialog: {dialog.message}"))
-            await tab.goto(served.url + "/")
             yield tab
             assert errors == []
             assert await tab.title() == "thinkloop"  # no injected script ever ran
@@ -67,7 +74,7 @@ async def open_page(app: FastAPI) -> AsyncIterator[Any]:
             await browser.close()
 
 
-def purging_agent(purged: list[str]) -> Agent:
+def purging_agent(purged: list[str], store: Store | None = None) -> Agent:
     @tool(risk=RiskLevel.HIGH)
     def purge(target: str) -> str:
         """Delete everything under a target."""
@@ -77,7 +84,7 @@ def purging_agent(purged: list[str]) -> Agent:
     return Agent(
         FunctionModel(decide),
         tools=[purge],
-        store=MemoryStore(),
+        store=store if store is not None else MemoryStore(),
         safety=SafetyController("balanced", approval=PendingApprovals()),
         budget=Budget(max_steps=6),
     )
@@ -151,6 +158,91 @@ async def test_bad_input_shows_the_servers_error(page: tuple[Any, list[str]]) ->
     await tab.fill("#max-steps", "99")
     await tab.click("#start")
     await async_api.expect(tab.locator("#start-error")).to_contain_text("above the server's limit of 6")
+
+
+async def test_a_run_that_fails_shows_its_error_and_long_unicode_output_as_text() -> None:
+    expect = async_api.expect
+    long_output = "Grüße aus 東京 ✓ " * 400 + HOSTILE
+
+    @tool
+    def fetch(url: str) -> str:
+        """Fetch a page."""
+        return long_output
+
+    def reply(request: Any) -> Reply:
+        goal = next(m.content for m in request.messages if m.role == "user")
+        if goal == "fail":
+            raise RuntimeError(f"the provider refused: {HOSTILE}")
+        if request.messages[-1].role == "tool":
+            return f"Fetched: {request.messages[-1].content[:40]}"
+        return {"tool_calls": [{"name": "fetch", "args": {"url": HOSTILE}}]}
+
+    agent = Agent(FunctionModel(reply), tools=[fetch], store=MemoryStore(), budget=Budget(max_steps=4))
+    async with open_page(create_app(agent)) as tab:
+        await tab.fill("#goal", "fail")
+        await tab.click("#start")
+        await expect(tab.locator("#stop-reason")).to_contain_text("Stopped: error")
+        await expect(tab.locator("#stop-reason")).to_contain_text(f"the provider refused: {HOSTILE}")
+        await expect(tab.locator("#events li.error pre")).to_contain_text(
+            f"RuntimeError: the provider refused: {HOSTILE}"
+        )
+        await expect(tab.locator("#answer")).to_have_text("(no answer)")
+        await expect(tab.locator("#cancel")).to_be_hidden()
+
+        await tab.fill("#goal", f"fetch {HOSTILE}")
+        await tab.click("#start")
+        await expect(tab.locator("#stop-reason")).to_contain_text("final_answer")
+        await expect(tab.locator("#run-goal")).to_have_text(f"fetch {HOSTILE}")
+        assert json.loads(await tab.locator("#events li.tool_call pre").text_content() or "") == {
+            "url": HOSTILE
+        }
+        shown = await tab.locator("#events li.tool_result pre").text_content() or ""
+        assert shown.startswith("Grüße aus 東京 ✓ Grüße")  # text, as it came (cut by the loop's output limit)
+        await expect(tab.locator("#answer")).to_have_text(f"Fetched: {long_output[:40]}")
+        assert await tab.locator("#run-view img, #run-view script").count() == 0
+        width = await tab.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        assert width[0] <= width[1]  # long lines wrap: the page does not scroll sideways
+
+
+async def test_after_the_server_restarted_the_page_shows_the_run_unfinished_and_resumes_it(
+    tmp_path: Path,
+) -> None:
+    """The server stopped while a call waited for approval (the run saved unfinished): the page said
+    nothing, and once the server was back it still showed the run running — Cancel (refused: 'not running
+    in this server'), an approval card whose buttons answered nothing, and no Resume."""
+    expect = async_api.expect
+    purged: list[str] = []
+    async with SQLiteStore(tmp_path / "runs.db") as store, browser_tab() as tab:
+        async with serve(create_app(purging_agent(purged, store))) as first:
+            await tab.goto(first.url + "/")
+            await tab.fill("#goal", "purge /tmp/cache")
+            await tab.click("#start")
+            card = tab.locator(".approval")
+            await expect(card.locator(".state")).to_have_text("waiting")
+        await expect(tab.locator("#run-status")).to_contain_text("Lost the connection to the server")
+
+        async with serve(create_app(purging_agent(purged, store)), port=first.port):  # back, as new
+            await expect(tab.locator("#resume")).to_be_visible()
+            await expect(tab.locator("#cancel")).to_be_hidden()
+            await expect(tab.locator("#run-note")).to_contain_text("did not finish")
+            await expect(card.locator(".state")).to_have_text(
+                "not waiting any more: the run is not running in this server"
+            )
+            await expect(card.get_by_role("button", name="Approve", exact=True)).to_be_hidden()
+            await expect(tab.locator("#runs li .badge")).to_have_text("unfinished")
+            assert purged == []
+
+            await tab.click("#resume")  # the call is asked again, on a card of its own
+            asked_again = tab.locator(".approval").nth(1)
+            await expect(asked_again.locator(".state")).to_have_text("waiting")
+            await expect(tab.locator("#cancel")).to_be_visible()
+            await asked_again.get_by_role("button", name="Approve", exact=True).click()
+            await expect(tab.locator("#answer")).to_have_text(f"Done: purged /tmp/cache {HOSTILE}")
+            await expect(tab.locator("#stop-reason")).to_contain_text("final_answer")
+            await expect(tab.locator("#runs li .badge")).to_have_text("final_answer")
+            seqs = await tab.locator("#events li").evaluate_all("(items) => items.map((i) => +i.dataset.seq)")
+    assert seqs == list(range(1, len(seqs) + 1))  # one sequence across both servers: no gap, no duplicate
+    assert purged == ["/tmp/cache"]
 
 
 # ============================================================================ the token and resume
@@ -318,7 +410,12 @@ async def test_resume_anyway_is_offered_for_no_other_refusal() -> None:
         async with httpx.AsyncClient(base_url=tab.url) as client:  # resumed elsewhere (another tab)
             assert (await client.post("/api/runs/r/resume", json={})).status_code == 202
         await expect(tab.locator("#events li.run_started")).to_have_count(2)
+        await expect(tab.locator("#resume")).to_be_hidden()  # the page saw it go on: it runs here now
+        await expect(tab.locator("#cancel")).to_be_visible()
 
+        await tab.route("**/api/runs/r", as_not_active)  # the page's look at the run came just before
+        await tab.locator('#runs li[data-run-id="r"]').click()
+        await expect(tab.locator("#resume")).to_be_visible()
         await tab.route("**/api/runs/r/resume", offer_force_in_words)
         await tab.click("#resume")  # a message offering {"force": true} is no offer without "forceable"
         await expect(tab.locator("#run-note")).to_have_text(
@@ -327,6 +424,7 @@ async def test_resume_anyway_is_offered_for_no_other_refusal() -> None:
         await expect(tab.locator("#resume")).to_be_enabled()
         await expect(anyway).to_be_hidden()
         await tab.unroute("**/api/runs/r/resume")
+        await tab.unroute("**/api/runs/r")
 
         await tab.locator('#runs li[data-run-id="late"]').click()  # the server's only slot is taken
         await tab.click("#resume")
@@ -343,6 +441,14 @@ async def test_resume_anyway_is_offered_for_no_other_refusal() -> None:
         await expect(tab.locator("#answer")).to_have_text("all done", timeout=30_000)
         await expect(anyway).to_be_hidden()
     assert effects.runs == ["fetch:k1", "fetch:k1"]  # one per run, before each stopped
+
+
+async def as_not_active(route: Any) -> None:
+    """The run's summary as it was before it was resumed: not running in this server."""
+    response = await route.fetch()
+    body = await response.json()
+    body["run"]["active"] = False
+    await route.fulfill(response=response, json=body)
 
 
 async def offer_force_in_words(route: Any) -> None:

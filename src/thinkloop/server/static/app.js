@@ -6,11 +6,16 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const view = { runId: null, socket: null, lastSeq: 0, done: false, approvals: new Map(), retry: null };
+// `active`: whether the run runs in this server (null: not known yet); `reconnecting`: the stream dropped
+const view = { runId: null, socket: null, lastSeq: 0, done: false, approvals: new Map(), retry: null, active: null,
+  reconnecting: false };
 const TOKEN_KEY = "thinkloop.token";
 const EVENTS_PROTOCOL = "thinkloop.events.v1";
 const TOKEN_PROTOCOL = "thinkloop.token.";
 const auth = { token: sessionStorage.getItem(TOKEN_KEY), locked: false };
+const UNFINISHED_NOTE = "This run did not finish and is not running in this server (its process stopped?). " +
+  "Resume continues it from its last checkpoint; no finished tool call runs again.";
+const NOT_WAITING = "not waiting any more: the run is not running in this server";
 
 // ------------------------------------------------------------------------------------------ helpers
 
@@ -188,7 +193,7 @@ async function startRun(event) {
 
 function selectRun(runId) {
   closeSocket();
-  Object.assign(view, { runId, lastSeq: 0, done: false, approvals: new Map() });
+  Object.assign(view, { runId, lastSeq: 0, done: false, approvals: new Map(), active: null, reconnecting: false });
   for (const item of $("runs").children) item.classList.toggle("selected", item.dataset.runId === runId);
   $("placeholder").hidden = true;
   $("run-view").hidden = false;
@@ -200,20 +205,36 @@ function selectRun(runId) {
   $("cancel").disabled = false;
   $("resume").hidden = true;
   $("force-resume").hidden = true;
-  api("GET", `/api/runs/${encodeURIComponent(runId)}`)
-    .then((data) => {
-      if (view.runId !== runId) return;
-      $("run-goal").textContent = data.run.goal;
-      if (!data.run.active) $("cancel").hidden = true;
-      if (!data.run.active && data.run.status === "running" && !view.done) {
-        $("resume").hidden = false;
-        $("resume").disabled = false;
-        $("run-note").textContent = "This run did not finish and is not running in this server (its process " +
-          "stopped?). Resume continues it from its last checkpoint; no finished tool call runs again.";
-      }
-    })
-    .catch((error) => { $("run-status").textContent = error.message; });
+  refreshRun(runId);
   openSocket();
+}
+
+// The run's summary: whether it runs in this server (Cancel), or did not finish and runs nowhere (Resume).
+// Asked when a run is selected, when its stream comes back after a drop (the server may have restarted,
+// interrupting it), and when it was resumed.
+function refreshRun(runId) {
+  api("GET", `/api/runs/${encodeURIComponent(runId)}`)
+    .then((data) => { if (view.runId === runId) showSummary(data.run); })
+    .catch((error) => { if (view.runId === runId) $("run-status").textContent = error.message; });
+}
+
+function showSummary(run) {
+  view.active = run.active;
+  $("run-goal").textContent = run.goal;
+  if (view.done) return;
+  const unfinished = !run.active && run.status === "running";
+  $("cancel").hidden = !run.active;
+  $("cancel").disabled = false;
+  $("resume").hidden = !unfinished;
+  $("resume").disabled = false;
+  if (unfinished) {
+    $("run-note").textContent = UNFINISHED_NOTE;
+  } else if ($("run-note").textContent === UNFINISHED_NOTE) {
+    $("run-note").textContent = "";
+  }
+  if (run.active) $("force-resume").hidden = true;
+  // nobody in this server waits for an answer: the card's buttons would answer nothing (a resume asks again)
+  if (!run.active) for (const callId of [...view.approvals.keys()]) settleApproval(callId, null, NOT_WAITING);
 }
 
 function closeSocket() {
@@ -233,6 +254,12 @@ function openSocket() {
   if (auth.token) protocols.push(TOKEN_PROTOCOL + base64url(auth.token));
   const socket = new WebSocket(url, protocols);
   view.socket = socket;
+  socket.onopen = () => {
+    if (view.socket !== socket || !view.reconnecting) return;
+    view.reconnecting = false; // back: what happened meanwhile (a restart interrupts the run) is asked again
+    $("run-status").textContent = "";
+    refreshRun(runId);
+  };
   socket.onmessage = (message) => {
     if (view.runId !== runId) return;
     const event = JSON.parse(message.data);
@@ -244,8 +271,13 @@ function openSocket() {
     if (view.socket !== socket) return;
     view.socket = null;
     if (close.code === 4404) {
-      $("run-status").textContent = "No such run.";
+      $("run-status").textContent = close.reason || "No such run.";
+    } else if (close.code === 1000 && close.reason === "done") { // the log ended without a `done` event
+      refreshRun(runId);
     } else if (!view.done) { // the connection dropped: follow again from the last event seen
+      view.reconnecting = true;
+      $("run-status").textContent = `Lost the connection to the server${close.reason ? ` (${close.reason})` : ""}: ` +
+        "reconnecting…";
       view.retry = setTimeout(() => reconnect(runId), 1000);
     }
   };
@@ -338,6 +370,10 @@ function show(event) {
   item.dataset.seq = event.seq;
   $("events").append(item);
   if (event.type === "progress") $("run-status").textContent = `Step ${event.step} of ${event.max_steps}…`;
+  if (event.type === "run_started" && event.resumed) { // running again, maybe in this server: ask
+    view.active = null;
+    refreshRun(view.runId);
+  }
   if (event.type === "approval_requested") showApproval(event);
   if (event.type === "tool_call") settleApproval(event.call.id, event.decision);
   if (event.type === "done") finish(event.result);
@@ -363,6 +399,7 @@ function finish(result) {
 function showApproval(event) {
   const runId = view.runId;
   const callId = event.call.id;
+  settleApproval(callId, null, "asked again below"); // by a resumed run: this card answers nothing now
   const message = el("input", "");
   message.placeholder = "Message to the model (optional, on deny)";
   message.setAttribute("aria-label", "Message to the model");
@@ -385,7 +422,7 @@ function showApproval(event) {
         }
       } catch (failure) {
         error.textContent = failure.message;
-        for (const b of buttons) b.disabled = false;
+        if (view.approvals.get(callId)?.card === card) for (const b of buttons) b.disabled = false; // still open
       }
     });
     return button;
@@ -398,16 +435,17 @@ function showApproval(event) {
   card.dataset.callId = callId;
   view.approvals.set(callId, { card, buttons, message });
   $("approvals").append(card);
+  if (view.active === false) settleApproval(callId, null, NOT_WAITING); // replayed from the log
 }
 
-function settleApproval(callId, decision) {
+function settleApproval(callId, decision, why = "no answer needed any more") {
   const entry = view.approvals.get(callId);
   if (!entry) return;
   view.approvals.delete(callId);
   entry.card.classList.add("answered");
   for (const b of entry.buttons) b.disabled = true;
   entry.message.disabled = true;
-  entry.card.querySelector(".state").textContent = decision ? decision.replace("_", " ") : "no answer needed any more";
+  entry.card.querySelector(".state").textContent = decision ? decision.replace("_", " ") : why;
 }
 
 // ------------------------------------------------------------------------------------------ start
