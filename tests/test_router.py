@@ -1002,3 +1002,61 @@ async def test_a_models_nan_retry_after_does_not_corrupt_the_stored_run(tmp_path
     assert result.output == "done"
     events = await store.read_events(result.state.run_id)
     assert [e.delay for e in events if isinstance(e, ModelAttempt)] == [1.0, 0.0]  # the backoff, then at once
+
+
+# ------------------------------------------------------------------------------------------ a 429 storm
+
+
+async def test_a_429_storm_is_waited_out_a_bounded_time_then_failed_fast_until_the_breakers_close() -> None:
+    """Every request of both servers is rate-limited: each member is asked `retries + 1` times with the
+    provider's Retry-After between, the run ends naming both, and the next run within the cooldown fails at
+    once without a request, saying when to come back — no request storm, no unbounded wait."""
+    storm = Fault(429, "Rate limit reached", headers={"Retry-After": "1"})
+    rec = Recorder()
+    async with (
+        OpenAICompatibleServer(fallback=storm) as first,
+        OpenAICompatibleServer(fallback=storm) as second,
+    ):
+        router = rec.router(openai_on(first, "a"), openai_on(second, "b"), retries=2, breaker_cooldown=30)
+        result = await Agent(router).run("question")
+        assert (len(first.chat_requests), len(second.chat_requests)) == (3, 3)
+        assert rec.sleeps == [1.0, 1.0, 1.0, 1.0]  # Retry-After, twice a member: 4 s in all
+        assert result.stop_reason is StopReason.ERROR
+        assert "openai:a: " in (result.error or "") and "openai:b: " in (result.error or "")
+        rec.now += 10
+        again = await Agent(router).run("question")
+        assert (len(first.chat_requests), len(second.chat_requests)) == (3, 3)  # not asked
+        assert "skipped, circuit open for 20.0 s more" in (again.error or "")
+        await router.aclose()
+
+
+async def test_tokens_a_failed_member_consumed_are_charged_once_through_a_streamed_run() -> None:
+    error = busy()
+    error.usage = Usage(input_tokens=100, output_tokens=7, requests=1)
+    reply = ModelResponse(text="The answer.", usage=Usage(input_tokens=50, output_tokens=5, requests=1))
+    router = Recorder().router(flaky(error, name="a"), flaky(reply, name="b"), retries=0)
+    events = [e async for e in Agent(router).stream("q")]
+    usage = events[-1].result.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.requests) == (150, 12, 1)
+    called = [e for e in events if e.type == "model_call"]
+    assert [(c.input_tokens, c.output_tokens) for c in called] == [(150, 12)]
+
+
+async def test_a_run_cancelled_in_a_real_backoff_leaves_no_task_behind() -> None:
+    waiting = asyncio.Event()
+
+    async def sleep(delay: float) -> None:  # asyncio's own sleep, told about
+        waiting.set()
+        await asyncio.sleep(delay)
+
+    async with OpenAICompatibleServer(fallback=Fault(503, headers={"Retry-After": "3600"})) as server:
+        router = RouterModel([openai_on(server, "a")], max_backoff=3600, sleep=sleep)
+        run = asyncio.create_task(Agent(router).run("q"))
+        await waiting.wait()  # the first request failed: the router waits an hour
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        left = [t for t in asyncio.all_tasks() if t.get_coro().__name__ != "_serve_connection"]
+        assert left == [asyncio.current_task()]
+        assert len(server.chat_requests) == 1
+        await router.aclose()
