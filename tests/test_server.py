@@ -368,13 +368,90 @@ async def test_deny_over_http_tells_the_model_and_runs_nothing() -> None:
         body = {"decision": "deny", "message": "never the root"}
         assert (await client.post(f"/api/runs/{run_id}/approvals/c0", json=body)).status_code == 200
         again = await client.post(f"/api/runs/{run_id}/approvals/c0", json={"decision": "approve"})
-        assert again.status_code == 404 and "waiting for approval" in again.json()["error"]
+        assert again.status_code == 409 and "is not waiting for an answer" in again.json()["error"]
         events = await finished(client, run_id)
     assert purges.done == []
     result = next(e for e in events if e["type"] == "tool_result")
     assert (
         result["success"] is False and result["decision"] == "denied" and "never the root" in result["output"]
     )
+
+
+async def answer(client: httpx.AsyncClient, run_id: str, call_id: str, decision: str) -> httpx.Response:
+    return await client.post(f"/api/runs/{run_id}/approvals/{call_id}", json={"decision": decision})
+
+
+async def test_an_answer_to_a_call_that_is_not_waiting_says_what_became_of_it() -> None:
+    """Answered twice, for a call that never asked, after the run stopped: each was 404 'has no tool call
+    waiting for approval (answered already?)' — the client could not tell a typo from a late answer."""
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("a", "b")))
+    app = create_app(agent)
+    async with api(app) as client:
+        run_id = await start(client)
+        await waiting_approval(client, run_id)
+        assert (await answer(client, run_id, "c0", "approve")).status_code == 200
+        await eventually(lambda: purges.done == ["a"])
+        twice = await answer(client, run_id, "c0", "deny")
+        assert twice.status_code == 409
+        assert twice.json()["error"] == (
+            f"tool call 'c0' of run '{run_id}' is not waiting for an answer: it was answered already (approved)"
+        )
+        unknown = await answer(client, run_id, "nope", "approve")
+        assert unknown.status_code == 404
+        assert unknown.json()["error"] == (
+            f"run '{run_id}' has no tool call 'nope' that asked for approval: GET /api/approvals?run_id="
+            f"{run_id} lists the calls waiting for an answer"
+        )
+        await waiting_approval(client, run_id)
+        assert (await client.post(f"/api/runs/{run_id}/cancel", json={})).status_code == 202
+        await finished(client, run_id)
+        await eventually(lambda: app.state.manager.active() == [])
+        late = await answer(client, run_id, "c1", "approve")
+        assert late.status_code == 409
+        assert late.json()["error"] == (
+            f"tool call 'c1' of run '{run_id}' is not waiting for an answer: the run ended (cancelled) before "
+            "it was answered"
+        )
+        assert (await answer(client, "no-such-run", "c0", "approve")).json()[
+            "error"
+        ] == "no run 'no-such-run'"
+    assert purges.done == ["a"]
+
+
+async def test_an_answer_after_the_approval_timed_out_says_so() -> None:
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("a")))
+    agent.safety = SafetyController("balanced", approval=PendingApprovals(), approval_timeout=0.01)
+    async with api(create_app(agent)) as client:
+        run_id = await start(client)
+        events = await finished(client, run_id)
+        assert [e["decision"] for e in events if e["type"] == "tool_call"] == ["timeout"]
+        late = await answer(client, run_id, "c0", "approve")
+    assert late.status_code == 409
+    assert late.json()["error"] == (
+        f"tool call 'c0' of run '{run_id}' is not waiting for an answer: no answer came within the approval "
+        "timeout, so it was denied (it did not run)"
+    )
+    assert purges.done == []
+
+
+async def test_an_answer_to_a_call_of_an_interrupted_run_says_to_resume_it(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "runs.db")
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("a")), store)
+    async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
+        run_id = await start(client)
+        await waiting_approval(client, run_id)
+    # the server stopped while the call waited (the run interrupted, saved); a new one answers for it
+    agent, purges = make_agent(ScriptedModel(purge_then_answer("a")), store)
+    async with api(create_app(agent)) as client:
+        late = await answer(client, run_id, "c0", "approve")
+    assert late.status_code == 409
+    assert late.json()["error"] == (
+        f"tool call 'c0' of run '{run_id}' is not waiting for an answer: the run is not running in this "
+        f"server (it stopped while the call waited): resume it (POST /api/runs/{run_id}/resume), and the call "
+        "is asked again"
+    )
+    assert purges.done == []
+    await store.aclose()
 
 
 async def test_approve_always_covers_the_rest_of_the_run() -> None:

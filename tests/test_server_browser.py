@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -129,6 +130,37 @@ async def test_approve_a_risky_call_by_clicking(page: tuple[Any, list[str]]) -> 
     await expect(card.get_by_role("button", name="Approve", exact=True)).to_be_hidden()
     await expect(tab.locator("#events li.tool_call")).to_contain_text("approved")
     await expect(tab.locator("#events li.tool_result pre")).to_have_text(f"purged /tmp/cache {HOSTILE}")
+
+
+async def test_an_approval_answered_over_http_and_on_the_page_at_once_runs_by_the_first_answer(
+    page: tuple[Any, list[str]],
+) -> None:
+    """The page's answer arrives second: the card says what the first one was, and the call does not run."""
+    tab, purged = page
+    expect = async_api.expect
+
+    async def denied_over_http_first(route: Any) -> None:
+        path = route.request.url.split("/api/runs/")[1]  # RUN_ID/approvals/CALL_ID
+        async with httpx.AsyncClient(base_url=tab.url) as client:
+            answer = {"decision": "deny", "message": "not today"}
+            assert (await client.post(f"/api/runs/{path}", json=answer)).status_code == 200
+            run_id = path.split("/")[0]
+            await finished(client, run_id)
+        await route.continue_()
+
+    await tab.route("**/approvals/*", denied_over_http_first)
+    await tab.fill("#goal", "purge /srv")
+    await tab.click("#start")
+    card = tab.locator(".approval")
+    await card.get_by_role("button", name="Approve", exact=True).click()
+    await expect(card.locator(".error")).to_have_text(
+        re.compile(
+            r"tool call '\S+' of run '\w+' is not waiting for an answer: it was answered already \(denied\)"
+        )
+    )
+    await expect(card.locator(".state")).to_have_text("denied")
+    await expect(tab.locator("#stop-reason")).to_contain_text("final_answer")
+    assert purged == []
 
 
 async def test_deny_with_a_message_and_cancel(page: tuple[Any, list[str]]) -> None:

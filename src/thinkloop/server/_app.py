@@ -701,13 +701,54 @@ def _add_approval_routes(app: FastAPI, manager: RunManager, approvals: PendingAp
         run_id = _run_id(run_id)
         decision = ApprovalDecision(action=body.decision, message=body.message)
         if approvals is None or not approvals.resolve(run_id, call_id, decision):
-            if not await manager.exists(run_id):
-                raise ApiError(404, f"no run {run_id!r}")
-            raise ApiError(
-                404,
-                f"run {run_id!r} has no tool call {_shown(call_id)} waiting for approval (answered already?)",
-            )
+            raise await _not_waiting(manager, run_id, call_id)
         return {"run_id": run_id, "call_id": call_id, "decision": body.decision}
+
+
+async def _not_waiting(manager: RunManager, run_id: str, call_id: str) -> ApiError:
+    """Why a call cannot be answered: 404 when the run has no such call that asked for approval, 409 when
+    it asked and waits no more — answered (twice, or from the page and over HTTP at once), timed out, or
+    its run stopped — saying which, from the run's events."""
+    try:
+        events = await manager.events_after(run_id)
+    except UnknownRunError:
+        return ApiError(404, manager.no_run(run_id))
+    asked = False
+    decided: str | None = None
+    for event in events:  # the last word counts: a resumed run asks again
+        if event.type == "approval_requested" and event.call.id == call_id:
+            asked, decided = True, None
+        elif event.type == "tool_call" and event.call.id == call_id and asked:
+            decided = event.decision
+    if not asked:
+        return ApiError(
+            404,
+            f"run {run_id!r} has no tool call {_shown(call_id)} that asked for approval: GET "
+            f"/api/approvals?run_id={run_id} lists the calls waiting for an answer",
+        )
+    return ApiError(
+        409,
+        f"tool call {call_id!r} of run {run_id!r} is not waiting for an answer: "
+        + await _became(manager, run_id, decided),
+    )
+
+
+async def _became(manager: RunManager, run_id: str, decided: str | None) -> str:
+    """What became of a call that asked for approval and waits no more (`decided`: its tool_call's decision)."""
+    if decided == "timeout":
+        return "no answer came within the approval timeout, so it was denied (it did not run)"
+    if decided is not None:
+        return f"it was answered already ({decided})"
+    if manager.live(run_id) is not None:
+        return "it was answered a moment ago: the run is acting on that answer"
+    state = await manager.store.load_state(run_id)
+    if state is not None and state.finished:
+        reason = state.stop_reason.value if state.stop_reason else state.phase
+        return f"the run ended ({reason}) before it was answered"
+    return (
+        "the run is not running in this server (it stopped while the call waited): resume it "
+        f"(POST /api/runs/{run_id}/resume), and the call is asked again"
+    )
 
 
 # ========================================================================================= websocket
