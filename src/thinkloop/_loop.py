@@ -244,21 +244,27 @@ class RunContext:
         """Save the state with the events emitted since the last checkpoint, in one transaction."""
         if self.store is None or (self.saved and self.live_store and not self.state.finished):
             return
+        if not self.step_saves:  # saved at the start and the end only: two saves never overlap
+            await self._save(self.store)
+            return
         if self.saving is None:
             self.saving = asyncio.Lock()
         async with self.saving:  # two saves at once (parallel tool calls) would write the same version twice
-            if not self.state.finished:  # a finished run's time was fixed by `finish` (and its `done` event)
-                self.state.elapsed = self.elapsed
-            events, self.pending = self.pending, []  # those emitted while it is written go with the next
-            try:
-                await self.store.checkpoint(self.state, events)
-            except BaseException as exc:
-                self.pending = events + self.pending  # kept after a failure: the next checkpoint carries them
-                if isinstance(exc, RunError) or not isinstance(exc, Exception):
-                    raise
-                name = type(self.store).__name__  # a store of the user's making: a StateError all the same
-                raise StateError(f"the store {name} could not save run {self.state.run_id}: {exc!r}") from exc
-            self.saved = True
+            await self._save(self.store)
+
+    async def _save(self, store: Checkpointer) -> None:
+        if not self.state.finished:  # a finished run's time was fixed by `finish` (and its `done` event)
+            self.state.elapsed = self.elapsed
+        events, self.pending = self.pending, []  # those emitted while it is written go with the next
+        try:
+            await store.checkpoint(self.state, events)
+        except BaseException as exc:
+            self.pending = events + self.pending  # kept after a failure: the next checkpoint carries them
+            if isinstance(exc, RunError) or not isinstance(exc, Exception):
+                raise
+            name = type(store).__name__  # a store of the user's making: a StateError all the same
+            raise StateError(f"the store {name} could not save run {self.state.run_id}: {exc!r}") from exc
+        self.saved = True
 
     async def ledger_started(self, call: ToolCall) -> None:
         """Mark a call as started (its planned entry, or a new one) and save that before it runs. When the
