@@ -957,6 +957,21 @@ def test_resuming_a_run_that_ended_is_a_usage_error(cli: Cli) -> None:
     )
 
 
+def test_resuming_a_run_the_store_cannot_read_is_an_error_not_a_usage_error(cli: Cli) -> None:
+    """A corrupt state (or a store failing: locked, read-only) ended `runs resume` with exit 2, the code of
+    a usage mistake, where `runs show` said the same with 1: nothing the user typed was wrong."""
+    import sqlite3
+
+    run_id = cli("run", "x", "--model", cli.script([text("done")]), "--json").events()[0]["run_id"]
+    with contextlib.closing(sqlite3.connect(cli.home / "thinkloop.db")) as db, db:
+        db.execute("UPDATE runs SET state = '{broken' WHERE run_id = ?", (run_id,))
+    shown, resumed = cli("runs", "show", run_id), cli("runs", "resume", run_id)
+    assert (shown.code, resumed.code) == (1, 1), resumed.stderr
+    assert resumed.stderr == shown.stderr and "corrupt run state" in resumed.stderr
+    unknown = cli("runs", "resume", "f" * 32)
+    assert unknown.code == 2 and unknown.stderr.startswith("error: no run 'fff"), unknown.stderr
+
+
 def test_resuming_a_run_its_process_is_still_running_is_refused(cli: Cli) -> None:
     """`runs resume` of a run another `thinkloop run` was still running took it over: the tool call in
     flight was reported as of unknown outcome, both processes went on, and the first failed at its next

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import _aio
-from .._errors import ConfigurationError, StateError, ThinkloopError, UserError
+from .._errors import ConfigurationError, ThinkloopError, UserError
 from .._state import RunState
 from ..stores import RunSummary, Store
 from ..stores._owner import check_not_running, claim
@@ -309,22 +309,25 @@ async def _resume(
     console: Console,
 ) -> int:
     from .._budget import Budget
-    from .._resume import load_resumable
     from ._options import DEFAULT_TOOLS
     from ._run import Printer, build_agent, kept, resumable_on_ctrl_c
     from ._view import LiveView
 
     store = open_store_named(store_url)
-    try:  # refuses an unknown or finished run before loading a model: the user named the wrong run (exit 2)
-        state = await load_resumable(store, run_id)
+    try:  # refuses an unknown or finished run before loading a model: the user named the wrong run (exit 2);
+        # a store that fails or holds a corrupt state is an error (exit 1), as for `runs show`
+        state = await _state(store, run_id)
+        if state.finished:
+            reason = state.stop_reason.value if state.stop_reason else state.phase
+            raise UserError(
+                f"run {run_id!r} already ended ({reason}) and cannot be resumed: start a new run instead"
+            )
         raw = state.metadata.get("cli")
         cli: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if not options["force"]:
-            check_not_running(run_id, state.metadata, force="--force")
+            check_not_running(run_id, state.metadata, force="--force")  # a UserError
         claim(state.metadata)
         await store.checkpoint(state, [])  # this process runs it now
-    except StateError as exc:
-        raise UserError(str(exc)) from None
     finally:
         await store.aclose()
     model = await _model(model_spec, state, console)
