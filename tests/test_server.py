@@ -956,6 +956,40 @@ def test_thinkloop_serve_reports_a_bad_store_url(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("host", "problem"),
+    [
+        (
+            "127.0.0.1",
+            "Address already in use; another program listens there: stop it, or choose another --port",
+        ),
+        (
+            "192.0.2.1",
+            "Cannot assign requested address; 192.0.2.1 is no address of this machine: give one of its "
+            "addresses, 127.0.0.1 (this machine only) or 0.0.0.0 (every network)",
+        ),
+    ],
+)
+def test_thinkloop_serve_that_cannot_listen_says_why_in_one_line_and_exits_1(
+    tmp_path: Path, host: str, problem: str
+) -> None:
+    """A port in use: 'thinkloop serving … at http://127.0.0.1:PORT/' was printed (it was not), then
+    uvicorn's own 'ERROR: [Errno 98] error while attempting to bind …', and the exit code was 3 (a run
+    stopped by a limit, in the CLI's codes)."""
+    (tmp_path / "script.json").write_text('["hi"]')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["--host", host, "--port", str(port), "--model", "script:script.json", "--insecure"]
+        out = subprocess.run(
+            [sys.executable, "-m", "thinkloop.cli", "serve", *args], capture_output=True, text=True,
+            timeout=60, cwd=tmp_path, env={**os.environ, "COLUMNS": "300", "THINKLOOP_HOME": str(tmp_path)},
+        )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.splitlines() == [f"error: cannot listen on {host}:{port}: {problem}"]
+
+
+@pytest.mark.parametrize(
     ("option", "value"), [("--timeout", "nan"), ("--max-cost", "inf"), ("--approval-timeout", "-1")]
 )
 def test_thinkloop_serve_refuses_limits_that_are_not_finite_positive_numbers(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
+import socket
 import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -15,6 +17,7 @@ from rich.markup import escape
 from .. import _aio
 from .._budget import Budget
 from .._errors import ThinkloopError, UserError
+from ._fail import describe_os_error
 from ._options import (
     DEFAULT_TOOLS,
     HostsOption,
@@ -106,22 +109,28 @@ def serve_command(
         options = dict(
             tools=tools, safety=safety, workspace=workspace, mcp=mcp or [], mode=mode, hosts=hosts,
         )  # fmt: skip
-        _aio.run(
-            _serve(
-                host,
-                port,
-                model,
-                budget,
-                options,
-                instructions,
-                store,
-                approval_timeout,
-                max_active_runs,
-                secret,
-                header_timeout,
-                console,
+        sockets = _bind(host, port)  # before the model loads (minutes, the first time) and says it serves
+        try:
+            _aio.run(
+                _serve(
+                    sockets,
+                    host,
+                    port,
+                    model,
+                    budget,
+                    options,
+                    instructions,
+                    store,
+                    approval_timeout,
+                    max_active_runs,
+                    secret,
+                    header_timeout,
+                    console,
+                )
             )
-        )
+        finally:
+            for sock in sockets:
+                sock.close()
     except KeyboardInterrupt:
         pass
     except ImportError as exc:
@@ -133,12 +142,52 @@ def serve_command(
         raise typer.Exit(2) from None
     except ThinkloopError as exc:
         raise typer.Exit(print_error(console, exc)) from None
-    except OSError as exc:  # e.g. the port is taken
-        console.print(f"[bold red]error:[/] cannot listen on {escape(host)}:{port}: {escape(str(exc))}")
+    except _CannotListen as exc:
+        problem = f"cannot listen on {host}:{port}: {_listen_problem(exc.error, host)}"
+        console.print(f"[bold red]error:[/] {escape(problem)}", soft_wrap=True)
         raise typer.Exit(1) from None
 
 
+class _CannotListen(Exception):
+    """The server's address or port cannot be bound (`error`: why)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _bind(host: str, port: int) -> list[socket.socket]:
+    from ..server._serving import bind
+
+    try:
+        return bind(host, port)
+    except OSError as exc:
+        raise _CannotListen(exc) from None
+
+
+def _listen_problem(exc: OSError, host: str) -> str:
+    """Why the server cannot listen, and what to do (uvicorn logged `[Errno 98] error while attempting to
+    bind …` and exited with 3, after `thinkloop serving … at` had been printed)."""
+    if isinstance(exc, socket.gaierror):
+        return (
+            f"{host} is not a known host name ({exc.strerror}): give an address of this machine, e.g. "
+            "127.0.0.1 (this machine only) or 0.0.0.0 (every network)"
+        )
+    reason = describe_os_error(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return f"{reason}; another program listens there: stop it, or choose another --port"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"{reason}; {host} is no address of this machine: give one of its addresses, 127.0.0.1 (this "
+            "machine only) or 0.0.0.0 (every network)"
+        )
+    if exc.errno == errno.EACCES:
+        return f"{reason}; a port below 1024 needs privileges: choose a --port above 1023"
+    return reason
+
+
 async def _serve(
+    sockets: list[socket.socket],
     host: str,
     port: int,
     model_spec: str | None,
@@ -197,7 +246,7 @@ async def _serve(
         f"({access}; Ctrl-C stops)"
     )
     config = uvicorn_config(app, host=host, port=port, head_timeout=header_timeout)
-    await uvicorn.Server(config).serve()
+    await uvicorn.Server(config).serve(sockets=sockets)
 
 
 def _is_loopback(host: str) -> bool:

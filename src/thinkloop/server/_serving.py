@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import math
+import socket
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -64,6 +65,29 @@ def uvicorn_config(
         lifespan="on",
         timeout_graceful_shutdown=graceful_timeout,
     )
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to every address `host` names, as asyncio's `create_server` binds them, for
+    `uvicorn.Server.serve(sockets=...)`: binding first, `thinkloop serve` knows it can listen before it says
+    it serves (uvicorn bound them itself and, when it could not, logged its own line and exited with 3).
+    Raises the `OSError` of the address that failed (`socket.gaierror` for a name that is not known)."""
+    bound: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio does: an IPv6 socket takes no IPv4 connections
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
 
 
 class _HeadTimeout(_HTTPProtocol):
