@@ -1060,3 +1060,54 @@ async def test_a_run_cancelled_in_a_real_backoff_leaves_no_task_behind() -> None
         assert left == [asyncio.current_task()]
         assert len(server.chat_requests) == 1
         await router.aclose()
+
+
+# ------------------------------------------------------------------- members that learn they lack tools
+
+
+async def test_a_router_whose_members_turned_out_to_lack_tools_starts_the_next_run_in_react() -> None:
+    """The OpenAI adapter marks a model that refused tools as without them; the router's capabilities were
+    computed once, so the agent's second run started native again and failed: 'none of the models supports
+    native tool calling: use mode='react''."""
+    from test_openai_unsupported import OLLAMA, without_tools
+    from thinkloop.tools import calculator
+
+    async with OpenAICompatibleServer() as plain:
+        plain.fallback = without_tools(OLLAMA)
+        members = [OpenAIModel(n, base_url=plain.url, api_key="k") for n in ("small", "small2")]
+        router = RouterModel(members, sleep=Recorder().sleep)
+        agent = Agent(router, tools=[calculator])
+        assert router.capabilities.tools
+        first = await agent.run("What is 17*23?")
+        assert (first.output, first.state.mode) == ("391", "react")
+        assert not router.capabilities.tools  # what the members learnt
+        refused = len(plain.chat_requests)
+        second = await agent.run("What is 17*23?")
+        assert (second.stop_reason, second.output, second.state.mode) == (
+            StopReason.FINAL_ANSWER,
+            "391",
+            "react",
+        )
+        assert all("tools" not in body for body in plain.chat_requests[refused:])  # no refusal asked for again
+        await router.aclose()
+
+
+async def test_a_tool_request_no_member_can_take_is_a_tools_unsupported_error_the_loop_recovers_from() -> (
+    None
+):
+    from thinkloop import ToolsUnsupportedError
+
+    router = RouterModel([ScriptedModel(["a"], tools=False)])
+    with pytest.raises(ToolsUnsupportedError, match="none of the models .* supports native tool calling"):
+        await router.request(TOOL_REQUEST)
+    replies = ['Thought: add\nAction: add_numbers\nAction Input: {"a": 2, "b": 3}', "Final Answer: 5"]
+    result = await Agent(
+        RouterModel([ScriptedModel(replies, tools=False)]), tools=[add_numbers], mode="native"
+    ).run("2+3?")
+    assert (result.output, result.state.mode) == ("5", "react")
+
+
+@tool
+def add_numbers(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b

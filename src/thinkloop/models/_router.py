@@ -341,7 +341,8 @@ class RouterModel(Model):
 
         self.models: list[Model] = [resolve_model(m) for m in models]
         self.name = ",".join(m.spec for m in self.models)
-        self.capabilities = _union_capabilities(self.models)
+        self._union: tuple[list[ModelCapabilities], ModelCapabilities] | None = None
+        self._stated: ModelCapabilities | None = None
         self.retries, self.backoff, self.max_backoff, self.jitter = retries, backoff, max_backoff, jitter
         self.breakers = [CircuitBreaker(breaker_threshold, breaker_cooldown) for _ in self.models]
         self.on_attempt = on_attempt
@@ -352,6 +353,22 @@ class RouterModel(Model):
         self.overflow_fallback: OverflowFallback = overflow_fallback
         self.sleep, self.clock = sleep, clock
         self.rng = rng or random.Random()
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """The members' capabilities combined (see `_union_capabilities`), as they are now: a member that
+        learnt it takes no tools (the OpenAI adapter, after a server refused them) no longer counts for them."""
+        if self._stated is not None:
+            return self._stated
+        members = [m.capabilities for m in self.models]
+        union = self._union
+        if union is None or any(a is not b for a, b in zip(union[0], members, strict=True)):
+            union = self._union = (members, _union_capabilities(self.models))
+        return union[1]
+
+    @capabilities.setter
+    def capabilities(self, value: ModelCapabilities) -> None:
+        self._stated = value  # stated by the user: kept as it is
 
     # ------------------------------------------------------------------------------------ routing
 
@@ -376,8 +393,8 @@ class RouterModel(Model):
         skipped = [
             f"{m.spec}: skipped, no native tool calling" for m in self.models if not m.capabilities.tools
         ]
-        if not able:
-            raise ModelError(
+        if not able:  # the loop goes on in text ReAct, where the tools are described in the prompt
+            raise ToolsUnsupportedError(
                 f"the request has {len(request.tools)} tool(s) but none of the models "
                 f"({self.name}) supports native tool calling: use mode='react'",
                 provider="router",
