@@ -548,6 +548,18 @@ async def test_console_approval_reads_the_answer(typed: str, action: str, messag
         assert part in shown
 
 
+async def test_console_approval_ends_its_line_at_the_end_of_input() -> None:
+    """Ctrl-D at the prompt denies; the terminal shows no newline for it, and what the run printed next
+    went on the prompt's line ('… tells the model why) → shell(…) medium · denied')."""
+    screen = io.StringIO()
+    decision = await console_approval(Console(file=screen, width=200), stdin=FakeTerminal(""))(_request())
+    assert decision.action == "deny"
+    assert screen.getvalue().endswith("tells the model why) \n")
+    typed = io.StringIO()
+    await console_approval(Console(file=typed, width=200), stdin=FakeTerminal("n\n"))(_request())
+    assert typed.getvalue().endswith("tells the model why) ")  # the terminal echoed the typed newline
+
+
 async def test_console_approval_shows_arguments_of_non_command_tools() -> None:
     screen = io.StringIO()
     await console_approval(Console(file=screen, width=200), stdin=FakeTerminal("n\n"))(_request(None))

@@ -489,6 +489,8 @@ def _ask_at_terminal(
             line = stream.readline()
         except (OSError, ValueError):
             line = ""
+        if not line.endswith("\n"):  # Ctrl-D (end of input): no newline was echoed to end the prompt's line
+            out.print()
     return _parse_answer(line)
 
 
