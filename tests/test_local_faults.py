@@ -451,3 +451,33 @@ def test_omp_wait_policy_is_passive_before_llama_cpp_is_imported_unless_chosen(
         check=True,
     )
     assert out.stdout.strip() == at_import, out.stderr
+
+
+# ===================================================================================== threads by default
+
+
+@pytest.mark.parametrize(
+    ("affinity", "cpu_max", "threads"),
+    [
+        (64, None, 64),  # a machine of its own
+        (64, "200000 100000\n", 2),  # a container given 2 CPUs of a 64-core host (docker --cpus=2)
+        (64, "150000 100000\n", 2),  # 1.5 CPUs: 2 threads
+        (64, "50000 100000\n", 1),
+        (64, "max 100000\n", 64),  # no quota
+        (4, None, 4),  # taskset -c 0-3
+        (4, "garbage\n", 4),
+    ],
+)
+def test_the_default_threads_are_the_cpus_this_process_may_use(
+    affinity: int, cpu_max: str | None, threads: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.cpu_count() is the host's: llama.cpp ran 64 threads on the 2 CPUs a container had, each waiting
+    for the others at every layer (generation many times slower)."""
+    quota = tmp_path / "cpu.max"
+    if cpu_max is not None:
+        quota.write_text(cpu_max)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(affinity)), raising=False)
+    assert _local.available_cpus(str(quota)) == threads
+    monkeypatch.setattr(_local, "available_cpus", lambda: threads)
+    assert LocalModel().n_threads == threads and LocalModel(n_threads=3).n_threads == 3

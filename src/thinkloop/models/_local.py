@@ -573,7 +573,8 @@ class LocalModel(Model):
         path: an explicit GGUF file to load instead of the assembled weights of `variant`
             (it must use the ChatML template, like every Qwen2.5 instruct model).
         n_ctx: the context window in tokens (prompt + reply), 8192 by default.
-        n_threads: CPU threads for llama.cpp; all cores by default.
+        n_threads: CPU threads for llama.cpp; by default the CPUs this process may use (its affinity, and
+            a container's CPU quota).
         seed: the sampling seed, fixed so that the same prompt gives the same reply.
         max_output_tokens: the most tokens one reply may have (1,024 by default; the request's own
             `max_output_tokens` applies when smaller), so a reply stuck repeating itself ends in about a
@@ -609,7 +610,7 @@ class LocalModel(Model):
         self.path = Path(path).expanduser() if path is not None else None
         self.name = self.path.stem if self.path is not None else self.variant.model_name
         self.n_ctx = n_ctx
-        self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_threads = n_threads or available_cpus()
         self.seed = seed
         self.max_output_tokens = max_output_tokens
         self.prompt_cache = _prompt_cache_of(prompt_cache)
@@ -708,6 +709,22 @@ class LocalModel(Model):
             return None
         segments = render_chatml(messages, scratchpad=False)[:-2]  # without the open assistant turn
         return len(self._runtime.tokenize(segments))
+
+
+def available_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The CPUs this process may use: its affinity (`taskset`), lowered to a cgroup v2 CPU quota rounded up
+    (a container given `--cpus=2` on a 64-core host), at least 1. `os.cpu_count()` is the host's: llama.cpp
+    threads beyond the quota wait for each other at every layer."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = Path(cpu_max).read_text(encoding="ascii").split()[:2]
+        cpus = min(cpus, max(-(-int(quota) // int(period)), 1))
+    except (OSError, ValueError):  # no cgroup v2 here, or "max": no quota
+        pass
+    return max(cpus, 1)
 
 
 def _prompt_cache_of(setting: bool | str | os.PathLike[str]) -> PromptCache | None:
