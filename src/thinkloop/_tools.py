@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import copy
 import dataclasses
 import decimal
 import difflib
@@ -20,12 +19,13 @@ import math
 import queue
 import re
 import threading
-import types
 import typing
 import unicodedata
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
+from copy import copy as shallow_copy
+from types import MethodType, UnionType
 from typing import Annotated, Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
 import pydantic_core
@@ -160,9 +160,9 @@ class Tool:
         binds = self._binds
         if binds is None or (binds == "instance" and instance is None):
             return self
-        bound = copy.copy(self)
+        bound = shallow_copy(self)
         bound._binds = None
-        bound.function = types.MethodType(self.function, owner if binds == "class" else instance)
+        bound.function = MethodType(self.function, owner if binds == "class" else instance)
         bound._positional = _positional_only(bound.function)
         return bound
 
@@ -340,7 +340,7 @@ def _nested(
 def _object_fields(annotation: Any) -> set[str] | None:
     """The field names of a model, dataclass or TypedDict (`X | None` too), else None."""
     options = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if get_origin(annotation) in (typing.Union, types.UnionType) and len(options) == 1:
+    if get_origin(annotation) in (typing.Union, UnionType) and len(options) == 1:
         annotation = options[0]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return {f.alias or n for n, f in annotation.model_fields.items()}
