@@ -998,6 +998,41 @@ def test_resuming_a_run_its_process_is_still_running_is_refused(cli: Cli) -> Non
     assert json.loads(out.splitlines()[-1])["result"]["output"] == "finished"
 
 
+def test_runs_show_of_an_unfinished_run_says_how_to_resume_it_or_which_process_runs_it(cli: Cli) -> None:
+    """`runs show ID --store URL` said `resume it with: thinkloop runs resume ID`, without the store: that
+    command looks in the default one and finds no run. It said so, too, of a run another process was
+    running at that moment — which `runs resume` refuses."""
+    store = f"sqlite:///{cli.dir / 'runs.db'}"
+    command = f"sleep 30.{os.getpid()}7"
+    model = cli.script([call("shell", command=command), text("finished")])
+    proc = cli.popen(
+        "run", "x", "--model", model, "--tools", "shell", "--yes", "--json", "--store", store,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        run_id = json.loads(proc.stdout.readline())["run_id"]
+        while '"tool_call"' not in proc.stdout.readline():
+            assert proc.poll() is None, "the CLI ended before calling the tool"
+        while not process_running(command):
+            assert proc.poll() is None, "the CLI ended before the command started"
+            time.sleep(0.01)  # the run is saved as running once its shell command runs
+        running = cli("runs", "show", run_id, "--store", store)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        assert proc.returncode == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert running.code == 0, running.stderr
+    assert running.stdout.splitlines()[-1].startswith(
+        f"not finished: run '{run_id}' is still running in process {proc.pid} on this machine"
+    )
+    hint = cli("runs", "show", run_id, "--store", store).stdout.splitlines()[-1]
+    assert hint == f"resume it with: thinkloop runs resume {run_id} --store {store}"
+
+
 @pytest.mark.parametrize("columns", ["20", "80", "200"])
 def test_run_ids_are_never_cut_whatever_the_width(cli: Cli, columns: str) -> None:
     cli.env["COLUMNS"] = columns

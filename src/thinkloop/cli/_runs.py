@@ -143,10 +143,10 @@ def show_command(run_id: RunId, store: StoreOption = None) -> None:
     """Show a run: its state, steps, tool calls, stop reason and usage."""
     state = _with_store(store, lambda s: _state(s, run_id))
     with until_the_reader_leaves():
-        _print_state(Output(), state)
+        _print_state(Output(), state, store)
 
 
-def _print_state(console: Console, state: RunState) -> None:
+def _print_state(console: Console, state: RunState, store_url: str | None = None) -> None:
     u = state.usage
     console.print(  # soft-wrapped: the run id is never split over two lines (narrow terminal)
         f"[bold]run[/] {state.run_id} · agent {escape(state.agent_name)} · model {escape(state.model)}",
@@ -167,7 +167,18 @@ def _print_state(console: Console, state: RunState) -> None:
     if state.error:
         console.print(f"[yellow]{escape(state.error)}[/]")
     if not state.finished:
-        console.print(f"[dim]resume it with: thinkloop runs resume {state.run_id}[/]", soft_wrap=True)
+        console.print(f"[dim]{escape(_unfinished(state, store_url))}[/]", soft_wrap=True)
+
+
+def _unfinished(state: RunState, store_url: str | None) -> str:
+    """How to continue an unfinished run — with the `--store` it was read from (`runs resume` without it
+    looks in the default store) — or, when a live thinkloop process still runs it, which one."""
+    try:
+        check_not_running(state.run_id, state.metadata, force="--force")
+    except UserError as exc:
+        return f"not finished: {exc}"
+    where = f" --store {store_url}" if store_url else ""
+    return f"resume it with: thinkloop runs resume {state.run_id}{where}"
 
 
 def _print_message(
