@@ -1088,7 +1088,9 @@ async def test_a_router_whose_members_turned_out_to_lack_tools_starts_the_next_r
             "391",
             "react",
         )
-        assert all("tools" not in body for body in plain.chat_requests[refused:])  # no refusal asked for again
+        assert all(
+            "tools" not in body for body in plain.chat_requests[refused:]
+        )  # no refusal asked for again
         await router.aclose()
 
 
@@ -1111,3 +1113,27 @@ async def test_a_tool_request_no_member_can_take_is_a_tools_unsupported_error_th
 def add_numbers(a: int, b: int) -> int:
     """Add two integers."""
     return a + b
+
+
+# ------------------------------------------------------------------------------- a misconfigured member
+
+
+async def test_a_misconfigured_member_after_failures_says_what_failed_before_it() -> None:
+    """A ConfigurationError (the local model without llama-cpp-python, say) ends the request as the
+    developer's mistake it is — but said alone, it hid that the members before it had failed."""
+
+    def unconfigured(request: ModelRequest) -> Reply:
+        raise ConfigurationError("the local model needs llama-cpp-python: pip install 'thinkloop[local]'")
+
+    rec = Recorder()
+    router = rec.router(flaky(busy(), name="a"), FunctionModel(unconfigured, name="local"), retries=0)
+    with pytest.raises(ConfigurationError) as info:
+        await router.request(REQUEST)
+    assert str(info.value) == (
+        "the local model needs llama-cpp-python: pip install 'thinkloop[local]' (the router asked test:local "
+        "after test:a: test: model request failed: HTTP 503 busy (after 1 attempt(s)))"
+    )
+    alone = rec.router(FunctionModel(unconfigured, name="local"))
+    with pytest.raises(ConfigurationError) as info:
+        await alone.request(REQUEST)
+    assert str(info.value) == "the local model needs llama-cpp-python: pip install 'thinkloop[local]'"

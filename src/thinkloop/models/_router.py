@@ -45,6 +45,7 @@ from .._errors import (
     ModelError,
     ModelRetryableError,
     ToolsUnsupportedError,
+    UserError,
 )
 from .._events import ModelAttempt
 from .._messages import Message, ModelRequest, ModelResponse, StreamChunk, ToolCallDelta, Usage
@@ -222,6 +223,13 @@ class _Attempt:
     def release(self) -> None:
         if self.current is not None:
             self.router.breakers[self.current].release()
+
+    def misconfigured(self, member: Model, exc: UserError) -> UserError | None:
+        """A member's usage error (the developer's to fix: not a failure to fall back from) saying what failed
+        before it — else it looked as though the router had chosen that member first; None: raise it as is."""
+        if not self.failures or type(exc) not in (UserError, ConfigurationError):
+            return None
+        return type(exc)(f"{exc} (the router asked {member.spec} after {'; '.join(self.failures)})")
 
     def exhausted(self) -> ModelError:
         """The error raised when no member answered: the last one, saying what happened to each."""
@@ -411,6 +419,11 @@ class RouterModel(Model):
             except ModelError as exc:
                 await plan.failed(member, exc)
                 continue
+            except UserError as exc:
+                plan.release()
+                if (error := plan.misconfigured(member, exc)) is None:
+                    raise
+                raise error from exc
             except BaseException:
                 plan.release()
                 raise
@@ -436,6 +449,11 @@ class RouterModel(Model):
                     raise
                 await plan.failed(member, exc)
                 continue
+            except UserError as exc:
+                plan.release()
+                if (error := plan.misconfigured(member, exc)) is None:
+                    raise
+                raise error from exc
             except BaseException:
                 plan.release()
                 raise
