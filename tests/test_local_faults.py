@@ -481,3 +481,57 @@ def test_the_default_threads_are_the_cpus_this_process_may_use(
     assert _local.available_cpus(str(quota)) == threads
     monkeypatch.setattr(_local, "available_cpus", lambda: threads)
     assert LocalModel().n_threads == threads and LocalModel(n_threads=3).n_threads == 3
+
+
+# ================================================================================ a broken llama_cpp
+
+
+class _Broken:
+    """A meta path finder for which importing llama_cpp raises `error` (what a broken install raises)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "llama_cpp":
+            raise self.error
+        return None
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (
+            RuntimeError(
+                "Failed to load shared library '/x/libllama.so': libggml.so: cannot open shared object"
+            ),
+            "llama-cpp-python is installed but cannot be imported: Failed to load shared library "
+            "'/x/libllama.so': libggml.so: cannot open shared object",
+        ),
+        (
+            ModuleNotFoundError("No module named 'numpy'", name="numpy"),
+            "llama-cpp-python is installed but cannot be imported: No module named 'numpy'",
+        ),
+        (
+            AttributeError("/x/libllama.so: undefined symbol: llama_set_abort_callback"),
+            "llama-cpp-python is installed but cannot be imported: /x/libllama.so: undefined symbol",
+        ),
+    ],
+    ids=["shared-library", "dependency", "symbol"],
+)
+async def test_a_broken_llama_cpp_says_it_is_installed_but_broken_and_how_to_reinstall(
+    error: BaseException, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was a raw RuntimeError (a run said 'the model raised RuntimeError'), or, for a missing
+    dependency, the advice to install llama-cpp-python — which is installed."""
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_Broken(error), *sys.meta_path])
+    with pytest.raises(ConfigurationError) as info:
+        await LocalModel(prompt_cache=False).load()
+    message = str(info.value)
+    assert message.startswith(said), message
+    assert message.endswith(
+        "; reinstall it with `pip install --force-reinstall --no-cache-dir 'thinkloop[local]'` (it builds "
+        "llama.cpp from source: about 11 minutes on 2 cores), or choose another model, e.g. "
+        "model='openai:gpt-4o-mini'"
+    ), message

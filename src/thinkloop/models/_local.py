@@ -284,8 +284,24 @@ def _import_llama() -> Any:
     try:
         import llama_cpp
     except ImportError as exc:
-        raise ConfigurationError(INSTALL_HINT) from exc
+        if exc.name == "llama_cpp":
+            raise ConfigurationError(INSTALL_HINT) from exc
+        raise ConfigurationError(_broken_install(exc)) from exc
+    except (
+        RuntimeError,
+        OSError,
+        AttributeError,
+    ) as exc:  # its shared library, or a symbol of it, is missing
+        raise ConfigurationError(_broken_install(exc)) from exc
     return llama_cpp.Llama
+
+
+def _broken_install(exc: BaseException) -> str:
+    return (
+        f"llama-cpp-python is installed but cannot be imported: {exc}; reinstall it with "
+        "`pip install --force-reinstall --no-cache-dir 'thinkloop[local]'` (it builds llama.cpp from source: "
+        "about 11 minutes on 2 cores), or choose another model, e.g. model='openai:gpt-4o-mini'"
+    )
 
 
 def _load_runtime(path: Path, n_ctx: int, n_threads: int, seed: int, *, assembled: bool = False) -> _Runtime:
