@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from test_local_model import FakeLlama, _request
-from thinkloop import ConfigurationError, Message, ModelRequest, ModelSettings
+from test_local_model import FakeLlama, _fake_model, _request
+from thinkloop import ConfigurationError, Message, ModelError, ModelRequest, ModelSettings
 from thinkloop._messages import TextDelta
 from thinkloop.models import _gguf, _local, _weights
 from thinkloop.models._local import LocalModel
@@ -535,3 +535,21 @@ async def test_a_broken_llama_cpp_says_it_is_installed_but_broken_and_how_to_rei
         "llama.cpp from source: about 11 minutes on 2 cores), or choose another model, e.g. "
         "model='openai:gpt-4o-mini'"
     ), message
+
+
+async def test_running_out_of_memory_while_generating_is_a_model_error_and_resets_the_cache() -> None:
+    model, fake = _fake_model(["x"])
+    resets: list[bool] = []
+
+    def exhausted(prompt: list[int], **kwargs: Any) -> Iterator[dict[str, Any]]:
+        raise MemoryError
+
+    fake.create_completion = exhausted  # type: ignore[method-assign]
+    fake.reset = lambda: resets.append(True)  # type: ignore[attr-defined]
+    with pytest.raises(
+        ModelError, match=r"^local: generation failed: llama.cpp ran out of memory: lower n_ctx"
+    ):
+        await model.request(_request())
+    assert resets == [True]
+    fake.create_completion = FakeLlama.create_completion.__get__(fake)  # type: ignore[method-assign]
+    assert (await model.request(_request())).text == "x"

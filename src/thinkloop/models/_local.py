@@ -494,11 +494,16 @@ def _generate_now(runtime: _Runtime, job: _Job, provider: str) -> _Generation:
     try:
         _hold_system_prompt(runtime, job, tokens)
         result.text, result.finish_reason = _complete(llm, tokens, job)
-    except (RuntimeError, ValueError, OSError) as exc:
+    except (RuntimeError, ValueError, OSError, MemoryError) as exc:
         llm.reset()  # the KV cache may be half-written (or aborted): start the next prompt from scratch
         if job.cancel.is_set():  # aborted by `stop`: nobody wants its reply
             return result
-        raise ModelError(f"llama.cpp failed: {exc}", provider=provider, scope="generation") from exc
+        what = (
+            "ran out of memory: lower n_ctx or max_output_tokens, or free memory"
+            if isinstance(exc, MemoryError)
+            else f"failed: {exc}"
+        )
+        raise ModelError(f"llama.cpp {what}", provider=provider, scope="generation") from exc
     end = 1 if result.finish_reason == "stop" else 0  # the stop token was generated too
     result.completion_tokens = len(llm.tokenize(result.text.encode("utf-8"), add_bos=False)) + end
     return result
