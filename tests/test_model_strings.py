@@ -106,3 +106,18 @@ def test_something_that_is_no_model_is_a_configuration_error(spec: object) -> No
     with pytest.raises(ConfigurationError) as info:
         resolve_model(spec)  # type: ignore[arg-type]
     assert f"a model must be a model string, a Model or a list of them, not {spec!r}" in str(info.value)
+
+
+def test_a_local_model_of_a_file_is_named_by_a_string_that_resolves_to_it_again(tmp_path: Path) -> None:
+    """Its string was 'local:<file stem>', which named no variant: a stored run of it could not be resumed
+    from the CLI ('unknown local model variant')."""
+    model = LocalModel(path=tmp_path / "qwen2.5-7b-instruct-q4_k_m.gguf")
+    assert model.spec == f"local:{tmp_path / 'qwen2.5-7b-instruct-q4_k_m.gguf'}"
+    assert model.name == "qwen2.5-7b-instruct-q4_k_m"  # what the price table and events name
+    again = resolve_model(model.spec)
+    assert isinstance(again, LocalModel) and again.path == model.path and again.spec == model.spec
+    relative = LocalModel(path="models/mine.gguf")
+    assert relative.spec == f"local:{Path.cwd() / 'models' / 'mine.gguf'}"  # resumable from anywhere
+    home = resolve_model("local:~/models/mine.gguf")
+    assert isinstance(home, LocalModel) and home.path == Path("~/models/mine.gguf").expanduser()
+    assert resolve_model("local:0.5b").spec == "local:qwen2.5-coder-0.5b"

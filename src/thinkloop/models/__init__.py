@@ -49,7 +49,7 @@ def resolve_model(spec: str | Model | Sequence[str | Model] | None) -> Model:
     or `local`.
 
     Known providers: `openai:MODEL` (any OpenAI-compatible API; `OPENAI_BASE_URL`/`OPENAI_API_KEY`),
-    `local` / `local:0.5b` (the embedded model), `script:FILE` (a scripted model from a JSON file),
+    `local` / `local:0.5b` (the embedded model) / `local:FILE.gguf` (another GGUF file), `script:FILE` (a scripted model from a JSON file),
     `router:SPEC,SPEC,...` (a `RouterModel` over those models). A list of models or strings also
     makes a `RouterModel`. A wrong string is a `ConfigurationError` saying what was probably meant and what
     is valid; one from `$THINKLOOP_MODEL` names the variable.
@@ -97,6 +97,8 @@ def _from_string(text: str) -> Model:
     if provider == "local":
         from ._local import LocalModel
 
+        if name.endswith(".gguf") or "/" in name or os.sep in name:  # a model file: `LocalModel(path=...)`
+            return LocalModel(path=name)
         return LocalModel(name or None)
     if provider == "router":
         parts = [part.strip() for part in name.split(",") if part.strip()]

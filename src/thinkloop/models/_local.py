@@ -629,6 +629,7 @@ class LocalModel(Model):
             raise ConfigurationError(f"n_ctx must be at least 512 tokens, not {n_ctx}")
         self.variant = _weights.get_variant(variant)
         self.path = Path(path).expanduser() if path is not None else None
+        self._file = self.path.absolute() if self.path is not None else None  # as the run was started from
         self.name = self.path.stem if self.path is not None else self.variant.model_name
         self.n_ctx = n_ctx
         self.n_threads = n_threads or available_cpus()
@@ -639,6 +640,11 @@ class LocalModel(Model):
             tools=False, streaming=True, parallel_tool_calls=False, prefill=True, context_window=n_ctx
         )
         self._runtime: _Runtime | None = None
+
+    @property
+    def spec(self) -> str:
+        """`local:<variant>`, or `local:<file>` for a model file given as `path` (both resolve again)."""
+        return f"local:{self._file}" if self._file is not None else f"local:{self.name}"
 
     # ------------------------------------------------------------------------------------ loading
 
