@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -1166,6 +1167,42 @@ def test_export_to_a_file_that_cannot_be_written_names_it(cli: Cli) -> None:
     assert r.code == 2 and "Traceback" not in r.stderr
     (line,) = [line for line in r.stderr.splitlines() if line.strip()]
     assert line.startswith(f"error: could not write run {run_id} to {str(cli.dir)!r}: Is a directory"), line
+
+
+class Trickle(io.RawIOBase):
+    """A raw stream taking at most 1,000 bytes a call, as a pipe or a socket may (a write cut short)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        taken = bytes(b[:1000])
+        self.data += taken
+        return len(taken)
+
+
+@pytest.mark.parametrize("name", ["stdout", "stderr"])
+def test_unbuffered_output_is_written_whole(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Under `python -u` or PYTHONUNBUFFERED=1 (set in many container images) the text streams write
+    straight to the raw file, and the rest of a write cut short was dropped: `thinkloop runs list --json
+    | jq` read a JSON line cut in the middle, and the exit code was 0."""
+    from thinkloop.cli._pipe import whole_writes
+
+    raw = Trickle()
+    unbuffered = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # as under -u
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, name, unbuffered)
+        whole_writes()
+        stream = getattr(sys, name)
+    stream.write("é" * 500_000 + "\n")  # a line: written at once, as unbuffered output is
+    assert raw.data == ("é" * 500_000 + "\n").encode()
+    stream.write("no newline yet")
+    stream.flush()
+    assert raw.data.endswith(b"\nno newline yet")
+    stream.detach()  # the raw stream is the test's own
 
 
 UNICODE = "Grüße aus 東京 ✓ 🙂"

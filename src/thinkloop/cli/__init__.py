@@ -9,7 +9,7 @@ import sys
 import typer
 
 from ._fail import report_unexpected
-from ._pipe import replace_what_stdout_cannot_encode
+from ._pipe import replace_what_stdout_cannot_encode, whole_writes
 from ._run import run_command
 
 app = typer.Typer(
@@ -60,6 +60,7 @@ _add_serve()
 def main() -> None:
     """Entry point of the `thinkloop` script: an error no command handled ends in one paragraph, exit 1."""
     _standard_streams()
+    whole_writes()
     replace_what_stdout_cannot_encode()
     _sane_columns()
     try:

@@ -60,6 +60,28 @@ def until_the_reader_leaves() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
+# ============================================================================== unbuffered output
+
+
+def whole_writes() -> None:
+    """Under `python -u` or `PYTHONUNBUFFERED=1` (set in many container images) stdout and stderr write
+    straight to the raw file, and when the system takes only part of a write (a pipe whose reader is
+    slower, a socket) the text layer drops the rest: `thinkloop runs list --json | jq` read a JSON line cut
+    in the middle, with exit code 0. Such a stream gets a buffered layer, which writes everything, flushed
+    at each line and each `flush()` — the output still comes as it is printed."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, io.TextIOWrapper) and isinstance(stream.buffer, io.RawIOBase):
+            try:  # a file of its own on the descriptor: closing the old stream (sys.__stdout__) leaves it open
+                raw: io.RawIOBase = io.FileIO(stream.fileno(), "w", closefd=False)
+            except OSError:  # no descriptor: the same raw stream
+                raw = stream.buffer
+            whole = io.TextIOWrapper(
+                io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors, line_buffering=True
+            )
+            setattr(sys, name, whole)
+
+
 # ====================================================================== stdout in another encoding
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
