@@ -192,6 +192,18 @@ async def test_bad_input_shows_the_servers_error(page: tuple[Any, list[str]]) ->
     await async_api.expect(tab.locator("#start-error")).to_contain_text("above the server's limit of 6")
 
 
+async def test_a_server_that_cannot_be_reached_is_said_so(page: tuple[Any, list[str]]) -> None:
+    """Start while the server is down (here, the request fails on the way) said only 'Failed to fetch'."""
+    tab, _ = page
+    await tab.route("**/api/runs", lambda route: route.abort("connectionrefused"))
+    await tab.fill("#goal", "hi")
+    await tab.click("#start")
+    await async_api.expect(tab.locator("#start-error")).to_have_text(
+        re.compile(r"^cannot reach the server \(.+\): is it running\? Try again when it is back$")
+    )
+    await async_api.expect(tab.locator("#goal")).to_have_value("hi")  # kept, to start it again
+
+
 async def test_a_run_that_fails_shows_its_error_and_long_unicode_output_as_text() -> None:
     expect = async_api.expect
     long_output = "Grüße aus 東京 ✓ " * 400 + HOSTILE

@@ -54,7 +54,12 @@ async function api(method, path, body) {
   }
   const sent = auth.token;
   if (sent) options.headers.Authorization = `Bearer ${sent}`;
-  const response = await fetch(path, options);
+  let response;
+  try {
+    response = await fetch(path, options);
+  } catch (failure) { // no answer at all: the browser says only "Failed to fetch"
+    throw new Error(`cannot reach the server (${failure.message}): is it running? Try again when it is back`);
+  }
   let data = null;
   try {
     data = await response.json();
@@ -137,7 +142,7 @@ async function loadInfo(raise = false) {
     $("agent-info").textContent = parts.join(" · ");
   } catch (error) {
     if (raise) throw error;
-    if (!auth.locked) $("agent-info").textContent = `cannot reach the server: ${error.message}`;
+    if (!auth.locked) $("agent-info").textContent = error.message;
   }
 }
 
