@@ -1030,8 +1030,11 @@ def test_runs_show_of_an_unfinished_run_says_how_to_resume_it_or_which_process_r
     assert running.stdout.splitlines()[-1].startswith(
         f"not finished: run '{run_id}' is still running in process {proc.pid} on this machine"
     )
-    hint = cli("runs", "show", run_id, "--store", store).stdout.splitlines()[-1]
-    assert hint == f"resume it with: thinkloop runs resume {run_id} --store {store}"
+    for command in ("show", "replay"):  # replay: the events stop short of `done`, and it says why
+        hint = cli("runs", command, run_id, "--store", store).stdout.splitlines()[-1]
+        assert hint == f"resume it with: thinkloop runs resume {run_id} --store {store}"
+    replayed = cli("runs", "replay", run_id, "--store", store, "--json")
+    assert [json.loads(line)["type"] for line in replayed.stdout.splitlines()][-1] == "tool_call"  # JSON only
 
 
 @pytest.mark.parametrize("columns", ["20", "80", "200"])

@@ -209,11 +209,10 @@ def replay_command(
     """Re-render a run's event log the way the live view showed it."""
     from ._view import render_event
 
-    async def job(s: Store) -> list[Any]:
-        await _state(s, run_id)
-        return await s.read_events(run_id)
+    async def job(s: Store) -> tuple[RunState, list[Any]]:
+        return await _state(s, run_id), await s.read_events(run_id)
 
-    events = _with_store(store, job)
+    state, events = _with_store(store, job)
     console = Output()
     with until_the_reader_leaves():
         for event in events:
@@ -221,6 +220,8 @@ def replay_command(
                 sys.stdout.write(json_for_stdout(event.model_dump_json()) + "\n")
             elif event.type != "answer_delta":  # the answer is shown whole by `done`
                 render_event(console, event)
+        if not as_json and not state.finished:  # the log stops short of a `done`: say why
+            console.print(f"[dim]{escape(_unfinished(state, store))}[/]", soft_wrap=True)
 
 
 # ============================================================================================== export
