@@ -726,19 +726,23 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
         )
     if final.startswith(("{", "`")):  # {"name": "final_answer", "arguments": {...}} written as the answer
         final = _react.json_answer(final, run.tools.names) or final
-    unsourced = _unsourced(run, final)
-    if unsourced:
-        return Reply(text=response.text, problem=unsourced)
+    results = [m.content for m in run.state.messages if m.role == "tool"]
+    if results:  # a computation written out wrong is put right; numbers no result gives are asked about
+        sources = [run.state.goal, *results]
+        final = _react.corrected_arithmetic(final, response.text, sources)
+        unsourced = _unsourced(run, final, response.text, sources)
+        if unsourced:
+            return Reply(text=response.text, problem=unsourced)
     return Reply(text=final)
 
 
-def _unsourced(run: RunContext, answer: str) -> str | None:
-    """The correction of a final answer, after tool calls, whose numbers no tool result or the task gives
-    (worked out in the model's head, or made up) — once per run: a second such answer stands."""
-    results = [m.content for m in run.state.messages if m.role == "tool"]
-    if not results or _react.told(run.state.messages, _react.UNSOURCED):
+def _unsourced(run: RunContext, answer: str, reply: str, sources: list[str]) -> str | None:
+    """The correction of a final answer, after tool calls, whose numbers neither the task nor a tool result
+    (`sources`) gives, nor arithmetic on them (made up, or worked out wrong in the model's head) — once per
+    run: a second such answer stands."""
+    if _react.told(run.state.messages, _react.UNSOURCED):
         return None
-    missing = _react.unsourced_numbers(answer, [run.state.goal, *results])
+    missing = _react.unsourced_numbers(answer, sources, reply)
     if not missing:
         return None
     shown = ", ".join(missing[:3])
@@ -1072,6 +1076,7 @@ async def _recheck_forced(run: RunContext, request: ModelRequest, answer: str) -
     answer stands; the first does when the second call fails or replies with a tool call."""
     sources = [m.content for m in run.state.messages if m.kind in ("task", "memory")]
     sources += [e.output or "" for e in run.state.ledger.values() if e.status == "done" and e.success]
+    answer = _react.corrected_arithmetic(answer, answer, [run.state.goal, *sources])
     correction = _react.forced_correction(answer, [run.state.goal, *sources])
     if correction is None:
         return answer

@@ -932,20 +932,49 @@ def _numbers(text: str) -> list[tuple[str, float, int]]:
     return found
 
 
-def unsourced_numbers(answer: str, sources: list[str]) -> list[str]:
+def unsourced_numbers(answer: str, sources: list[str], work: str = "") -> list[str]:
     """The numbers of a final answer that none of `sources` (the task, the tool results) gives, as written
     or rounded (`19998` from `19998.333`, `4.9 million` from `4,903,716.15`). Small counts (up to 10) are
     left out: counting the items of a result needs no tool. A small model that read a result right often
     answers with a value it worked out in its head (3 items, "total 6.65 kg" answered as 3.75 kg) or made
-    up (a price for a product that was not found)."""
-    known = [value for source in sources for _, value, _ in _numbers(source)]
+    up (a price for a product that was not found).
+
+    Arithmetic done right in the head is no made-up value: a number that one operation (`+ - * /`, a
+    percentage) gives from two sourced numbers, or that a computation written out in the answer or in
+    `work` (the reply's reasoning, `19.99 - 12.75 = 7.24`) gives from sourced operands, is sourced too."""
+    found = [_numbers(source) for source in sources]
+    known = [value for numbers in found for _, value, _ in numbers]
+    known += [w.value for w in worked_arithmetic(f"{work}\n{answer}", sources) if w.sourced]
+    operands = [value for numbers in found if len(numbers) <= _MAX_OPERANDS for _, value, _ in numbers]
     missing = []
     for written, value, decimals in _numbers(answer):
         if decimals <= 0 and value <= 10:
             continue
-        if not any(_rounds_to(k, value, decimals) for k in known):
+        if not any(_rounds_to(k, value, decimals) for k in known) and not _derived(value, operands):
             missing.append(written)
     return list(dict.fromkeys(missing))
+
+
+_MAX_OPERANDS = 8  # numbers of a source above which its numbers are no operands of `_derived`: a page of
+# text holds so many that some pair gives almost any number (the handbook's 18 + 6 for a made-up "24 hours")
+
+
+def corrected_arithmetic(answer: str, reply: str, sources: list[str]) -> str:
+    """The answer with the wrong result of a computation written out in the reply from sourced operands
+    replaced by the right one, as the calculator gives it ("250 * 151.2 JPY = 37760 JPY … Final Answer: 37760
+    JPY" is answered 37800 JPY). The 0.5B model multiplied a looked-up rate in its head and, corrected,
+    looked the rate up again until the guards stopped the run; the 1.5B model wrote 250 × 151.2 = 37650."""
+    for worked in worked_arithmetic(reply, sources):
+        if worked.sourced and not worked.right:
+            right = _calculated(worked.value)
+            answer = re.sub(rf"(?<![\d.,]){re.escape(worked.written)}(?![\d]|[.,]\d)", right, answer)
+    return answer
+
+
+def _calculated(value: float) -> str:
+    from .tools.calculator import format_number
+
+    return format_number(round(value, 10))
 
 
 def _rounds_to(known: float, value: float, decimals: int) -> bool:
@@ -963,10 +992,82 @@ def forced_correction(answer: str, sources: list[str]) -> str | None:
     left, the 0.5B model filled the gap with a made-up phone number or price, and told only to "say that it
     could not be found" repeated it; given the words to write, it wrote them (benchmarks/README.md, the 0.5B
     model and the forced final answer)."""
-    missing = unsourced_numbers(answer, sources)
+    missing = unsourced_numbers(answer, sources, answer)
     if not missing:
         return None
     return (
         f"Your answer gives {', '.join(missing[:3])}, {FORCED_UNSOURCED}. Answer again: if a result above "
         "gives what the task asks for, copy it as written there; if none does, write: Could not be found."
     )
+
+
+# ------------------------------------------------------------------ arithmetic worked out in the reply
+
+_FIGURE = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # 37800, 37,800.5
+_AMOUNT = rf"[$€£]?{_FIGURE}(?:[ \t]?(?:[A-Za-z]{{1,4}}\b|°[CFcf]|%))?"
+_OPERAND = rf"\(*[ \t]*{_AMOUNT}[ \t]*\)*"
+_WORKED_RE = re.compile(
+    rf"({_OPERAND}(?:[ \t]*[-+*/×x÷^][ \t]*{_OPERAND})+)[ \t]*=[ \t]*[$€£]?(-?{_FIGURE})(?![\d.]*\d)"
+)
+_DATE_RE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}:\d{2}")
+_UNIT_RE = re.compile(r"(?<=[\d)])[ \t]?(?:(?![x×]\b)[A-Za-z]{1,4}\b|°[CFcf])|[$€£]")
+_TIMES_RE = re.compile(r"(?<=[\d)])[ \t]*[x×][ \t]*(?=[\d(])")
+_FREE_OPERANDS = frozenset({100.0, 1000.0})  # percentages and scales: "* 15 / 100"
+
+
+@dataclass(frozen=True, slots=True)
+class Worked:
+    """A computation a reply writes out, `500 * 0.9187 EUR = 479.15`: the expression as written, the result
+    it gives, the result it has (by the calculator), and whether every operand is sourced."""
+
+    expression: str
+    written: str
+    value: float
+    sourced: bool
+
+    @property
+    def right(self) -> bool:
+        decimals = len(self.written.replace(",", "").partition(".")[2])
+        return _rounds_to(self.value, float(self.written.replace(",", "")), decimals)
+
+
+def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
+    """The computations `text` writes out as `expression = result` (units and currency signs beside the
+    numbers allowed: `250 * 151.2 JPY = 37760 JPY`), each evaluated by the calculator; dates and times are
+    no arithmetic. An operand is sourced when the task or a tool result gives it, or it is a small integer
+    (up to 12), 100 or 1000 (`/ 3` for a mean, `/ 100` for a percentage)."""
+    from .tools.calculator import CalculatorError, evaluate  # the calculator imports the tool layer
+
+    known = [value for source in sources for _, value, _ in _numbers(source)]
+    found = []
+    for match in _WORKED_RE.finditer(text):
+        written = match.group(1).strip()
+        if _DATE_RE.search(written):
+            continue
+        expression = _UNIT_RE.sub("", _TIMES_RE.sub(" * ", written)).replace("×", "*").replace("÷", "/")
+        try:
+            value = float(evaluate(expression))
+        except (CalculatorError, OverflowError):
+            continue
+        operands = _numbers(expression)
+        sourced = all(
+            (decimals <= 0 and (number <= 12 or number in _FREE_OPERANDS))
+            or any(_rounds_to(k, number, decimals) for k in known)
+            for _, number, decimals in operands
+        )
+        found.append(Worked(" ".join(written.split()), match.group(2), value, sourced))
+    return found
+
+
+def _derived(value: float, known: list[float]) -> bool:
+    """Whether `value` is exactly the sum, difference, product, quotient or percentage (`a * b / 100`) of two
+    different numbers of `known` (of the last 40): arithmetic worked out right in the head ("warmer by 12 °C"
+    beside 19 °C and 7 °C). Exactly: a rounded result would match too many numbers by chance."""
+    distinct = list(dict.fromkeys(k for k in known if k != 0))[-40:]
+    tolerance = 1e-9 * max(abs(value), 1.0)
+    for i, a in enumerate(distinct):
+        for b in distinct[i + 1 :]:
+            results = (a + b, abs(a - b), a * b, a / b, b / a, a * b / 100)
+            if any(abs(r - value) <= tolerance for r in results):
+                return True
+    return False

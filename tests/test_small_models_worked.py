@@ -1,0 +1,105 @@
+"""Aids for small local models in text ReAct (docs/local-model.md, benchmarks/README.md "Eleventh session"):
+arithmetic worked out in the reply or in the head. Shown with scripted models."""
+
+from __future__ import annotations
+
+import pytest
+
+from thinkloop import Agent, Budget, ModelRequest, tool
+from thinkloop._react import (
+    corrected_arithmetic,
+    unsourced_numbers,
+    worked_arithmetic,
+)
+from thinkloop.testing import FunctionModel, ScriptedModel
+
+PRICES = {"gizmo": "gizmo: 19.99 EUR", "widget": "widget: 12.75 EUR"}
+
+
+@tool
+def unit_price(item: str) -> str:
+    """The unit price in EUR of a catalogue item."""
+    return PRICES[item]
+
+
+@tool
+def exchange_rate(base: str, quote: str) -> str:
+    """How many units of `quote` one unit of `base` buys."""
+    return "1 USD = 151.2 JPY"
+
+
+def price(item: str) -> str:
+    return f'Thought: price\nAction: unit_price\nAction Input: {{"item": "{item}"}}'
+
+
+def corrections(result) -> list[str]:  # type: ignore[no-untyped-def]
+    return [m.content for m in result.state.messages if m.kind == "correction"]
+
+
+# ------------------------------------------------------------------------------- arithmetic in the reply
+
+
+async def test_arithmetic_done_right_from_looked_up_values_is_not_corrected() -> None:
+    answer = "Thought: 19.99 - 12.75 = 7.24 EUR.\nFinal Answer: The widget is cheaper, by 7.24 EUR."
+    model = ScriptedModel([price("gizmo"), price("widget"), answer], tools=False)
+    result = await Agent(model, tools=[unit_price]).run(
+        "Which is cheaper, a gizmo or a widget, and by how much?"
+    )
+    assert result.output == "The widget is cheaper, by 7.24 EUR."
+    assert corrections(result) == [] and result.usage.requests == 3
+
+
+async def test_a_wrong_computation_of_looked_up_values_is_put_right_in_the_answer() -> None:
+    call = 'Thought: rate\nAction: exchange_rate\nAction Input: {"base": "USD", "quote": "JPY"}'
+    wrong = "Thought: 250 * 151.2 JPY = 37760 JPY\nFinal Answer: I get 37760 JPY."
+    model = ScriptedModel([call, wrong], tools=False)
+    result = await Agent(model, tools=[exchange_rate]).run("How many yen do I get for 250 US dollars?")
+    assert result.output == "I get 37800 JPY."  # 250 * 151.2, by the calculator
+    assert corrections(result) == [] and result.usage.requests == 2
+
+
+def test_only_a_computation_of_sourced_numbers_is_put_right() -> None:
+    sources = ["How many yen for 250 dollars?", "1 USD = 151.2 JPY"]
+    assert (
+        corrected_arithmetic("37760 JPY, not 377600", "250 * 151.2 = 37760", sources)
+        == "37800 JPY, not 377600"
+    )
+    assert corrected_arithmetic("3000 JPY", "20 * 151 = 3000", sources) == "3000 JPY"  # 151 and 20: no one's
+    assert corrected_arithmetic("37800 JPY", "250 * 151.2 = 37800", sources) == "37800 JPY"
+
+
+@pytest.mark.parametrize(
+    ("answer", "work", "missing"),
+    [
+        ("Madrid is warmer, by 12 °C.", "", []),  # 19 - 7: one operation on two results
+        ("The tip is 12.96 EUR.", "", []),  # 15 % of 86.40
+        ("13 °C on average.", "(19 + 7) / 2 = 13", []),  # written out, from sourced operands
+        ("13 °C on average.", "", ["13"]),  # not one operation: 86.4 * 15 / 100 = 12.96 is not 13
+        ("Together 30.00 EUR.", "3 x 10.00 EUR = 30.00 EUR", ["30.00"]),  # 10.00 comes from nowhere
+    ],
+)
+def test_numbers_worked_out_from_sourced_numbers_are_sourced(
+    answer: str, work: str, missing: list[str]
+) -> None:
+    sources = ["A bill of 86.40 EUR, a 15% tip.", "Madrid: 19 °C", "Berlin: 7 °C", "Cairo: 31 °C"]
+    assert unsourced_numbers(answer, sources, work) == missing
+
+
+def test_dates_and_unsourced_operands_are_no_checked_arithmetic() -> None:
+    assert worked_arithmetic("2026-03-27 - 2026-03-20 = 7", ["2026-03-27", "2026-03-20"]) == []
+    (worked,) = worked_arithmetic("(45 + 19) * 3 - 7 = 185", [])
+    assert worked.value == 185 and worked.right and not worked.sourced  # 45 and 19 are no one's
+
+
+async def test_a_forced_answer_with_a_wrong_computation_is_put_right() -> None:
+    call = 'Thought: rate\nAction: exchange_rate\nAction Input: {"base": "USD", "quote": "EUR"}'
+
+    def reply(request: ModelRequest) -> str:
+        if any(m.kind == "final_prompt" for m in request.messages):
+            return "250 * 151.2 = 37760, so 37760 yen."
+        return call  # again and again: the guards stop the run
+
+    model = FunctionModel(reply, tools=False)
+    result = await Agent(model, tools=[exchange_rate], budget=Budget(max_steps=3)).run("Yen for 250 dollars?")
+    assert result.forced_final and result.output == "250 * 151.2 = 37800, so 37800 yen."
+    assert result.usage.requests == 4  # the right result is sourced: not asked again
