@@ -1,5 +1,6 @@
 """Aids for small local models in text ReAct (docs/local-model.md, benchmarks/README.md "Eleventh session"):
-arithmetic worked out in the reply or in the head. Shown with scripted models."""
+arithmetic worked out in the reply or in the head, and the form the task asks for. Shown with scripted
+models."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from thinkloop import Agent, Budget, ModelRequest, tool
 from thinkloop._react import (
     corrected_arithmetic,
+    requested_form,
     unsourced_numbers,
     worked_arithmetic,
 )
@@ -103,3 +105,38 @@ async def test_a_forced_answer_with_a_wrong_computation_is_put_right() -> None:
     result = await Agent(model, tools=[exchange_rate], budget=Budget(max_steps=3)).run("Yen for 250 dollars?")
     assert result.forced_final and result.output == "250 * 151.2 = 37800, so 37800 yen."
     assert result.usage.requests == 4  # the right result is sourced: not asked again
+
+
+# ------------------------------------------------------------------------------ the form the task asks for
+
+
+@pytest.mark.parametrize(
+    ("answer", "goal", "formed"),
+    [
+        ("The Dublin office has 131 staff.", "How many staff? Answer with just the number.", "131"),
+        ("Over the last 3 months: 19,998.", "The mean of the last 3 months? Give just the number.", "19,998"),
+        (
+            "131 staff, 46 in Singapore.",
+            "How many staff? Answer with just the number.",
+            "131 staff, 46 in Singapore.",
+        ),
+        ("Yes, it is a Saturday.", "Is it a Saturday? Answer only yes or no.", "Yes"),
+        ("It is not a Saturday: no.", "Is it a Saturday? Answer only yes or no.", "No"),
+        ("Yes and no.", "Is it a Saturday? Answer only yes or no.", "Yes and no."),
+        (
+            "The Dublin office has 131 staff.",
+            "How many staff work in Dublin?",
+            "The Dublin office has 131 staff.",
+        ),
+    ],
+)
+def test_an_answer_is_given_in_the_form_the_task_asks_for_when_that_is_unambiguous(
+    answer: str, goal: str, formed: str
+) -> None:
+    assert requested_form(answer, goal) == formed
+
+
+async def test_a_react_answer_is_reduced_to_the_number_the_task_asks_for() -> None:
+    model = ScriptedModel(["Final Answer: The Dublin office has 131 staff."], tools=False)
+    result = await Agent(model, tools=[unit_price]).run("How many staff? Answer with just the number.")
+    assert result.output == "131"

@@ -733,7 +733,7 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
         unsourced = _unsourced(run, final, response.text, sources)
         if unsourced:
             return Reply(text=response.text, problem=unsourced)
-    return Reply(text=final)
+    return Reply(text=_react.requested_form(final, run.state.goal))
 
 
 def _unsourced(run: RunContext, answer: str, reply: str, sources: list[str]) -> str | None:
@@ -1108,7 +1108,8 @@ def _forced_answer(run: RunContext, response: ModelResponse, fallback: str | Non
     if response.tool_calls or not text or acting:
         return (_best_known(run) if fallback is None else fallback) or text
     prompt = next((m.content for m in reversed(run.state.messages) if m.kind == "final_prompt"), "")
-    return _react.drop_copied_lines(text, prompt) if prompt else text
+    kept = _react.drop_copied_lines(text, prompt) if prompt else text
+    return _react.requested_form(kept, run.state.goal) if run.state.mode == "react" else kept
 
 
 def _known_facts(run: RunContext, limit: int = 12) -> list[str]:

@@ -1071,3 +1071,34 @@ def _derived(value: float, known: list[float]) -> bool:
             if any(abs(r - value) <= tolerance for r in results):
                 return True
     return False
+
+
+# ------------------------------------------------------------------------------ the form the task asks for
+
+_ONLY_RE = re.compile(
+    r"\b(?:answer|reply|respond|give|write|return)\b[^.?!\n]{0,24}?\b(?:just|only)\b[ \t]+(?:with[ \t]+)?"
+    r"(?:(?P<number>the[ \t]+number|a[ \t]+number|the[ \t]+amount|the[ \t]+total|the[ \t]+count)"
+    r"|(?P<yes_no>[\"']?yes[\"']?[ \t]+or[ \t]+[\"']?no[\"']?))\b",
+    re.IGNORECASE,
+)
+_BARE_NUMBER_RE = re.compile(
+    r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.]*\d)|(?<![\w.])-?\d+(?:\.\d+)?(?![\w]|\.\d)"
+)
+_YES_NO_RE = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+
+
+def requested_form(answer: str, goal: str) -> str:
+    """The answer in the form the task asks for, when the task says "answer with just the number" or "answer
+    only yes or no" and the answer holds exactly one such number (not counting the task's own numbers) or
+    one yes or no: that number (or "Yes", "No") alone. Otherwise the answer unchanged. Small models answer
+    "The number of staff in the Dublin office is 131." to "Answer with just the number."."""
+    wanted = _ONLY_RE.search(goal)
+    if wanted is None or not answer.strip():
+        return answer
+    if wanted.group("yes_no"):
+        words = {w.lower() for w in _YES_NO_RE.findall(answer)}
+        return answer if len(words) != 1 else words.pop().capitalize()
+    given = {value for _, value, _ in _numbers(goal)}
+    found = [m.group(0) for m in _BARE_NUMBER_RE.finditer(answer)]
+    own = [n for n in dict.fromkeys(found) if float(n.replace(",", "")) not in given]
+    return own[0] if len(own) == 1 else answer
