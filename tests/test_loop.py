@@ -195,6 +195,70 @@ async def test_a_tool_that_catches_its_timeout_and_answers_late_has_timed_out() 
     assert result.output == "gave up" and result.stop_reason is StopReason.FINAL_ANSWER
 
 
+async def test_a_tool_that_swallows_every_cancellation_is_stopped_after_a_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bare `except:` around an `await`, retried forever: the time limit still ends the call."""
+    from thinkloop import _aio
+
+    monkeypatch.setattr(_aio, "CANCEL_GRACE", 0.05)
+    stopped = []
+
+    @tool(timeout=0.05)
+    async def stubborn() -> str:
+        """Never give up."""
+        try:
+            while True:
+                try:
+                    await asyncio.sleep(10)
+                except asyncio.CancelledError:
+                    continue
+        finally:
+            stopped.append(True)  # closed where it waited: its cleanup ran
+
+    @tool(timeout=0.05)
+    async def unstoppable() -> str:
+        """Not even when closed."""
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except BaseException:  # noqa: B036 - the fault under test: GeneratorExit too
+                continue
+
+    model = ScriptedModel([call("stubborn"), call("unstoppable"), "gave up"])
+    result = await asyncio.wait_for(Agent(model, tools=[stubborn, unstoppable]).run("try"), timeout=30)
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs == [
+        "Error: stubborn was abandoned: it timed out after 0.05 s.",
+        "Error: unstoppable was abandoned: it timed out after 0.05 s.",
+    ]
+    assert stopped == [True] and result.output == "gave up"
+
+
+async def test_a_run_cancelled_while_a_tool_swallows_cancellations_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    from thinkloop import _aio
+
+    monkeypatch.setattr(_aio, "CANCEL_GRACE", 0.05)
+    started = asyncio.Event()
+
+    @tool
+    async def stubborn() -> str:
+        """Never give up."""
+        started.set()
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except BaseException:  # noqa: B036 - the fault under test
+                continue
+
+    agent = Agent(ScriptedModel([call("stubborn"), "never"]), tools=[stubborn])
+    task = asyncio.create_task(agent.run("try"))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=30)
+
+
 async def test_long_output_is_truncated_keeping_head_and_tail() -> None:
     @tool
     def dump() -> str:

@@ -658,3 +658,29 @@ def test_a_plan_killed_mid_task_resumes_in_a_new_process_without_repeating_an_ef
     assert "[l] lookup → ok: bob" in again and "[b] send → ok: sent to bob" in again
     assert "[c] send → FAILED: Error: the outcome of task 'c' (send) is unknown" in again
     assert "[c2] send → ok: sent to carol" in renamed
+
+
+def test_the_plan_tools_description_fits_what_model_apis_take(tmp_path: Path) -> None:
+    """With the built-in tools the listing alone is over 2,000 characters: OpenAI refused every request."""
+    from thinkloop._tools import MAX_DESCRIPTION
+    from thinkloop.tools import BUILTIN_TOOL_NAMES, builtin_tools
+
+    tools = builtin_tools([n for n in BUILTIN_TOOL_NAMES if n != "ssh_execute"], root=tmp_path)
+    made = plan_tool(tools)
+    assert len(made.description) <= MAX_DESCRIPTION
+    for t in tools:  # every tool is named, with its arguments
+        assert f"{t.name}(" in made.description
+    many = [
+        Tool(f"tool_number_{i}", "A tool.", {"type": "object", "properties": {}}, lambda: "x")
+        for i in range(200)
+    ]
+    crowded = plan_tool(many)
+    assert (
+        len(crowded.description) <= MAX_DESCRIPTION
+        and "more (the tool field lists them all)" in crowded.description
+    )
+    assert crowded.parameters["properties"]["tasks"]["items"]["properties"]["tool"]["enum"] == [
+        f"tool_number_{i}" for i in range(200)
+    ]
+    small = plan_tool([Tool("echo", "Echo.", {"type": "object", "properties": {}}, lambda: "x")])  # in full
+    assert "- echo:" in small.description

@@ -1042,6 +1042,16 @@ async def test_tokens_a_failed_member_consumed_are_charged_once_through_a_stream
     assert [(c.input_tokens, c.output_tokens) for c in called] == [(150, 12)]
 
 
+async def test_tokens_of_a_model_call_that_failed_for_good_are_in_the_runs_usage() -> None:
+    """Every member failed: the router's error carries what they consumed; the run's usage counts it."""
+    error = busy()
+    error.usage = Usage(input_tokens=100, output_tokens=7, requests=1)
+    router = Recorder().router(flaky(error, name="a"), retries=0)
+    result = await Agent(router, model_retries=0).run("q")
+    assert result.stop_reason is StopReason.ERROR
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (100, 7)
+
+
 async def test_a_run_cancelled_in_a_real_backoff_leaves_no_task_behind() -> None:
     waiting = asyncio.Event()
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from . import _json
+from . import _aio, _json
 from ._data import fast_constructor
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
@@ -297,23 +297,79 @@ def _started(awaitable: Awaitable[T]) -> tuple[bool, Any]:
 @types.coroutine
 def _resume(coro: Coroutine[Any, Any, T], waiting_on: Any) -> Generator[Any, Any, T]:
     """Go on driving a coroutine started by hand (it is waiting on `waiting_on`), as `await` would:
-    what the task sends or throws in is passed on; the coroutine's result is returned."""
+    what the task sends or throws in is passed on; the coroutine's result is returned.
+
+    A cancellation always takes effect: a coroutine that catches it and goes on (a bare `except:` around an
+    `await`) gets `_aio.CANCEL_GRACE` seconds to end, then is closed where it waits; the cancellation is
+    raised either way (what it returns after it is not used)."""
+    swallowed: BaseException | None = None  # a cancellation the coroutine caught and went on after
+    grace_end = 0.0
     while True:
+        shown = waiting_on if swallowed is None else _until_done_or(waiting_on, grace_end)
         try:
-            sent = yield waiting_on
+            sent = yield shown
         except GeneratorExit:
             coro.close()
             raise
         except BaseException as exc:  # a cancellation (or anything else) thrown in by the task
+            if swallowed is not None and isinstance(exc, asyncio.CancelledError):
+                _close(coro)  # cancelled again while it went on: stopped now
+                raise
             try:
                 waiting_on = coro.throw(exc)
             except StopIteration as finished:
+                if isinstance(exc, asyncio.CancelledError):
+                    raise exc from None  # it returned instead of stopping: the cancellation stands
                 return finished.value  # type: ignore[no-any-return]
-        else:
-            try:
-                waiting_on = coro.send(sent)
-            except StopIteration as finished:
-                return finished.value  # type: ignore[no-any-return]
+            if isinstance(exc, asyncio.CancelledError):
+                swallowed, grace_end = exc, asyncio.get_running_loop().time() + _aio.CANCEL_GRACE
+            continue
+        if swallowed is not None and not _done(waiting_on):
+            _close(coro)  # its grace is over, and it still waits
+            raise swallowed
+        try:
+            waiting_on = coro.send(sent)
+        except StopIteration as finished:
+            if swallowed is not None:
+                raise swallowed from None
+            return finished.value  # type: ignore[no-any-return]
+
+
+def _done(waiting_on: Any) -> bool:
+    """Whether what a coroutine yielded no longer holds it (a bare `yield`, as in `sleep(0)`, never does)."""
+    return waiting_on is None or (asyncio.isfuture(waiting_on) and waiting_on.done())
+
+
+def _until_done_or(waiting_on: Any, when: float) -> asyncio.Future[None]:
+    """A future done when `waiting_on` is done, or at event-loop time `when`, whichever comes first."""
+    loop = asyncio.get_running_loop()
+    either: asyncio.Future[None] = loop.create_future()
+
+    def done(*_: Any) -> None:
+        if not either.done():
+            either.set_result(None)
+
+    handle = loop.call_at(when, done)
+    either.add_done_callback(lambda _: handle.cancel())
+    if _done(waiting_on):
+        loop.call_soon(done)
+    elif asyncio.isfuture(waiting_on):
+        waiting_on.add_done_callback(done)
+    either._asyncio_future_blocking = True  # yielded by hand, as `await` yields a future
+    return either
+
+
+_unstoppable: set[Coroutine[Any, Any, Any]] = set()  # coroutines that went on even when closed
+
+
+def _close(coro: Coroutine[Any, Any, Any]) -> None:
+    """Stop a coroutine that would not end when cancelled: its `finally` blocks run. One that catches even
+    that (a bare `except:`) cannot be stopped: it is left where it waits, and kept (closed again when it
+    is collected, it would only complain)."""
+    try:
+        coro.close()
+    except RuntimeError:  # "coroutine ignored GeneratorExit"
+        _unstoppable.add(coro)
 
 
 def _tool_context(run: RunContext, call: ToolCall) -> ToolContext[Any]:

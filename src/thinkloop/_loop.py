@@ -475,6 +475,8 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
             break
         except Exception as exc:
             attempt += 1
+            if isinstance(exc, ModelError) and exc.usage is not None:  # tokens the failed request(s) took
+                run.state.usage.add(exc.usage.model_copy(update={"requests": 0}))
             delay = _retry_delay(run, exc, attempt, streamer)  # raises unless the call is tried again
         await _within(run, deadline, asyncio.sleep(delay))
     if not isinstance(response, ModelResponse) or type(response.text) is not str:

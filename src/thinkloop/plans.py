@@ -50,12 +50,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import _aio
 from ._errors import ConfigurationError, ModelError, RunError
 from ._events import ErrorKind, Event, PlanCreated, TaskFinished, TaskSkipped, TaskStarted
 from ._execute import execute_calls
 from ._messages import Message, ModelRequest, ModelSettings, ToolCall, Usage
 from ._risk import RiskLevel
 from ._tools import (
+    MAX_DESCRIPTION,
     Tool,
     ToolArgumentsError,
     ToolContext,
@@ -1019,14 +1021,10 @@ class _TimedOut(Exception):
     """A tool's invocation ran past its time limit (not a `TimeoutError` the tool raised itself)."""
 
 
-CANCEL_GRACE = 1.0  # seconds a cancelled tool invocation gets to clean up before it is abandoned
-_abandoned: set[asyncio.Future[Any]] = set()  # invocations still running after they were given up
-
-
 async def _bounded(invocation: Awaitable[Any], limit: float) -> Any:
     """`await invocation` for at most `limit` seconds, in a task of its own: a tool that catches its
     cancellation and goes on (asyncio.timeout would wait for it however long it took, and take its late
-    result as a success) is given `CANCEL_GRACE` seconds to end, then abandoned, as is the thread of a
+    result as a success) is given `_aio.CANCEL_GRACE` seconds to end, then abandoned, as is the thread of a
     sync tool. A cancellation from outside (a sibling failed, the run was cancelled) cancels it the same
     way.
 
@@ -1037,28 +1035,12 @@ async def _bounded(invocation: Awaitable[Any], limit: float) -> Any:
     try:
         done, _ = await asyncio.wait({running}, timeout=None if math.isinf(limit) else limit)
     except asyncio.CancelledError:
-        await _give_up(running)
+        await _aio.give_up(running)
         raise
     if not done:
-        await _give_up(running)
+        await _aio.give_up(running)
         raise _TimedOut
     return running.result()
-
-
-async def _give_up(running: asyncio.Future[Any]) -> None:
-    running.cancel()
-    await asyncio.wait({running}, timeout=CANCEL_GRACE)
-    if running.done():
-        _forget(running)
-    else:  # kept referenced until it ends, its outcome fetched then (no "never retrieved" warning)
-        _abandoned.add(running)
-        running.add_done_callback(_forget)
-
-
-def _forget(running: asyncio.Future[Any]) -> None:
-    _abandoned.discard(running)
-    if not running.cancelled():
-        running.exception()
 
 
 # ================================================================================ plan-and-execute
@@ -1148,10 +1130,38 @@ def plan_tool(
         },
         "required": ["tasks"],
     }
-    description = "Run several tool calls as a plan (independent ones in parallel). " + plan_instructions(
-        registry
+    return Tool(
+        name, _plan_tool_description(registry), schema, run_plan, risk=risk, timeout=timeout,
+        context_param="_context",
+    )  # fmt: skip
+
+
+def _plan_tool_description(tools: ToolRegistry) -> str:
+    """The plan tool's description: how to write a plan and the tools it may use, in full when that fits
+    the 1,024 characters model APIs take for a description (OpenAI refuses the request otherwise), else
+    each tool by its name and arguments (its own definition describes it), else as many names as fit."""
+    lead = "Run several tool calls as a plan (independent ones in parallel). "
+    full = lead + plan_instructions(tools)
+    if len(full) <= MAX_DESCRIPTION:
+        return full
+    head = lead + plan_instructions(ToolRegistry()).removesuffix("Tools:\n")
+    short = [f"{t.name}({', '.join(t.parameters.get('properties') or {})})" for t in tools]
+    listing = "Tools: " + "; ".join(short) + "."
+    if len(head) + len(listing) <= MAX_DESCRIPTION:
+        return head + listing
+    names, left = [], MAX_DESCRIPTION - len(head) - len("Tools: ") - 40
+    for t in tools:
+        if len(t.name) + 2 > left:
+            break
+        names.append(t.name)
+        left -= len(t.name) + 2
+    more = len(tools.names) - len(names)
+    return (
+        head
+        + "Tools: "
+        + ", ".join(names)
+        + (f", and {more} more (the tool field lists them all)." if more else ".")
     )
-    return Tool(name, description, schema, run_plan, risk=risk, timeout=timeout, context_param="_context")
 
 
 def _attempts_before(run: RunContext, call_id: str, name: str) -> int:
