@@ -78,6 +78,7 @@ def test_only_a_computation_of_sourced_numbers_is_put_right() -> None:
         ("13 °C on average.", "(19 + 7) / 2 = 13", []),  # written out, from sourced operands
         ("13 °C on average.", "", ["13"]),  # not one operation: 86.4 * 15 / 100 = 12.96 is not 13
         ("Together 30.00 EUR.", "3 x 10.00 EUR = 30.00 EUR", ["30.00"]),  # 10.00 comes from nowhere
+        ("Together 14 EUR.", "10 + 4 = 14", ["14"]),  # small numbers, but none of them sourced
     ],
 )
 def test_numbers_worked_out_from_sourced_numbers_are_sourced(

@@ -1034,8 +1034,9 @@ class Worked:
 def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
     """The computations `text` writes out as `expression = result` (units and currency signs beside the
     numbers allowed: `250 * 151.2 JPY = 37760 JPY`), each evaluated by the calculator; dates and times are
-    no arithmetic. An operand is sourced when the task or a tool result gives it, or it is a small integer
-    (up to 12), 100 or 1000 (`/ 3` for a mean, `/ 100` for a percentage)."""
+    no arithmetic. The computation is sourced when the task or a tool result gives one of its operands at
+    least and every other is too, or is a small integer (up to 12), 100 or 1000 (`/ 3` for a mean, `/ 100`
+    for a percentage): `10 + 5 = 15` of made-up prices is not."""
     from .tools.calculator import CalculatorError, evaluate  # the calculator imports the tool layer
 
     known = [value for source in sources for _, value, _ in _numbers(source)]
@@ -1049,12 +1050,9 @@ def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
             value = float(evaluate(expression))
         except (CalculatorError, OverflowError):
             continue
-        operands = _numbers(expression)
-        sourced = all(
-            (decimals <= 0 and (number <= 12 or number in _FREE_OPERANDS))
-            or any(_rounds_to(k, number, decimals) for k in known)
-            for _, number, decimals in operands
-        )
+        given = [any(_rounds_to(k, n, decimals) for k in known) for _, n, decimals in _numbers(expression)]
+        free = [decimals <= 0 and (n <= 12 or n in _FREE_OPERANDS) for _, n, decimals in _numbers(expression)]
+        sourced = any(given) and all(g or f for g, f in zip(given, free, strict=True))
         found.append(Worked(" ".join(written.split()), match.group(2), value, sourced))
     return found
 
