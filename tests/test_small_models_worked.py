@@ -74,7 +74,8 @@ def test_only_a_computation_of_sourced_numbers_is_put_right() -> None:
     ("answer", "work", "missing"),
     [
         ("Madrid is warmer, by 12 °C.", "", []),  # 19 - 7: one operation on two results
-        ("The tip is 12.96 EUR.", "", []),  # 15 % of 86.40
+        ("The tip is 12.96 EUR.", "", []),  # 15 % (the task's) of 86.40 (a result's)
+        ("Made 16 in all.", "", ["16"]),  # 15 + 1: the task's own numbers, no result's
         ("13 °C on average.", "(19 + 7) / 2 = 13", []),  # written out, from sourced operands
         ("13 °C on average.", "", ["13"]),  # not one operation: 86.4 * 15 / 100 = 12.96 is not 13
         ("Together 30.00 EUR.", "3 x 10.00 EUR = 30.00 EUR", ["30.00"]),  # 10.00 comes from nowhere
@@ -84,7 +85,7 @@ def test_only_a_computation_of_sourced_numbers_is_put_right() -> None:
 def test_numbers_worked_out_from_sourced_numbers_are_sourced(
     answer: str, work: str, missing: list[str]
 ) -> None:
-    sources = ["A bill of 86.40 EUR, a 15% tip.", "Madrid: 19 °C", "Berlin: 7 °C", "Cairo: 31 °C"]
+    sources = ["What is a 15% tip on 1 bill?", "bill: 86.40 EUR", "Madrid: 19 °C", "Berlin: 7 °C"]
     assert unsourced_numbers(answer, sources, work) == missing
 
 

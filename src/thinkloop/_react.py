@@ -946,11 +946,12 @@ def unsourced_numbers(answer: str, sources: list[str], work: str = "") -> list[s
     known = [value for numbers in found for _, value, _ in numbers]
     known += [w.value for w in worked_arithmetic(f"{work}\n{answer}", sources) if w.sourced]
     operands = [value for numbers in found if len(numbers) <= _MAX_OPERANDS for _, value, _ in numbers]
+    asked = {value for _, value, _ in found[0]} if found else set()
     missing = []
     for written, value, decimals in _numbers(answer):
         if decimals <= 0 and value <= 10:
             continue
-        if not any(_rounds_to(k, value, decimals) for k in known) and not _derived(value, operands):
+        if not any(_rounds_to(k, value, decimals) for k in known) and not _derived(value, operands, asked):
             missing.append(written)
     return list(dict.fromkeys(missing))
 
@@ -1057,14 +1058,18 @@ def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
     return found
 
 
-def _derived(value: float, known: list[float]) -> bool:
+def _derived(value: float, known: list[float], asked: set[float]) -> bool:
     """Whether `value` is exactly the sum, difference, product, quotient or percentage (`a * b / 100`) of two
-    different numbers of `known` (of the last 40): arithmetic worked out right in the head ("warmer by 12 °C"
-    beside 19 °C and 7 °C). Exactly: a rounded result would match too many numbers by chance."""
+    different numbers of `known` (of the last 40), one of them not of the task (`asked`): arithmetic worked
+    out right in the head on a result ("warmer by 12 °C" beside 19 °C and 7 °C). Exactly: a rounded result
+    would match too many numbers by chance; not of the task's numbers alone, which a forced final answer
+    adds up whatever their units ("5 miles and 8 km": 13 km)."""
     distinct = list(dict.fromkeys(k for k in known if k != 0))[-40:]
     tolerance = 1e-9 * max(abs(value), 1.0)
     for i, a in enumerate(distinct):
         for b in distinct[i + 1 :]:
+            if a in asked and b in asked:
+                continue
             results = (a + b, abs(a - b), a * b, a / b, b / a, a * b / 100)
             if any(abs(r - value) <= tolerance for r in results):
                 return True
