@@ -321,6 +321,14 @@ def run_with_stdin(cli: Cli, data: bytes, *args: str) -> Result:
         (["run", "x", "--instructions", "\udce9t\udce9"], b"", "error: --instructions is not UTF-8 text"),
         (["run", "-"], b"caf\xe9", "error: the goal read from stdin is not UTF-8 text (byte 0xe9 at byte 4)"),
         (["run", "-"], b" \n", "error: the goal must be a non-empty string"),
+        # as `submit` refuses it (PostgreSQL text cannot hold a NUL): `run` started the run
+        (
+            ["run", "-"],
+            b"go\x00al",
+            "error: the goal holds a NUL character (\\x00) at character 3 of 5, which a goal cannot hold "
+            "(PostgreSQL text cannot store it): remove it from the goal, e.g. tr -d '\\000' < goal.txt | "
+            "thinkloop run -",
+        ),
         (["submit", "\udcff"], b"", "error: the goal is not UTF-8 text"),
     ],
 )
@@ -1315,7 +1323,8 @@ def test_submit_checks_its_goal_queue_and_store_before_queuing(cli: Cli) -> None
     --store of --wait are usage errors before the queue is touched (the job was queued, then the store
     failed; the others failed at the first query as if the server were down)."""
     nul = run_with_stdin(cli, b"a\x00b", "submit", "-", "--queue", "postgresql://nobody@127.0.0.1:1/db")
-    assert nul.code == 2 and "NUL byte (at character 2)" in nul.stderr, nul.stderr
+    assert nul.code == 2 and "NUL character (\\x00) at character 2 of 3" in nul.stderr, nul.stderr
+    assert "tr -d '\\000' < goal.txt | thinkloop submit -" in nul.stderr
     for queue in ("bogus", "mysql://x/y"):
         r = cli("submit", "hi", "--queue", queue)
         assert r.code == 2 and "is not a PostgreSQL URL" in r.stderr, r.stderr

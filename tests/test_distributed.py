@@ -93,6 +93,40 @@ async def test_submit_checks_its_input_and_reports_status(queue: JobQueue) -> No
     assert [j.run_id for j in await queue.jobs("queued")] == ["job-1"]
 
 
+async def test_submit_refuses_a_nul_in_the_goal_and_a_bad_session_before_the_database(
+    queue: JobQueue,
+) -> None:
+    """The table keeps the goal as PostgreSQL text, which cannot hold a NUL: submit failed with "the job
+    queue's database failed … check that the server is running"; a bad session id was queued, and the job
+    failed later on a worker."""
+    with pytest.raises(UserError) as nul:
+        await queue.submit("go\x00al")
+    assert str(nul.value) == (
+        "the goal holds a NUL character (\\x00) at character 3 of 5, which a goal cannot hold "
+        "(PostgreSQL text cannot store it): remove it from the goal"
+    )
+    with pytest.raises(UserError, match=r"invalid session id '\.\./etc'"):
+        await queue.submit("x", session="../etc")
+    assert await queue.jobs() == []
+
+
+async def test_a_job_fails_or_ends_with_an_error_holding_a_nul(queue: JobQueue) -> None:
+    """An error may quote what a tool printed, NULs included: PostgreSQL text cannot hold them, so marking
+    the job failed raised "the job queue's database failed" and the job stayed running until its lease ran
+    out. The NUL is stored as U+FFFD."""
+    for run_id in ("a", "b"):
+        await queue.submit("x", run_id=run_id)
+    first, second = await queue.claim("w"), await queue.claim("w")
+    assert first is not None and second is not None
+    assert await queue.finish(first, "w", error="ToolExecutionError: it printed a\x00b")
+    await queue._fail(second.run_id, "job b cannot be run: c\x00d")
+    statuses = {s.run_id: (s.status, s.error) for s in await queue.jobs()}
+    assert statuses == {
+        "a": ("failed", "ToolExecutionError: it printed a\ufffdb"),
+        "b": ("failed", "job b cannot be run: c\ufffdd"),
+    }
+
+
 async def test_each_job_goes_to_one_worker_and_an_expired_lease_lets_another_take_it(queue: JobQueue) -> None:
     await queue.submit("first", run_id="a")
     await queue.submit("second", run_id="b")

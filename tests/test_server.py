@@ -184,6 +184,14 @@ async def test_a_request_may_lower_the_agents_limits_and_use_a_session() -> None
         ({"goal": "x", "max_steps": 2.5}, "max_steps: Input should be a valid integer"),
         ({"goal": "x", "max_cost": "0.5"}, "max_cost: Input should be a valid number"),
         ({"goal": "x", "session": 7}, "session: Input should be a valid string"),
+        # PostgreSQL text cannot hold a NUL: refused here as by `thinkloop submit` (it was 202, then the run
+        # had a goal no job queue could take)
+        (
+            {"goal": "go\x00al"},
+            "goal: the goal holds a NUL character (\\x00) at character 3 of 5, which a goal cannot hold "
+            "(PostgreSQL text cannot store it): remove it from the goal",
+        ),
+        ({"goal": "x", "session": "a\x00b"}, "session: invalid session id 'a\\x00b'"),
     ],
 )
 async def test_bad_run_requests_are_422_with_a_clear_message(body: dict[str, Any], problem: str) -> None:

@@ -467,14 +467,31 @@ async def test_a_bounded_memory_store_forgets_the_oldest_finished_runs() -> None
 
 
 async def test_nul_characters_in_a_run_and_its_session_memory_are_kept_by_every_store(store: Store) -> None:
-    """PostgreSQL TEXT cannot hold NUL: the state (JSON) keeps it exactly, the memory has U+FFFD there."""
-    result = await Agent(ScriptedModel(["an\x00swer"]), store=store).run("go\x00al", session="nul-session")
+    """A run must not die because a tool printed a NUL or a model wrote one: PostgreSQL TEXT cannot hold it,
+    so the state, its messages, ledger rows (keys too) and events are stored as JSON (`\\u0000`) and kept
+    exactly — across checkpoints that write only what changed; the session memory has U+FFFD there."""
+
+    @tool
+    def dump(path: str) -> str:
+        """Print a file."""
+        return f"{path}: \x00\x01binary\x00"
+
+    calls = [
+        {"tool_calls": [{"name": "dump", "args": {"path": f"a\x00{n}"}, "id": f"c\x00{n}"}]} for n in "12"
+    ]
+    agent = Agent(ScriptedModel([*calls, "an\x00swer"]), tools=[dump], store=store)
+    result = await agent.run("go", session="nul-session")
     assert result.stop_reason is StopReason.FINAL_ANSWER and result.output == "an\x00swer"
     state = await store.load_state(result.run_id)
-    assert state is not None and state.goal == "go\x00al" and state.answer == "an\x00swer"
+    assert state is not None and state.answer == "an\x00swer"
+    printed = [f"a\x00{n}: \x00\x01binary\x00" for n in "12"]
+    assert {k: e.output for k, e in state.ledger.items()} == {"c\x001": printed[0], "c\x002": printed[1]}
+    assert [m.model_dump() for m in state.messages] == [m.model_dump() for m in result.state.messages]
+    done = (await store.read_events(result.run_id))[-1]
+    assert isinstance(done, Done) and done.result.output == "an\x00swer"
     memory = [m.content for m in await store.get_memory("nul-session")]
     nul = "\ufffd" if isinstance(store, PostgresStore) else "\x00"
-    assert memory == [f"go{nul}al", f"an{nul}swer"]
+    assert memory == ["go", f"an{nul}swer"]
 
 
 # ============================================================================ faults underneath a store

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._aio import PerLoop
 from ._budget import Budget
 from ._errors import ConfigurationError, StateError, ThinkloopError, UserError
-from .stores._base import DamagedRunError, check_id
-from .stores._postgres import Link
+from .stores._base import DamagedRunError, check_goal, check_id
+from .stores._postgres import Link, pg_text
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -261,9 +261,10 @@ class JobQueue:
         session: str | None = None,
     ) -> str:
         """Queue a goal; returns its run id (the id the run will have in the store)."""
-        if not isinstance(goal, str) or not goal.strip():
-            raise UserError(f"the goal must be a non-empty string, got {goal!r}")
+        check_goal(goal)  # the table keeps it as PostgreSQL text: a NUL failed as if the server were down
         run_id = check_id(run_id) if run_id is not None else uuid.uuid4().hex
+        if session is not None:
+            check_id(session, "session id")  # else the job failed later, on a worker
         options = {
             "budget": budget.as_dict() if budget else None,
             "metadata": metadata or {},
@@ -349,7 +350,7 @@ class JobQueue:
         await self._execute(
             f"UPDATE thinkloop_jobs SET status = 'failed', worker = NULL, lease_until = NULL, "
             f"stop_reason = 'error', error = %s, updated_at = {_NOW} WHERE run_id = %s",
-            (error, run_id),
+            (pg_text(error), run_id),  # an error may quote a tool's output, NULs and all
         )
 
     async def renew(self, job: Job, worker: str) -> bool:
@@ -370,7 +371,7 @@ class JobQueue:
         rows = await self._execute(
             f"UPDATE thinkloop_jobs SET status = %s, stop_reason = %s, error = %s, worker = NULL, "
             f"lease_until = NULL, updated_at = {_NOW} WHERE run_id = %s AND worker = %s RETURNING 1",
-            (status, stop_reason, error, job.run_id, worker),
+            (status, stop_reason, None if error is None else pg_text(error), job.run_id, worker),
         )
         return bool(rows)
 

@@ -69,15 +69,21 @@ def positive_seconds(value: float) -> float:
     return value
 
 
-def read_goal(goal: str) -> str:
+def read_goal(goal: str, command: str = "run") -> str:
     """The goal argument, checked before anything loads: `-` reads it from stdin (a long goal, a file);
-    it must be UTF-8 text and not blank. A `UserError` (exit code 2) says what is wrong."""
+    it must be UTF-8 text, not blank, and without a NUL (as every entry point takes goals: `check_goal`).
+    A `UserError` (exit code 2) says what is wrong."""
+    from ..stores._base import check_goal
+
     if goal == "-":
         goal = _read_stdin()
     check_text("the goal", goal)
     if not goal.strip():
         raise UserError(f"the goal must be a non-empty string, got {goal[:40]!r}")
-    return goal
+    try:
+        return check_goal(goal)
+    except UserError as exc:  # only stdin can carry a NUL (an argument cannot)
+        raise UserError(f"{exc}, e.g. tr -d '\\000' < goal.txt | thinkloop {command} -") from None
 
 
 def check_text(what: str, value: str) -> None:

@@ -49,17 +49,6 @@ def _queue_url(queue: str | None) -> str:
     return url
 
 
-def _check_goal(goal: str) -> str:
-    """The queue keeps the goal in PostgreSQL, whose text cannot hold a NUL byte."""
-    nul = goal.find("\x00")
-    if nul >= 0:
-        raise UserError(
-            f"the goal holds a NUL byte (at character {nul + 1}), which the job queue (PostgreSQL text) "
-            "cannot store: remove it, e.g. tr -d '\\000' < goal.txt | thinkloop submit -"
-        )
-    return goal
-
-
 def worker_command(
     queue: QueueOption = None,
     store: Annotated[
@@ -176,7 +165,7 @@ def submit_command(
     console = Console()
     errors = Console(stderr=True)
     try:
-        goal = _check_goal(read_goal(goal))
+        goal = read_goal(goal, "submit")
         url = _queue_url(queue)
         code = _aio.run(_submit(url, goal, run_id, max_steps, wait, store or url, console))
     except ThinkloopError as exc:

@@ -48,9 +48,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._agent import Agent
 from .._budget import Budget
-from .._errors import ConfigurationError, ThinkloopError
+from .._errors import ConfigurationError, ThinkloopError, UserError
 from ..safety import ApprovalDecision, PendingApprovals, SafetyController
 from ..stores import RunSummary, Store, check_id
+from ..stores._base import check_goal
 from ._runs import (
     FollowerTooSlowError,
     LiveRun,
@@ -135,7 +136,10 @@ class RunRequest(BaseModel):
     def _goal_not_blank(cls, goal: str) -> str:
         if not goal.strip():
             raise ValueError("the goal must not be empty")
-        return goal
+        try:
+            return check_goal(goal)  # no NUL: the goals `Agent.run` and the job queue take
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("session")
     @classmethod

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from .._errors import ConfigurationError, StateError
+from .._errors import ConfigurationError, StateError, UserError
 from .._events import Event, event_from_json
 from .._messages import Message, Usage
 from .._state import LedgerEntry, RunState
@@ -172,6 +172,22 @@ def check_id(value: str, what: str = "run id") -> str:
             "(no '..', no '/')"
         )
     return value
+
+
+def check_goal(goal: object) -> str:
+    """A run's goal: a string that is not blank and holds no NUL character (`UserError` otherwise). Every
+    entry point takes the same goals — PostgreSQL text (a `PostgresStore`'s memory, the job queue) cannot
+    hold a NUL, so no goal has one. What a run produces may: tool outputs and model replies with NULs are
+    kept by every store (escaped in the JSON of states and events)."""
+    if not isinstance(goal, str) or not goal.strip():
+        raise UserError(f"the goal must be a non-empty string, got {goal!r}")
+    nul = goal.find("\x00")
+    if nul >= 0:
+        raise UserError(
+            f"the goal holds a NUL character (\\x00) at character {nul + 1} of {len(goal)}, which a goal "
+            "cannot hold (PostgreSQL text cannot store it): remove it from the goal"
+        )
+    return goal
 
 
 def check_role(role: str) -> MemoryRole:

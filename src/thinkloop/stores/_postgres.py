@@ -231,7 +231,7 @@ class PostgresStore(Store):
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
         parts = CheckpointRows.of(state, events, self._saved.recall(state.run_id))
         memory = [
-            (state.session, role, _text(content), parts.now) for role, content in memory_turn(state, events)
+            (state.session, role, pg_text(content), parts.now) for role, content in memory_turn(state, events)
         ]
         await self._write(parts.run_id, parts.expected, parts.events, (parts.run, parts.delta), memory)
         self._saved.remember(parts.run_id, None if state.finished else parts.delta.saved())
@@ -326,7 +326,7 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------------------------ memory
 
     async def add_memory(self, session: str, role: MemoryRole, content: str) -> None:
-        row = (check_id(session, "session id"), check_role(role), _text(content), time.time())
+        row = (check_id(session, "session id"), check_role(role), pg_text(content), time.time())
 
         committing = False  # a lost connection before COMMIT: nothing stored, so retried on a new one
 
@@ -497,7 +497,7 @@ def redacted_dsn(dsn: str) -> str:
     return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn, flags=re.IGNORECASE)
 
 
-def _text(content: str) -> str:
+def pg_text(content: str) -> str:
     """Text for a PostgreSQL `TEXT` column, which cannot hold NUL (nor, as UTF-8, lone surrogates): U+FFFD
     takes its place (the run state, stored as JSON, keeps the NUL as `\\u0000` and round-trips exactly)."""
     content = clean_text(content)
