@@ -724,9 +724,149 @@ async def test_unreadable_and_read_only_sqlite_files_are_clear_errors(tmp_path: 
         "StateError" in line and "unable to open database file" in line for line in lines
     )
     assert "check that the file and its directory exist and are readable and writable" in lines[0]
-    lines = read_only.stdout.splitlines()
-    assert len(lines) == 2 and all("StateError" in line for line in lines), lines
-    assert "read-only (in WAL mode SQLite also writes runs.db-wal and runs.db-shm beside it)" in lines[1]
+    load, save = read_only.stdout.splitlines()
+    assert load == "load ok"  # read-only: SQLite cannot make runs.db-wal and runs.db-shm there (it failed)
+    assert save == (
+        f"save StateError the SQLite store {tmp_path}/read-only-dir/runs.db failed: attempt to write a "
+        "readonly database; it is read-only (SQLite cannot write runs.db-wal and runs.db-shm in "
+        f"{tmp_path}/read-only-dir): its runs can be listed and shown, not saved — make the file and its "
+        "directory writable, or use a store in a writable place"
+    )
+
+
+def _on_a_read_only_file_system(directory: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """Run `command` in a new process that sees `directory` on a read-only file system: a read-only bind
+    mount of it over itself, in a mount namespace of the process's own (nothing else sees it)."""
+    import os
+
+    mount = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"'
+    prefix = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--map-root-user", "--mount"]
+    return subprocess.run(
+        [*prefix, "sh", "-c", mount, str(directory), *command],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+LIST_LOAD_SAVE = textwrap.dedent(
+    """
+    import asyncio, sys
+    from thinkloop import RunState, StateError
+    from thinkloop.stores import SQLiteStore
+
+    async def main(path):
+        store = SQLiteStore(path)
+        for name, attempt in [
+            ("list", lambda: store.list_runs()),
+            ("load", lambda: store.load_state("run-1")),
+            ("save", lambda: store.checkpoint(RunState(run_id="run-2", goal="g", model="m"), [])),
+        ]:
+            try:
+                got = await attempt()
+                print(name, "ok", [r.run_id for r in got] if name == "list" else getattr(got, "event_version", ""))
+            except StateError as exc:
+                print(name, "StateError", exc)
+        await store.aclose()
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+async def test_a_sqlite_store_on_a_read_only_file_system_is_read_and_a_save_says_why_it_fails(
+    tmp_path: Path,
+) -> None:
+    """`thinkloop runs list` and `runs show` could not read a store on a read-only file system ("unable to
+    open database file"): in WAL mode SQLite makes runs.db-wal and runs.db-shm beside the file to read it."""
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        await _saved(store)
+    assert _names(tmp_path) == ["runs.db"]  # no runs.db-wal nor -shm: reading needs them, or none made
+    db = str(tmp_path / "runs.db")
+    probe = _on_a_read_only_file_system(tmp_path, sys.executable, "-c", LIST_LOAD_SAVE, db)
+    assert probe.stderr == "", probe.stderr
+    listed, loaded, saved = probe.stdout.splitlines()
+    assert (listed, loaded) == ("list ok ['run-1']", "load ok 1")
+    assert saved == (
+        f"save StateError the SQLite store {db} failed: attempt to write a readonly database; it is "
+        f"read-only ({tmp_path} is on a read-only file system): its runs can be listed and shown, not saved — "
+        "make the file and its directory writable, or use a store in a writable place"
+    )
+    url = f"sqlite://{db}"
+    cli = [sys.executable, "-m", "thinkloop.cli", "runs"]
+    listing = _on_a_read_only_file_system(tmp_path, *cli, "list", "--json", "--store", url)
+    assert listing.returncode == 0, listing.stderr
+    assert [json.loads(line)["run_id"] for line in listing.stdout.splitlines()] == ["run-1"]
+    shown = _on_a_read_only_file_system(tmp_path, *cli, "show", "run-1", "--store", url)
+    assert shown.returncode == 0 and "run run-1" in shown.stdout, shown.stderr
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+CRASH_AFTER_SAVE = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from thinkloop import RunState
+    from thinkloop._events import Status
+    from thinkloop.stores import SQLiteStore
+
+    async def main(path):
+        store = SQLiteStore(path)
+        state = await store.load_state("run-1")
+        state.event_version += 1
+        await store.checkpoint(state, [Status(text="second", run_id="run-1", seq=state.event_version)])
+        os._exit(0)  # killed: the commit is in runs.db-wal only, beside runs.db-shm
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+async def test_a_read_only_sqlite_store_whose_last_commits_are_in_its_wal_reads_them_or_says_why_not(
+    tmp_path: Path,
+) -> None:
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        await _saved(store)
+    db = str(tmp_path / "runs.db")
+    crashed = _without_root_powers(CRASH_AFTER_SAVE, db)
+    assert crashed.returncode == 0, crashed.stderr
+    assert _names(tmp_path) == ["runs.db", "runs.db-shm", "runs.db-wal"]
+    probe = _on_a_read_only_file_system(tmp_path, sys.executable, "-c", LIST_LOAD_SAVE, db)
+    assert probe.stdout.splitlines()[:2] == ["list ok ['run-1']", "load ok 2"], probe.stdout + probe.stderr
+    (tmp_path / "runs.db-shm").unlink()  # without it, SQLite must write one to read the WAL
+    probe = _on_a_read_only_file_system(tmp_path, sys.executable, "-c", LIST_LOAD_SAVE, db)
+    lines = probe.stdout.splitlines()
+    assert len(lines) == 3 and all(" StateError " in line for line in lines), probe.stdout + probe.stderr
+    assert lines[1] == (
+        f"load StateError the SQLite store {db} cannot be read: runs.db-wal beside it holds commits not yet "
+        f"in the database, which SQLite reads only when it can also write runs.db-shm there, and {tmp_path} "
+        "is read-only: make it writable (or copy the three files to a directory that is), then read the "
+        "runs again"
+    )
+    async with SQLiteStore(db) as store:  # writable again: nothing was lost
+        loaded = await store.load_state("run-1")
+        assert loaded is not None and loaded.event_version == 2
+
+
+async def test_a_read_only_sqlite_store_of_an_older_schema_or_none_says_it_cannot_be_upgraded(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "empty.db").write_bytes(b"")
+    with sqlite3.connect(tmp_path / "old.db") as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO schema_version VALUES (2)")
+    for name, what in [
+        ("empty.db", "holds no thinkloop tables"),
+        ("old.db", "has schema version 2, older than this thinkloop's (3)"),
+    ]:
+        db = str(tmp_path / name)
+        probe = _on_a_read_only_file_system(tmp_path, sys.executable, "-c", LIST_LOAD_SAVE, db)
+        listed = probe.stdout.splitlines()[0]
+        assert listed == (
+            f"list StateError the SQLite store {db} {what} and is read-only ({tmp_path} is on a read-only "
+            "file system), so it cannot be set up or upgraded: open it once where it is writable, or use "
+            "another store"
+        ), probe.stdout + probe.stderr
 
 
 async def test_a_read_only_file_store_is_a_clear_error(tmp_path: Path) -> None:

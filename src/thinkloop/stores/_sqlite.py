@@ -20,6 +20,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -143,6 +144,7 @@ class SQLiteStore(Store):
         self._fast: sqlite3.Connection | None = None  # the caller's: never waits for a lock
         self._fast_lock = threading.Lock()
         self._fast_ok = str(self.path) != ":memory:"
+        self._read_only = False  # opened read-only: SQLite cannot write the file (or beside it)
         self._writes = 0
         # per run: what this store last saved (or loaded) of it
         self._saved = SavedRuns()
@@ -175,11 +177,18 @@ class SQLiteStore(Store):
             )
         elif "full" in text:
             hint = "free some disk space"
+        elif "readonly" in text and self._read_only:
+            hint = (
+                f"it is read-only ({self._why_read_only()}): its runs can be listed and shown, not saved — "
+                "make the file and its directory writable, or use a store in a writable place"
+            )
         elif "readonly" in text:
             hint = (
                 f"the file or its directory is read-only (in WAL mode SQLite also writes {self.path.name}-wal "
                 f"and {self.path.name}-shm beside it): make both writable, or use a store in a writable place"
             )
+        elif "unable to open" in text and not self.path.exists() and not os.access(self.path.parent, os.W_OK):
+            hint = f"there is no such file, and it cannot be made: {self.path.parent} is read-only"
         elif self.path.is_dir():
             hint = "that path is a directory: give the path of a database file, e.g. DIR/thinkloop.db"
         else:
@@ -220,14 +229,61 @@ class SQLiteStore(Store):
         return fn(self._conn, *args)
 
     def _connect(self, timeout: float) -> sqlite3.Connection:
+        """A connection in WAL mode, the schema created or upgraded — or, when SQLite cannot write the file
+        or make its `-wal` and `-shm` beside it (a read-only file, directory or file system), a read-only
+        one: its runs can be listed and shown, and a save fails saying why."""
         if str(self.path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        try:
+            return self._checked(self._open(self.path, timeout), timeout)
+        except sqlite3.OperationalError as exc:
+            if not (_cannot_write(exc) and self.path.is_file()):
+                raise
+        conn = self._checked(self._open_read_only(timeout), timeout, read_only=True)
+        self._read_only = True
+        return conn
+
+    @staticmethod
+    def _open(target: str | Path, timeout: float, *, uri: bool = False) -> sqlite3.Connection:
+        return sqlite3.connect(
+            target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=uri
+        )
+
+    def _open_read_only(self, timeout: float) -> sqlite3.Connection:
+        """The file opened read-only (`mode=ro`: it reads what another process commits meanwhile, its WAL
+        included); when SQLite cannot make the `-shm` file that needs, as unchanging (`immutable=1`) —
+        unless a `-wal` file holds commits not yet in the database, which only that way are read."""
+        url = "file:" + urllib.parse.quote(str(self.path.resolve()))
+        conn = self._open(f"{url}?mode=ro", timeout, uri=True)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if not _cannot_write(exc):
+                raise
+        wal = self.path.with_name(self.path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StateError(
+                f"the SQLite store {self.path} cannot be read: {wal.name} beside it holds commits not yet in "
+                f"the database, which SQLite reads only when it can also write {self.path.name}-shm there, "
+                f"and {self.path.parent} is read-only: make it writable (or copy the three files to a "
+                "directory that is), then read the runs again"
+            )
+        return self._open(f"{url}?immutable=1", timeout, uri=True)
+
+    def _checked(
+        self, conn: sqlite3.Connection, timeout: float, *, read_only: bool = False
+    ) -> sqlite3.Connection:
+        """`conn` set up (busy timeout; WAL mode and the schema when it may write), or closed on failure."""
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-            _wal(conn, timeout)
-            conn.execute("PRAGMA synchronous = NORMAL")
-            _migrate(conn)
+            if read_only:
+                self._check_schema(conn)
+            else:
+                _wal(conn, timeout)
+                conn.execute("PRAGMA synchronous = NORMAL")
+                _migrate(conn)
         except _NewerSchema as newer:
             conn.close()
             raise StateError(
@@ -239,6 +295,28 @@ class SQLiteStore(Store):
             conn.close()
             raise
         return conn
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        """A read-only file must be at this thinkloop's schema version: it cannot be created or upgraded."""
+        version = _schema_version(conn)
+        if version != SCHEMA_VERSION:
+            what = (
+                "holds no thinkloop tables"
+                if version == 0
+                else f"has schema version {version}, older than this thinkloop's ({SCHEMA_VERSION})"
+            )
+            raise StateError(
+                f"the SQLite store {self.path} {what} and is read-only ({self._why_read_only()}), so it "
+                "cannot be set up or upgraded: open it once where it is writable, or use another store"
+            )
+
+    def _why_read_only(self) -> str:
+        with contextlib.suppress(OSError):
+            if os.statvfs(self.path.parent).f_flag & os.ST_RDONLY:
+                return f"{self.path.parent} is on a read-only file system"
+        if not os.access(self.path, os.W_OK):
+            return "the file cannot be written"
+        return f"SQLite cannot write {self.path.name}-wal and {self.path.name}-shm in {self.path.parent}"
 
     async def aclose(self) -> None:
         with self._fast_lock:
@@ -473,6 +551,12 @@ def _wal(conn: sqlite3.Connection, timeout: float) -> None:
             if not _is_busy(exc) or time.monotonic() >= deadline:
                 raise
             time.sleep(0.005)
+
+
+def _cannot_write(exc: sqlite3.OperationalError) -> bool:
+    """SQLite could not open the file for writing, or make its `-wal`/`-shm` files (read-only)."""
+    text = str(exc)
+    return "unable to open database file" in text or "readonly" in text
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
