@@ -382,6 +382,24 @@ async def test_an_unreachable_postgres_server_is_a_clear_error_without_the_passw
     assert "hunter2" not in str(info.value) and "check that the server is running" in str(info.value)
 
 
+@pytest.mark.parametrize("kind", ["file", "postgres"])
+async def test_a_store_failing_at_a_runs_first_save_says_there_is_nothing_to_resume(
+    kind: str, tmp_path: Path
+) -> None:
+    """Nothing of the run is stored: it is to be started again, not resumed (SQLite: the lock test below)."""
+    (tmp_path / "plain").write_text("a file where the store's directory should be")
+    store = (
+        FileStore(tmp_path / "plain") if kind == "file" else PostgresStore("postgresql://x@127.0.0.1:1/db")
+    )
+    with pytest.raises(StateError) as info:
+        await Agent(ScriptedModel(["hi"]), store=store).run("x", run_id="first")
+    assert str(info.value).endswith(
+        "; nothing of run 'first' was saved (this was its first save), so there is nothing to resume: "
+        "start it again"
+    )
+    assert info.value.state is None
+
+
 # ========================================================================================= concurrency
 
 WRITER = textwrap.dedent(
@@ -545,7 +563,7 @@ async def test_sqlite_waits_for_another_processes_lock_then_fails_saying_what_to
             ticker.cancel()
             message = str(info.value)
             assert "database is locked" in message and "another process held its write lock" in message
-            assert f"fuser {db}" in message and "busy_timeout" in message and "resume the run" in message
+            assert f"fuser {db}" in message and "busy_timeout" in message and "then try again" in message
             assert ticks >= 10  # the event loop went on while the worker thread waited
             assert holder.stdin is not None
             holder.stdin.write(b"release\n")
@@ -557,6 +575,74 @@ async def test_sqlite_waits_for_another_processes_lock_then_fails_saying_what_to
         if holder.returncode is None:
             holder.kill()
         await holder.communicate()
+
+
+async def test_only_a_run_with_a_saved_checkpoint_is_told_to_resume_when_the_sqlite_store_is_locked(
+    tmp_path: Path,
+) -> None:
+    """A run that failed at its first save was told "database is locked … then resume the run": nothing of
+    it was stored, and a resume found no run. A run stopped by the lock later on is told how to resume it
+    (`agent.resume`, and on the command line `thinkloop runs resume`)."""
+    import asyncio
+
+    from thinkloop.cli._run import with_resume_command
+
+    db = tmp_path / "runs.db"
+    async with SQLiteStore(db) as store:
+        await store.list_runs()  # the tables are made
+    holders: list[asyncio.subprocess.Process] = []
+
+    async def hold_the_lock() -> None:
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", HOLD_LOCK, str(db), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        holders.append(holder)
+        assert holder.stdout is not None and await holder.stdout.readline() == b"held\n"
+
+    async def release_the_lock() -> None:
+        holder = holders.pop()
+        await holder.communicate(b"release\n")
+
+    @tool
+    async def lock_the_store() -> str:
+        """Take the store's write lock in another process."""
+        await hold_the_lock()
+        return "locked"
+
+    locked = (
+        f"the SQLite store {db} failed: database is locked; another process held its write lock for more "
+        f"than busy_timeout (0.2 s) (`fuser {db}` shows which): end or wait for it, then try again, or give "
+        "SQLiteStore a longer busy_timeout"
+    )
+    try:
+        async with SQLiteStore(db, busy_timeout=0.2) as store:
+            await hold_the_lock()
+            with pytest.raises(StateError) as first:
+                await Agent(ScriptedModel(["hi"]), store=store).run("go", run_id="never-saved")
+            await release_the_lock()
+            assert str(first.value) == (
+                f"{locked}; nothing of run 'never-saved' was saved (this was its first save), so there is "
+                "nothing to resume: start it again"
+            )
+            assert first.value.state is None and await store.load_state("never-saved") is None
+            assert with_resume_command(first.value, "sqlite:///x.db") is first.value  # no command either
+
+            model = ScriptedModel([{"tool_calls": [{"name": "lock_the_store", "args": {}}]}])
+            with pytest.raises(StateError) as later:
+                await Agent(model, tools=[lock_the_store], store=store).run("go", run_id="saved")
+            await release_the_lock()
+            message = str(later.value)
+            assert message.startswith(f"{locked} — run saved stopped unfinished at step 1: ")
+            assert "agent.resume('saved') continues it" in message
+            saved = await store.load_state("saved")
+            assert saved is not None and not saved.finished  # there is something to resume
+            assert str(with_resume_command(later.value, f"sqlite://{db}")).endswith(
+                f"; from the command line: thinkloop runs resume saved --store sqlite://{db}"
+            )
+    finally:
+        for holder in holders:
+            holder.kill()
+            await holder.communicate()
 
 
 def test_two_processes_running_agents_on_one_new_sqlite_file_both_succeed(tmp_path: Path) -> None:
@@ -730,7 +816,8 @@ async def test_unreadable_and_read_only_sqlite_files_are_clear_errors(tmp_path: 
         f"save StateError the SQLite store {tmp_path}/read-only-dir/runs.db failed: attempt to write a "
         "readonly database; it is read-only (SQLite cannot write runs.db-wal and runs.db-shm in "
         f"{tmp_path}/read-only-dir): its runs can be listed and shown, not saved — make the file and its "
-        "directory writable, or use a store in a writable place"
+        "directory writable, or use a store in a writable place; nothing of run 'run-2' was saved (this was its "
+        "first save), so there is nothing to resume: start it again"
     )
 
 
@@ -788,7 +875,8 @@ async def test_a_sqlite_store_on_a_read_only_file_system_is_read_and_a_save_says
     assert saved == (
         f"save StateError the SQLite store {db} failed: attempt to write a readonly database; it is "
         f"read-only ({tmp_path} is on a read-only file system): its runs can be listed and shown, not saved — "
-        "make the file and its directory writable, or use a store in a writable place"
+        "make the file and its directory writable, or use a store in a writable place; nothing of run 'run-2' "
+        "was saved (this was its first save), so there is nothing to resume: start it again"
     )
     url = f"sqlite://{db}"
     cli = [sys.executable, "-m", "thinkloop.cli", "runs"]
@@ -797,6 +885,16 @@ async def test_a_sqlite_store_on_a_read_only_file_system_is_read_and_a_save_says
     assert [json.loads(line)["run_id"] for line in listing.stdout.splitlines()] == ["run-1"]
     shown = _on_a_read_only_file_system(tmp_path, *cli, "show", "run-1", "--store", url)
     assert shown.returncode == 0 and "run run-1" in shown.stdout, shown.stderr
+    (tmp_path.parent / "hi.json").write_text('["hi"]')
+    model = f"script:{tmp_path.parent / 'hi.json'}"
+    run = _on_a_read_only_file_system(tmp_path, *cli[:-1], "run", "x", "--model", model, "--store", url)
+    assert run.returncode == 1 and "runs resume" not in run.stderr, (
+        run.stderr
+    )  # never saved: nothing to resume
+    assert run.stderr.startswith(f"error: the SQLite store {db} failed: attempt to write a readonly database")
+    assert run.stderr.rstrip().endswith(
+        "(this was its first save), so there is nothing to resume: start it again"
+    )
 
 
 def _names(directory: Path) -> list[str]:
@@ -887,7 +985,8 @@ async def test_a_read_only_file_store_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert save.endswith(
         f"make {tmp_path}/files writable (the store writes .lock, runs/ and sessions/ in it), "
-        "or use a store in a writable place"
+        "or use a store in a writable place; nothing of run 'run-2' was saved (this was its first save), so "
+        "there is nothing to resume: start it again"
     )
 
 

@@ -21,7 +21,7 @@ from rich.markup import escape
 from .. import _aio
 from .._agent import Agent
 from .._budget import Budget
-from .._errors import ConfigurationError, ThinkloopError, UserError
+from .._errors import ConfigurationError, StateError, ThinkloopError, UserError
 from .._events import Done, Event
 from .._loop import EventSink
 from ..models import Model, resolve_model
@@ -196,10 +196,26 @@ async def _run(
         async for _ in agent.stream(goal, metadata={"cli": cli_metadata(options, instructions)}):
             pass  # `show` renders each event as it is emitted (see `Printer`)
         await agent.wait_for_learning()  # the process ends with the run: learn before it does
+    except StateError as exc:
+        raise with_resume_command(exc, store_url) from exc
     finally:
         view.close()
         await _close(agent)
     return show.exit_code(saved=kept(agent))
+
+
+def with_resume_command(exc: StateError, store_url: str | None) -> StateError:
+    """A store failure that stopped a run unfinished, with the command that resumes it (the run's error
+    names `agent.resume()`, Python's). A run stopped so carries its state (`exc.state`): its first save was
+    made. One that failed at its first save carries none — nothing to resume — and is left as it is, as is
+    a run that ended (its final state not saved)."""
+    state = exc.state
+    if state is None or state.finished:
+        return exc
+    where = f" --store {store_url}" if store_url else ""
+    return StateError(
+        f"{exc}; from the command line: thinkloop runs resume {state.run_id}{where}", state=state
+    )
 
 
 def kept(agent: Agent) -> bool:

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import _aio
-from .._errors import ConfigurationError, ThinkloopError, UserError
+from .._errors import ConfigurationError, StateError, ThinkloopError, UserError
 from .._state import RunState
 from ..stores import RunSummary, Store
 from ..stores._owner import check_not_running, claim
@@ -322,7 +322,7 @@ async def _resume(
 ) -> int:
     from .._budget import Budget
     from ._options import DEFAULT_TOOLS
-    from ._run import Printer, build_agent, kept, resumable_on_ctrl_c
+    from ._run import Printer, build_agent, kept, resumable_on_ctrl_c, with_resume_command
     from ._view import LiveView
 
     store = open_store_named(store_url)
@@ -364,6 +364,8 @@ async def _resume(
     try:
         await agent.resume(run_id)
         await agent.wait_for_learning()
+    except StateError as exc:
+        raise with_resume_command(exc, store_url) from exc
     finally:
         view.close()
         aclose = getattr(agent, "aclose", None)  # closes MCP servers, when the agent has them

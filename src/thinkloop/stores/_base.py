@@ -216,6 +216,16 @@ def base_version(state: RunState, events: Sequence[Event]) -> int:
     return expected
 
 
+def first_save_failed(error: StateError, run_id: str) -> StateError:
+    """The failure of a run's first save (its log at version 0): nothing of the run is stored, so the
+    message says there is nothing to resume. A later save that fails leaves the last one, which a resume
+    continues from (the loop says so)."""
+    return StateError(
+        f"{error}; nothing of run {run_id!r} was saved (this was its first save), so there is nothing to "
+        "resume: start it again"
+    )
+
+
 def numbered(run_id: str, events: Sequence[Event], expected_version: int) -> list[Event]:
     """Copies of `events` carrying `run_id` and the seq numbers that follow `expected_version`."""
     return [

@@ -41,6 +41,7 @@ from ._base import (
     check_id,
     check_role,
     clean_text,
+    first_save_failed,
     load_state_text,
     memory_turn,
     numbered,
@@ -105,9 +106,14 @@ class FileStore(Store):
         expected = base_version(state, events)
         lines = [to_json(e) for e in events]
         memory = [(role, content) for role, content in memory_turn(state, events)]
-        await self._call(
-            self._checkpoint, state.run_id, expected, lines, to_json(state), state.session, memory
-        )
+        try:
+            await self._call(
+                self._checkpoint, state.run_id, expected, lines, to_json(state), state.session, memory
+            )
+        except StateError as exc:
+            if expected:  # the run's last checkpoint is kept: a resume continues from it
+                raise
+            raise first_save_failed(exc, state.run_id) from exc
 
     def _checkpoint(
         self,

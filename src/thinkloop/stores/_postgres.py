@@ -38,6 +38,7 @@ from ._base import (
     check_id,
     check_role,
     clean_text,
+    first_save_failed,
     load_state_text,
     memory_turn,
     numbered,
@@ -233,7 +234,12 @@ class PostgresStore(Store):
         memory = [
             (state.session, role, pg_text(content), parts.now) for role, content in memory_turn(state, events)
         ]
-        await self._write(parts.run_id, parts.expected, parts.events, (parts.run, parts.delta), memory)
+        try:
+            await self._write(parts.run_id, parts.expected, parts.events, (parts.run, parts.delta), memory)
+        except StateError as exc:
+            if parts.expected:  # the run's last checkpoint is kept: a resume continues from it
+                raise
+            raise first_save_failed(exc, parts.run_id) from exc
         self._saved.remember(parts.run_id, None if state.finished else parts.delta.saved())
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:

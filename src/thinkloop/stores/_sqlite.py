@@ -42,6 +42,7 @@ from ._base import (
     check_id,
     check_role,
     clean_text,
+    first_save_failed,
     load_state_text,
     memory_turn,
     numbered,
@@ -172,7 +173,7 @@ class SQLiteStore(Store):
         elif "locked" in text or "busy" in text:
             hint = (
                 f"another process held its write lock for more than busy_timeout ({self.busy_timeout:g} s) "
-                f"(`fuser {self.path}` shows which): end or wait for it, then resume the run, "
+                f"(`fuser {self.path}` shows which): end or wait for it, then try again, "
                 "or give SQLiteStore a longer busy_timeout"
             )
         elif "full" in text:
@@ -338,9 +339,14 @@ class SQLiteStore(Store):
             (state.session, role, clean_text(content), parts.now)
             for role, content in memory_turn(state, events)
         ]
-        await self._call(
-            _checkpoint, parts.run_id, parts.expected, parts.events, parts.run, memory, parts.delta
-        )
+        try:
+            await self._call(
+                _checkpoint, parts.run_id, parts.expected, parts.events, parts.run, memory, parts.delta
+            )
+        except StateError as exc:
+            if parts.expected:  # the run's last checkpoint is kept: a resume continues from it
+                raise
+            raise first_save_failed(exc, parts.run_id) from exc
         self._saved.remember(parts.run_id, None if state.finished else parts.delta.saved())
         self._written()
 
