@@ -1286,3 +1286,17 @@ def test_a_hand_written_tool_coerces_scalars_as_pydantic_would_and_explains_like
     assert told({"path": "a", "ratio": True, "follow": "maybe"}) == (
         'ratio: Input should be a number (got true); follow: Input should be true or false (got "maybe")'
     )
+
+
+def test_a_number_argument_sent_as_nan_or_infinity_text_is_refused() -> None:
+    """pydantic's lax mode reads "NaN" and "inf" as floats JSON does not have: the tool got nan."""
+
+    @tool
+    def square(x: float) -> float:
+        """Square a number."""
+        return x * x
+
+    for text in ["NaN", "inf", "-Infinity"]:
+        with pytest.raises(ToolArgumentsError, match="finite number"):
+            square.validate({"x": text})
+    assert square.validate({"x": "2.5"}) == {"x": 2.5}  # a number as text is still read

@@ -391,7 +391,7 @@ def _detached(arguments: dict[str, Any]) -> dict[str, Any]:
 
 _SCALARS = frozenset({int, float, str, bool})
 _PLAIN_DEFAULTS = (int, float, str, bool, type(None))
-_TOOL_CONFIG = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+_TOOL_CONFIG = ConfigDict(extra="forbid", arbitrary_types_allowed=False, allow_inf_nan=False)
 
 PlainFields = tuple[dict[str, type], dict[str, Any]]
 
@@ -427,7 +427,8 @@ def _plainly_valid(fields: PlainFields, arguments: dict[str, Any]) -> dict[str, 
     pydantic must decide (a coercion like "3" → 3 or 3 → 3.0, an unknown or missing argument, an error)."""
     types, defaults = fields
     for key, value in arguments.items():
-        if types.get(key) is not type(value):
+        kind = types.get(key)
+        if kind is not type(value) or (kind is float and not math.isfinite(value)):  # NaN: pydantic refuses
             return None
     if len(arguments) == len(types):
         return dict(arguments)
