@@ -428,7 +428,7 @@ def _plainly_valid(fields: PlainFields, arguments: dict[str, Any]) -> dict[str, 
     types, defaults = fields
     for key, value in arguments.items():
         kind = types.get(key)
-        if kind is not type(value) or (kind is float and not math.isfinite(value)):  # NaN: pydantic refuses
+        if kind is not type(value) or (kind is float and not math.isfinite(value)):  # type: ignore[arg-type]  # NaN: pydantic refuses
             return None
     if len(arguments) == len(types):
         return dict(arguments)
