@@ -445,7 +445,9 @@ class Guards:
                 return None
         key = self._checkpoint_key(state, max_steps)
         recent_errors = g.recent_errors
-        errors, similar = (_streak(recent_errors), _similar_streak(recent_errors)) if recent_errors else (0, 0)
+        errors, similar = (
+            (_streak(recent_errors), _similar_streak(recent_errors)) if recent_errors else (0, 0)
+        )
         guessing = similar >= _GUESSES and errors < 2
         if key is None and errors == 2:
             key = "repeated_error"
