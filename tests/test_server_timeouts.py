@@ -1,15 +1,18 @@
-"""`thinkloop serve` against clients that never finish: request heads that never end, and a shutdown with
-requests that never end. Real sockets on 127.0.0.1 against a real uvicorn server, with short timeouts."""
+"""`thinkloop serve` against clients that never finish or ask too much: request heads that never end, a
+shutdown with requests that never end, more connections than the server takes, heads too long to read.
+Real sockets on 127.0.0.1 against a real uvicorn server, with short timeouts."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +20,10 @@ import httpx
 import pytest
 import websockets
 
-from test_server import _free_port, make_agent, purge_then_answer, read_until, serve, start
+from test_server import _free_port, eventually, make_agent, purge_then_answer, read_until, serve, start
 from thinkloop import ConfigurationError
 from thinkloop.server import create_app
-from thinkloop.server._serving import uvicorn_config
+from thinkloop.server._serving import MAX_CONNECTIONS, uvicorn_config
 from thinkloop.stores import SQLiteStore
 from thinkloop.testing import ScriptedModel
 
@@ -146,6 +149,98 @@ async def test_a_request_that_never_ends_does_not_hold_up_shutdown_and_runs_are_
     await store.aclose()
 
 
+def full(limit: int) -> str:
+    return (
+        f"the server has as many connections open as it takes ({limit}: thinkloop serve --max-connections): "
+        "try again in a moment, or close connections you no longer need (streams of runs you do not follow, "
+        "other tabs of the page)"
+    )
+
+
+async def test_connections_beyond_max_connections_are_refused_with_a_json_503_websockets_included() -> None:
+    """uvicorn's `limit_concurrency` was not set, and it does not count a WebSocket handshake anyway: any
+    number of streams could be opened. The connection beyond the cap gets a JSON 503 — a WebSocket's
+    handshake too — and is closed; once one closes, the next is served."""
+    agent, _ = make_agent(ScriptedModel(purge_then_answer("x")))
+    once = {"Connection": "close"}  # each request on a connection of its own, closed after its answer
+    async with (
+        serve(create_app(agent), max_connections=3) as served,
+        httpx.AsyncClient(base_url=served.url, headers=once) as client,
+    ):
+        open_now = served.server.server_state.connections
+        run_id = await start(client)  # waits for approval: its streams stay open
+        url = f"{served.ws}/api/runs/{run_id}/events"
+        streams = [await websockets.connect(url) for _ in range(3)]
+        for ws in streams:
+            await read_until(ws, lambda e: e["type"] == "approval_requested")
+        await eventually(lambda: len(open_now) == 3)  # the streams (the request's connection has closed)
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(url)
+        response = refused.value.response
+        assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+        assert json.loads(response.body) == {"error": full(3)}
+        reader, writer = await connect(served.port)
+        writer.write(b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = await answer_of(reader, writer)  # closed after the answer
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 ") and b"connection: close" in head.lower(), head
+        assert json.loads(body) == {"error": full(3)}
+        await streams.pop().close()
+        await eventually(lambda: len(open_now) == 2)
+        async with websockets.connect(url) as again:  # room again
+            assert (await read_until(again, lambda e: e["type"] == "approval_requested"))[0]["seq"] == 1
+        await eventually(lambda: len(open_now) == 2)
+        assert (await client.get("/api/info")).status_code == 200
+        for ws in streams:
+            await ws.close()
+
+
+@pytest.mark.parametrize(
+    ("head", "status", "error"),
+    [
+        (
+            b"GET /" + b"a" * 20_000,
+            414,
+            "the request line is longer than 16 KiB, the most this server reads: send a shorter URL (put "
+            "long data in a POST body)",
+        ),
+        (
+            b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"b" * 20_000,
+            431,
+            "the request's headers are longer than 16 KiB in all, the most this server reads: send fewer or "
+            "shorter headers",
+        ),
+        (
+            b"GET /api/info HTTP/1.1\r\nNo colon here\r\n\r\n",
+            400,
+            "the request is not valid HTTP/1.1 (a malformed request line or header): send HTTP/1.1",
+        ),
+    ],
+)
+async def test_a_request_head_that_cannot_be_read_is_answered_in_the_servers_json_format(
+    head: bytes, status: int, error: str
+) -> None:
+    """uvicorn answered these with a plain-text 400 "Invalid HTTP request received.", unlike every other
+    error of the server."""
+    agent, _ = make_agent(ScriptedModel([]))
+    async with serve(create_app(agent)) as served:
+        reader, writer = await connect(served.port)
+        writer.write(head)
+        answer = await answer_of(reader, writer)
+        response, _, body = answer.partition(b"\r\n\r\n")
+        assert response.startswith(f"HTTP/1.1 {status} ".encode()), answer[:200]
+        assert b"content-type: application/json" in response.lower()
+        assert json.loads(body) == {"error": error}
+
+
+@pytest.mark.parametrize("connections", [0, -1, 2.5, True])
+def test_max_connections_must_be_a_whole_number_of_at_least_one(connections: Any) -> None:
+    agent, _ = make_agent(ScriptedModel([]))
+    with pytest.raises(ConfigurationError, match="max_connections must be a whole number of at least 1"):
+        uvicorn_config(create_app(agent), max_connections=connections)
+    assert uvicorn_config(create_app(agent)).http.max_connections == MAX_CONNECTIONS
+
+
 @pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf")])
 def test_the_head_timeout_must_be_a_positive_number_of_seconds(timeout: float) -> None:
     agent, _ = make_agent(ScriptedModel([]))
@@ -153,12 +248,15 @@ def test_the_head_timeout_must_be_a_positive_number_of_seconds(timeout: float) -
         uvicorn_config(create_app(agent), head_timeout=timeout)
 
 
-def test_thinkloop_serve_closes_a_connection_whose_head_never_ends(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def thinkloop_serve(tmp_path: Path, *options: str) -> Iterator[int]:
+    """`thinkloop serve` in a subprocess with a scripted model, answering on the port given; it must stop
+    cleanly on SIGINT at the end."""
     (tmp_path / "script.json").write_text('["hi"]')
     port = _free_port()
     command = [
         sys.executable, "-m", "thinkloop.cli", "serve", "--port", str(port), "--model", "script:script.json",
-        "--header-timeout", "1",
+        *options,
     ]  # fmt: skip
     env = {**os.environ, "THINKLOOP_HOME": str(tmp_path / "home")}
     process = subprocess.Popen(command, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
@@ -171,14 +269,7 @@ def test_thinkloop_serve_closes_a_connection_whose_head_never_ends(tmp_path: Pat
             except httpx.TransportError:
                 assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
                 time.sleep(0.1)
-
-        async def slow_client() -> bytes:
-            reader, writer = await connect(port)
-            writer.write(b"GET /api/info HTTP/1.1\r\n")
-            await writer.drain()
-            return await answer_of(reader, writer)
-
-        assert asyncio.run(slow_client()).startswith(b"HTTP/1.1 408 ")
+        yield port
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
         assert process.returncode == 0, stderr
@@ -188,9 +279,40 @@ def test_thinkloop_serve_closes_a_connection_whose_head_never_ends(tmp_path: Pat
             process.communicate()
 
 
-def test_thinkloop_serve_refuses_a_header_timeout_that_is_not_a_positive_number(tmp_path: Path) -> None:
+def test_thinkloop_serve_closes_a_connection_whose_head_never_ends(tmp_path: Path) -> None:
+    with thinkloop_serve(tmp_path, "--header-timeout", "1") as port:
+
+        async def slow_client() -> bytes:
+            reader, writer = await connect(port)
+            writer.write(b"GET /api/info HTTP/1.1\r\n")
+            await writer.drain()
+            return await answer_of(reader, writer)
+
+        assert asyncio.run(slow_client()).startswith(b"HTTP/1.1 408 ")
+
+
+def test_thinkloop_serve_refuses_connections_beyond_max_connections(tmp_path: Path) -> None:
+    with thinkloop_serve(tmp_path, "--max-connections", "1") as port:
+
+        async def second_client() -> bytes:
+            first = await connect(port)  # open, silent: the one connection the server takes
+            try:
+                reader, writer = await connect(port)
+                writer.write(b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                return await answer_of(reader, writer)
+            finally:
+                first[1].close()
+                await first[1].wait_closed()
+
+        head, _, body = asyncio.run(second_client()).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 "), head
+        assert json.loads(body) == {"error": full(1)}
+
+
+@pytest.mark.parametrize("option", ["--header-timeout", "--max-connections"])
+def test_thinkloop_serve_refuses_a_limit_that_is_not_positive(tmp_path: Path, option: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "thinkloop.cli", "serve", "--model", "script:x.json", "--header-timeout", "0"],
+        [sys.executable, "-m", "thinkloop.cli", "serve", "--model", "script:x.json", option, "0"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
-    assert out.returncode == 2 and "Invalid value for '--header-timeout'" in out.stderr, out.stderr
+    assert out.returncode == 2 and f"Invalid value for '{option}'" in out.stderr, out.stderr

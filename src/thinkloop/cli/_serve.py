@@ -73,6 +73,14 @@ def serve_command(
     mode: ModeOption = "auto",
     instructions: InstructionsOption = "",
     max_active_runs: Annotated[int, typer.Option(help="The most runs at once.", min=1)] = 8,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            help="The most connections open at once, HTTP and WebSocket (a page's stream is one); more "
+            "are refused with 503.",
+            min=1,
+        ),
+    ] = 100,  # server._serving.MAX_CONNECTIONS (not imported here: it would load FastAPI for every command)
     header_timeout: Annotated[
         float,
         typer.Option(
@@ -125,6 +133,7 @@ def serve_command(
                     max_active_runs,
                     secret,
                     header_timeout,
+                    max_connections,
                     console,
                 )
             )
@@ -199,6 +208,7 @@ async def _serve(
     max_active_runs: int,
     token: str | None,
     header_timeout: float,
+    max_connections: int,
     console: Console,
 ) -> None:
     import uvicorn
@@ -245,7 +255,9 @@ async def _serve(
         f"thinkloop serving {escape(model.spec)} at [bold]http://{escape(where)}:{port}/[/] "
         f"({access}; Ctrl-C stops)"
     )
-    config = uvicorn_config(app, host=host, port=port, head_timeout=header_timeout)
+    config = uvicorn_config(
+        app, host=host, port=port, head_timeout=header_timeout, max_connections=max_connections
+    )
     await uvicorn.Server(config).serve(sockets=sockets)
 
 
