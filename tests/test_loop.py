@@ -1085,3 +1085,18 @@ def test_arguments_holding_nan_or_infinity_are_answered_as_malformed_and_the_sta
     observation = result.state.messages[-2]
     assert observation.role == "tool" and "not a JSON object" in observation.content
     assert RunState.model_validate_json(result.state.model_dump_json()) == result.state
+
+
+async def test_a_goal_with_nul_or_a_bad_run_id_is_refused_before_the_run_starts() -> None:
+    """As the server, the CLI and the job queue refuse them; a bad run id failed at the first save, as a
+    store failure (a StateError quoting the raw id)."""
+    from thinkloop import ConfigurationError, UserError
+
+    agent = Agent(ScriptedModel(["never asked"]))
+    with pytest.raises(UserError, match="NUL character"):
+        await agent.run("go\x00al")
+    with pytest.raises(UserError, match="NUL character"):
+        [e async for e in agent.stream("go\x00al")]
+    with pytest.raises(ConfigurationError, match="invalid run id"):
+        await agent.run("x", run_id="a\x00b")
+    assert agent.model.requests == []  # type: ignore[attr-defined]  # nothing ran

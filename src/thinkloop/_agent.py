@@ -38,7 +38,7 @@ from ._tools import Tool, ToolRegistry
 from .experience import Learner, RunRecord
 from .mcp import MCPServer, registry_with_mcp
 from .models import Model, resolve_model
-from .stores._base import Store, check_id
+from .stores._base import Store, check_goal, check_id
 from .stores._memory import InProcessStore
 
 ModeSetting = Literal["auto", "native", "react"]
@@ -389,8 +389,7 @@ class Agent:
         sinks: list[EventSink | None],
         stream: bool,
     ) -> RunContext:
-        if not isinstance(goal, str) or not goal.strip():
-            raise UserError(f"the goal must be a non-empty string, got {goal!r}")
+        check_goal(goal)  # a string, not blank, without NUL (as the server, the CLI and the job queue take)
         state = new_run_state(
             agent_name=self.name,
             model=self.model.spec,
@@ -398,8 +397,8 @@ class Agent:
             mode=self._initial_mode(),
             metadata=metadata or {},
         )
-        if run_id is not None:
-            state.run_id = run_id
+        if run_id is not None:  # an id thinkloop's stores refuse is refused here, not at the first save
+            state.run_id = check_id(run_id) if isinstance(self.store, Store) else run_id
         state.messages.append(Message.user(goal))
         return self._context(state, budget=budget, sinks=sinks, stream=stream)
 
