@@ -259,6 +259,43 @@ async def test_a_run_cancelled_while_a_tool_swallows_cancellations_ends(monkeypa
         await asyncio.wait_for(task, timeout=30)
 
 
+_STUBBORN_SCRIPT = """
+import asyncio
+from thinkloop import Agent, _aio, tool
+from thinkloop.testing import ScriptedModel
+
+_aio.CANCEL_GRACE = 0.05
+
+
+@tool(timeout=0.05)
+async def unstoppable() -> str:
+    \"\"\"Not even when closed.\"\"\"
+    while True:
+        try:
+            await asyncio.sleep(10)
+        except BaseException:
+            continue
+
+
+result = Agent(ScriptedModel([{"tool_calls": [{"name": "unstoppable", "args": {}}]}, "gave up"]),
+               tools=[unstoppable]).run_sync("x")
+print(result.output)
+"""
+
+
+def test_a_process_whose_tool_ignored_being_closed_still_exits(tmp_path: Path) -> None:
+    """The abandoned coroutine is never collected: closed again at interpreter exit, with no event loop,
+    its `await asyncio.sleep` raised at once, it caught that and went round for ever — the process hung
+    after its work was done (this test suite did, after its last test)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "stubborn.py"
+    script.write_text(_STUBBORN_SCRIPT, encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "gave up"), done.stderr
+
+
 async def test_long_output_is_truncated_keeping_head_and_tail() -> None:
     @tool
     def dump() -> str:

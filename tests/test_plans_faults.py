@@ -457,6 +457,42 @@ async def test_a_tool_that_ignores_its_timeout_is_abandoned_and_fails_as_timed_o
     assert finished == []  # the plan did not wait for it
 
 
+_STUBBORN_PLAN = """
+import asyncio
+from thinkloop import _aio, tool
+from thinkloop.plans import execute_plan, parse_plan
+
+_aio.CANCEL_GRACE = 0.05
+
+
+async def stubborn() -> str:
+    \"\"\"Never gives up.\"\"\"
+    while True:
+        try:
+            await asyncio.sleep(10)
+        except BaseException:
+            continue
+
+
+async def main() -> None:
+    result = await execute_plan(parse_plan([{"id": "s", "tool": "stubborn"}]), [tool(stubborn)], tool_timeout=0.1)
+    print(result.error)
+
+
+_aio.run(main())
+"""
+
+
+def test_a_plan_whose_tool_ignores_every_cancellation_still_lets_the_program_end(tmp_path: Path) -> None:
+    # The task was abandoned in a task of its own, which asyncio.run cancelled again when it closed the
+    # loop, and waited for: for ever, the program never ended after the plan's result was printed.
+    script = tmp_path / "stubborn_plan.py"
+    script.write_text(_STUBBORN_PLAN, encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Error: stubborn timed out after 0.1 s and was abandoned.\n"
+
+
 async def test_a_timeout_error_a_tool_raises_itself_is_its_failure_not_its_timeout() -> None:
     async def waits_for_a_server() -> str:
         raise TimeoutError("the server did not answer in 5 s")

@@ -163,24 +163,3 @@ async def closed_with_the_loop(close: Callable[[], Awaitable[None]]) -> AsyncGen
 
 
 CANCEL_GRACE = 1.0  # seconds a cancelled tool invocation gets to clean up before it is abandoned
-_abandoned: set[asyncio.Future[Any]] = set()  # invocations still running after they were given up
-
-
-async def give_up(running: asyncio.Future[Any]) -> None:
-    """Cancel `running` and wait `CANCEL_GRACE` seconds at most for it to end; then leave it running,
-    referenced until it ends (its outcome is fetched then: no "exception was never retrieved")."""
-    running.cancel()
-    try:
-        await asyncio.wait({running}, timeout=CANCEL_GRACE)
-    finally:
-        if running.done():
-            _forget(running)
-        else:
-            _abandoned.add(running)
-            running.add_done_callback(_forget)
-
-
-def _forget(running: asyncio.Future[Any]) -> None:
-    _abandoned.discard(running)
-    if not running.cancelled():
-        running.exception()

@@ -250,7 +250,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         arguments = prepared.arguments
         if tool.context_param is not None:
             arguments = {**arguments, tool.context_param: _tool_context(run, call)}
-        finished, value = _started(tool.invoke(arguments))
+        finished, value = start_invocation(tool.invoke(arguments))
         if not finished:  # it waits: under its time limit and the run's deadline, whichever comes first
             value = await run.deadlines.within(_deadline(run, timeout), value)
         text = value if type(value) is str else render_output(value)
@@ -278,7 +278,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     return outcome
 
 
-def _started(awaitable: Awaitable[T]) -> tuple[bool, Any]:
+def start_invocation(awaitable: Awaitable[T]) -> tuple[bool, Any]:
     """Start a tool's invocation: `(True, its result)` when it finished at once, else `(False, an awaitable
     that goes on with it)`, to be awaited under the tool's time limit and the run's deadline.
 
@@ -359,17 +359,31 @@ def _until_done_or(waiting_on: Any, when: float) -> asyncio.Future[None]:
     return either
 
 
-_unstoppable: set[Coroutine[Any, Any, Any]] = set()  # coroutines that went on even when closed
-
-
 def _close(coro: Coroutine[Any, Any, Any]) -> None:
     """Stop a coroutine that would not end when cancelled: its `finally` blocks run. One that catches even
-    that (a bare `except:`) cannot be stopped: it is left where it waits, and kept (closed again when it
-    is collected, it would only complain)."""
+    that (a bare `except:`) cannot be stopped: it is left where it waits, and kept for ever (`_keep`)."""
     try:
         coro.close()
     except RuntimeError:  # "coroutine ignored GeneratorExit"
+        _keep(coro)
+
+
+def _keep(coro: Coroutine[Any, Any, Any]) -> None:
+    """Never collect `coro`, not even at interpreter exit. Closed again when it is collected, a coroutine
+    that catches everything around an `await` would only complain with an event loop running — but with
+    none (at exit, when the interpreter clears the modules) its `await asyncio.sleep(…)` raises at once,
+    it catches that too and goes round for ever: the process never exits. An extra reference (CPython)
+    leaves it alone; elsewhere it is kept in a set, as well as can be."""
+    import ctypes  # here: a rare fault, and ctypes is not imported otherwise
+
+    pythonapi = getattr(ctypes, "pythonapi", None)
+    if pythonapi is not None and hasattr(pythonapi, "Py_IncRef"):
+        pythonapi.Py_IncRef(ctypes.py_object(coro))
+    else:  # pragma: no cover - not CPython
         _unstoppable.add(coro)
+
+
+_unstoppable: set[Coroutine[Any, Any, Any]] = set()  # coroutines kept where ctypes cannot leak them
 
 
 def _tool_context(run: RunContext, call: ToolCall) -> ToolContext[Any]:

@@ -50,10 +50,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import _aio
 from ._errors import ConfigurationError, ModelError, RunError
 from ._events import ErrorKind, Event, PlanCreated, TaskFinished, TaskSkipped, TaskStarted
-from ._execute import execute_calls
+from ._execute import execute_calls, start_invocation
 from ._messages import Message, ModelRequest, ModelSettings, ToolCall, Usage
 from ._risk import RiskLevel
 from ._tools import (
@@ -1022,25 +1021,27 @@ class _TimedOut(Exception):
 
 
 async def _bounded(invocation: Awaitable[Any], limit: float) -> Any:
-    """`await invocation` for at most `limit` seconds, in a task of its own: a tool that catches its
-    cancellation and goes on (asyncio.timeout would wait for it however long it took, and take its late
-    result as a success) is given `_aio.CANCEL_GRACE` seconds to end, then abandoned, as is the thread of a
-    sync tool. A cancellation from outside (a sibling failed, the run was cancelled) cancels it the same
-    way.
+    """`await invocation` for at most `limit` seconds, as a run's tool call is: a tool that catches its
+    cancellation and goes on is given `_aio.CANCEL_GRACE` seconds to end, then closed where it waits (its
+    late result is not taken as a success); the thread of a sync tool is abandoned. A cancellation from
+    outside (a sibling failed, the run was cancelled) stops it the same way. The invocation runs in the
+    caller's task, never in one of its own: an abandoned task would be cancelled again, and waited for,
+    when the event loop closes (`asyncio.run` never returned).
 
     Raises:
         _TimedOut: past `limit`.
     """
-    running = asyncio.ensure_future(invocation)
+    finished, value = start_invocation(invocation)
+    if finished:
+        return value
+    timer = asyncio.timeout(None if math.isinf(limit) else limit)
     try:
-        done, _ = await asyncio.wait({running}, timeout=None if math.isinf(limit) else limit)
-    except asyncio.CancelledError:
-        await _aio.give_up(running)
-        raise
-    if not done:
-        await _aio.give_up(running)
-        raise _TimedOut
-    return running.result()
+        async with timer:
+            return await value
+    except TimeoutError:
+        if timer.expired():
+            raise _TimedOut from None
+        raise  # the tool's own
 
 
 # ================================================================================ plan-and-execute
