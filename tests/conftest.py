@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+# ------------------------------------------------------------------------------- Ctrl-C in the children
+
+# Started in the background by a non-interactive shell (`.ci/run &`), the tests inherit SIGINT ignored, and
+# so would every program they start — whose Ctrl-C handling the CLI tests check. Python's own handler here
+# (reset to the default in a child at exec) gives them the terminal's usual disposition.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # ----------------------------------------------------------------------------- no real network in tests
 
@@ -129,3 +138,22 @@ def _private_prompt_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     finally:
         del os.environ["THINKLOOP_PROMPT_CACHE"]
         shutil.rmtree(path, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------- a test session that ends
+
+
+EXIT_WATCHDOG = 120.0  # seconds pytest may take to exit once the tests are done
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Once the tests are done, the process must exit: a thread the tests left behind that the interpreter
+    joins at exit (a `ThreadPoolExecutor` worker, a non-daemon thread) would otherwise hold the run open
+    until CI's timeout, with all tests passed. After `EXIT_WATCHDOG` seconds every thread's stack is
+    written to stderr and the process exits with status 1, naming the culprit."""
+    import faulthandler
+    import sys
+
+    stream = sys.__stderr__
+    if stream is not None:
+        faulthandler.dump_traceback_later(EXIT_WATCHDOG, exit=True, file=stream)
