@@ -235,7 +235,9 @@ async def test_a_tool_that_swallows_every_cancellation_is_stopped_after_a_grace(
     assert stopped == [True] and result.output == "gave up"
 
 
-async def test_a_run_cancelled_while_a_tool_swallows_cancellations_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_run_cancelled_while_a_tool_swallows_cancellations_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from thinkloop import _aio
 
     monkeypatch.setattr(_aio, "CANCEL_GRACE", 0.05)
@@ -294,6 +296,36 @@ def test_a_process_whose_tool_ignored_being_closed_still_exits(tmp_path: Path) -
     script.write_text(_STUBBORN_SCRIPT, encoding="utf-8")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "gave up"), done.stderr
+
+
+async def test_a_tool_that_returns_empty_or_blank_text_is_shown_as_no_output() -> None:
+    # The model was sent an empty tool message: small models took it for a failure, or repeated the call.
+    @tool
+    def quiet(blank: bool) -> str:
+        """Say nothing."""
+        return "  \n" if blank else ""
+
+    @tool
+    async def quiet_async() -> str:
+        """Say nothing, asynchronously."""
+        await asyncio.sleep(0)
+        return ""
+
+    model = ScriptedModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "quiet", "args": {"blank": False}},
+                    {"name": "quiet", "args": {"blank": True}},
+                ]
+            },
+            {"tool_calls": [{"name": "quiet_async", "args": {}}]},
+            "done",
+        ]
+    )
+    result = await Agent(model, tools=[quiet, quiet_async]).run("go")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs == ["(no output)"] * 3 and result.output == "done"
 
 
 async def test_long_output_is_truncated_keeping_head_and_tail() -> None:

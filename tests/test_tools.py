@@ -139,6 +139,8 @@ def test_registry_rejects_duplicates() -> None:
 def test_render_and_truncate() -> None:
     assert render_output({"a": 1}) == '{"a": 1}'
     assert render_output(None) == "(no output)"
+    assert render_output("") == render_output(" \n\t") == "(no output)"  # was an empty tool message
+    assert render_output(" x ") == " x "
     text, cut = truncate_output("x" * 100 + "TAIL", 60)
     assert cut and text.endswith("TAIL") and text.startswith("x") and "truncated of 104" in text
     assert len(text) <= 60

@@ -253,7 +253,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         finished, value = start_invocation(tool.invoke(arguments))
         if not finished:  # it waits: under its time limit and the run's deadline, whichever comes first
             value = await run.deadlines.within(_deadline(run, timeout), value)
-        text = value if type(value) is str else render_output(value)
+        text = value if type(value) is str and value and not value.isspace() else render_output(value)
         text, success, kind = text if text.isascii() else _valid_text(text), True, None
     except DeadlineExceeded:  # not a TimeoutError the tool raised itself (`asyncio.wait_for` inside it)
         by_run = _run_out_of_time(run)

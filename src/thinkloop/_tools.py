@@ -1286,15 +1286,19 @@ def as_tool(item: Tool | Callable[..., Any]) -> Tool:
 # ------------------------------------------------------------------------------------ output → text
 
 
+NO_OUTPUT = "(no output)"  # what a tool that returned nothing, an empty or a blank text, is shown as
+
+
 def render_output(value: Any) -> str:
-    """Turn what a tool returned into observation text: text as it is; bytes decoded (invalid UTF-8
+    """Turn what a tool returned into observation text: text as it is (empty or blank: `(no output)`, as for
+    None — an empty tool message left small models guessing, and some providers refuse one); bytes decoded (invalid UTF-8
     replaced; binary data — a NUL in its first 8 KiB — described, not shown); the items of a generator
     tool one per line when they are text; anything else as JSON, with pydantic models, dataclasses,
     enums, dates, sets … inside it serialised as pydantic would. Never raises: a value that cannot be
     shown (its `__str__` raises, an integer too long to print) is described instead."""
     kind = type(value)
     if kind is str:  # the common results first, without the layers below
-        return value  # type: ignore[no-any-return]
+        return value if value and not value.isspace() else NO_OUTPUT
     if kind is int and value.bit_length() < 14_000:  # fewer digits than Python's 4,300-digit print limit
         return str(value)
     try:
@@ -1307,12 +1311,12 @@ def render_output(value: Any) -> str:
 
 
 def _render(value: Any) -> str:
-    if isinstance(value, str):
-        return value
+    if isinstance(value, str):  # a subclass of str
+        return value if value and not value.isspace() else NO_OUTPUT
     if type(value) is int:
         return _int_text(value)
     if value is None:
-        return "(no output)"
+        return NO_OUTPUT
     if isinstance(value, bytes | bytearray | memoryview):
         return _bytes_text(bytes(value))
     if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
