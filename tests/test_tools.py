@@ -951,7 +951,8 @@ async def test_the_schema_an_invalid_call_is_answered_with_has_no_dangling_refer
 
     (observation,) = await _run_once(forecast, {"place": {"city": "Oslo"}, "unit": "kelvin"})
     assert "$ref" not in observation  # was: {"$ref": "#/$defs/_Place"} without the $defs it points into
-    assert '"enum": ["celsius", "fahrenheit"]' in observation and '"country"' in observation
+    assert 'one of "celsius", "fahrenheit"' in observation and '"country": "<string: ISO code>"' in observation
+    assert observation.endswith("(required: place).")  # placeholders that say it all: no schema after them
 
 
 def test_shared_definitions_stay_references_when_inlining_them_would_explode() -> None:
@@ -1302,3 +1303,47 @@ def test_a_number_argument_sent_as_nan_or_infinity_text_is_refused() -> None:
         with pytest.raises(ToolArgumentsError, match="finite number"):
             square.validate({"x": text})
     assert square.validate({"x": "2.5"}) == {"x": 2.5}  # a number as text is still read
+
+
+async def test_a_model_that_got_the_arguments_wrong_is_shown_how_to_call_the_tool() -> None:
+    # It was shown the JSON Schema of the properties ('Expected properties: {...}; required: [...]'): a small
+    # model answered with a schema, or copied "type" keys into its next call.
+    @tool
+    def add(a: int, b: int = 2) -> int:
+        """Add.
+
+        Args:
+            a: the first number.
+            b: the second.
+        """
+        return a + b
+
+    (wrong,) = await _run_once(add, {"b": "three"})
+    assert wrong.startswith("Error: invalid arguments for add: ")
+    assert wrong.endswith(
+        'Call it with a JSON object like {"a": <integer: the first number.>, '
+        '"b": <integer, optional, default 2: the second.>} (required: a).'
+    )
+    (not_json,) = await _run_once(add, '{"a": 1,')
+    assert not_json.startswith("Error: the arguments of add were not a JSON object: ")
+    assert "Call it with a JSON object like {" in not_json
+
+    @tool
+    def nothing_needed(verbose: bool = False) -> str:
+        """Say nothing."""
+        return ""
+
+    (optional,) = await _run_once(nothing_needed, {"verbose": "loud"})
+    assert optional.endswith("(every argument is optional).")
+
+
+async def test_what_placeholders_cannot_say_is_shown_as_the_schema_after_them() -> None:
+    @tool
+    def pick(item: int | _Place) -> str:
+        """Pick by number or by place."""
+        return str(item)
+
+    (wrong,) = await _run_once(pick, {"item": "x"})
+    example = wrong.split("Call it with a JSON object like ", 1)[1]
+    assert example.startswith('{"item": ') and "(required: item). Its properties' JSON Schema: " in example
+    assert '"anyOf"' in example and '"city"' in example  # a union with an object: its fields are in the schema

@@ -23,6 +23,7 @@ from . import _aio, _json
 from ._data import fast_constructor
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
+from ._react import arguments_example
 from ._risk import RiskLevel
 from ._tools import Tool, ToolArgumentsError, ToolContext, ToolRegistry, render_output, truncate_output
 
@@ -553,11 +554,22 @@ def _unknown_tool_message(name: str, names: list[str]) -> str:
 
 def _bad_json_message(call: ToolCall, tool: Tool) -> str:
     raw = (call.raw_arguments or "")[:300]
-    schema = json.dumps(tool.parameters.get("properties", {}), ensure_ascii=False)
-    return f"Error: the arguments of {tool.name} were not a JSON object: {raw!r}. Send a JSON object matching: {schema}"
+    return f"Error: the arguments of {tool.name} were not a JSON object: {raw!r}. {_call_it_with(tool)}"
 
 
 def _invalid_args_message(tool: Tool, problem: str) -> str:
-    schema = json.dumps(tool.parameters.get("properties", {}), ensure_ascii=False)
-    required = tool.parameters.get("required", [])
-    return f"Error: invalid arguments for {tool.name}: {problem}. Expected properties: {schema}; required: {required}."
+    return f"Error: invalid arguments for {tool.name}: {problem}. {_call_it_with(tool)}"
+
+
+def _call_it_with(tool: Tool) -> str:
+    """How to call a tool, for a model that got its arguments wrong: its arguments as a JSON object of
+    `<type: description>` placeholders, the required ones named, and the JSON Schema of the properties too
+    when the placeholders cannot say everything (a pattern, a range, a union …)."""
+    example, complete = arguments_example(tool.parameters)
+    required = [name for name in tool.parameters.get("required") or () if isinstance(name, str)]
+    needs = f" (required: {', '.join(required)})" if required else " (every argument is optional)"
+    text = f"Call it with a JSON object like {example}{needs}."
+    if not complete:
+        schema = json.dumps(tool.parameters.get("properties", {}), ensure_ascii=False)
+        text += f" Its properties' JSON Schema: {schema}"
+    return text
