@@ -927,3 +927,43 @@ def test_running_a_variable_set_from_a_decoder_is_critical(command: str, level: 
     assert risk.level == level, risk.reasons
     if level == CRITICAL and "$(" not in command.split(";")[-1]:
         assert any("set from $(" in r for r in risk.reasons), risk.reasons
+
+
+@pytest.mark.parametrize(
+    ("command", "level"),
+    [
+        # a fork in a loop or comprehension: every child goes on looping, the processes double at each pass
+        ('python -c "import os; [os.fork() for _ in iter(int, 1)]"', CRITICAL),  # never ends: a fork bomb
+        ('python3 -c "import os, itertools; [os.fork() for _ in itertools.count()]"', CRITICAL),
+        ('python3 -c "import os, itertools; list(map(lambda _: os.fork(), itertools.count()))"', CRITICAL),
+        (
+            "python3 -c 'import os, itertools\nfor i in itertools.count():\n    if i:\n        os.fork()'",
+            CRITICAL,
+        ),
+        ("ruby -e 'loop { fork }'", CRITICAL),
+        ('python3 -c "import os; [os.fork() for _ in range(50)]"', HIGH),
+        ("python3 -c 'import os\nfor i in range(30):\n    os.fork()'", HIGH),
+        ("python3 -c 'import os\nfor i in range(30):\n    pid = os.forkpty()'", HIGH),
+        ("perl -e 'fork for 1..20'", HIGH),
+        ("ruby -e '10.times { fork }'", HIGH),
+        # what stays as it was: one fork, a loop that does not fork, 'fork' as a string
+        ('python -c "import os; os.fork()"', MEDIUM),
+        ('python -c "print([x * 2 for x in range(3)])"', MEDIUM),
+        ("python3 -c 'import os\nfor i in range(3):\n    print(i)\nos.fork()'", MEDIUM),
+        (
+            "python -c \"import multiprocessing as m; m.set_start_method('fork'); [print(i) for i in range(3)]\"",
+            MEDIUM,
+        ),
+        ("perl -e 'fork while 1'", CRITICAL),
+    ],
+)
+def test_inline_code_forking_in_a_loop(command: str, level: RiskLevel) -> None:
+    risk = classify_command(command)
+    assert risk.level == level, risk.reasons
+    if level >= HIGH:
+        assert any("fork" in r for r in risk.reasons), risk.reasons
+
+
+def test_inline_code_forking_is_read_in_linear_time() -> None:
+    for code in ("for x: os.fork()\n" * 5_000, "    for x:" * 9_000 + "\n fork()", "iter(" + "a" * 90_000):
+        assert classify_command(f"python3 -c {code!r}").level >= MEDIUM

@@ -2399,9 +2399,51 @@ def _shell_calls(code: str, ctx: _Ctx, label: str) -> list[Finding]:
     return findings
 
 
+_CODE_FORK_RE = re.compile(r"(?<!['\"\w])fork(?:pty)?\b(?!['\"])")  # a call, not the name 'fork' as a string
+_CODE_LOOP_RE = re.compile(r"\b(?:for|foreach|while|until|loop|times|each|map|repeat|upto|downto)\b")
+_CODE_ENDLESS_RE = re.compile(  # an iterator or loop that never ends
+    r"\biter\s*\(\s*\w+\s*,|\bcount\s*\(\s*\)|\bcycle\s*\(|\brepeat\s*\(\s*[^,()]*\)|\bloop\s*(?:\{|do\b)"
+    r"|\bwhile[\s(]*(?:1|true|True)\b|\bfor\s*\(\s*;\s*;\s*\)"
+)
+_CODE_HEADER_RE = re.compile(r"[ \t]*(?:for|while|async[ \t]+for)\b[^\n]*:[ \t]*(?:#[^\n]*)?")  # Python's
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _fork_loop(code: str) -> RiskLevel | None:
+    """A fork in a loop or comprehension (`[os.fork() for _ in range(50)]`, `10.times { fork }`, `for …:`
+    with `os.fork()` in its body): each child goes on looping, so the processes double at every pass —
+    HIGH; CRITICAL when the loop never ends (`iter(int, 1)`, `itertools.count()`, `loop { fork }`).
+    Read a line at a time, with the (at most 8) lines before it of a Python loop's header: linear."""
+    lines = code.splitlines()
+    level: RiskLevel | None = None
+    for number, line in enumerate(lines):
+        if "fork" not in line or not _CODE_FORK_RE.search(line):
+            continue
+        headers = [line] if _CODE_LOOP_RE.search(line) else []
+        indent = _indent(line)
+        for before in reversed(lines[max(number - 8, 0) : number]):
+            if before.strip() and _indent(before) < indent:
+                indent = _indent(before)
+                if _CODE_HEADER_RE.fullmatch(before):
+                    headers.append(before)
+        if any(_CODE_ENDLESS_RE.search(header) for header in headers):
+            return CRITICAL
+        if headers:
+            level = HIGH
+    return level
+
+
 def _code_findings(code: str, ctx: _Ctx, label: str) -> list[Finding]:
     findings: list[Finding] = [(MEDIUM, f"{label} runs inline code that cannot be fully analysed")]
     findings += _fetch_findings(code, ctx, label)
+    fork_loop = _fork_loop(code) if "fork" in code else None
+    if fork_loop is CRITICAL:
+        findings.append((CRITICAL, f"{label}: fork bomb (spawns processes forever)"))
+    elif fork_loop is not None:
+        findings.append((fork_loop, f"{label}: forks in a loop (every child loops on: the processes double)"))
     for pattern, level, what in _CODE_RULES:
         if pattern.search(code):
             findings.append((level, f"{label}: {what}"))
