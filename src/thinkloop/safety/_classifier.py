@@ -596,9 +596,12 @@ class _Files:
     writes: a lookup this line cannot answer falls through to it and is recorded in `reads`, so that
     what the command saves can be reused while those entries stay the same (`_saves`)."""
 
-    __slots__ = ("base", "by_name", "local", "reads")
+    __slots__ = ("base", "by_name", "fetched", "local", "reads")
 
     def __init__(self, base: _Saved | None = None) -> None:
+        self.fetched: str | None = (
+            None  # the command that fetched a repository earlier on the line (`_fetched_run`)
+        )
         self.local: dict[str, _Written] = {}
         self.by_name: dict[str, list[str]] = {}  # name -> its paths in a bin directory, first written first
         self.base = base
@@ -1702,6 +1705,8 @@ def _h_git(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
         return [(LOW, f"git {sub}: lists/reads")]
     if sub == "clean" and words & {"-n", "--dry-run"}:
         return [(LOW, "git clean -n: dry run")]
+    if sub in ("clone", "pull", "fetch") and ctx.files.fetched is None:
+        ctx.files.fetched = f"git {sub}"
     return [_subcommand_finding("git", sub, _GIT, MEDIUM)]
 
 
@@ -3355,7 +3360,56 @@ def _secret_access(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     return []
 
 
+_PROJECT_INSTALLERS = frozenset(
+    {"pip", "uv", "poetry", "pdm", "npm", "yarn", "pnpm", "bundle", "gem", "cargo"}
+)
+_LOCAL_PATH_RE = re.compile(r"(?:\.{1,2}|~)(?:/.*)?|/.*|[\w.-]+/.*|.*\.(?:whl|tar\.gz|zip|gem)")
+
+
+def _runs_project_code(cmd: _Cmd) -> bool:
+    """Whether `cmd` runs the code of the directory it is in, or of a local path: a build or an install
+    from it (`make install`, `pip install .`, `npm install`), a script by path (`./install.sh`, `sh
+    setup.sh`, `python setup.py install`). `pip install requests` (from the index) is not."""
+    name, args = cmd.name, cmd.args
+    if name == "python" and args[:2] == ["-m", "pip"]:
+        name, args = "pip", args[2:]
+    if "/" in cmd.raw and not cmd.raw.startswith(("/usr/", "/bin/", "/sbin/")):
+        return True  # `./install.sh`, `repo/bin/setup`
+    if _STATIC.get(name, (None, ""))[1] == "builds or runs project code":
+        return True  # `make install`, `cmake --build .`, `pytest` (conftest.py runs)
+    if name in _SHELL_CODE_FLAGS or name in ("sh", "bash", "zsh", "dash", "ksh", "source", "."):
+        operands = [a for a in args if not a.startswith("-")]
+        return bool(operands) and not any(a in ("-c", "-e", "-E", "-r", "--eval") for a in args)
+    if name in _PROJECT_INSTALLERS and args and args[0] in ("install", "i", "ci", "add", "build", "run"):
+        packages = [a for a in args[1:] if not a.startswith("-")]
+        return (
+            not packages
+            or "-e" in args
+            or "--editable" in args
+            or any(_LOCAL_PATH_RE.fullmatch(a) for a in packages)
+        )
+    return False
+
+
+def _fetched_run(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """HIGH for running the code of a repository fetched earlier on the line (`git clone URL && cd repo &&
+    make install`): code from the network, run unread, as `curl … | sh` runs it (that is CRITICAL: there
+    the code is run as it arrives, here a person is asked)."""
+    if ctx.files.fetched is None or not _runs_project_code(cmd):
+        return []
+    return [(HIGH, f"{_show(' '.join([cmd.raw, *cmd.args]), 60)!r} runs code fetched by '{ctx.files.fetched}' "
+                   "earlier in this command, unread")]  # fmt: skip
+
+
 def _classify_cmd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    if ctx.files.fetched is not None:
+        fetched = _fetched_run(cmd, ctx)
+        if fetched:
+            return fetched + _classify_cmd_unfetched(cmd, ctx)
+    return _classify_cmd_unfetched(cmd, ctx)
+
+
+def _classify_cmd_unfetched(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     if _is_dynamic(cmd.raw):
         return _dynamic_command(cmd, ctx)
     program = _written_program(cmd.raw, ctx)
