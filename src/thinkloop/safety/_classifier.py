@@ -721,6 +721,42 @@ _SECRET_RE = re.compile(
 )
 
 
+_SECRET_NAME_RE = re.compile(  # a file (or directory) named so holds credentials, wherever it is
+    r"\.env(?:\.(?!(?:example|sample|template|dist|defaults?)$)[\w.-]+)?|\.netrc|\.pgpass|\.git-credentials"
+    r"|\.htpasswd|credentials(?:\.json)?|id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?|.*\.(?:pem|key|p12|pfx|kdbx)"
+    r"|\.ssh|\.aws|\.gnupg"
+)
+
+
+def _secret_file(raw: str, ctx: _Ctx) -> bool:
+    """Whether `raw` names a file of credentials (`_SECRET_RE`, `_SECRET_NAME_RE`): a glob in its last
+    part (`~/.ssh/id_*`) stands for what is in its directory."""
+    path = _normalize_path(raw.split("=", 1)[-1] if raw.startswith("-") else raw, ctx.cwd).rstrip("/")
+    name = posixpath.basename(path)
+    if any(c in name for c in "*?["):
+        path = posixpath.dirname(path)
+        name = posixpath.basename(path)
+    return bool(_SECRET_RE.match(path) or _SECRET_NAME_RE.fullmatch(name))
+
+
+def _remote(operand: str) -> bool:
+    """An scp/rsync operand on another machine: `[user@]host:path`, `scp://…`, `rsync://…`."""
+    return re.match(
+        r"^(?:[\w.@\[\]-]+:|(?:scp|sftp|rsync)://)", operand
+    ) is not None and not operand.startswith("/")
+
+
+def _exfiltration(tool: str, sources: list[str], dest: str, ctx: _Ctx) -> list[Finding]:
+    """HIGH for copying a file of credentials to another machine (`scp /etc/shadow host:`)."""
+    if not _remote(dest):
+        return []
+    return [
+        (HIGH, f"{tool} copies the sensitive file '{source}' to '{_show(dest, 40)}' (exfiltration)")
+        for source in sources
+        if not _remote(source) and _secret_file(source, ctx)
+    ][:1]
+
+
 def _normalize_path(raw: str, cwd: str | None) -> str:
     path = _HOME_PREFIX_RE.sub("~", raw, count=1)
     if path.startswith("~"):
@@ -1354,6 +1390,11 @@ def _h_tar(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     return findings or [(LOW, "tar: lists an archive")]
 
 
+def _h_scp(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    *sources, dest = _parse_opts(cmd.args, _SCP_WITH_ARG).operands or [""]
+    return [_static_finding(cmd), *_exfiltration("scp", sources, dest, ctx)]
+
+
 def _h_rsync(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     opts = _parse_opts(cmd.args, ("-e", "--rsh", "--exclude", "--include", "--filter", "-f", "--rsync-path"))
     if len(opts.operands) < 2:
@@ -1361,6 +1402,7 @@ def _h_rsync(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     dest = opts.operands[-1]
     remote = re.match(r"^[\w.@-]+:", dest) is not None
     findings: list[Finding] = [(MEDIUM, f"rsync into '{_show(dest)}': copies files")]
+    findings += _exfiltration("rsync", opts.operands[:-1], dest, ctx)
     if not remote:
         findings.append(_write_finding("rsync into", dest, ctx))
     if any(flag.startswith("--delete") for flag, _ in opts.flags) or opts.has("--remove-source-files"):
@@ -2099,7 +2141,7 @@ def _h_curl(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
         findings.append((MEDIUM, f"curl {method or 'with data'}: sends a state-changing request"))
     for value in opts.values(*_CURL_DATA):
         path = value.split("@", 1)[1] if "@" in value else (value if opts.has("-T", "--upload-file") else "")
-        if path and _SECRET_RE.match(_normalize_path(path, ctx.cwd)):
+        if path and _secret_file(path, ctx):
             findings.append((HIGH, f"curl uploads the sensitive file '{path}' (exfiltration)"))
     if opts.has("-K", "--config"):
         findings.append((MEDIUM, "curl -K: reads options from a config file"))
@@ -3225,6 +3267,7 @@ def _h_xargs(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
 # ---------------------------------------------------------------------------- dispatch
 
 _HANDLERS: dict[str, _Handler] = {
+    "scp": _h_scp,
     "rm": _h_rm, "unlink": _h_rm, "rmdir": _h_rmdir, "shred": _h_shred, "truncate": _h_truncate, "tee": _h_tee,
     "touch": _h_touch, "mkdir": _h_mkdir, "cp": _h_copy, "install": _h_copy, "ln": _h_copy, "mv": _h_mv,
     "dd": _h_dd, "wipefs": _h_wipefs, "chmod": _h_perms, "chown": _h_perms, "chgrp": _h_perms,
