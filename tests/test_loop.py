@@ -840,8 +840,35 @@ async def test_a_native_call_with_a_near_miss_tool_name_runs_the_tool_it_meant()
     result = await Agent(model, tools=[add, get_weather, get_Weather]).run("x")
     outputs = [m.content for m in result.state.messages if m.role == "tool"]
     assert outputs[:2] == ["3", "4"]
-    assert outputs[2].startswith("Error: there is no tool named 'GET-WEATHER'")
+    assert outputs[2] == (
+        "Error: there is no tool named 'GET-WEATHER'. It matches get_weather and get_Weather: call one of"
+        " them by its exact name. Available tools: add, get_weather, get_Weather."
+    )
     assert result.tool_calls == 3 and result.output == "done"
+
+
+async def test_a_misspelt_tool_name_is_answered_with_the_name_it_probably_meant() -> None:
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "get_wether", "args": {"city": "Oslo"}}]},  # a typo: not run
+            {"tool_calls": [{"name": "search_web", "args": {"q": "x"}}]},  # nothing like it
+            {"tool_calls": [{"name": "get_weather", "args": {"city": "Oslo"}}]},
+            "done",
+        ]
+    )
+    result = await Agent(model, tools=[add, get_weather]).run("x")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs == [
+        "Error: there is no tool named 'get_wether'. Did you mean get_weather? Available tools: add, get_weather.",
+        "Error: there is no tool named 'search_web'. Available tools: add, get_weather.",
+        "sunny in Oslo",
+    ]
+    assert result.output == "done"
 
 
 async def test_bare_text_that_python_reads_as_a_non_finite_number_stays_text() -> None:

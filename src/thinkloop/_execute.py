@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import difflib
 import json
 import math
 import re
@@ -25,7 +26,15 @@ from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
 from ._react import arguments_example
 from ._risk import RiskLevel
-from ._tools import Tool, ToolArgumentsError, ToolContext, ToolRegistry, render_output, truncate_output
+from ._tools import (
+    Tool,
+    ToolArgumentsError,
+    ToolContext,
+    ToolRegistry,
+    plain_tool_name,
+    render_output,
+    truncate_output,
+)
 
 if TYPE_CHECKING:
     from ._loop import RunContext
@@ -549,7 +558,19 @@ def _denied_message(tool: Tool, reason: str) -> str:
 
 def _unknown_tool_message(name: str, names: list[str]) -> str:
     listing = ", ".join(names) if names else "(none: answer without tools)"
-    return f"Error: there is no tool named {name!r}. Available tools: {listing}."
+    return f"Error: there is no tool named {name!r}.{_meant(name, names)} Available tools: {listing}."
+
+
+def _meant(name: str, names: list[str]) -> str:
+    """What a model probably meant by a tool name that is none: the tools it matches ignoring case and
+    separators when there are several (none is guessed), else the closest names (a typo)."""
+    wanted = plain_tool_name(name)
+    alike = [known for known in names if plain_tool_name(known) == wanted]
+    if len(alike) > 1:
+        return f" It matches {' and '.join(alike)}: call one of them by its exact name."
+    plain = {plain_tool_name(known): known for known in names}
+    close = difflib.get_close_matches(wanted, list(plain), n=3, cutoff=0.75) if wanted else []
+    return f" Did you mean {' or '.join(plain[found] for found in close)}?" if close else ""
 
 
 def _bad_json_message(call: ToolCall, tool: Tool) -> str:

@@ -1221,8 +1221,8 @@ class ToolRegistry:
         found = self._tools.get(name)
         if found is not None or not name:
             return found
-        wanted = _plain_name(name)
-        matches = [t for n, t in self._tools.items() if _plain_name(n) == wanted]
+        wanted = plain_tool_name(name)
+        matches = [t for n, t in self._tools.items() if plain_tool_name(n) == wanted]
         return matches[0] if len(matches) == 1 else None
 
     def __contains__(self, name: object) -> bool:
@@ -1269,7 +1269,8 @@ def _origin(t: Tool) -> str:
     return f"{getattr(named, '__module__', None) or '?'}.{getattr(named, '__qualname__', '?')}"
 
 
-def _plain_name(name: str) -> str:
+def plain_tool_name(name: str) -> str:
+    """A tool name as `resolve` compares it: no quotes, spaces or namespace prefix, lower case, `_` for `-`."""
     name = name.strip().strip("`'\"").strip().lower().replace("-", "_")
     return re.split(r"[.:/]", name)[-1].strip()
 
