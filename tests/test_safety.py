@@ -188,6 +188,18 @@ def test_policy_round_trips_through_json_and_rejects_bad_patterns() -> None:
         SafetyPolicy.from_dict({"mode": "yolo"})
 
 
+def test_a_pattern_that_backtracks_without_end_neither_hangs_nor_lets_the_command_through() -> None:
+    """`(a|aa)+$` on 40 `a`s and a `b` would take re hours; the policy stops it after PATTERN_TIMEOUT."""
+    crafted = "echo " + "a" * 40 + "b"
+    deny = SafetyPolicy(deny_commands=[r"(a|aa)+$"]).evaluate("shell", {"command": crafted}, RiskLevel.LOW)
+    assert deny.verdict == "block"
+    assert "took longer than 0.25 s" in deny.reason and "possessive" in deny.reason
+    allow = SafetyPolicy(mode=SafetyMode.STRICT, allow_commands=[r"echo (a|aa)+c"])
+    evaluation = allow.evaluate("shell", {"command": crafted}, RiskLevel.MEDIUM)
+    assert evaluation.verdict == "ask"  # not allowed by a pattern that could not decide
+    assert allow.evaluate("shell", {"command": "echo aaac"}, RiskLevel.MEDIUM).verdict == "auto"
+
+
 def test_controller_accepts_a_mode_name_and_rejects_unknown_ones() -> None:
     assert SafetyController("permissive").policy.mode is SafetyMode.PERMISSIVE
     assert SafetyController().policy == SafetyPolicy()

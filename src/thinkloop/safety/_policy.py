@@ -9,16 +9,26 @@ says whether a call is blocked, runs on its own, or needs approval, and why.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .._risk import RiskLevel
 from ._classifier import CommandRisk, classify_command
+
+if TYPE_CHECKING:
+    import regex
+
+PATTERN_TIMEOUT = 0.25
+"""Seconds one `deny_commands`/`allow_commands` pattern may take on one command. A pattern that
+backtracks without end (`(a|aa)+$` on a long line of `a`) is stopped there: as a deny pattern the
+command is refused, as an allow pattern it is not allowed — so a command crafted against a careless
+pattern can neither hang the run nor slip through."""
 
 
 class SafetyMode(StrEnum):
@@ -110,8 +120,8 @@ class SafetyPolicy(BaseModel):
     def _valid_patterns(cls, patterns: list[str]) -> list[str]:
         for pattern in patterns:
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                _compiled(pattern)
+            except Exception as exc:  # regex.error, and the few it raises otherwise
                 raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from exc
         return patterns
 
@@ -189,8 +199,15 @@ class SafetyPolicy(BaseModel):
         if command is None:
             return None
         for pattern in self.deny_commands:
-            if re.search(pattern, command):
-                return f"the command matches the deny pattern {pattern!r}"
+            try:
+                if _compiled(pattern).search(command, timeout=PATTERN_TIMEOUT):
+                    return f"the command matches the deny pattern {pattern!r}"
+            except TimeoutError:
+                return (
+                    f"the deny pattern {pattern!r} took longer than {PATTERN_TIMEOUT} s on the command, so it is"
+                    " refused to be safe (the pattern backtracks too much: rewrite it with possessive"
+                    " quantifiers such as `\\w++` or atomic groups `(?>…)`)"
+                )
         if self.block_critical_commands and rated is not None and rated.level is RiskLevel.CRITICAL:
             return "the command is rated critical (destructive or system-wide) and is always refused"
         return None
@@ -205,8 +222,11 @@ class SafetyPolicy(BaseModel):
             return f"the tool {tool_name} is on the policy's allow list"
         if command is not None and not _COMPOUND.search(command):
             for pattern in self.allow_commands:
-                if re.fullmatch(pattern, command.strip()):
-                    return f"the command matches the allow pattern {pattern!r}"
+                try:
+                    if _compiled(pattern).fullmatch(command.strip(), timeout=PATTERN_TIMEOUT):
+                        return f"the command matches the allow pattern {pattern!r}"
+                except TimeoutError:
+                    continue  # never allowed by a pattern that could not say
         if risk < self.mode.threshold:
             return f"{risk.value} risk is below the {self.mode.value} threshold ({self.mode.threshold.value})"
         return None
@@ -240,6 +260,16 @@ class ShellCommandRisk:
 command_risk = ShellCommandRisk("command")
 
 _DEFAULT_RULE = ToolRule()
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> regex.Pattern[str]:
+    """A policy pattern compiled by `regex` (the syntax of `re`, plus a timeout per match)."""
+    import regex  # lazily: only policies with command patterns need it
+
+    return regex.compile(pattern)
+
+
 _COMPOUND = re.compile(r"[;&|`\n\r<>]|\$\(")
 
 
