@@ -779,6 +779,51 @@ async def test_a_long_retry_after_is_waited_for_capped_when_no_other_member_can_
     assert alone.sleeps == [7.0]
 
 
+async def test_a_member_that_asked_to_wait_is_passed_over_until_then_while_another_can_answer() -> None:
+    """A 429 saying `Retry-After: 3600`: the next requests go straight to the spare, without asking the
+    rate-limited member again for another 429, until the hour is over."""
+    rec = Recorder()
+    limited, spare = flaky(busy(retry_after=3600), "back", name="a"), flaky("from b", name="b")
+    router = rec.router(limited, spare, max_backoff=20, breaker_threshold=10)
+    assert (await router.request(REQUEST)).text == "from b"
+    rec.now += 60
+    assert (await router.request(REQUEST)).text == "from b"
+    assert len(limited.requests) == 1  # not asked again within its hour
+    assert router.breakers[0].retry_in(rec.now) == 3540.0
+    rec.now += 3540
+    assert (await router.request(REQUEST)).text == "back"
+    assert len(limited.requests) == 2 and router.breakers[0].held_until is None
+
+
+async def test_a_member_that_asked_to_wait_is_still_asked_when_nobody_else_can_answer() -> None:
+    rec = Recorder()
+    limited = flaky(busy(retry_after=3600), "ok", name="a")
+    router = rec.router(limited, flaky(bad_request(), name="b"), max_backoff=20, breaker_threshold=1)
+    with pytest.raises(ModelError):
+        await router.request(REQUEST)  # a: 429 for an hour, b: 400 — both breakers open
+    assert router.breakers[0].state(rec.now + 60) == "open"  # the hour, not the 30 s cooldown
+    assert router.breakers[0].state(rec.now + 3600) == "half_open"
+    rec.now += 3600
+    assert (await router.request(REQUEST)).text == "ok"
+    alone = Recorder()
+    single = alone.router(flaky(busy(retry_after=3600), "ok"), max_backoff=7, breaker_threshold=10)
+    assert (await single.request(REQUEST)).text == "ok"  # the only member: waited for, capped
+    assert alone.sleeps == [7.0]
+
+
+def test_a_breaker_opened_by_a_long_retry_after_stays_open_that_long_and_says_so() -> None:
+    breaker = CircuitBreaker(threshold=1, cooldown=30)
+    breaker.failure(0.0, retry_after=120.0)
+    assert breaker.state(31.0) == "open" and breaker.retry_in(31.0) == 89.0
+    assert breaker.state(120.0) == "half_open"
+    short = CircuitBreaker(threshold=1, cooldown=30)
+    short.failure(0.0, retry_after=1.0)
+    assert short.retry_in(0.0) == 30.0  # the cooldown when it is longer
+    unset = CircuitBreaker(threshold=3, cooldown=30)
+    unset.failure(0.0, retry_after=float("nan"))
+    assert unset.held_until is None and unset.retry_in(0.0) == 0.0
+
+
 def test_a_retry_after_that_is_not_a_number_uses_the_backoff() -> None:
     router = RouterModel([ScriptedModel([])], backoff=0.5, jitter=False)
     assert router.delay(1, float("nan")) == 0.5

@@ -65,6 +65,10 @@ class CircuitBreaker:
 
     States: closed (requests go through), open (requests are skipped), half-open (the cooldown is over:
     one probe request goes through; its success closes the breaker, its failure opens it again).
+
+    A provider's `Retry-After` is kept as `held_until`: an open breaker stays open until then if that is
+    later than the cooldown, and a request passes over a member that asked to wait while a later member can
+    answer (`held`) — rather than earn another 429 from it.
     """
 
     threshold: int
@@ -72,11 +76,20 @@ class CircuitBreaker:
     failures: int = 0
     opened_at: float | None = None
     probing: bool = False
+    held_until: float | None = None
 
     def state(self, now: float) -> Literal["closed", "open", "half_open"]:
         if self.opened_at is None:
             return "closed"
-        return "half_open" if now - self.opened_at >= self.cooldown else "open"
+        return "half_open" if now >= self._reopens_at(self.opened_at) else "open"
+
+    def _reopens_at(self, opened_at: float) -> float:
+        reopens = opened_at + self.cooldown
+        return reopens if self.held_until is None else max(reopens, self.held_until)
+
+    def held(self, now: float) -> bool:
+        """Did the member ask (`Retry-After`) not to be called again before a time still to come?"""
+        return self.held_until is not None and now < self.held_until
 
     def allow(self, now: float) -> bool:
         """May a request go to this member now? In half-open, only one probe at a time."""
@@ -89,13 +102,18 @@ class CircuitBreaker:
         return True
 
     def retry_in(self, now: float) -> float:
-        return 0.0 if self.opened_at is None else max(self.cooldown - (now - self.opened_at), 0.0)
+        """Seconds until the member may be asked again: the rest of the cooldown, or of its `Retry-After`."""
+        if self.opened_at is not None:
+            return max(self._reopens_at(self.opened_at) - now, 0.0)
+        return 0.0 if self.held_until is None else max(self.held_until - now, 0.0)
 
     def success(self) -> None:
-        self.failures, self.opened_at, self.probing = 0, None, False
+        self.failures, self.opened_at, self.probing, self.held_until = 0, None, False, None
 
-    def failure(self, now: float) -> None:
+    def failure(self, now: float, retry_after: float | None = None) -> None:
         self.failures += 1
+        if retry_after is not None and 0 < retry_after < math.inf:  # NaN compares false: not a wait
+            self.held_until = max(self.held_until or now, now + retry_after)
         if self.probing or self.failures >= self.threshold:
             self.opened_at = now
         self.probing = False
@@ -128,11 +146,17 @@ class _Attempt:
             slot = self.candidates[self.index]
             breaker = router.breakers[slot]
             now = router.clock()
-            if breaker.allow(now):
+            member = router.models[slot].spec
+            if self.attempt == 1 and breaker.held(now) and self._can_fall_back():  # not a retry it waited for
+                wait = breaker.retry_in(now)
+                self.failures.append(f"{member}: skipped, it asked (Retry-After) to wait {wait:.1f} s more")
+            elif breaker.allow(now):
                 self.current = slot
                 return router.models[slot]
-            member = router.models[slot].spec
-            self.failures.append(f"{member}: skipped, circuit open for {breaker.retry_in(now):.1f} s more")
+            else:
+                self.failures.append(
+                    f"{member}: skipped, circuit open for {breaker.retry_in(now):.1f} s more"
+                )
             self.index, self.attempt = self.index + 1, 1
         self.current = None
         return None
@@ -148,7 +172,7 @@ class _Attempt:
             else:
                 self.no_tools = True
         else:
-            breaker.failure(router.clock())
+            breaker.failure(router.clock(), exc.retry_after)
         self.last_error = exc
         self.spent.add(_spent_usage(exc))
         action, delay = self._next_action(exc, breaker)
@@ -202,10 +226,10 @@ class _Attempt:
         return ("fallback" if self.index + 1 < len(self.candidates) else "give_up"), 0.0
 
     def _can_fall_back(self) -> bool:
-        """Whether a later member can be asked now (its breaker is not open)."""
+        """Whether a later member can be asked now (its breaker is not open, it did not ask to wait)."""
         now = self.router.clock()
-        later = self.candidates[self.index + 1 :]
-        return any(self.router.breakers[slot].state(now) != "open" for slot in later)
+        later = [self.router.breakers[slot] for slot in self.candidates[self.index + 1 :]]
+        return any(b.state(now) != "open" and not b.held(now) for b in later)
 
     def succeeded(self, response: ModelResponse, member: Model, request: ModelRequest) -> ModelResponse:
         """Close the member's breaker; charge tokens that failed attempts consumed to the response."""
@@ -506,7 +530,7 @@ class RouterModel(Model):
 
     def _surface(self, plan: _Attempt, member: Model, exc: ModelError) -> None:
         """A failure after the first chunk: counted against the member, reported, not retried."""
-        self.breakers[plan.candidates[plan.index]].failure(self.clock())
+        self.breakers[plan.candidates[plan.index]].failure(self.clock(), exc.retry_after)
         self.report(
             ModelAttempt(model=member.spec, attempt=plan.attempt, error=str(exc), next_action="give_up")
         )
