@@ -1009,6 +1009,31 @@ async def test_an_inner_router_alone_is_not_retried_either() -> None:
     assert len(a.requests) == 2 and rec.sleeps == [0.5]
 
 
+async def test_a_run_does_not_retry_a_router_again_even_behind_a_model_wrapping_it() -> None:
+    """A user's wrapper (logging, caching …) around a router: the router's error says it was retried
+    already, so the loop's own `model_retries` do not multiply its attempts and waits."""
+    from thinkloop.models import Model
+
+    class Logged(Model):
+        def __init__(self, inner: Model) -> None:
+            self.inner, self.provider, self.name = inner, "logged", inner.name
+            self.capabilities = inner.capabilities
+
+        async def request(self, request: ModelRequest) -> ModelResponse:
+            return await self.inner.request(request)
+
+    rec = Recorder()
+    a = flaky(busy(), name="a")
+    router = rec.router(a, retries=2, breaker_threshold=100)
+    result = await Agent(Logged(router), model_retries=3).run("q")
+    assert result.stop_reason is StopReason.ERROR
+    assert "all 1 models of the router failed" in (result.error or "")
+    assert len(a.requests) == 3 and rec.sleeps == [0.5, 1.0]  # the router's tries only, not 4 x 3
+    plain = flaky(busy(retry_after=0.001), "ok", name="p")  # a model of the user's own: retried by the loop
+    assert (await Agent(Logged(plain), model_retries=3).run("q")).output == "ok"
+    assert len(plain.requests) == 2
+
+
 async def test_tokens_of_an_inner_routers_failed_attempts_are_charged_once() -> None:
     error = busy()
     error.usage = Usage(input_tokens=100, output_tokens=7, requests=1)  # type: ignore[attr-defined]

@@ -52,6 +52,10 @@ class ModelError(RunError):
     """
 
     usage: Usage | None = None
+    retried: bool = False
+    """The failure went through retries and fallbacks already (a `RouterModel` sets it on the error it
+    raises when every member failed): whoever catches it — the loop, a model wrapping the router, an outer
+    router — does not retry it again, which would multiply the attempts and the waits."""
 
     def __init__(
         self,

@@ -454,9 +454,10 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
     """Call the model (streaming when asked) under the run's deadline; account its usage.
 
     A transient failure (429, 5xx, timeout, lost connection) is retried with exponential backoff (or the
-    provider's Retry-After), unless a streamed answer had already started, or the model is a router (it
-    retries itself) — except for a stream that broke before anything of it was shown (a ReAct reply
-    before its `Final Answer:`), which a router cannot fall back from. One coroutine for all of it: each
+    provider's Retry-After), unless a streamed answer had already started, or the error says it was
+    retried already (`ModelError.retried`: a router's, after its own retries and fallbacks, even behind a
+    model wrapping the router) — except for a stream that broke before anything of it was shown (a ReAct
+    reply before its `Final Answer:`), which a router cannot fall back from. One coroutine for all of it: each
     level of coroutines a model call waits in costs every step.
     """
     started = time.perf_counter()
@@ -517,7 +518,7 @@ def _retry_delay(run: RunContext, exc: Exception, attempt: int, streamer: _Answe
         shown = streamer is not None and streamer.started
         # a router retries and falls back itself, but not once tokens flowed; unshown ones are ours to retry
         unseen_break = streamer is not None and bool(streamer.buffer) and not shown
-        if attempt > run.config.model_retries or shown or (_retries_itself(run.model) and not unseen_break):
+        if attempt > run.config.model_retries or shown or (exc.retried and not unseen_break):
             raise exc
         backoff = run.config.retry_backoff * 2 ** (attempt - 1)
         wait = backoff if exc.retry_after is None else exc.retry_after  # a Retry-After of 0 means now
@@ -597,12 +598,6 @@ def _shrink_context(run: RunContext, error: ContextOverflowError) -> None:
             next_action="retry",
         )
     )
-
-
-def _retries_itself(model: Model) -> bool:
-    from .models._router import RouterModel  # imported here: routers are optional and load lazily
-
-    return isinstance(model, RouterModel)
 
 
 async def _stream_model(run: RunContext, request: ModelRequest, answer: _AnswerStreamer) -> ModelResponse:

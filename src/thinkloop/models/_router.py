@@ -217,7 +217,7 @@ class _Attempt:
         member = router.models[self.candidates[self.index]]
         retry = (
             isinstance(exc, ModelRetryableError)
-            and not isinstance(member, RouterModel)  # it retried its own members: not again, multiplied
+            and not exc.retried  # an inner router retried its own members: not again, multiplied
             and self.attempt <= router.retries
             and breaker.state(router.clock()) == "closed"
         )
@@ -261,11 +261,13 @@ class _Attempt:
         message = f"all {len(self.router.models)} models of the router failed: {lines}"
         last = self.last_error
         if last is None:
-            return ModelRetryableError(
+            unasked = ModelRetryableError(
                 f"{message}. Try again later or add another model to the router.",
                 provider="router",
                 retry_after=self._soonest_retry(),
             )
+            unasked.retried = True
+            return unasked
         if self.overflow is not None:  # the loop shrinks the context to the first member's window
             first = self.overflow
             overflow = ContextOverflowError(
@@ -300,6 +302,7 @@ class _Attempt:
             retry_after=last.retry_after,
         )
         error.__cause__ = last
+        error.retried = True
         return self._charged(error)
 
     def _charged(self, error: ModelError) -> ModelError:
