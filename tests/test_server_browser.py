@@ -457,9 +457,24 @@ async def test_resume_anyway_is_offered_for_no_other_refusal() -> None:
         await expect(tab.locator("#resume")).to_be_hidden()  # the page saw it go on: it runs here now
         await expect(tab.locator("#cancel")).to_be_visible()
 
-        await tab.route("**/api/runs/r", as_not_active)  # the page's look at the run came just before
+        looks: list[str] = []
+
+        async def looked_before(route: Any) -> None:  # the page's look at the run came just before
+            await as_not_active(route)
+            looks.append(route.request.url)
+
+        await tab.route("**/api/runs/r", looked_before)
         await tab.locator('#runs li[data-run-id="r"]').click()
         await expect(tab.locator("#resume")).to_be_visible()
+        # the replayed log's resumed `run_started` makes the page look again: let it have looked, else its
+        # answer can come after the refusal below and put the note of an unfinished run back over it
+        await expect(tab.locator("#events li.run_started")).to_have_count(2)
+        for _ in range(500):
+            if len(looks) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(looks) == 2, looks
+        await expect(tab.locator("#run-note")).to_have_text(UNFINISHED_NOTE)
         await tab.route("**/api/runs/r/resume", offer_force_in_words)
         await tab.click("#resume")  # a message offering {"force": true} is no offer without "forceable"
         await expect(tab.locator("#run-note")).to_have_text(
@@ -485,6 +500,12 @@ async def test_resume_anyway_is_offered_for_no_other_refusal() -> None:
         await expect(tab.locator("#answer")).to_have_text("all done", timeout=30_000)
         await expect(anyway).to_be_hidden()
     assert effects.runs == ["fetch:k1", "fetch:k1"]  # one per run, before each stopped
+
+
+UNFINISHED_NOTE = (
+    "This run did not finish and is not running in this server (its process stopped?). Resume continues it "
+    "from its last checkpoint; no finished tool call runs again."
+)
 
 
 async def as_not_active(route: Any) -> None:
