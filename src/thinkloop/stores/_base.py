@@ -47,7 +47,7 @@ _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 class RunSummary(BaseModel):
     """One line of `list_runs()`: what a run is and how far it got, without its messages."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built at first use: import stays fast
 
     run_id: str
     agent_name: str = "agent"
@@ -89,7 +89,7 @@ class RunSummary(BaseModel):
 class MemoryEntry(BaseModel):
     """One message of a session's conversation memory."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     session: str
     role: MemoryRole
