@@ -174,6 +174,52 @@ async def test_tool_exception_and_timeout_become_observations() -> None:
     assert result.output == "gave up"
 
 
+async def test_a_coroutine_a_tool_returned_instead_of_awaiting_it_is_awaited(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    """`return fetch(city)` for `return await fetch(city)` (or a sync tool handing back an async call): the
+    model is shown the result, not `<coroutine object …>` — and nothing warns of a coroutine never awaited."""
+
+    async def fetch(city: str) -> str:
+        await asyncio.sleep(0)
+        return f"sunny in {city}"
+
+    async def again(city: str) -> object:
+        return fetch(city)  # a coroutine returning one in turn
+
+    @tool
+    def weather(city: str) -> object:
+        """The weather (a sync function returning an async call)."""
+        return fetch(city)
+
+    @tool
+    async def forecast(city: str) -> object:
+        """The forecast (forgot an await, twice)."""
+        return again(city)
+
+    @tool(timeout=0.05)
+    def stuck() -> object:
+        """Returns a coroutine that never ends."""
+        return asyncio.sleep(10)
+
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "weather", "args": {"city": "Oslo"}}]},
+            {"tool_calls": [{"name": "forecast", "args": {"city": "Rome"}}]},
+            call("stuck"),
+            "done",
+        ]
+    )
+    result = await Agent(model, tools=[weather, forecast, stuck]).run("x")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs == [
+        "sunny in Oslo",
+        "sunny in Rome",
+        "Error: stuck was abandoned: it timed out after 0.05 s.",  # under the call's own time limit
+    ]
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
 async def test_a_tool_that_catches_its_timeout_and_answers_late_has_timed_out() -> None:
     """A late result is no success: the call was past its time limit (and its result is not used)."""
 

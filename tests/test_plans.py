@@ -319,6 +319,25 @@ async def test_the_first_failure_cancels_its_level_and_stops_the_plan() -> None:
     assert "Task 'b' failed: Error: boom raised RuntimeError: disk full" in result.summary()
 
 
+async def test_a_coroutine_a_task_tool_returned_is_awaited_outside_a_run_too() -> None:
+    async def fetch() -> str:
+        await asyncio.sleep(0)
+        return "fetched"
+
+    def hands_back() -> object:  # a sync tool returning an async call, not its result
+        return fetch()
+
+    def never() -> object:
+        return asyncio.sleep(3600)
+
+    empty = {"type": "object", "properties": {}}
+    tools = [Tool("hands_back", "h", empty, hands_back), Tool("never", "n", empty, never, timeout=0.05)]
+    result = await execute_plan(Plan([Task("h", "hands_back")]), tools)
+    assert result.results["h"].output == "fetched"
+    late = await execute_plan(Plan([Task("n", "never")]), tools)
+    assert late.failed == "n" and late.results["n"].error_kind == "timeout"
+
+
 async def test_invalid_arguments_and_timeouts_fail_the_task_outside_a_run() -> None:
     async def stuck() -> str:
         await asyncio.sleep(3600)

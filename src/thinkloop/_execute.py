@@ -263,6 +263,9 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         finished, value = start_invocation(tool.invoke(arguments))
         if not finished:  # it waits: under its time limit and the run's deadline, whichever comes first
             value = await run.deadlines.within(_deadline(run, timeout), value)
+        if type(value) is types.CoroutineType:  # `return fetch(url)` meant `return await fetch(url)`
+            left = max(timeout - (time.perf_counter() - started), 0.0)
+            value = await _awaited(run, value, _deadline(run, left))
         text = value if type(value) is str and value and not value.isspace() else render_output(value)
         text, success, kind = text if text.isascii() else _valid_text(text), True, None
     except DeadlineExceeded:  # not a TimeoutError the tool raised itself (`asyncio.wait_for` inside it)
@@ -402,6 +405,17 @@ def _tool_context(run: RunContext, call: ToolCall) -> ToolContext[Any]:
         run_id=state.run_id, call_id=call.id, step=state.step, goal=state.goal, deps=run.deps,
         metadata=state.metadata,
     )  # fmt: skip
+
+
+async def _awaited(run: RunContext, returned: Any, deadline: float) -> Any:
+    """The result of a coroutine a tool returned instead of awaiting it (a sync function returning an async
+    one's call), awaited until `deadline` (what is left of the call's time limit) — a coroutine it returns
+    in turn too."""
+    while type(returned) is types.CoroutineType:
+        finished, returned = start_invocation(returned)
+        if not finished:
+            returned = await run.deadlines.within(deadline, returned)
+    return returned
 
 
 def _deadline(run: RunContext, timeout: float) -> float:

@@ -43,6 +43,7 @@ import json
 import math
 import re
 import time
+import types
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -1032,12 +1033,17 @@ async def _bounded(invocation: Awaitable[Any], limit: float) -> Any:
         _TimedOut: past `limit`.
     """
     finished, value = start_invocation(invocation)
-    if finished:
+    if finished and type(value) is not types.CoroutineType:
         return value
     timer = asyncio.timeout(None if math.isinf(limit) else limit)
     try:
         async with timer:
-            return await value
+            while True:
+                if not finished:
+                    value = await value
+                if type(value) is not types.CoroutineType:
+                    return value
+                finished, value = start_invocation(value)  # returned, not awaited: awaited here
     except TimeoutError:
         if timer.expired():
             raise _TimedOut from None
