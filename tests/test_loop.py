@@ -864,6 +864,78 @@ def test_a_process_whose_tool_hangs_still_exits_after_its_run(tmp_path: Path) ->
     assert done.returncode == 0 and done.stdout.strip() == "gave up", done.stderr
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{'a': 17, 'b': 23}",  # Python notation
+        "{a: 17, b: 23}",  # JavaScript notation
+        "a=17, b=23",  # keyword arguments written as code
+        '```json\n{"a": 17, "b": 23}\n```',  # fenced
+        '"{\\"a\\": 17, \\"b\\": 23}"',  # encoded twice
+    ],
+)
+async def test_arguments_that_are_not_json_but_say_what_they_mean_are_read_so(raw: str) -> None:
+    model = ScriptedModel([{"tool_calls": [{"name": "add", "args": raw}]}, "40"])
+    result = await Agent(model, tools=[add]).run("17+23")
+    assert [m.content for m in result.state.messages if m.role == "tool"] == ["40"]
+
+
+async def test_a_list_of_arguments_is_read_in_order_and_the_model_told_so() -> None:
+    @tool
+    def total(numbers: list[float]) -> float:
+        """Sum numbers."""
+        return sum(numbers)
+
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "add", "args": "[17, 23]"}]},
+            {"tool_calls": [{"name": "total", "args": "[1, 2.5]"}]},  # the one list parameter
+            {"tool_calls": [{"name": "add", "args": "[1, 2, 3]"}]},  # more values than parameters
+            "done",
+        ]
+    )
+    result = await Agent(model, tools=[add, total]).run("x")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs[0] == (
+        '40\nNote: the arguments were a list, read in order as {"a": 17, "b": 23}; send a JSON object of named'
+        " arguments."
+    )
+    assert outputs[1] == "3.5"
+    assert outputs[2].startswith("Error: the arguments of add were not a JSON object: '[1, 2, 3]'.")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"a": 17, "b": 2',  # cut off by the token limit: never mended
+        '{"text": "hello wor}',  # cut off inside a string that happened to end with a brace
+        "b=23, c=1",  # keywords naming no parameter … (c)
+        "17, 23",
+    ],
+)
+async def test_arguments_cut_off_or_unclear_are_not_guessed(raw: str) -> None:
+    @tool
+    def note(text: str, a: int = 0, b: int = 0) -> str:
+        """Keep a note."""
+        return f"kept {text!r}"
+
+    model = ScriptedModel([{"tool_calls": [{"name": "note", "args": raw}]}, "gave up"])
+    result = await Agent(model, tools=[note]).run("x")
+    (output,) = [m.content for m in result.state.messages if m.role == "tool"]
+    assert output.startswith("Error: the arguments of note were not a JSON object"), output
+
+
+async def test_json_text_for_a_tool_of_one_text_parameter_stays_its_value() -> None:
+    @tool
+    def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    model = ScriptedModel([{"tool_calls": [{"name": "echo", "args": '"{\\"x\\": 1}"'}]}, "done"])
+    result = await Agent(model, tools=[echo]).run("x")
+    assert [m.content for m in result.state.messages if m.role == "tool"] == ['{"x": 1}']
+
+
 async def test_a_native_call_with_a_near_miss_tool_name_runs_the_tool_it_meant() -> None:
     @tool
     def get_weather(city: str) -> str:

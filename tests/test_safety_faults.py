@@ -66,6 +66,11 @@ async def run(replies: list[Any], tools: list[Tool], safety: SafetyController) -
 WRAPPED_OR_RAW = [
     pytest.param({"arguments": {"command": "rm -rf /"}}, id="wrapped"),
     pytest.param("rm -rf /", id="raw-text"),
+    pytest.param("{'command': 'rm -rf /'}", id="python-dict"),
+    pytest.param('{command: "rm -rf /"}', id="javascript-object"),
+    pytest.param('command="rm -rf /"', id="keywords"),
+    pytest.param('["rm -rf /"]', id="list"),
+    pytest.param('"{\\"command\\": \\"rm -rf /\\"}"', id="encoded-twice"),
 ]
 
 

@@ -24,7 +24,7 @@ from . import _aio, _json
 from ._data import fast_constructor
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
-from ._react import arguments_example
+from ._react import arguments_example, parse_arguments, unfenced
 from ._risk import RiskLevel
 from ._tools import (
     Tool,
@@ -149,10 +149,10 @@ def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Pr
         names = run.visible_names() if tools is None else tools.names
         return _failed(call, "unknown_tool", _unknown_tool_message(call.name, names))
     raw = call.raw_arguments
-    given = call.arguments if raw is None else _as_sole_argument(tool, raw)
+    given = call.arguments if raw is None else arguments_from_text(tool, raw)
     if given is None:
         return _failed(call, "invalid_arguments", _bad_json_message(call, tool))
-    note = ""
+    note = "" if raw is None else _read_as_note(tool, raw, given)
     try:
         arguments = tool.validate(given)
     except ToolArgumentsError as exc:
@@ -167,6 +167,99 @@ def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Pr
 
 
 _WRAPPERS = frozenset({"arguments", "args", "parameters", "params", "input", "kwargs", "action_input"})
+
+
+def arguments_from_text(tool: Tool, raw: str) -> dict[str, Any] | None:
+    """Arguments a model sent as text that is not a JSON object, read as it meant them — or None, and the
+    model is told to send a JSON object. The safety policy rates what this returns: what runs.
+
+    - for a tool of one parameter, the text is that parameter's value (`Paris` for `weather(city)`);
+    - a whole object in Python or JavaScript notation (`{'city': 'Paris'}`, `{city: "Paris"}`) or keyword
+      arguments (`city="Paris", days=2`) are read as written;
+    - a JSON string holding any of these (arguments encoded twice) is read as what it holds;
+    - a JSON list gives the parameters in order when it holds as many values as the tool has parameters,
+      or its required ones at least (`[17, 23]` for `add(a, b)`); for a tool of one list parameter, it is
+      that list.
+
+    Text cut off (an object not closed, a string not ended, as a token limit leaves them) is never mended:
+    a call must not run with half an argument."""
+    text = unfenced(raw).strip()
+    if _KEYWORDS_RE.match(text) and (keywords := _keywords(tool, text)) is not None:
+        return keywords  # before the one-parameter reading: `command="ls"` is not the command `command="ls`
+    if text.startswith('"') and text.endswith('"') and (inner := _encoded_twice(tool, text)) is not None:
+        return inner
+    sole = _as_sole_argument(tool, raw)
+    if sole is not None:
+        return sole
+    if text.startswith("[") and text.endswith("]"):
+        return _positional(tool, text)
+    if not (text.startswith("{") and text.endswith("}")) or _cut_off(text):
+        return None
+    arguments, unread = parse_arguments(text)
+    return arguments if unread is None and arguments else None
+
+
+def _encoded_twice(tool: Tool, text: str) -> dict[str, Any] | None:
+    """The arguments a JSON string holds (`"{\\"city\\": \\"Paris\\"}"`), or None: a string holding no object
+    of the tool's arguments is a value (of a tool's one parameter)."""
+    try:
+        inner = _json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(inner, str) or inner.strip()[:1] not in ("{", "["):
+        return None
+    arguments = arguments_from_text(tool, inner)
+    properties = tool.parameters.get("properties") or {}
+    if arguments is None or not any(key in properties or key.lower() in _WRAPPERS for key in arguments):
+        return None  # no argument of the tool's: JSON text meant as the value of its one parameter
+    return arguments
+
+
+_KEYWORDS_RE = re.compile(r"[A-Za-z_]\w*\s*=(?!=)")
+
+
+def _keywords(tool: Tool, text: str) -> dict[str, Any] | None:
+    """`city="Paris", days=2`: keyword arguments written as code, each naming one of the tool's parameters."""
+    arguments, unread = parse_arguments(text)
+    properties = tool.parameters.get("properties") or {}
+    if unread is not None or not arguments or not all(key in properties for key in arguments):
+        return None
+    return arguments
+
+
+def _cut_off(text: str) -> bool:
+    """Whether `text` ends inside a string: what a reply cut off by its token limit leaves."""
+    try:
+        _json.loads(text)
+    except ValueError as exc:
+        return str(exc).startswith("Unterminated string")
+    return False
+
+
+def _positional(tool: Tool, text: str) -> dict[str, Any] | None:
+    try:
+        values = _json.loads(text)
+    except ValueError:
+        return None
+    properties = list(tool.parameters.get("properties") or {})
+    if not isinstance(values, list) or not properties:
+        return None
+    if len(properties) == 1 and (tool.parameters["properties"][properties[0]] or {}).get("type") == "array":
+        return {properties[0]: values}
+    required = tool.parameters.get("required") or []
+    if not len(required) <= len(values) <= len(properties):
+        return None
+    return dict(zip(properties, values, strict=False))
+
+
+def _read_as_note(tool: Tool, raw: str, given: dict[str, Any]) -> str:
+    """For arguments given as a list: how they were read, so that the model can tell (and send names)."""
+    if not unfenced(raw).strip().startswith("[") or len(given) == 1:
+        return ""
+    shown = json.dumps(given, ensure_ascii=False)
+    return (
+        f"Note: the arguments were a list, read in order as {shown}; send a JSON object of named arguments."
+    )
 
 
 def _as_sole_argument(tool: Tool, raw: str) -> dict[str, Any] | None:

@@ -262,7 +262,7 @@ def parse_react(text: str, tool_names: list[str], *, call_id: str) -> ReactStep:
     body = _strip_label(text, _THOUGHT_RE)
     if not body:
         return ReactStep(error="The reply had an empty Thought and no Action or Final Answer.")
-    written = call_syntax(_unfence(body).strip(), tool_names, call_id)  # `calculator(expression="2+3")`
+    written = call_syntax(unfenced(body).strip(), tool_names, call_id)  # `calculator(expression="2+3")`
     if written is not None:
         return ReactStep(thought="", call=written)
     intended = _intended_tool(body, tool_names)
@@ -370,7 +370,7 @@ def repeated_keys(text: str) -> dict[str, list[Any]]:
     """The keys the first JSON object of `text` gives more than once with different values, each with its
     values in order (`{"city": "Oslo", "city": "Rome"}`: a small model asking for several calls at once;
     JSON parsers keep the last value and drop the others without a word)."""
-    body = _first_json_object(_unfence(text))
+    body = _first_json_object(unfenced(text))
     if body is None:
         return {}
     repeated: dict[str, list[Any]] = {}
@@ -434,7 +434,7 @@ def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
     JSON is read strictly (`_json`): `{"x": NaN}`, `Infinity`, `1e999` and nesting too deep to read are not
     an object of arguments (json_repair, which mends broken JSON, reads NaN as a float too), so the model is
     asked to send valid JSON."""
-    body = _unfence(text).strip()
+    body = unfenced(text).strip()
     if not body or body.lower() in ("none", "null", "{}", "n/a"):
         return {}, None
     if _KWARGS_RE.match(body):  # `expression="2+3", digits=2`: keyword arguments written as code
@@ -462,7 +462,8 @@ def _repaired(body: str) -> Any:
     return None if _json.non_finite(value) else value
 
 
-def _unfence(text: str) -> str:
+def unfenced(text: str) -> str:
+    """The text inside the first Markdown code fence of `text`, or `text`."""
     match = _FENCE_RE.search(text)
     return match.group(1) if match else text
 
@@ -506,7 +507,7 @@ _ARGS_KEYS = ("arguments", "args", "parameters", "action_input", "input", "tool_
 def _bare_json_call(text: str, tool_names: list[str], call_id: str) -> ToolCall | None:
     """A tool call written as bare or fenced JSON: `{"name": "calculator", "arguments": {...}}`. Arguments
     holding NaN or an infinity (`{"x": NaN}`) are kept raw, for the model to send valid JSON."""
-    candidate = _first_json_object(_unfence(text))
+    candidate = _first_json_object(unfenced(text))
     if candidate is None:
         return None
     args, raw = parse_arguments(candidate)
@@ -569,7 +570,7 @@ def text_calls(text: str, tool_names: list[str], call_id: str) -> tuple[str, lis
         line = text[action.end() :].split("\n", 1)[0].strip().strip("`*_'\"").strip()
         if step.call is not None and (_INPUT_RE.search(text) or line in tool_names):
             return step.thought, [step.call]
-    call = call_syntax(_unfence(text).strip(), tool_names, call_id)
+    call = call_syntax(unfenced(text).strip(), tool_names, call_id)
     return ("", [call]) if call is not None else (text, [])
 
 
@@ -595,7 +596,7 @@ def _json_calls(text: str, tool_names: list[str], ids: Iterator[str]) -> list[To
     calls: list[ToolCall] = []
     if "{" not in text:
         return calls
-    rest = _unfence(text) if text.count("```") == 2 else text.replace("```json", "").replace("```", "")
+    rest = unfenced(text) if text.count("```") == 2 else text.replace("```json", "").replace("```", "")
     while len(calls) < MAX_TEXT_CALLS:
         span = first_json_span(rest)
         if span is None:
@@ -706,7 +707,7 @@ def answer_of(call: ToolCall) -> str:
 
 def json_answer(text: str, tool_names: list[str]) -> str | None:
     """The answer in a reply that is only a JSON answer call, `{"name": "final_answer", "arguments": {…}}`."""
-    body = _unfence(text).strip()
+    body = unfenced(text).strip()
     if not body.startswith("{"):
         return None
     span = first_json_span(body)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._errors import ConfigurationError
 from .._events import ApprovalRequested, Decision
-from .._execute import GateDecision, _as_sole_argument, _validated_unwrapped
+from .._execute import GateDecision, _validated_unwrapped, arguments_from_text
 from .._messages import ToolCall
 from .._risk import RiskLevel
 from .._state import ApprovalRecord, LedgerEntry, RunState
@@ -274,7 +274,7 @@ def arguments_to_run(call: ToolCall, tool: Tool) -> dict[str, Any]:
     asked about a call without its command.
     """
     raw = call.raw_arguments
-    given = call.arguments if raw is None else _as_sole_argument(tool, raw)
+    given = call.arguments if raw is None else arguments_from_text(tool, raw)
     if given is None:
         return call.arguments  # the executor refuses it as invalid
     if len(given) == 1 and isinstance(inner := next(iter(given.values())), dict):
