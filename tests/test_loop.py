@@ -965,6 +965,20 @@ async def test_a_native_call_with_a_near_miss_tool_name_runs_the_tool_it_meant()
     assert result.tool_calls == 3 and result.output == "done"
 
 
+@pytest.mark.parametrize(
+    "name", ["GetWeather", "getWeather", "get weather", "get_weather()", "get_weather(city)", "<get_weather>"]
+)
+async def test_a_tool_name_written_in_another_style_runs_the_one_tool_it_names(name: str) -> None:
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    model = ScriptedModel([{"tool_calls": [{"name": name, "args": {"city": "Oslo"}}]}, "done"])
+    result = await Agent(model, tools=[add, get_weather]).run("x")
+    assert [m.content for m in result.state.messages if m.role == "tool"] == ["sunny in Oslo"]
+
+
 async def test_a_misspelt_tool_name_is_answered_with_the_name_it_probably_meant() -> None:
     @tool
     def get_weather(city: str) -> str:

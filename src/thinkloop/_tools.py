@@ -1270,9 +1270,15 @@ def _origin(t: Tool) -> str:
 
 
 def plain_tool_name(name: str) -> str:
-    """A tool name as `resolve` compares it: no quotes, spaces or namespace prefix, lower case, `_` for `-`."""
-    name = name.strip().strip("`'\"").strip().lower().replace("-", "_")
-    return re.split(r"[.:/]", name)[-1].strip()
+    """A tool name as `resolve` compares it: lower case, without quotes or angle brackets, a call's
+    parentheses (`get_weather()`, `get_weather(city)`), a namespace prefix (`functions.`, `tool:`) or
+    separators (`_`, `-`, spaces) — so `GetWeather`, `get-weather` and `get weather` are `get_weather`."""
+    name = _CALLED_RE.sub("", name.strip().strip("`'\"<>").strip())
+    return _SEPARATORS_RE.sub("", re.split(r"[.:/]", name.lower())[-1])
+
+
+_CALLED_RE = re.compile(r"\s*\([^()]*\)$")
+_SEPARATORS_RE = re.compile(r"[\s_-]+")
 
 
 def as_tool(item: Tool | Callable[..., Any]) -> Tool:
