@@ -24,7 +24,7 @@ from . import _aio, _json
 from ._data import fast_constructor
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
-from ._react import arguments_example, parse_arguments, unfenced
+from ._react import KEYWORD_ARGUMENTS_RE, arguments_example, parse_arguments, unfenced
 from ._risk import RiskLevel
 from ._tools import (
     Tool,
@@ -184,7 +184,7 @@ def arguments_from_text(tool: Tool, raw: str) -> dict[str, Any] | None:
     Text cut off (an object not closed, a string not ended, as a token limit leaves them) is never mended:
     a call must not run with half an argument."""
     text = unfenced(raw).strip()
-    if _KEYWORDS_RE.match(text) and (keywords := _keywords(tool, text)) is not None:
+    if KEYWORD_ARGUMENTS_RE.match(text) and (keywords := _keywords(tool, text)) is not None:
         return keywords  # before the one-parameter reading: `command="ls"` is not the command `command="ls`
     if text.startswith('"') and text.endswith('"') and (inner := _encoded_twice(tool, text)) is not None:
         return inner
@@ -213,9 +213,6 @@ def _encoded_twice(tool: Tool, text: str) -> dict[str, Any] | None:
     if arguments is None or not any(key in properties or key.lower() in _WRAPPERS for key in arguments):
         return None  # no argument of the tool's: JSON text meant as the value of its one parameter
     return arguments
-
-
-_KEYWORDS_RE = re.compile(r"[A-Za-z_]\w*\s*=(?!=)")
 
 
 def _keywords(tool: Tool, text: str) -> dict[str, Any] | None:
@@ -358,7 +355,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
             value = await run.deadlines.within(_deadline(run, timeout), value)
         if type(value) is types.CoroutineType:  # `return fetch(url)` meant `return await fetch(url)`
             left = max(timeout - (time.perf_counter() - started), 0.0)
-            value = await _awaited(run, value, _deadline(run, left))
+            value = await run.deadlines.within(_deadline(run, left), returned_result(value))
         text = value if type(value) is str and value and not value.isspace() else render_output(value)
         text, success, kind = text if text.isascii() else _valid_text(text), True, None
     except DeadlineExceeded:  # not a TimeoutError the tool raised itself (`asyncio.wait_for` inside it)
@@ -500,15 +497,15 @@ def _tool_context(run: RunContext, call: ToolCall) -> ToolContext[Any]:
     )  # fmt: skip
 
 
-async def _awaited(run: RunContext, returned: Any, deadline: float) -> Any:
-    """The result of a coroutine a tool returned instead of awaiting it (a sync function returning an async
-    one's call), awaited until `deadline` (what is left of the call's time limit) — a coroutine it returns
-    in turn too."""
-    while type(returned) is types.CoroutineType:
-        finished, returned = start_invocation(returned)
+async def returned_result(value: Any) -> Any:
+    """`value`, or the result of the coroutine it is — one a tool returned instead of awaiting it (a sync
+    function returning an async one's call) — and of a coroutine that one returns in turn. The caller
+    bounds it by what is left of the call's time limit."""
+    while type(value) is types.CoroutineType:
+        finished, value = start_invocation(value)
         if not finished:
-            returned = await run.deadlines.within(deadline, returned)
-    return returned
+            value = await value
+    return value
 
 
 def _deadline(run: RunContext, timeout: float) -> float:

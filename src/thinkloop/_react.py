@@ -425,7 +425,7 @@ def _clean_name(name_text: str, tool_names: list[str]) -> str:
     return name.split()[0] if name.split() else ""
 
 
-_KWARGS_RE = re.compile(r"\s*[A-Za-z_]\w*\s*=(?!=)")
+KEYWORD_ARGUMENTS_RE = re.compile(r"\s*[A-Za-z_]\w*\s*=(?!=)")
 
 
 def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
@@ -437,7 +437,7 @@ def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
     body = unfenced(text).strip()
     if not body or body.lower() in ("none", "null", "{}", "n/a"):
         return {}, None
-    if _KWARGS_RE.match(body):  # `expression="2+3", digits=2`: keyword arguments written as code
+    if KEYWORD_ARGUMENTS_RE.match(body):  # `expression="2+3", digits=2`: keyword arguments written as code
         parsed = _literal_call(body)
         if parsed is not None and parsed[1] and not parsed[0]:
             return parsed[1], None

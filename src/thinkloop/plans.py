@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import ConfigurationError, ModelError, RunError
 from ._events import ErrorKind, Event, PlanCreated, TaskFinished, TaskSkipped, TaskStarted
-from ._execute import execute_calls, start_invocation
+from ._execute import execute_calls, returned_result, start_invocation
 from ._messages import Message, ModelRequest, ModelSettings, ToolCall, Usage
 from ._risk import RiskLevel
 from ._tools import (
@@ -1038,12 +1038,9 @@ async def _bounded(invocation: Awaitable[Any], limit: float) -> Any:
     timer = asyncio.timeout(None if math.isinf(limit) else limit)
     try:
         async with timer:
-            while True:
-                if not finished:
-                    value = await value
-                if type(value) is not types.CoroutineType:
-                    return value
-                finished, value = start_invocation(value)  # returned, not awaited: awaited here
+            if not finished:
+                value = await value
+            return await returned_result(value)  # a coroutine the tool returned, not awaited: awaited here
     except TimeoutError:
         if timer.expired():
             raise _TimedOut from None
