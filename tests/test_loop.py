@@ -28,8 +28,9 @@ from thinkloop import (
     tool,
 )
 from thinkloop._events import Done, Event, ModelCalled
+from thinkloop.models import OpenAIModel
 from thinkloop.stores import SQLiteStore
-from thinkloop.testing import FunctionModel, ScriptedModel
+from thinkloop.testing import FunctionModel, Reply, ScriptedModel
 from thinkloop.tools.calculator import calculator
 
 
@@ -1287,6 +1288,92 @@ async def test_a_model_that_raises_something_unexpected_ends_the_run_with_an_err
     result = await Agent(Buggy(lambda r: "x"), tools=[calculator]).run("What is 1+1?")
     assert result.stop_reason is StopReason.ERROR
     assert result.error is not None and "the model raised KeyError: 'choices'" in result.error
+
+
+async def test_a_timeout_the_model_raised_itself_is_retried_not_taken_for_the_runs_time_limit() -> None:
+    """`asyncio.wait_for` inside a model (or `socket.timeout`, the same class) raises TimeoutError: it is the
+    model call's transient failure, retried, and the run — which has no time limit — ends with `error`
+    naming it, not with `timeout` ("the time limit of None s")."""
+    calls = 0
+
+    async def slow_backend(request: ModelRequest) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await asyncio.wait_for(asyncio.sleep(10), 0.001)
+        return "answered on the second try"
+
+    events: list[Event] = []
+    agent = Agent(FunctionModel(slow_backend), model_retries=1, on_event=events.append)
+    result = await agent.run("hi")
+    assert (result.stop_reason, result.output, calls) == (
+        StopReason.FINAL_ANSWER,
+        "answered on the second try",
+        2,
+    )
+    attempts = [e for e in events if e.type == "model_attempt"]
+    assert [a.error for a in attempts] == [
+        "test: model request failed: the model call timed out (TimeoutError)"
+    ]
+
+    def always(request: ModelRequest) -> str:
+        raise TimeoutError("read timed out")
+
+    failed = await Agent(FunctionModel(always), model_retries=0).run("hi")
+    assert failed.stop_reason is StopReason.ERROR
+    assert (
+        failed.error == "test: model request failed: the model call timed out (TimeoutError: read timed out)"
+    )
+
+
+async def test_a_model_raising_in_the_forced_final_call_keeps_the_budget_stop() -> None:
+    """The best-effort final call after a budget stop fails with an exception of the model's own: the run
+    still ends on its budget, saying the final call failed (the exception escaped the run before)."""
+
+    def model(request: ModelRequest) -> Reply:
+        if not request.tools:
+            raise RuntimeError("backend crashed")
+        return {"tool_calls": [{"name": "calculator", "args": {"expression": "1+1"}}]}
+
+    result = await Agent(FunctionModel(model), tools=[calculator], budget=Budget(max_steps=2)).run("go")
+    assert result.stop_reason is StopReason.MAX_STEPS and not result.forced_final
+    assert result.error is not None
+    assert (
+        "The final-answer call failed: test: model request failed: the model raised RuntimeError: backend crashed"
+        in result.error
+    )
+
+
+@pytest.mark.parametrize("header", ["1000000000", "31"])
+async def test_a_retry_after_longer_than_the_loop_waits_fails_the_call_at_once(header: str) -> None:
+    """A provider asking to wait longer than the loop's 30 s cap: the call fails now with the provider's
+    error (it used to sleep 30 s per retry, then fail anyway)."""
+    from thinkloop.testing_server import Fault, OpenAICompatibleServer
+
+    async with OpenAICompatibleServer(
+        [Fault(429, "Rate limit reached", headers={"Retry-After": header})]
+    ) as server:
+        agent = Agent(OpenAIModel("gpt-4o-mini", base_url=server.url, api_key="test"))
+        result = await asyncio.wait_for(agent.run("hi"), 20)
+    assert result.stop_reason is StopReason.ERROR
+    assert result.error is not None and "429" in result.error and "Rate limit reached" in result.error
+    assert len(server.chat_requests) == 1
+
+
+async def test_a_retry_wait_the_run_has_no_time_left_for_ends_with_the_providers_error() -> None:
+    """With `Budget(timeout=…)` shorter than the provider's Retry-After, the run ends with the 429 in its
+    error, not a `timeout` stop that hides it."""
+    from thinkloop.testing_server import Fault, OpenAICompatibleServer
+
+    async with OpenAICompatibleServer(
+        [Fault(429, "Rate limit reached", headers={"Retry-After": "20"})]
+    ) as server:
+        model = OpenAIModel("gpt-4o-mini", base_url=server.url, api_key="test")
+        agent = Agent(model, budget=Budget(timeout=10))
+        result = await asyncio.wait_for(agent.run("hi"), 20)
+    assert result.stop_reason is StopReason.ERROR and result.duration < 10
+    assert result.error is not None and "429" in result.error
+    assert len(server.chat_requests) == 1
 
 
 @pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])

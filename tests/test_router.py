@@ -866,12 +866,61 @@ async def test_a_stream_silent_past_the_router_timeout_falls_back() -> None:
 
 
 async def test_the_router_timeout_is_not_confused_with_the_members_own() -> None:
+    """A member's own TimeoutError (its asyncio.wait_for, a socket timeout) is that member's transient
+    failure: retried, then fallen back from — not the router's timeout, and not the run's deadline."""
+
     def raises(request: ModelRequest) -> Reply:
         raise TimeoutError("the member's own")
 
-    router = Recorder().router(FunctionModel(raises), timeout=5)
-    with pytest.raises(TimeoutError, match="the member's own"):
-        await router.request(REQUEST)
+    rec = Recorder()
+    router = rec.router(FunctionModel(raises, name="a"), flaky("spare", name="b"), timeout=5, retries=1)
+    response = await router.request(REQUEST)
+    assert response.text == "spare"
+    assert rec.actions == [("test:a", 1, "retry"), ("test:a", 2, "fallback")]
+    assert "the model call timed out (TimeoutError: the member's own)" in rec.attempts[0].error
+    assert "router's timeout" not in rec.attempts[0].error
+
+    alone = Recorder().router(FunctionModel(raises), timeout=5, retries=0)
+    with pytest.raises(ModelRetryableError, match=r"timed out \(TimeoutError: the member's own\)") as caught:
+        await alone.request(REQUEST)
+    assert caught.value.retried
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_member_raising_an_exception_of_its_own_is_fallen_back_from_and_counted(stream: bool) -> None:
+    """A member of the user's making that raises a plain exception (a bug, a KeyError from a parsed reply)
+    is that member's failure: the router falls back to the next one, reports the attempt, and the member's
+    breaker counts it — so later requests skip it once the breaker opens."""
+
+    def broken(request: ModelRequest) -> Reply:
+        raise KeyError("choices")
+
+    rec = Recorder()
+    router = rec.router(
+        FunctionModel(broken, name="broken"), flaky("spare", name="b"), retries=0, breaker_threshold=2
+    )
+    for _ in range(3):
+        if stream:
+            chunks = await _collect(router)
+            assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "spare"
+        else:
+            assert (await router.request(REQUEST)).text == "spare"
+    assert rec.actions == [("test:broken", 1, "fallback"), ("test:broken", 1, "fallback")]  # then skipped
+    assert "the model raised KeyError: 'choices'" in rec.attempts[0].error
+    assert router.breakers[0].state(rec.now) == "open"
+
+
+async def test_a_members_exception_after_text_was_streamed_surfaces_as_a_model_error() -> None:
+    class Breaks(FunctionModel):
+        async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+            yield TextDelta(text="Hel")
+            raise RuntimeError("socket gone")
+
+    rec = Recorder()
+    router = rec.router(Breaks(lambda r: "x", name="a"), flaky("spare", name="b"), retries=0)
+    with pytest.raises(ModelError, match="the model raised RuntimeError: socket gone"):
+        await _collect(router)
+    assert rec.actions == [("test:a", 1, "give_up")]
 
 
 def test_a_timeout_that_is_not_positive_is_a_configuration_error() -> None:

@@ -141,3 +141,27 @@ class ConcurrencyError(RunError):
         self.run_id = run_id
         self.expected = expected
         self.actual = actual
+
+
+class DeadlineExceeded(TimeoutError):
+    """Internal: an await cut at the run's or a call's deadline by `Deadlines` — not a `TimeoutError` the
+    awaited code raised itself (`asyncio.wait_for` inside a tool or a model), which is that call's failure,
+    not the run's timeout."""
+
+
+def as_model_error(exc: Exception, provider: str) -> ModelError:
+    """What an exception other than thinkloop's that a model (one of the user's making) raised counts as:
+    its own `TimeoutError` (an `asyncio.wait_for` inside it, a socket timeout) a transient failure, retried
+    and fallen back from, never the run's time limit; anything else a model failure naming the exception."""
+    if isinstance(exc, TimeoutError):
+        error: ModelError = ModelRetryableError(
+            f"the model call timed out ({type(exc).__name__}{f': {exc}' if str(exc) else ''})",
+            provider=provider,
+            scope="model request",
+        )
+    else:
+        error = ModelError(
+            f"the model raised {type(exc).__name__}: {exc}", provider=provider, scope="model request"
+        )
+    error.__cause__ = exc
+    return error

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import _aio, _json
 from ._data import fast_constructor
+from ._errors import DeadlineExceeded
 from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
 from ._react import KEYWORD_ARGUMENTS_RE, arguments_example, parse_arguments, unfenced
@@ -548,11 +549,6 @@ def _cancelled_from_outside() -> bool:
     raised by itself (after awaiting a task that was cancelled)."""
     task = asyncio.current_task()
     return task is None or task.cancelling() > 0
-
-
-class DeadlineExceeded(TimeoutError):
-    """An await cut at its deadline by `Deadlines` — not a `TimeoutError` the awaited code raised itself
-    (`asyncio.wait_for` inside a tool), which is that call's failure, not its timeout."""
 
 
 class Deadlines:

@@ -25,12 +25,14 @@ from ._context import ContextManager
 from ._data import fast_constructor
 from ._errors import (
     ContextOverflowError,
+    DeadlineExceeded,
     ModelError,
     ModelRetryableError,
     RunError,
     StateError,
     ToolsUnsupportedError,
     UserError,
+    as_model_error,
 )
 from ._events import (
     AnswerDelta,
@@ -504,6 +506,7 @@ def _retry_delay(run: RunContext, exc: Exception, attempt: int, streamer: _Answe
     """The wait before trying a failed model call again (announced as `model_attempt`); raises the error
     that ends the call instead: the failure itself, `_Rebuild` when the request must be built anew, or a
     `ModelError` for anything a model of the user's making raised."""
+    exc = model_failure(run, exc)
     if isinstance(exc, ContextOverflowError):
         if streamer is not None and streamer.started:
             raise exc
@@ -522,20 +525,29 @@ def _retry_delay(run: RunContext, exc: Exception, attempt: int, streamer: _Answe
             raise exc
         backoff = run.config.retry_backoff * 2 ** (attempt - 1)
         wait = backoff if exc.retry_after is None else exc.retry_after  # a Retry-After of 0 means now
-        delay = min(wait, 30.0)
+        delay = min(wait, MAX_RETRY_WAIT)
+        timeout = run.config.budget.timeout
+        if (exc.retry_after or 0.0) > MAX_RETRY_WAIT or (
+            timeout is not None and run.elapsed + delay >= timeout
+        ):
+            raise exc  # a wait longer than the loop waits, or than the run has left: the provider's error now
         run.emit(
             ModelAttempt(
                 model=run.model.spec, attempt=attempt, error=str(exc), next_action="retry", delay=delay
             )
         )
         return delay
-    if isinstance(
-        exc, ModelError | UserError | TimeoutError
-    ):  # a UserError (missing weights …) is the caller's
-        raise exc
-    raise ModelError(  # a model of the user's making raised something else: still a model error
-        f"the model raised {type(exc).__name__}: {exc}", provider=run.model.provider, scope="model request"
-    ) from exc
+    raise exc
+
+
+def model_failure(run: RunContext, exc: Exception) -> Exception:
+    """The error a failed model call stands for: a `ModelError`, a `UserError` (missing weights … are the
+    caller's) and the run's own deadline as they are; a `TimeoutError` the model raised itself (its own
+    `asyncio.wait_for`, a socket timeout) is a transient `ModelRetryableError`, not the run's time limit;
+    anything else a model of the user's making raised is a `ModelError` naming it."""
+    if isinstance(exc, ModelError | UserError | DeadlineExceeded):
+        return exc
+    return as_model_error(exc, run.model.provider)
 
 
 def _describe(response: object) -> str:
@@ -545,6 +557,9 @@ def _describe(response: object) -> str:
 
 
 MAX_SHRINKS_PER_STEP = 2
+MAX_RETRY_WAIT = 30.0
+"""The longest the loop waits before trying a failed model call again; a provider asking for longer
+(`Retry-After`) fails the call at once, with its error (a `RouterModel` falls back instead)."""
 
 
 class _Rebuild(Exception):
@@ -1059,10 +1074,13 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
 async def _final_call(run: RunContext, request: ModelRequest) -> ModelResponse:
     started = time.perf_counter()
     deadline = run.deadline
-    if deadline is None:
-        response = await run.model.request(request)
-    else:
-        response = await run.deadlines.within(deadline, run.model.request(request))
+    try:
+        if deadline is None:
+            response = await run.model.request(request)
+        else:
+            response = await run.deadlines.within(deadline, run.model.request(request))
+    except Exception as exc:
+        raise model_failure(run, exc)  # noqa: B904 - model_failure sets the cause (or it is exc itself)
     _account(run, request, response, started, final=True)
     return response
 

@@ -42,10 +42,12 @@ from typing import Literal, TypeVar
 from .._errors import (
     ConfigurationError,
     ContextOverflowError,
+    DeadlineExceeded,
     ModelError,
     ModelRetryableError,
     ToolsUnsupportedError,
     UserError,
+    as_model_error,
 )
 from .._events import ModelAttempt
 from .._messages import Message, ModelRequest, ModelResponse, StreamChunk, ToolCallDelta, Usage
@@ -451,6 +453,12 @@ class RouterModel(Model):
                 if (error := plan.misconfigured(member, exc)) is None:
                     raise
                 raise error from exc
+            except DeadlineExceeded:
+                plan.release()
+                raise
+            except Exception as exc:  # a member of the user's making raised something else: its failure
+                await plan.failed(member, as_model_error(exc, member.provider))
+                continue
             except BaseException:
                 plan.release()
                 raise
@@ -481,6 +489,16 @@ class RouterModel(Model):
                 if (error := plan.misconfigured(member, exc)) is None:
                     raise
                 raise error from exc
+            except DeadlineExceeded:
+                plan.release()
+                raise
+            except Exception as exc:
+                failure = as_model_error(exc, member.provider)
+                if delivered:
+                    self._surface(plan, member, failure)
+                    raise failure from exc
+                await plan.failed(member, failure)
+                continue
             except BaseException:
                 plan.release()
                 raise
@@ -522,7 +540,7 @@ class RouterModel(Model):
             async with asyncio.timeout(self.timeout) as scope:
                 return await step
         except TimeoutError:
-            if not scope.expired():  # not ours: the member's own
+            if not scope.expired():  # not ours: the member's own (`request` counts it as its failure)
                 raise
             raise ModelRetryableError(
                 f"no answer within the router's timeout of {self.timeout:g} s; raise RouterModel(timeout=...) "
