@@ -341,6 +341,54 @@ async def test_a_stream_without_finish_reason_or_done_is_a_retryable_cut(
         await answer(model, True)
 
 
+@pytest.mark.parametrize(
+    ("tool_calls", "said"),
+    [
+        (
+            {"id": "c1", "function": {"name": "add", "arguments": "{}"}},
+            "its tool_calls are a dict, not a list",
+        ),
+        ([None], "its tool call 0 is None, without a function"),
+        ([{"id": "c1", "type": "function", "function": None}], "its tool call 0 is .*, without a function"),
+    ],
+    ids=["an object", "null", "no function"],
+)
+async def test_malformed_tool_calls_are_a_clear_error_not_an_empty_answer(
+    server: OpenAICompatibleServer, model: OpenAIModel, tool_calls: Any, said: str
+) -> None:
+    """Tool calls of the wrong shape were dropped without a word: the run ended with an empty final answer."""
+    message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+    body = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}  # fmt: skip
+    server.add(Fault(200, body=body))
+    with pytest.raises(ModelError, match=f"malformed chat completion \\(ValueError: {said}\\)"):
+        await answer(model, False)
+
+
+async def test_usage_beside_choices_in_every_chunk_does_not_make_a_cut_stream_complete(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    """vLLM's `continuous_usage_stats` (and some proxies) put usage in every chunk: only the usage chunk
+    without choices is the server's last, so a stream cut after such chunks is still cut. Before, the
+    truncated text ('The capital of Australia is') was taken as the complete answer."""
+    chunks = [
+        {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+         "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}],
+         "usage": {"prompt_tokens": 20, "completion_tokens": i + 1, "total_tokens": 21 + i}}
+        for i, piece in enumerate(["The capital", " of Austral", "ia is"])
+    ]  # fmt: skip
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode()
+    server.add(Fault(200, body=body, headers={"content-type": "text/event-stream"}))
+    with pytest.raises(ModelRetryableError, match=r"the stream ended before the reply was complete"):
+        await answer(model, True)
+    usage_last = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
+                  "usage": {"prompt_tokens": 20, "completion_tokens": 3, "total_tokens": 23}}  # fmt: skip
+    body += f"data: {json.dumps(usage_last)}\n\n".encode()  # the usage chunk: the end, even without [DONE]
+    server.add(Fault(200, body=body, headers={"content-type": "text/event-stream"}))
+    response = await answer(model, True)
+    assert (response.text, response.usage.output_tokens) == ("The capital of Australia is", 3)
+
+
 async def test_done_inside_a_reply_is_not_the_end_of_the_stream(
     server: OpenAICompatibleServer, model: OpenAIModel
 ) -> None:

@@ -49,7 +49,7 @@ def test_the_feature_modules_export_exactly_their_intended_names() -> None:
 
     expected = {
         "thinkloop.events": {
-            "AnswerDelta", "ApprovalRequested", "Decision", "Done", "ErrorEvent", "ErrorKind", "Event", "Hint",
+            "AnswerDelta", "AnswerReset", "ApprovalRequested", "Decision", "Done", "ErrorEvent", "ErrorKind", "Event", "Hint",
             "ModeSwitched", "ModelAttempt", "ModelCalled", "PlanCreated", "Progress", "RunResult", "RunStarted",
             "Status", "TaskFinished", "TaskSkipped", "TaskStarted", "Thought", "ToolCallEvent", "ToolResultEvent",
             "event_from_json",

@@ -225,8 +225,11 @@ def test_every_event_type_round_trips_through_json() -> None:
         "result": RunResult.from_state(state),
     }  # fmt: skip
     members = typing.get_args(typing.get_args(Event)[0])
-    assert len(members) == 18
-    own = {"TaskSkipped": {"reason": "cancelled"}}  # fields whose values are a closed set of their own
+    assert len(members) == 19
+    own = {
+        "TaskSkipped": {"reason": "cancelled"},
+        "AnswerReset": {"reason": "tool_calls"},
+    }  # fields whose values are a closed set of their own
     for cls in members:
         given = {**values, **own.get(cls.__name__, {})}
         required = {k: given[k] for k, f in cls.model_fields.items() if f.is_required()}
@@ -275,3 +278,100 @@ async def test_a_lone_surrogate_in_a_streamed_answer_stays_json_safe() -> None:
         event.model_dump_json()  # raised PydanticSerializationError: `thinkloop run --json` lost every later event
     assert "".join(e.text for e in deltas) == "the answer \ufffd is here"  # type: ignore[attr-defined]
     assert isinstance(events[-1], Done) and events[-1].result.output == "the answer \ufffd is here"
+
+
+# ------------------------------------------------------------------- answer_delta is the answer, or retracted
+
+ADD_2_3 = 'Action: add\nAction Input: {"a": 2, "b": 3}'
+STREAM_CASES: dict[str, tuple[str, list[Any]]] = {
+    "react: an action, then an answer in the same reply": (
+        "react", [f"Thought: add them\n{ADD_2_3}\nFinal Answer: 6", "Final Answer: 5"]
+    ),
+    "react: an observation the model invented": ("react", [f"{ADD_2_3}\nObservation: 99\nFinal Answer: 99", "Final Answer: 5"]),
+    "react: an answer sent back (a number no result gives)": ("react", [ADD_2_3, "Final Answer: 4217", "Final Answer: 5"]),
+    "react: an answer without its label": ("react", [ADD_2_3, "The sum is 5."]),
+    "react: a bold label": ("react", [ADD_2_3, "**Final Answer:** 5"]),
+    "react: the label split over chunks": ("react", [ADD_2_3, "Thought: done\nFinal   Answer:\n\n  5\n"]),
+    "native: text before a tool call": (
+        "native", [{"text": "Let me compute that.", **call("add", a=2, b=3)}, "It is 5."]
+    ),
+    "native: a reasoning block": ("native", ["<think>2+3, easy</think>\n\nIt is 5."]),
+    "native: a reasoning block never closed": ("native", ["<think>2+3 is 5"]),
+    "native: the ReAct format": ("native", ["Thought: easy\nFinal Answer: It is 5."]),
+    "native: whitespace around": ("native", ["  It is 5.\n"]),
+    "native: a tool call written as text": ("native", ['{"name": "add", "arguments": {"a": 2, "b": 3}}', "5"]),
+}  # fmt: skip
+
+
+async def _deltas_since_reset(agent: Agent, goal: str) -> tuple[str, list[str], Any]:
+    shown, kinds = "", []
+    async for event in agent.stream(goal):
+        if event.type == "answer_delta":
+            shown += event.text
+            kinds.append("delta")
+        elif event.type == "answer_reset":
+            shown = ""
+            kinds.append(f"reset:{event.reason}")
+    assert event.type == "done"
+    return shown, kinds, event.result
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8, 1000])
+@pytest.mark.parametrize("case", list(STREAM_CASES))
+async def test_the_answer_deltas_since_the_last_reset_are_the_answer(case: str, chunk: int) -> None:
+    """Text streamed that turned out not to be the answer (a thought before tool calls, an answer the loop
+    did not take, a labelled or reasoning reply) is retracted with `answer_reset`; the deltas after the last
+    reset join to `result.output` — however the reply was cut into chunks."""
+    mode, script = STREAM_CASES[case]
+    model = ScriptedModel(script, tools=mode == "native", stream_chunk=chunk)
+    shown, kinds, result = await _deltas_since_reset(Agent(model, tools=[add], mode=mode), "What is 2+3?")
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    assert shown == result.output and result.output.strip()
+    assert "<think>" not in "".join(kinds) and not result.output.startswith(("Thought", "<think"))
+
+
+async def test_a_thought_streamed_before_a_tool_call_is_retracted_at_once() -> None:
+    model = ScriptedModel([{"text": "Let me add.", **call("add", a=2, b=3)}, "It is 5."])
+    events = [e async for e in Agent(model, tools=[add]).stream("What is 2+3?")]
+    kinds = [e.type for e in events]
+    reset = kinds.index("answer_reset")
+    assert kinds[:reset].count("answer_delta") >= 1 and "tool_call" not in kinds[:reset]
+    assert kinds[reset + 1 :].index("tool_call") >= 0  # the reset came before the tool ran
+    assert events[reset].reason == "tool_calls"  # type: ignore[union-attr]
+
+
+async def test_a_reasoning_block_is_never_streamed_as_the_answer() -> None:
+    model = ScriptedModel(["<think>secret reasoning</think>It is 5."], stream_chunk=2)
+    events = [e async for e in Agent(model).stream("What is 2+3?")]
+    deltas = [e.text for e in events if e.type == "answer_delta"]
+    assert "".join(deltas) == "It is 5." and "answer_reset" not in [e.type for e in events]
+
+
+async def test_a_forced_final_answer_is_streamed_too() -> None:
+    """The best-effort answer after a budget stop comes from a call that does not stream: it still reaches
+    the stream as `answer_delta`, so that a consumer of deltas gets every run's answer."""
+    model = ScriptedModel([call("add", a=1, b=1), "Best effort: 2."], stream_chunk=3)
+    shown, kinds, result = await _deltas_since_reset(
+        Agent(model, tools=[add], budget=Budget(max_steps=1)), "1+1?"
+    )
+    assert result.stop_reason is StopReason.MAX_STEPS and result.forced_final
+    assert shown == result.output == "Best effort: 2." and kinds == ["delta"]
+
+
+async def test_an_answer_the_output_type_refused_is_retracted() -> None:
+    from pydantic import BaseModel
+
+    class Sum(BaseModel):
+        total: int
+
+    model = ScriptedModel(["about five", '{"total": 5}'])
+    shown, kinds, result = await _deltas_since_reset(Agent(model, output_type=Sum), "2+3?")
+    assert kinds.count("reset:correction") == 1 and shown == result.output == '{"total": 5}'
+
+
+async def test_a_run_that_is_not_streamed_emits_no_answer_deltas() -> None:
+    events: list[Event] = []
+    result = await Agent(ScriptedModel(["It is 5."]), on_event=events.append).run("2+3?")
+    assert result.output == "It is 5." and not [
+        e for e in events if e.type in ("answer_delta", "answer_reset")
+    ]

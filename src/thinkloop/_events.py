@@ -72,10 +72,27 @@ class ToolResultEvent(_Event):
 
 
 class AnswerDelta(_Event):
-    """A streamed piece of the final answer."""
+    """A streamed piece of the final answer. With `agent.stream()`, the pieces since the last `answer_reset`
+    join to the run's `result.output` by the time `done` comes."""
 
     type: Literal["answer_delta"] = "answer_delta"
     text: str
+
+
+ResetReason = Literal["tool_calls", "correction", "answer"]
+
+
+class AnswerReset(_Event):
+    """The `answer_delta` text streamed since the last reset was not the final answer: discard it.
+
+    `reason`: `tool_calls` — the reply went on to call tools (its text was a thought); `correction` — the
+    reply was sent back to the model (unreadable, a number no result gives, an answer that did not match the
+    output type); `answer` — the final answer differs from the streamed text (labels or reasoning removed, a
+    best-effort final answer); the `answer_delta` events that follow it carry the answer."""
+
+    type: Literal["answer_reset"] = "answer_reset"
+    step: int
+    reason: ResetReason
 
 
 class Progress(_Event):
@@ -212,6 +229,7 @@ Event = Annotated[
     | ToolCallEvent
     | ToolResultEvent
     | AnswerDelta
+    | AnswerReset
     | Progress
     | Hint
     | ApprovalRequested

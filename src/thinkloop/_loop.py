@@ -36,6 +36,7 @@ from ._errors import (
 )
 from ._events import (
     AnswerDelta,
+    AnswerReset,
     Done,
     ErrorEvent,
     Event,
@@ -44,6 +45,7 @@ from ._events import (
     ModelCalled,
     ModeSwitched,
     Progress,
+    ResetReason,
     RunResult,
     Thought,
     ToolCallEvent,
@@ -137,6 +139,7 @@ class RunContext:
     parsed: Any = None  # the final answer validated against `output`
     deps: Any = None  # `agent.run(..., deps=…)`: handed to tools that take a `ToolContext`
     interrupted: bool = False  # `Agent.interrupt()`: the cancellation that comes leaves the run resumable
+    streamer: _AnswerStreamer | None = None  # the last streamed reply, while its text may be the answer
     save_interrupted: bool = True  # False: an interrupted run writes nothing more (another process owns it)
     _shown: dict[tuple[Mode, tuple[str, ...]], tuple[Message, list[ToolDefinition]]] = field(
         default_factory=dict, repr=False
@@ -418,6 +421,8 @@ async def think(run: RunContext) -> Reply:
         except _Rebuild:  # the context was shrunk, or the mode switched: build the request again
             continue
     reply = _valid_unicode_reply(interpret(run, response, request))
+    if run.streamer is not None and (reply.calls or reply.problem is not None):
+        _retract(run, "tool_calls" if reply.calls else "correction")
     _record_reply(run, reply)
     return reply
 
@@ -469,7 +474,7 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
         streamer = None
         try:
             if run.config.stream and run.model.capabilities.streaming:
-                streamer = _AnswerStreamer(run, react=run.state.mode == "react")
+                run.streamer = streamer = _AnswerStreamer(run, react=run.state.mode == "react")
                 response = await _within(run, deadline, _stream_model(run, request, streamer))
             elif deadline is None:
                 response = await run.model.request(request)
@@ -624,7 +629,7 @@ async def _stream_model(run: RunContext, request: ModelRequest, answer: _AnswerS
         elif isinstance(chunk, ModelResponse):
             final = chunk
         else:
-            answer.tool_call_seen = True
+            answer.called = True  # a tool call: the rest of the reply is not the answer
     if final is None:
         raise ModelError(
             "the stream ended without a final response", provider=run.model.provider, scope="streaming"
@@ -632,34 +637,131 @@ async def _stream_model(run: RunContext, request: ModelRequest, answer: _AnswerS
     return final
 
 
+_THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
+
+
 class _AnswerStreamer:
-    """Emits `answer_delta` events: native text before any tool call; ReAct text after `Final Answer:`."""
+    """Emits `answer_delta` events for the text of a streamed reply that can still be the final answer.
+
+    Native mode: the text before any tool call — after a leading `<think>…</think>` block, and only after
+    `Final Answer:` when the reply opens with a `Thought:` label. ReAct: the text after `Final Answer:`.
+    Whitespace after a label or reasoning block is skipped, and trailing whitespace held back until more
+    text follows (such answers are stripped). The loop retracts what was sent (`answer_reset`) when the reply is not the answer after all.
+    Each delta looks only at the text it added: a long reply costs linear time.
+    """
+
+    __slots__ = (
+        "run",
+        "buffer",
+        "called",
+        "labelled",
+        "opening",
+        "thinking",
+        "scanned",
+        "looked",
+        "first",
+        "sent",
+    )
 
     def __init__(self, run: RunContext, *, react: bool) -> None:
-        self.run, self.react, self.buffer, self.sent, self.tool_call_seen = run, react, "", 0, False
+        self.run, self.buffer, self.called = run, "", False
+        self.labelled = react  # the answer starts after a `Final Answer:` label
+        self.opening = not react  # native: whether the reply's opening (reasoning, a label) is still unknown
+        self.thinking = False  # inside a leading `<think>` block
+        self.scanned = 0  # where the answer (or its label's line, or the end of the reasoning) may start
+        self.looked = 0  # labelled: the text before this offset holds no newline after `scanned`
+        self.first = -1  # where the sent text starts in `buffer` (-1: nothing sent yet)
+        self.sent = 0  # where it ends
 
     @property
     def started(self) -> bool:
         """Whether any answer text was sent (a failure after that cannot be retried unseen)."""
-        return bool(self.buffer) and (not self.react or self.sent > 0)
+        return self.first >= 0
+
+    @property
+    def text(self) -> str:
+        """The text sent as `answer_delta` events."""
+        return self.buffer[self.first : self.sent] if self.first >= 0 else ""
 
     def feed(self, text: str) -> None:
         if not text.isascii():
             text = _valid_unicode(text)  # a lone surrogate (half an emoji's JSON escape) fails JSON output
         self.buffer += text
-        if self.tool_call_seen:
+        if self.called or (self.first < 0 and not self._answer_starts()):
             return
-        if not self.react:
-            self.run.emit(AnswerDelta(text=text))
-            return
-        match = _react._FINAL_RE.search(self.buffer)
-        if match is None:
-            return
-        start = max(match.end(), self.sent)
-        piece = self.buffer[start:]
-        if piece:
+        end = len(self.buffer.rstrip())
+        if end > self.sent:
+            piece, self.sent = self.buffer[self.sent : end], end
             self.run.emit(AnswerDelta(text=piece))
-            self.sent = len(self.buffer)
+
+    def _answer_starts(self) -> bool:
+        """Before anything was sent: whether the answer has begun (then `first` and `sent` are its start)."""
+        if self.opening and not self._opened():
+            return False
+        at = self.scanned
+        if self.labelled and (at := self._after_label()) < 0:
+            return False
+        rest = self.buffer[at:]
+        stripped = rest.lstrip() if at else rest  # a labelled answer, or one after reasoning, is stripped
+        if not stripped.strip():
+            return False
+        self.first = self.sent = at + len(rest) - len(stripped)
+        return True
+
+    def _opened(self) -> bool:
+        """Native: whether the reply's opening is known — past a leading reasoning block, plain text, or a
+        `Thought:` label (then the answer is the labelled one)."""
+        buffer = self.buffer
+        if not self.thinking:
+            head = buffer.lstrip()
+            lower = head[:16].lower()
+            if len(lower) < 7 and "<think>".startswith(lower):
+                return False  # too little to tell
+            if not lower.startswith("<think>"):
+                if "\n" not in head and len(head) < 12 and "thought".startswith(lower.lstrip(" \t>*_#")[:7]):
+                    return False  # maybe a `Thought:` label
+                self.labelled = _react._THOUGHT_RE.match(head) is not None
+                self.opening = False
+                return True
+            self.thinking, self.scanned = True, len(buffer) - len(head) + len("<think>")
+        match = _THINK_CLOSE_RE.search(buffer, self.scanned)
+        if match is None:  # reasoning: never the answer
+            self.scanned = max(self.scanned, len(buffer) - len("</think>"))
+            return False
+        self.scanned, self.thinking, self.opening = match.end(), False, False
+        return True
+
+    def _after_label(self) -> int:
+        """Labelled: where the text after `Final Answer:` starts, or -1 while no line begins with it."""
+        buffer = self.buffer
+        while (match := _react._FINAL_RE.match(buffer, self.scanned)) is None:
+            newline = buffer.find("\n", max(self.scanned, self.looked))
+            if newline < 0:  # the last line may still grow into the label
+                self.looked = len(buffer)
+                return -1
+            self.scanned = newline + 1
+        return match.end()
+
+
+def _retract(run: RunContext, reason: ResetReason) -> None:
+    """The text streamed as the answer was not the answer: tell the consumers (`answer_reset`)."""
+    streamer, run.streamer = run.streamer, None
+    if streamer is not None and streamer.started:
+        run.emit(AnswerReset(step=run.state.step, reason=reason))
+
+
+def _stream_answer(run: RunContext, answer: str) -> None:
+    """At the end of a streamed run: make the `answer_delta` text since the last reset the run's answer —
+    the rest of it, or (after `answer_reset`) all of it when what was streamed differs."""
+    streamer, run.streamer = run.streamer, None
+    sent = streamer.text if streamer is not None else ""
+    if sent == answer:
+        return
+    if sent and not answer.startswith(sent):
+        run.emit(AnswerReset(step=run.state.step, reason="answer"))
+        sent = ""
+    if len(answer) > len(sent):
+        run.emit(AnswerDelta(text=answer[len(sent) :]))
 
 
 def _account(
@@ -911,6 +1013,7 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
     if problem is None:
         return await finish(run, StopReason.FINAL_ANSWER, answer=answer)
     if ask_output_again(run, problem):
+        _retract(run, "correction")
         return None
     what = problem.split(" Give the final answer again", 1)[0]  # the instructions were for the model
     error = f"the final answer did not match the output type: {what}"
@@ -1240,6 +1343,8 @@ async def finish(
     state.phase = "error" if reason in (StopReason.ERROR, StopReason.CANCELLED) else "done"
     state.ended_at = time.time()
     state.elapsed = run.elapsed
+    if run.config.stream:
+        _stream_answer(run, answer)
     if reason is StopReason.ERROR:
         run.emit(ErrorEvent(message=error or "error"))
     result = RunResult.from_state(state)

@@ -220,13 +220,15 @@ class ReactStep:
 
 
 _FENCE_RE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
-_LABEL = r"(?im)^[ \t>*_#]*{label}[ \t*_]*[:：][ \t]*"
+_LABEL = r"(?im)^[ \t>*_#]*{label}[ \t*_]*[:：](?:[*_]+(?=\s|$))?[ \t]*"  # `**Final Answer:** 5` too
 _THOUGHT_RE = re.compile(_LABEL.format(label=r"thought"))
 _ACTION_RE = re.compile(_LABEL.format(label=r"action(?![ \t_]*input)"))
 _INPUT_RE = re.compile(_LABEL.format(label=r"action[ \t_]*input"))
 _FINAL_RE = re.compile(_LABEL.format(label=r"final[ \t_]*answer"))
 _OBS_RE = re.compile(_LABEL.format(label=r"observation"))
-_INLINE_FINAL_RE = re.compile(r"(?i)\bfinal answer[ \t]*[:：][ \t]*")  # "... so I answer. Final Answer: 5"
+_INLINE_FINAL_RE = re.compile(
+    r"(?i)\bfinal answer[ \t*_]*[:：](?:[*_]+(?=\s|$))?[ \t]*"
+)  # "... so I answer. Final Answer: 5"
 _CALL_SYNTAX_RE = re.compile(r"^([A-Za-z_][\w.-]*)\s*\((.*)\)\s*$", re.DOTALL)
 
 

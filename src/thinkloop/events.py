@@ -5,6 +5,7 @@ run's event log) and `time`. `Event` is the union of them all; `event_from_json(
 """
 
 from ._events import AnswerDelta as AnswerDelta
+from ._events import AnswerReset as AnswerReset
 from ._events import ApprovalRequested as ApprovalRequested
 from ._events import Decision as Decision
 from ._events import Done as Done
@@ -29,7 +30,7 @@ from ._events import ToolResultEvent as ToolResultEvent
 from ._events import event_from_json as event_from_json
 
 __all__ = [
-    "AnswerDelta", "ApprovalRequested", "Decision", "Done", "ErrorEvent", "ErrorKind", "Event", "Hint",
+    "AnswerDelta", "AnswerReset", "ApprovalRequested", "Decision", "Done", "ErrorEvent", "ErrorKind", "Event", "Hint",
     "ModeSwitched", "ModelAttempt", "ModelCalled", "PlanCreated", "Progress", "RunResult", "RunStarted",
     "Status", "TaskFinished", "TaskSkipped", "TaskStarted", "Thought", "ToolCallEvent", "ToolResultEvent",
     "event_from_json",

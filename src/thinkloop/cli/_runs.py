@@ -218,7 +218,7 @@ def replay_command(
         for event in events:
             if as_json:
                 sys.stdout.write(json_for_stdout(event.model_dump_json()) + "\n")
-            elif event.type != "answer_delta":  # the answer is shown whole by `done`
+            elif event.type not in ("answer_delta", "answer_reset"):  # the answer is shown whole by `done`
                 render_event(console, event)
         if not as_json and not state.finished:  # the log stops short of a `done`: say why
             console.print(f"[dim]{escape(_unfinished(state, store))}[/]", soft_wrap=True)

@@ -598,6 +598,10 @@ class OpenAIModel(Model):
             cause = exc.__cause__ or exc.__context__
             detail = f" ({cause})" if cause and str(cause) else ""
             message = f"could not reach {where}{detail}; check base_url and that the server is running"
+            kinds = {cls.__name__ for cls in type(cause).__mro__} if cause is not None else set()
+            if kinds & {"ReadError", "RemoteProtocolError", "WriteError"}:  # connected: lost on the way
+                said = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+                message = f"the connection to {where} was lost before its reply was complete ({said}); retry the request"
             return ModelRetryableError(message, provider=self.provider, scope=scope)
         if isinstance(exc, openai.APIStatusError):
             return self._status_error(exc, scope)
@@ -908,10 +912,15 @@ def _parse_completion(completion: ChatCompletion, name: str) -> ModelResponse:
     choice = completion.choices[0]
     message = choice.message
     calls = []
-    for index, call in enumerate(message.tool_calls or []):
+    raw_calls = message.tool_calls
+    if raw_calls is not None and not isinstance(raw_calls, list):
+        raise ValueError(f"its tool_calls are a {type(raw_calls).__name__}, not a list")
+    for index, call in enumerate(raw_calls or []):
         function = getattr(call, "function", None)
-        if function is None:  # a non-function ("custom") tool call: not something thinkloop sends
-            continue
+        if function is None:
+            if getattr(call, "type", None) not in (None, "function"):
+                continue  # a non-function ("custom") tool call: not something thinkloop sends
+            raise ValueError(f"its tool call {index} is {_clip(repr(call), 120)}, without a function")
         calls.append(
             _parse_arguments(_text_id(call.id) or f"call_{index}", function.name, function.arguments)
         )
@@ -997,7 +1006,7 @@ class _StreamAssembler:
         self.slots: dict[int, int] = {}  # the server's tool-call index -> the call of ours it is feeding
         self.finish: str | None = None
         self.usage = Usage()
-        self.usage_seen = False  # a usage chunk came: the server's last
+        self.usage_seen = False  # the usage chunk (usage, no choices) came: the server's last
         self.events = 0  # chunks received
         self.shapeless: str | None = (
             None  # the first chunk of another shape, while no chat-completion chunk came
@@ -1013,8 +1022,10 @@ class _StreamAssembler:
             self.model_name = model
         if chunk.usage is not None:
             self.usage = _parse_usage(chunk.usage)
-            self.usage_seen = True
         if not chunk.choices:
+            # the usage chunk without choices is the server's last; usage beside choices (vLLM's
+            # `continuous_usage_stats`, some proxies: in every chunk) says nothing about the end
+            self.usage_seen = self.usage_seen or chunk.usage is not None
             return []
         choice = chunk.choices[0]
         self.finish = choice.finish_reason or self.finish

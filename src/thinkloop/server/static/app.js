@@ -365,6 +365,11 @@ function show(event) {
     $("answer").append(document.createTextNode(event.text));
     return;
   }
+  if (event.type === "answer_reset") { // the text streamed so far was not the answer
+    $("answer").textContent = "";
+    $("answer-box").hidden = true;
+    return;
+  }
   const render = renderers[event.type] || ((e) => [pre(json(e))]);
   const names = { tool_call: "tool call", tool_result: "result", model_call: "model call",
     approval_requested: "approval requested", run_started: "started", mode_switched: "mode switch",
