@@ -1365,3 +1365,33 @@ def test_the_examples_of_docs_cli_md_run(cli: Cli) -> None:
         ran += 1
     assert ran >= 4
     assert (cli.dir / "report.txt").exists()  # the shell example's `touch report.txt` ran (--yes)
+
+
+def test_control_sequences_from_a_run_are_shown_not_obeyed_by_the_terminal(cli: Cli) -> None:
+    """A tool's output (a file it read), a model's answer and a goal may hold terminal control sequences:
+    `ESC ] 52` writes the clipboard, `ESC [ 2J` clears the screen, U+202E reverses text. The live view,
+    `runs show`, `runs replay` and `runs list` print them as escapes (before: passed to the terminal)."""
+    (cli.dir / "evil.txt").write_text("safe\x1b]52;c;ZXZpbA==\x1b\\\x1b[2Jafter\n", encoding="utf-8")
+    script = cli.script([call("read_file", path="evil.txt"), text("x\x1b]52;c;ZXZpbA==\x07y \u202eevil")])
+    goal = "read\x1b[31mRED\x1b]0;title\x07it"
+    run = cli("run", goal, "--model", script, "--tools", "files", "--workspace", str(cli.dir))
+    assert run.code == 0, run.stderr
+    run_id = json.loads(cli("runs", "list", "--json").stdout.splitlines()[0])["run_id"]
+    for printed in (run, cli("runs", "show", run_id), cli("runs", "replay", run_id), cli("runs", "list")):
+        output = printed.stdout + printed.stderr
+        assert printed.code == 0 and "\x1b" not in output and "\x07" not in output and "\u202e" not in output
+    shown = cli("runs", "show", run_id).stdout
+    assert "\\x1b]52;c;ZXZpbA==\\x07y" in shown and "\\x1b[2Jafter" in shown and "\\u202eevil" in shown
+    assert "read\\x1b[31mRED" in cli("runs", "list").stdout
+    exported = json.loads(cli("runs", "export", run_id).stdout)  # the data itself is kept as it was
+    assert exported["state"]["answer"] == "x\x1b]52;c;ZXZpbA==\x07y \u202eevil"
+
+
+def test_printable_shows_control_characters_as_escapes_and_keeps_the_rest() -> None:
+    from thinkloop.cli._console import printable
+
+    assert printable("plain text, ünïcode 😀\n\tnext line") == "plain text, ünïcode 😀\n\tnext line"
+    assert (
+        printable("a\x1b[2Jb\rc\x00d\x7fe\x9bf\u202eg\u2066h")
+        == "a\\x1b[2Jb\\x0dc\\x00d\\x7fe\\x9bf\\u202eg\\u2066h"
+    )

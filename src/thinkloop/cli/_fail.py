@@ -12,6 +12,8 @@ import os
 import sys
 import traceback
 
+from ._console import printable
+
 DEBUG_VARIABLE = "THINKLOOP_DEBUG"
 
 
@@ -34,7 +36,7 @@ def report_unexpected(exc: BaseException) -> int:
             f"it with the traceback that {DEBUG_VARIABLE}=1 prints"
         )
     try:
-        sys.stderr.write(message + "\n")
+        sys.stderr.write(printable(message) + "\n")
         sys.stderr.flush()
     except (OSError, ValueError):  # stderr itself is gone: the exit code is all that is left
         pass

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import typer
-from rich.console import Console
 
+from ._console import Console
 from ._fail import describe_os_error
 
 

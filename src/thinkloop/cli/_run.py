@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from .. import _aio
@@ -26,6 +25,7 @@ from .._events import Done, Event
 from .._loop import EventSink
 from ..models import Model, resolve_model
 from ..stores._owner import this_process
+from ._console import Console
 from ._fail import describe_os_error
 from ._interrupt import EXIT_CODE as INTERRUPTED
 from ._interrupt import Interrupts

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -19,6 +18,7 @@ from .._errors import ConfigurationError, StateError, ThinkloopError, UserError
 from .._state import RunState
 from ..stores import RunSummary, Store
 from ..stores._owner import check_not_running, claim
+from ._console import Console
 from ._fail import describe_os_error
 from ._pipe import Output, json_for_stdout, until_the_reader_leaves
 from ._run import drive, open_store_named, print_error

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from .. import _aio
 from .._budget import Budget
 from .._errors import ThinkloopError, UserError
+from ._console import Console
 from ._fail import describe_os_error
 from ._options import (
     DEFAULT_TOOLS,

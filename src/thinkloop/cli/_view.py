@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 from rich.status import Status
 
 from .._events import Done, Event
 from .._state import StopReason
+from ._console import Console, printable
 
 _RISK_STYLE = {"low": "green", "medium": "yellow", "high": "red", "critical": "bold red"}
 _MAX_SHOWN = 600
@@ -156,7 +156,7 @@ class LiveView:
         self.streamed += text
         width = max(20, self.console.width - 10)
         tail = " ".join(self.streamed.split())[-width:]
-        self._spin(f"[green]▌[/] {escape(tail)}")
+        self._spin(f"[green]▌[/] {escape(printable(tail))}")  # a spinner's text is not `render_str`'s
 
     def _end_stream(self) -> None:
         self.streamed = ""

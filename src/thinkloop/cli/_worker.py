@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from .. import _aio
 from .._budget import Budget
 from .._errors import ThinkloopError, UserError
 from .._events import Done, Event
+from ._console import Console
 from ._options import (
     DEFAULT_TOOLS,
     InstructionsOption,
