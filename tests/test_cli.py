@@ -1395,3 +1395,27 @@ def test_printable_shows_control_characters_as_escapes_and_keeps_the_rest() -> N
         printable("a\x1b[2Jb\rc\x00d\x7fe\x9bf\u202eg\u2066h")
         == "a\\x1b[2Jb\\x0dc\\x00d\\x7fe\\x9bf\\u202eg\\u2066h"
     )
+
+
+def test_read_only_commands_refuse_a_store_that_does_not_exist_and_create_nothing(cli: Cli) -> None:
+    """A mistyped --store used to be created (directories and an empty database), and `runs list` then
+    said there were no runs; the default store, which the first run creates, still lists as empty."""
+    missing = cli.dir / "typo" / "deep" / "runs.db"
+    for args in (["list"], ["show", "0" * 32], ["replay", "0" * 32], ["export", "0" * 32]):
+        result = cli("runs", *args, "--store", f"sqlite:///{missing}")
+        assert result.code == 2, result
+        assert f"error: no store at {missing}: nothing was ever saved there" in result.stderr
+    result = cli("runs", "list", "--store", f"file:///{cli.dir / 'no-such-dir'}")
+    assert result.code == 2 and "no store at" in result.stderr
+    assert not (cli.dir / "typo").exists() and not (cli.dir / "no-such-dir").exists()
+    empty = cli("runs", "list")  # the default store: not made yet, no runs
+    assert empty.code == 0 and not empty.stderr
+
+
+def test_sqlite_memory_url_keeps_the_store_in_memory_and_memory_takes_no_path(cli: Cli) -> None:
+    script = cli.script([text("hello")])
+    run = cli("run", "hi", "--model", script, "--store", "sqlite:///:memory:")
+    assert run.code == 0 and "hello" in run.stdout
+    assert not Path("/:memory:").exists() and not (cli.dir / ":memory:").exists()
+    bad = cli("runs", "list", "--store", "memory:x")
+    assert bad.code == 2 and "memory: takes nothing after the colon" in bad.stderr

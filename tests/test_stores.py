@@ -1637,3 +1637,28 @@ async def test_a_damaged_or_missing_sqlite_message_row_is_a_clear_error(tmp_path
             conn.execute("DELETE FROM messages WHERE idx = 2")
         with pytest.raises(StateError, match=r"run 'run-1' in .*: 1 of its 5 stored messages are missing"):
             await store.load_state("run-1")
+
+
+@pytest.mark.parametrize(
+    ("column", "value"), [("message_count", "abc"), ("message_count", -1), ("ledger_count", 2.5)]
+)
+async def test_a_stored_row_count_that_is_no_count_is_a_clear_error(
+    tmp_path: Path, column: str, value: Any
+) -> None:
+    """An edited or damaged `runs` row whose message or ledger count is text, negative or a fraction: the
+    store says the run is damaged (before: `TypeError: unsupported operand type(s)`, or "-1 of its -1
+    stored messages are missing")."""
+    from thinkloop import Message
+
+    db = tmp_path / "runs.db"
+    async with SQLiteStore(db) as store:
+        state = _state(messages=[Message.user("a goal")])
+        _history(state, range(1, 3))
+        await _save(store, state)
+        with sqlite3.connect(db) as conn:
+            conn.execute(f"UPDATE runs SET {column} = ?", (value,))
+        what = "messages" if column == "message_count" else "ledger entries"
+        with pytest.raises(
+            StateError, match=rf"run 'run-1' in .*: its stored number of {what} is {value!r}, not a count"
+        ):
+            await store.load_state("run-1")

@@ -21,7 +21,7 @@ from ..stores._owner import check_not_running, claim
 from ._console import Console
 from ._fail import describe_os_error
 from ._pipe import Output, json_for_stdout, until_the_reader_leaves
-from ._run import drive, open_store_named, print_error
+from ._run import STORE_VARIABLE, drive, open_store_named, print_error
 
 T = TypeVar("T")
 
@@ -50,6 +50,7 @@ def _with_store(url: str | None, job: Callable[[Store], Awaitable[T]]) -> T:
 
     async def main() -> T:
         store = open_store_named(url)
+        _check_exists(store)
         try:
             return await job(store)
         finally:
@@ -59,6 +60,21 @@ def _with_store(url: str | None, job: Callable[[Store], Awaitable[T]]) -> T:
         return _aio.run(main())
     except ThinkloopError as exc:
         raise typer.Exit(print_error(Console(stderr=True), exc)) from None
+
+
+def _check_exists(store: Store) -> None:
+    """These commands only read: a store file or directory that does not exist is a mistyped `--store`
+    (it used to be created, empty, and the command said there were no runs) — except the default store,
+    which the first run creates."""
+    from ..stores import FileStore, SQLiteStore, default_path
+
+    where = store.path if isinstance(store, SQLiteStore) else store.root if isinstance(store, FileStore) else None
+    if where is None or str(where) == ":memory:" or where.exists() or where == default_path():
+        return
+    raise UserError(
+        f"no store at {where}: nothing was ever saved there; check the path given with --store (or in "
+        f"${STORE_VARIABLE}) — by default runs are saved in {default_path()}"
+    )
 
 
 async def _state(store: Store, run_id: str) -> RunState:

@@ -72,6 +72,8 @@ def open_store(url: str | None = None) -> Store:
     scheme, sep, rest = text.partition(":")
     scheme = scheme.lower()
     if scheme == "memory":
+        if rest.strip():
+            raise ConfigurationError(f"store URL {text!r}: memory: takes nothing after the colon")
         return MemoryStore()
     if scheme in ("postgres", "postgresql"):
         from ._postgres import PostgresStore
@@ -81,6 +83,8 @@ def open_store(url: str | None = None) -> Store:
         from ._sqlite import SQLiteStore
 
         path = _path_of(rest)
+        if path in (":memory:", "/:memory:"):  # `sqlite:///:memory:`, as SQLAlchemy writes it: no file
+            return SQLiteStore(":memory:")
         return SQLiteStore(path or None)
     if scheme == "file" and sep:
         path = _path_of(rest)

@@ -523,6 +523,7 @@ def stored_ledger(
     missing or corrupt rows raise a `StateError` naming the run and `where` it is stored."""
     texts = [row[1] for row in rows]
     run = f"run {run_id!r}{_in(where)}"
+    _check_count(run, count, "ledger entries")
     if len(texts) != count:
         raise DamagedRunError(
             f"{run}: {count - len(texts)} of its {count} stored ledger entries are missing", _AGAIN
@@ -544,6 +545,7 @@ def stored_messages(run_id: str, texts: list[str], count: int, where: str = "") 
     """Messages read from their rows (`count` of them expected, in order); missing or corrupt rows raise a
     `StateError` naming the run and `where` it is stored."""
     run = f"run {run_id!r}{_in(where)}"
+    _check_count(run, count, "messages")
     if len(texts) != count:
         raise DamagedRunError(
             f"{run}: {count - len(texts)} of its {count} stored messages are missing", _AGAIN
@@ -555,6 +557,12 @@ def stored_messages(run_id: str, texts: list[str], count: int, where: str = "") 
 
 
 _AGAIN = f"{DAMAGED}, or start the run again"
+
+
+def _check_count(run: str, count: object, what: str) -> None:
+    """A stored count of rows that is no count (text, negative: an edited or damaged row) is damage too."""
+    if type(count) is not int or count < 0:
+        raise DamagedRunError(f"{run}: its stored number of {what} is {count!r}, not a count", _AGAIN)
 
 
 def _which(exc: ValueError, what: str) -> str:
