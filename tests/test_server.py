@@ -643,9 +643,19 @@ async def test_hostile_tool_output_is_served_as_json_text() -> None:
 
 async def test_allowed_hosts_stop_dns_rebinding() -> None:
     agent, _ = make_agent(ScriptedModel([]))
-    async with api(create_app(agent, allowed_hosts=["127.0.0.1", "localhost"])) as client:
-        assert (await client.get("/api/info", headers={"host": "evil.example"})).status_code == 400
-        assert (await client.get("/api/info", headers={"host": "localhost:8765"})).status_code == 200
+    app = create_app(agent, allowed_hosts=["127.0.0.1", "localhost", "[::1]", "*.example.org"])
+    async with api(app) as client:
+        refused = await client.get("/api/info", headers={"host": "evil.example"})
+        assert refused.status_code == 400 and refused.headers["content-type"] == "application/json"
+        assert refused.json() == {
+            "error": "the Host header 'evil.example' is not one this server answers to: use one of 127.0.0.1, "
+            "localhost, [::1], *.example.org (`create_app(allowed_hosts=…)`; `thinkloop serve` allows the host "
+            "it listens on)"
+        }
+        for host in ("localhost:8765", "[::1]:8765", "[::1]", "api.example.org", "127.0.0.1"):
+            assert (await client.get("/api/info", headers={"host": host})).status_code == 200, host
+        for host in ("example.org.evil", "[::2]:8765", "localhost.evil:80"):
+            assert (await client.get("/api/info", headers={"host": host})).status_code == 400, host
 
 
 def test_the_server_needs_a_store_with_an_event_log() -> None:

@@ -68,12 +68,16 @@ def _check_exists(store: Store) -> None:
     which the first run creates."""
     from ..stores import FileStore, SQLiteStore, default_path
 
-    where = store.path if isinstance(store, SQLiteStore) else store.root if isinstance(store, FileStore) else None
+    where = (
+        store.path if isinstance(store, SQLiteStore) else store.root if isinstance(store, FileStore) else None
+    )
     if where is None or str(where) == ":memory:" or where.exists() or where == default_path():
         return
+    blocking = next((p for p in where.parents if p.is_file()), None)
+    why = f"{blocking} is a file, not a directory" if blocking is not None else "nothing was ever saved there"
     raise UserError(
-        f"no store at {where}: nothing was ever saved there; check the path given with --store (or in "
-        f"${STORE_VARIABLE}) — by default runs are saved in {default_path()}"
+        f"no store at {where}: {why}; check the path given with --store (or in ${STORE_VARIABLE}) — by "
+        f"default runs are saved in {default_path()}"
     )
 
 

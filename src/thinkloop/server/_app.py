@@ -43,7 +43,6 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._agent import Agent
@@ -222,7 +221,7 @@ def create_app(
         app.add_middleware(_TokenAuth, token=secret)
         _hide_credentials_in_logs()
     if allowed_hosts is not None:
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+        app.add_middleware(_HostCheck, allowed_hosts=list(allowed_hosts))
     _add_error_handlers(app)
     _add_run_routes(app, manager)
     _add_control_routes(app, manager)
@@ -487,15 +486,56 @@ class _TokenAuth:
         response = JSONResponse(
             {"error": message}, status_code=401, headers={"WWW-Authenticate": 'Bearer realm="thinkloop"'}
         )
-        if scope["type"] == "http":
-            await response(scope, receive, send)
+        await _refuse(scope, receive, send, response, "the access token is missing or wrong")
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, response: Response, reason: str) -> None:
+    """Answer a refused request with `response`; a WebSocket's handshake fails with it (or, where the server
+    cannot send a response to a handshake, the socket closes with policy violation, 1008)."""
+    if scope["type"] == "http":
+        await response(scope, receive, send)
+        return
+    websocket = WebSocket(scope, receive, send)
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await websocket.send_denial_response(response)  # the handshake fails with the response's status
+        _denied.set(True)  # uvicorn would log this refusal as an error of the application
+    else:
+        await websocket.close(code=1008, reason=reason)
+
+
+class _HostCheck:
+    """Requests whose `Host` header is not one of `allowed_hosts` (exact, or `*.example.com`; `*` is any)
+    are refused with a JSON 400 that says which hosts are — a defence against DNS rebinding."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Sequence[str]) -> None:
+        self.app = app
+        self.allowed = list(allowed_hosts)
+        self.any = "*" in self.allowed
+
+    def accepts(self, host: str) -> bool:
+        return any(
+            host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:]))
+            for pattern in self.allowed
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.any or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
             return
-        websocket = WebSocket(scope, receive, send)
-        if "websocket.http.response" in scope.get("extensions", {}):
-            await websocket.send_denial_response(response)  # the handshake fails with 401
-            _denied.set(True)  # uvicorn would log this refusal as an error of the application
-        else:
-            await websocket.close(code=1008, reason="the access token is missing or wrong")
+        given = Headers(scope=scope).get("host", "")
+        host = given.split("]", 1)[0] + "]" if given.startswith("[") else given.split(":", 1)[0]  # `[::1]:80`
+        if self.accepts(host):
+            await self.app(scope, receive, send)
+            return
+        shown = given[:100] or "(none)"
+        message = (
+            f"the Host header {shown!r} is not one this server answers to: use one of "
+            f"{', '.join(self.allowed)} (`create_app(allowed_hosts=…)`; `thinkloop serve` allows the host it "
+            "listens on)"
+        )
+        await _refuse(
+            scope, receive, send, JSONResponse({"error": message}, status_code=400), "host not allowed"
+        )
 
 
 class _HideCredentials(logging.Filter):

@@ -76,6 +76,9 @@ class FileStore(Store):
                 f"make {self.root} writable (the store writes .lock, runs/ and sessions/ in it), "
                 "or use a store in a writable place"
             )
+        blocking = next((p for p in (self.root, *self.root.parents) if p.is_file()), None)
+        if blocking is not None:
+            return f"{blocking} is a file, not a directory: give the path of a directory"
         return f"check that {self.root} is a directory you can read and write"
 
     # ---------------------------------------------------------------------------------- paths

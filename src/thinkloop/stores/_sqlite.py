@@ -165,10 +165,16 @@ class SQLiteStore(Store):
     def _failure(self, exc: sqlite3.Error | OSError) -> StateError:
         text = str(exc)
         if isinstance(exc, OSError):
+            blocking = next((p for p in self.path.parents if p.is_file()), None)
             hint = (
                 f"cannot create the directory {self.path.parent}: choose a path in a directory you can write"
+                if blocking is None
+                else f"{blocking} is a file, not a directory: check the path"
             )
-        elif any(sign in text for sign in ("not a database", "malformed", "encrypted", "no such column")):
+        elif any(
+            sign in text
+            for sign in ("not a database", "malformed", "encrypted", "no such column", "no such table")
+        ):
             hint = "the file is not a thinkloop SQLite database or is damaged: move it away, or use another store"
         elif "locked" in text or "busy" in text:
             hint = (
