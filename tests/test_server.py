@@ -1074,3 +1074,33 @@ async def test_a_run_whose_first_save_fails_is_answered_with_why_not_a_bare_no_r
         assert "failed before anything of it was saved" in closed.value.rcvd.reason
         unknown = await client.get("/api/runs/never-started")
         assert unknown.status_code == 404 and unknown.json()["error"] == "no run 'never-started'"
+
+
+def test_a_request_cancelled_at_shutdown_is_logged_as_one_warning_line() -> None:
+    """uvicorn logs a request its graceful shutdown cancelled (a client stalled mid-body) as "Exception in
+    ASGI application" with a traceback: the server's filter turns that into one warning; other errors stay."""
+    import logging
+    import sys
+
+    from thinkloop.server._app import _QuietShutdown
+
+    try:
+        raise asyncio.CancelledError("Task cancelled, timeout graceful shutdown exceeded")
+    except asyncio.CancelledError:
+        cancelled = sys.exc_info()
+    try:
+        raise ValueError("a real bug")
+    except ValueError:
+        bug = sys.exc_info()
+    quiet = _QuietShutdown()
+    record = logging.LogRecord(
+        "uvicorn.error", logging.ERROR, "x", 1, "Exception in ASGI application\n", (), cancelled
+    )
+    assert quiet.filter(record) and record.exc_info is None and record.levelname == "WARNING"
+    assert record.getMessage() == (
+        "a request still open at shutdown was cancelled (Task cancelled, timeout graceful shutdown exceeded)"
+    )
+    other = logging.LogRecord(
+        "uvicorn.error", logging.ERROR, "x", 1, "Exception in ASGI application\n", (), bug
+    )
+    assert quiet.filter(other) and other.exc_info is bug and other.levelname == "ERROR"

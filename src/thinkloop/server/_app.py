@@ -219,7 +219,7 @@ def create_app(
     app.add_middleware(_JsonBodies)
     if secret is not None:
         app.add_middleware(_TokenAuth, token=secret)
-        _hide_credentials_in_logs()
+    _install_log_filters(hide_credentials=secret is not None)
     if allowed_hosts is not None:
         app.add_middleware(_HostCheck, allowed_hosts=list(allowed_hosts))
     _add_error_handlers(app)
@@ -561,21 +561,42 @@ _denied: contextvars.ContextVar[bool] = contextvars.ContextVar("thinkloop_ws_den
 
 class _QuietDenials(logging.Filter):
     """uvicorn logs "ASGI callable returned without completing handshake." at ERROR after a WebSocket
-    handshake the application refused with a denial response (401): an expected refusal, not a fault.
-    The record is logged in the connection's task, whose context `_TokenAuth` marked."""
+    handshake the application refused with a denial response (401, 400): an expected refusal, not a fault.
+    The record is logged in the connection's task, whose context `_refuse` marked."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (_denied.get() and record.msg == "ASGI callable returned without completing handshake.")
 
 
-def _hide_credentials_in_logs() -> None:
-    for name in ("uvicorn.error", "websockets.server", "websockets"):
+class _QuietShutdown(logging.Filter):
+    """A request still open when the server's graceful shutdown ran out (a client sending its body slowly,
+    or not at all) is cancelled, and uvicorn logs that as "Exception in ASGI application" with a traceback
+    through the body read: it becomes one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, asyncio.CancelledError) and str(record.msg).startswith(
+            "Exception in ASGI application"
+        ):
+            record.msg, record.args = (
+                "a request still open at shutdown was cancelled (%s)",
+                (str(exc) or "cancelled",),
+            )
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def _install_log_filters(*, hide_credentials: bool) -> None:
+    names = ("uvicorn.error", "websockets.server", "websockets") if hide_credentials else ()
+    for name in names:
         log = logging.getLogger(name)
         if not any(isinstance(f, _HideCredentials) for f in log.filters):
             log.addFilter(_HideCredentials())
     uvicorn_log = logging.getLogger("uvicorn.error")
-    if not any(isinstance(f, _QuietDenials) for f in uvicorn_log.filters):
-        uvicorn_log.addFilter(_QuietDenials())
+    for kind in (_QuietDenials, _QuietShutdown):
+        if not any(isinstance(f, kind) for f in uvicorn_log.filters):
+            uvicorn_log.addFilter(kind())
 
 
 def _public(scope: Scope) -> bool:
