@@ -167,8 +167,13 @@ class Store(ABC):
 def check_id(value: str, what: str = "run id") -> str:
     """Refuse ids that could escape a directory or a key space: only `[A-Za-z0-9_.-]`, no `..`."""
     if not isinstance(value, str) or not _ID_RE.fullmatch(value) or ".." in value or value in (".",):
+        shown = (
+            repr(value)
+            if not isinstance(value, str) or len(value) <= 80
+            else f"{value[:60]!r}… ({len(value):,} characters)"
+        )
         raise ConfigurationError(
-            f"invalid {what} {value!r}: use 1-200 characters of letters, digits, '_', '-' and '.' "
+            f"invalid {what} {shown}: use 1-200 characters of letters, digits, '_', '-' and '.' "
             "(no '..', no '/')"
         )
     return value
