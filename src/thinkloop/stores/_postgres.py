@@ -194,19 +194,31 @@ class PostgresStore(Store):
         link = self._link()
         async with link.lock:
             reused = link.conn is not None and not link.conn.closed
+            connected = False  # a timeout after the connection was made: the server is there, but waits
             try:
                 try:
-                    return await self._bounded(await self._connection(), op)
+                    conn = await self._connection()
+                    connected = True
+                    return await self._bounded(conn, op)
                 except psycopg.OperationalError:
                     if not (reused and self._lost() and retry()):
                         raise
-                return await self._bounded(await self._connection(), op)
+                connected = False
+                conn = await self._connection()
+                connected = True
+                return await self._bounded(conn, op)
             except psycopg.Error as exc:  # refused, lost, out of space, no permission …
                 self._lost()
                 raise self._failure(" ".join(str(exc).split())) from exc
             except TimeoutError:
                 await self._drop()
-                raise self._failure(f"no answer within timeout ({self.timeout:g} s)") from None
+                waiting = (
+                    "the server took the connection but did not finish the operation: it is probably waiting "
+                    "for a lock another session holds on thinkloop's tables (`SELECT pid, state, query FROM "
+                    "pg_stat_activity` shows which): end that session or wait for it, or raise the timeout"
+                )
+                reason = f"no answer within timeout ({self.timeout:g} s)"
+                raise self._failure(reason, hint=waiting if connected else None) from None
 
     async def _bounded(self, conn: Any, op: Callable[[Any], Awaitable[T]]) -> T:
         return await bounded(conn, op, self.timeout)
@@ -218,11 +230,12 @@ class PostgresStore(Store):
     async def _drop(self) -> None:
         await self._link().drop()
 
-    def _failure(self, reason: str) -> StateError:
-        return StateError(
-            f"the PostgreSQL store {self.url} failed: {reason}; check that the server is running "
-            "and reachable and that the database and user in the DSN exist"
+    def _failure(self, reason: str, hint: str | None = None) -> StateError:
+        hint = (
+            hint
+            or "check that the server is running and reachable and that the database and user in the DSN exist"
         )
+        return StateError(f"the PostgreSQL store {self.url} failed: {reason}; {hint}")
 
     async def aclose(self) -> None:
         await self._drop()
