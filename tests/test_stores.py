@@ -746,7 +746,7 @@ async def test_a_sqlite_path_that_is_a_directory_or_under_a_file_is_a_clear_erro
         await SQLiteStore(tmp_path / "runs.db").list_runs()
     (tmp_path / "plain").write_text("a file, not a directory")
     with pytest.raises(
-        StateError, match=r"cannot create the directory .*plain: choose a path in a directory"
+        StateError, match=r"runs\.db failed: .*plain is a file, not a directory: check the path"
     ):
         await SQLiteStore(tmp_path / "plain" / "runs.db").list_runs()
     async with SQLiteStore(tmp_path / "new" / "deeper" / "runs.db") as store:  # a missing directory is made
@@ -1362,11 +1362,11 @@ async def test_listing_a_file_store_whose_root_is_a_file_is_the_same_error_as_re
     root.write_text("not a directory")
     store = FileStore(root)
     with pytest.raises(
-        StateError, match=r"notes\.txt failed: .*Not a directory.*check that .* is a directory"
+        StateError, match=r"notes\.txt failed: .*Not a directory.*notes\.txt is a file, not a directory"
     ):
         await store.load_state("run-1")
     with pytest.raises(
-        StateError, match=r"notes\.txt failed: .*Not a directory.*check that .* is a directory"
+        StateError, match=r"notes\.txt failed: .*Not a directory.*notes\.txt is a file, not a directory"
     ):
         await store.list_runs()
 
