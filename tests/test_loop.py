@@ -1415,3 +1415,26 @@ async def test_a_goal_with_nul_or_a_bad_run_id_is_refused_before_the_run_starts(
     with pytest.raises(ConfigurationError, match="invalid run id"):
         await agent.run("x", run_id="a\x00b")
     assert agent.model.requests == []  # type: ignore[attr-defined]  # nothing ran
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+async def test_a_tool_exception_whose_str_raises_is_a_failed_call_not_an_escape(is_async: bool) -> None:
+    """`class ApiError(Exception): def __str__(self): return self.payload["message"]` with the key missing:
+    the KeyError of its `__str__` escaped run(), stream() ended without `done`, a store kept the call started."""
+
+    class ApiError(Exception):
+        def __str__(self) -> str:
+            raise KeyError("message")
+
+    def fail() -> str:
+        raise ApiError()
+
+    async def afail() -> str:
+        raise ApiError()
+
+    broken = Tool("broken", "Fails.", {"type": "object", "properties": {}}, afail if is_async else fail)
+    model = ScriptedModel([{"tool_calls": [{"name": "broken", "args": {}}]}, "gave up"])
+    events = [e async for e in Agent(model, tools=[broken]).stream("go")]
+    assert events[-1].type == "done" and events[-1].result.output == "gave up"  # type: ignore[union-attr]
+    (result,) = [e for e in events if e.type == "tool_result"]
+    assert result.output == "Error: broken raised ApiError: <ApiError object; str() raised KeyError>"  # type: ignore[union-attr]

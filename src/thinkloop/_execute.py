@@ -32,6 +32,7 @@ from ._tools import (
     ToolArgumentsError,
     ToolContext,
     ToolRegistry,
+    _safe_str,
     plain_tool_name,
     render_output,
     truncate_output,
@@ -541,7 +542,7 @@ def _nested_call_note(run: RunContext, tool: Tool, arguments: dict[str, object])
 
 
 def _raised(tool: Tool, exc: BaseException) -> tuple[str, bool, ErrorKind]:
-    return f"Error: {tool.name} raised {type(exc).__name__}: {exc}", False, "exception"
+    return f"Error: {tool.name} raised {type(exc).__name__}: {_safe_str(exc)}", False, "exception"
 
 
 def _cancelled_from_outside() -> bool:
