@@ -67,13 +67,14 @@ def _check_exists(store: Store) -> None:
     (it used to be created, empty, and the command said there were no runs) — except the default store,
     which the first run creates."""
     from ..stores import FileStore, SQLiteStore, default_path
+    from ..stores._base import file_in_the_way
 
     where = (
         store.path if isinstance(store, SQLiteStore) else store.root if isinstance(store, FileStore) else None
     )
     if where is None or str(where) == ":memory:" or where.exists() or where == default_path():
         return
-    blocking = next((p for p in where.parents if p.is_file()), None)
+    blocking = file_in_the_way(where)
     why = f"{blocking} is a file, not a directory" if blocking is not None else "nothing was ever saved there"
     raise UserError(
         f"no store at {where}: {why}; check the path given with --store (or in ${STORE_VARIABLE}) — by "

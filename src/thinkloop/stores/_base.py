@@ -15,6 +15,7 @@ import json
 import logging
 import operator
 import os
+import pathlib
 import re
 import threading
 import time
@@ -177,6 +178,12 @@ def check_id(value: str, what: str = "run id") -> str:
             "(no '..', no '/')"
         )
     return value
+
+
+def file_in_the_way(path: pathlib.Path) -> pathlib.Path | None:
+    """The regular file among `path`'s parent directories, if one is (`a-file/runs.db`): no store can be
+    made under it."""
+    return next((parent for parent in path.parents if parent.is_file()), None)
 
 
 def check_goal(goal: object) -> str:

@@ -41,6 +41,7 @@ from ._base import (
     check_id,
     check_role,
     clean_text,
+    file_in_the_way,
     first_save_failed,
     load_state_text,
     memory_turn,
@@ -76,7 +77,7 @@ class FileStore(Store):
                 f"make {self.root} writable (the store writes .lock, runs/ and sessions/ in it), "
                 "or use a store in a writable place"
             )
-        blocking = next((p for p in (self.root, *self.root.parents) if p.is_file()), None)
+        blocking = self.root if self.root.is_file() else file_in_the_way(self.root)
         if blocking is not None:
             return f"{blocking} is a file, not a directory: give the path of a directory"
         return f"check that {self.root} is a directory you can read and write"

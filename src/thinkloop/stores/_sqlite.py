@@ -42,6 +42,7 @@ from ._base import (
     check_id,
     check_role,
     clean_text,
+    file_in_the_way,
     first_save_failed,
     load_state_text,
     memory_turn,
@@ -165,7 +166,7 @@ class SQLiteStore(Store):
     def _failure(self, exc: sqlite3.Error | OSError) -> StateError:
         text = str(exc)
         if isinstance(exc, OSError):
-            blocking = next((p for p in self.path.parents if p.is_file()), None)
+            blocking = file_in_the_way(self.path)
             hint = (
                 f"cannot create the directory {self.path.parent}: choose a path in a directory you can write"
                 if blocking is None
