@@ -246,18 +246,15 @@ async def test_mcp_server_tools_are_part_of_the_catalogue() -> None:
 
 
 async def test_one_tool_with_a_broken_schema_does_not_break_the_search_of_the_catalogue() -> None:
-    broken = Tool(
-        "get_weather_alerts",
-        "Weather alerts for a region.",
-        {"type": "object", "properties": ["region"]},
-        lambda: "ok",
-    )
-    union = Tool(
-        "get_weather_sensor",
-        "Get one weather sensor.",
-        {"type": "object", "properties": {"id": {"type": ["string", "null"]}}, "required": "id"},
-        lambda **kw: "ok",
-    )
+    # `Tool` refuses such schemas when made; these were changed afterwards (a subclass, a mutation)
+    broken = Tool("get_weather_alerts", "Weather alerts for a region.", None, lambda: "ok")
+    union = Tool("get_weather_sensor", "Get one weather sensor.", None, lambda **kw: "ok")
+    for made, schema in (
+        (broken, {"type": "object", "properties": ["region"]}),
+        (union, {"type": "object", "properties": {"id": {"type": ["string", "null"]}}, "required": "id"}),
+    ):
+        made.parameters = schema
+        made.definition = made.definition.model_copy(update={"parameters": schema})
     model = ScriptedModel(
         [{"tool_calls": [{"name": DISCOVER_TOOLS, "args": {"query": "weather forecast"}}]}, "done"]
     )

@@ -511,7 +511,8 @@ async def test_dropped_connection_is_retryable(server: OpenAICompatibleServer, m
     server nobody answers at, above), but a connection lost on the way."""
     server.add(Fault(drop=True))
     with pytest.raises(
-        ModelRetryableError, match=r"was lost before its reply was complete \(RemoteProtocolError: Server disc"
+        ModelRetryableError,
+        match=r"was lost before its reply was complete \(RemoteProtocolError: Server disc",
     ):
         await model.request(ask())
 

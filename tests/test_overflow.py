@@ -465,7 +465,11 @@ async def test_a_resumed_run_keeps_the_context_it_shrank_to() -> None:
     first = await agent.run("Read the report")
     shrunk_to = first.state.metadata["context_shrinks"][-1]["to"]
     state = first.state.model_copy(deep=True)
-    state.stop_reason, state.phase, state.run_id = None, "acting", "resumed-run"  # as if it had been interrupted
+    state.stop_reason, state.phase, state.run_id = (
+        None,
+        "acting",
+        "resumed-run",
+    )  # as if it had been interrupted
     run = agent._context(state, budget=None, sinks=[], stream=False)
     assert run.context.max_context_tokens == shrunk_to < 30_000
     fresh = agent._context(RunState(goal="other"), budget=None, sinks=[], stream=False)

@@ -29,7 +29,12 @@ def test_exported_names_are_exactly_the_intended_ones() -> None:
 def test_error_hierarchy() -> None:
     assert issubclass(thinkloop.ConfigurationError, thinkloop.UserError)
     assert issubclass(thinkloop.UserError, thinkloop.ThinkloopError)
-    for run_error in (thinkloop.ModelError, thinkloop.StateError, thinkloop.ConcurrencyError, thinkloop.ToolExecutionError):
+    for run_error in (
+        thinkloop.ModelError,
+        thinkloop.StateError,
+        thinkloop.ConcurrencyError,
+        thinkloop.ToolExecutionError,
+    ):
         assert issubclass(run_error, thinkloop.RunError) and issubclass(run_error, thinkloop.ThinkloopError)
     assert issubclass(thinkloop.ModelRetryableError, thinkloop.ModelError)
     assert issubclass(thinkloop.ContextOverflowError, thinkloop.ModelError)

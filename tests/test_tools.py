@@ -951,7 +951,9 @@ async def test_the_schema_an_invalid_call_is_answered_with_has_no_dangling_refer
 
     (observation,) = await _run_once(forecast, {"place": {"city": "Oslo"}, "unit": "kelvin"})
     assert "$ref" not in observation  # was: {"$ref": "#/$defs/_Place"} without the $defs it points into
-    assert 'one of "celsius", "fahrenheit"' in observation and '"country": "<string: ISO code>"' in observation
+    assert (
+        'one of "celsius", "fahrenheit"' in observation and '"country": "<string: ISO code>"' in observation
+    )
     assert observation.endswith("(required: place).")  # placeholders that say it all: no schema after them
 
 
@@ -1113,7 +1115,9 @@ async def test_tool_on_a_method_binds_to_each_instance_and_hides_self() -> None:
     assert await _catalog_invoke(books.kinds) == "book, film"
     assert await _catalog_invoke(_Catalog.shout, text="hi") == "HI"
 
-    with pytest.raises(ConfigurationError, match=r"'search' is a method of _Catalog: .*\(_Catalog\(\.\.\.\)\.search\)"):
+    with pytest.raises(
+        ConfigurationError, match=r"'search' is a method of _Catalog: .*\(_Catalog\(\.\.\.\)\.search\)"
+    ):
         Agent(ScriptedModel(["done"]), tools=[_Catalog.search])  # the class's: no instance to call it on
     with pytest.raises(ConfigurationError, match=r"'lookup' is a method of _Catalog"):
         tool(_Catalog.lookup)  # was: a tool with a "self" parameter
@@ -1134,7 +1138,10 @@ async def _catalog_invoke(t: Tool, **arguments: Any) -> Any:
 def test_two_tools_of_one_name_are_refused_saying_whose_they_are_and_what_to_do() -> None:
     with pytest.raises(ConfigurationError) as caught:
         ToolRegistry([add, add])
-    assert str(caught.value) == "two tools are named 'add' (the same tool, given twice): tool names must be unique"
+    assert (
+        str(caught.value)
+        == "two tools are named 'add' (the same tool, given twice): tool names must be unique"
+    )
     with pytest.raises(ConfigurationError) as caught:
         ToolRegistry([add, Tool("add", "Add.", None, sum)])
     assert str(caught.value) == (
@@ -1209,7 +1216,12 @@ def test_a_text_in_annotated_documents_the_parameter() -> None:
 
     properties = convert.parameters["properties"]
     assert properties["amount"] == {"type": "number", "description": "the amount to convert"}  # was lost
-    assert properties["to"] == {"type": "string", "minLength": 3, "default": "EUR", "description": "an ISO 4217 code"}
+    assert properties["to"] == {
+        "type": "string",
+        "minLength": 3,
+        "default": "EUR",
+        "description": "an ISO 4217 code",
+    }
     assert properties["rounding"]["description"] == "digits after the point."
 
 
@@ -1346,4 +1358,6 @@ async def test_what_placeholders_cannot_say_is_shown_as_the_schema_after_them() 
     (wrong,) = await _run_once(pick, {"item": "x"})
     example = wrong.split("Call it with a JSON object like ", 1)[1]
     assert example.startswith('{"item": ') and "(required: item). Its properties' JSON Schema: " in example
-    assert '"anyOf"' in example and '"city"' in example  # a union with an object: its fields are in the schema
+    assert (
+        '"anyOf"' in example and '"city"' in example
+    )  # a union with an object: its fields are in the schema

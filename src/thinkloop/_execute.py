@@ -151,6 +151,8 @@ def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Pr
         names = run.visible_names() if tools is None else tools.names
         return _failed(call, "unknown_tool", _unknown_tool_message(call.name, names))
     raw = call.raw_arguments
+    if raw is not None and _json.text_too_deep(raw):
+        return _failed(call, "invalid_arguments", _too_deep_message(tool))
     given = call.arguments if raw is None else arguments_from_text(tool, raw)
     if given is None:
         return _failed(call, "invalid_arguments", _bad_json_message(call, tool))
@@ -333,7 +335,7 @@ def _decided(
     else:
         run.state.event_version += 1  # `run.skip_event()`, inlined: the hot path
     if not verdict.allowed:
-        text = verdict.message or _denied_message(checked.tool, verdict.reason)
+        text = _valid_text(verdict.message or _denied_message(checked.tool, verdict.reason))
         return ToolOutcome(call, text, False, error_kind="denied", risk=risk, decision=verdict.decision)
     checked.risk, checked.decision = risk, verdict.decision
     return checked
@@ -355,11 +357,11 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         finished, value = start_invocation(tool.invoke(arguments))
         if not finished:  # it waits: under its time limit and the run's deadline, whichever comes first
             value = await run.deadlines.within(_deadline(run, timeout), value)
-        if type(value) is types.CoroutineType:  # `return fetch(url)` meant `return await fetch(url)`
+        if type(value) in RETURNED_LATER:  # `return fetch(url)` meant `return await fetch(url)`
             left = max(timeout - (time.perf_counter() - started), 0.0)
             value = await run.deadlines.within(_deadline(run, left), returned_result(value))
         text = value if type(value) is str and value and not value.isspace() else render_output(value)
-        text, success, kind = text if text.isascii() else _valid_text(text), True, None
+        success, kind = True, None
     except DeadlineExceeded:  # not a TimeoutError the tool raised itself (`asyncio.wait_for` inside it)
         by_run = _run_out_of_time(run)
         why = "the run's time limit was reached" if by_run else f"it timed out after {timeout:g} s"
@@ -372,15 +374,23 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         text, success, kind = _raised(tool, exc)
         text += _nested_call_note(run, tool, prepared.arguments)
     duration = time.perf_counter() - started
-    limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
-    text, truncated = truncate_output(text, limit) if len(text) > limit else (text, False)
-    if prepared.note:
-        text = f"{text}\n{prepared.note}"
+    text, truncated = _observation(run, prepared, text)
     outcome = _new_outcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
     run.mark_done(call.id, text, success, error_kind=kind)
     if run.step_saves:
         await run.checkpoint()
     return outcome
+
+
+def _observation(run: RunContext, prepared: _Prepared, text: str) -> tuple[str, bool]:
+    """What the model is shown of a call's result: truncated, with the call's note, valid UTF-8 (an error's
+    text or a note may hold a lone surrogate too: the state must stay UTF-8)."""
+    tool = prepared.tool
+    limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
+    text, truncated = truncate_output(text, limit) if len(text) > limit else (text, False)
+    if prepared.note:
+        text = f"{text}\n{prepared.note}"
+    return (text if text.isascii() else _valid_text(text)), truncated
 
 
 def start_invocation(awaitable: Awaitable[T]) -> tuple[bool, Any]:
@@ -499,14 +509,22 @@ def _tool_context(run: RunContext, call: ToolCall) -> ToolContext[Any]:
     )  # fmt: skip
 
 
+RETURNED_LATER = frozenset({types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType})
+
+
 async def returned_result(value: Any) -> Any:
     """`value`, or the result of the coroutine it is — one a tool returned instead of awaiting it (a sync
-    function returning an async one's call) — and of a coroutine that one returns in turn. The caller
-    bounds it by what is left of the call's time limit."""
+    function returning an async one's call) — and of a coroutine that one returns in turn; the items of a
+    generator (async or not) an async tool returned, as a list. The caller bounds it by what is left of
+    the call's time limit."""
     while type(value) is types.CoroutineType:
         finished, value = start_invocation(value)
         if not finished:
             value = await value
+    if type(value) is types.AsyncGeneratorType:
+        return [item async for item in value]
+    if type(value) is types.GeneratorType:
+        return list(value)
     return value
 
 
@@ -647,7 +665,7 @@ def _valid_text(text: str) -> str:
 
 
 def _failed(call: ToolCall, kind: ErrorKind, text: str) -> ToolOutcome:
-    return ToolOutcome(call, text, False, error_kind=kind)
+    return ToolOutcome(call, _valid_text(text), False, error_kind=kind)
 
 
 def _denied_message(tool: Tool, reason: str) -> str:
@@ -659,7 +677,11 @@ def _denied_message(tool: Tool, reason: str) -> str:
 
 def _unknown_tool_message(name: str, names: list[str]) -> str:
     listing = ", ".join(names) if names else "(none: answer without tools)"
-    return f"Error: there is no tool named {name!r}.{_meant(name, names)} Available tools: {listing}."
+    shown = repr(name) if len(name) <= _NAME_SHOWN else f"{name[:_NAME_SHOWN]!r}… ({len(name):,} characters)"
+    return f"Error: there is no tool named {shown}.{_meant(name[:1000], names)} Available tools: {listing}."
+
+
+_NAME_SHOWN = 100  # characters of an unknown tool's name told back (a model may send a whole text as one)
 
 
 def _meant(name: str, names: list[str]) -> str:
@@ -677,6 +699,11 @@ def _meant(name: str, names: list[str]) -> str:
 def _bad_json_message(call: ToolCall, tool: Tool) -> str:
     raw = (call.raw_arguments or "")[:300]
     return f"Error: the arguments of {tool.name} were not a JSON object: {raw!r}. {_call_it_with(tool)}"
+
+
+def _too_deep_message(tool: Tool) -> str:
+    depth = _json.MAX_DEPTH
+    return f"Error: {tool.name} was not called: its arguments nest more than {depth} levels deep. {_call_it_with(tool)}"
 
 
 def _invalid_args_message(tool: Tool, problem: str) -> str:

@@ -4,17 +4,23 @@ Python's `json` reads `NaN`, `Infinity`, `-Infinity` and numbers too large for a
 non-finite floats, which JSON does not have: strict parsers (llama.cpp's and vLLM's servers, PostgreSQL,
 `JSON.parse`) refuse them when they are sent on, and a run state holding one does not round-trip. It also
 raises `RecursionError`, not `ValueError`, on nesting deeper than the interpreter's recursion limit
-(`[[[[…]]]]`, a few hundred kilobytes). `loads` and `raw_decode` raise a `ValueError` saying which for all
-of these, so a caller's `except ValueError` treats them as the malformed input they are.
+(`[[[[…]]]]`, a few hundred kilobytes), and reads nesting that a run state holding it could not be saved
+with (pydantic refuses a few hundred levels). `loads` and `raw_decode` raise a `ValueError` saying which for
+all of these — nesting past `MAX_DEPTH` included — so a caller's `except ValueError` treats them as the
+malformed input they are.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
-__all__ = ["loads", "non_finite", "raw_decode"]
+__all__ = ["MAX_DEPTH", "TOO_DEEP", "loads", "non_finite", "raw_decode", "text_too_deep", "too_deep"]
+
+MAX_DEPTH = 64  # levels of objects and lists a value read from a model may have; no tool needs more
+TOO_DEEP = f"the JSON is nested more than {MAX_DEPTH} levels deep"
 
 
 def _constant(name: str) -> Any:
@@ -34,17 +40,23 @@ _DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_finite)
 def loads(text: str) -> Any:
     """`json.loads(text)`, refusing NaN, infinities and nesting too deep to read (a `ValueError`)."""
     try:
-        return _DECODER.decode(text)
+        value = _DECODER.decode(text)
     except RecursionError:
-        raise ValueError("the JSON is nested too deeply to read") from None
+        raise ValueError(TOO_DEEP) from None
+    if too_deep(value, text):
+        raise ValueError(TOO_DEEP)
+    return value
 
 
 def raw_decode(text: str, start: int = 0) -> tuple[Any, int]:
     """The JSON value at `text[start:]` and the index where it ends, strictly as `loads` reads it."""
     try:
-        return _DECODER.raw_decode(text, start)
+        value, end = _DECODER.raw_decode(text, start)
     except RecursionError:
-        raise ValueError("the JSON is nested too deeply to read") from None
+        raise ValueError(TOO_DEEP) from None
+    if too_deep(value, text):
+        raise ValueError(TOO_DEEP)
+    return value, end
 
 
 def non_finite(value: Any) -> bool:
@@ -59,4 +71,44 @@ def non_finite(value: Any) -> bool:
             pending.extend(item.values())
         elif isinstance(item, list | tuple):
             pending.extend(item)
+    return False
+
+
+def too_deep(value: Any, text: str | None = None) -> bool:
+    """Whether `value` nests objects and lists more than `MAX_DEPTH` levels deep. `text`, the JSON it was
+    read from, when given, settles the common case at once: text of fewer brackets cannot nest that deep."""
+    if text is not None and text.count("{") + text.count("[") <= MAX_DEPTH:
+        return False
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth == MAX_DEPTH:
+            return True
+        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
+    return False
+
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[{]|[\]}]')  # a string (perhaps not ended), or a bracket
+
+
+def text_too_deep(text: str) -> bool:
+    """Whether JSON (or JSON-like) text opens objects and lists more than `MAX_DEPTH` levels deep, brackets
+    inside strings not counted — read or not (the text may be cut off or not JSON at all)."""
+    if text.count("{") + text.count("[") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for match in _TOKENS.finditer(text):
+        token = match[0]
+        if token in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif token in "]}":
+            depth = max(depth - 1, 0)
     return False

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -803,8 +803,9 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     if run.state.mode == "react" and not response.tool_calls:
         return _interpret_react(run, response, request)
     calls = response.tool_calls
-    if calls and not (len(calls) == 1 and calls[0].id):  # one call with an id: the common case, unique
-        calls = _unique_ids(calls, run.state.step)
+    ledger = run.state.ledger
+    if calls and not (len(calls) == 1 and calls[0].id and calls[0].id not in ledger):  # the common case
+        calls = _unique_ids(calls, run.state.step, ledger)
     if not calls and response.text and run.tools.names:
         answer = _react.json_answer(response.text, run.tools.names)  # {"name": "final_answer", ...} as text
         if answer is not None:
@@ -901,21 +902,21 @@ def native_answer(text: str) -> str:
     return text
 
 
-def _unique_ids(calls: list[ToolCall], step: int) -> list[ToolCall]:
-    """The calls with unique, non-empty ids: results are matched to calls by id, and models repeat them.
+def _unique_ids(calls: list[ToolCall], step: int, taken: Container[str] = ()) -> list[ToolCall]:
+    """The calls with non-empty ids unique in the run: results are matched to calls by id, and models
+    repeat them — in one reply, and from one step to the next (`call_0` each time), which would overwrite
+    an earlier call's ledger entry (`taken`: the ids in it).
 
     The response's own list when its ids are fine (the loop never changes a list of calls in place)."""
-    if len(calls) == 1 and calls[0].id:
-        return calls
     ids = {c.id for c in calls}
-    if len(ids) == len(calls) and "" not in ids:
+    if len(ids) == len(calls) and "" not in ids and not any(c.id in taken for c in calls):
         return calls
     seen: set[str] = set()
     out = []
     for index, call in enumerate(calls):
-        if not call.id or call.id in seen:
+        if not call.id or call.id in seen or call.id in taken:
             new_id = f"call_{step}_{index}"
-            while new_id in ids or new_id in seen:
+            while new_id in ids or new_id in seen or new_id in taken:
                 new_id += "_"
             call = call.model_copy(update={"id": new_id})
         seen.add(call.id)
@@ -962,20 +963,26 @@ def _valid_unicode(value: Any) -> Any:
 
 
 def _valid_unicode_reply(reply: Reply) -> Reply:
-    """The reply with lone surrogates replaced, and calls whose arguments hold NaN or an infinity marked as
-    malformed (the state must stay UTF-8 and JSON)."""
+    """The reply with lone surrogates replaced, and calls whose arguments hold NaN or an infinity, or nest
+    deeper than `_json.MAX_DEPTH`, marked as malformed (the state must stay UTF-8 and JSON, and be read
+    back)."""
     if not reply.text.isascii():
         reply.text = _valid_unicode(reply.text)
     for call in reply.calls:  # plain calls need nothing: name and arguments ASCII, no `NaN`/`Infinity`
         if call.raw_arguments is not None or not call.name.isascii():
             break
-        text = arguments_json(call.arguments)  # kept: the guards' signature and the token estimate read it
-        if not text.isascii() or "NaN" in text or "Infinity" in text:
+        try:  # kept: the guards' signature and the token estimate read it
+            text = arguments_json(call.arguments)
+        except RecursionError:
+            break
+        if not text.isascii() or "NaN" in text or "Infinity" in text or _json.too_deep(call.arguments, text):
             break
     else:
         return reply  # the common case: nothing that can hold a lone surrogate
     calls = []
     for call in reply.calls:
+        if _json.too_deep(call.arguments):  # answered as malformed: a state holding it could not be read
+            call = call.model_copy(update={"arguments": {}, "raw_arguments": _deep_text(call.arguments)})
         fields = {"name": call.name, "arguments": call.arguments, "raw_arguments": call.raw_arguments}
         clean = _valid_unicode(fields)
         if _json.non_finite(clean["arguments"]):  # `{"x": NaN}` from json.loads: answered as malformed
@@ -983,6 +990,14 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
         calls.append(call.model_copy(update=clean) if clean != fields else call)
     reply.calls = calls  # a new list: the response's own is left as it was
     return reply
+
+
+def _deep_text(arguments: dict[str, Any]) -> str:
+    """Arguments nested too deeply, as the text kept of them: their JSON, its first 2,000 characters."""
+    try:
+        return arguments_json(arguments)[:2000]
+    except RecursionError:  # deeper than Python can write
+        return "{" * (_json.MAX_DEPTH + 1) + " …"
 
 
 def _record_reply(run: RunContext, reply: Reply) -> None:

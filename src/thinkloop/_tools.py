@@ -42,6 +42,67 @@ T = TypeVar("T")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")  # what every model API accepts (OpenAI rejects '.')
 
 
+def _type_name(value: object) -> str:
+    return "None" if value is None else f"a {type(value).__name__} ({value!r:.60})"
+
+
+def _checked_schema(name: str, parameters: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A tool's `parameters`, checked as far as the loop reads them: an object schema, its `properties` a
+    mapping of schemas, its `required` a list of names. A malformed one failed at the first call."""
+    if parameters is None:
+        return {"type": "object", "properties": {}}
+    where = f"the parameters of tool {name!r}"
+    if not isinstance(parameters, Mapping):
+        raise ConfigurationError(
+            f"{where} must be a JSON Schema object (a dict), not {_type_name(parameters)}"
+        )
+    kind = parameters.get("type", "object")
+    if kind != "object":
+        raise ConfigurationError(
+            f"{where} must be an object schema ({{'type': 'object', 'properties': {{...}}}}): the model sends "
+            f"its arguments as a JSON object; got 'type': {kind!r}"
+        )
+    properties = parameters.get("properties", {})
+    if not isinstance(properties, Mapping) or not all(isinstance(key, str) for key in properties):
+        raise ConfigurationError(
+            f"{where}: 'properties' must map each argument's name to its schema "
+            f"({{'city': {{'type': 'string'}}}}), not {_type_name(properties)}"
+        )
+    for key, schema in properties.items():
+        if not isinstance(schema, Mapping | bool):
+            raise ConfigurationError(
+                f"{where}: the schema of {key!r} must be a dict, not {_type_name(schema)}"
+            )
+    required = parameters.get("required", [])
+    if not isinstance(required, list | tuple) or not all(isinstance(key, str) for key in required):
+        raise ConfigurationError(
+            f"{where}: 'required' must be a list of argument names, not {_type_name(required)}"
+        )
+    return dict(parameters) if parameters else {"type": "object", "properties": {}}
+
+
+def _checked_timeout(name: str, timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ConfigurationError(
+            f"the timeout of tool {name!r} must be a positive number of seconds (None: the agent's "
+            f"tool_timeout), not {_type_name(timeout)}"
+        )
+    return timeout
+
+
+def _checked_length(name: str, length: int | None) -> int | None:
+    if length is None:
+        return None
+    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+        raise ConfigurationError(
+            f"the output_max_length of tool {name!r} must be a positive whole number of characters (None: "
+            f"the agent's output_max_length), not {_type_name(length)}"
+        )
+    return length
+
+
 def _bad_name_message(name: object) -> str:
     text = name if isinstance(name, str) else ""
     ascii_name = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
@@ -126,14 +187,18 @@ class Tool:
     ) -> None:
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise ConfigurationError(_bad_name_message(name))
+        if not isinstance(description, str):
+            raise ConfigurationError(
+                f"the description of tool {name!r} must be text, not {_type_name(description)}"
+            )
         self.name = name
         self.description = description.strip()
-        self.parameters: dict[str, Any] = dict(parameters or {"type": "object", "properties": {}})
+        self.parameters: dict[str, Any] = _checked_schema(name, parameters)
         self.function = function
         self.risk = risk
-        self.timeout = timeout
+        self.timeout = _checked_timeout(name, timeout)
         self.idempotent = idempotent
-        self.output_max_length = output_max_length
+        self.output_max_length = _checked_length(name, output_max_length)
         self.validator = validator
         self._renamed = _renamed_fields(validator)  # field -> parameter, for parameters pydantic reserves
         self._plain = _plain_fields(validator)  # a type check does what pydantic would (scalars, no rules)
@@ -474,6 +539,23 @@ async def _collect(items: Any) -> list[Any]:
 
 
 TOOL_THREADS = 64
+ABANDONED_THREADS = 256  # threads started beyond TOOL_THREADS, one for each abandoned call still running
+
+
+class _Job(Future[Any]):
+    """The future of one job. Cancelled once it runs (its caller gave up on it: a timeout, a cancelled
+    run), it cannot stop; it tells the pool, which may start a thread in its place."""
+
+    def __init__(self, pool: _ToolThreads) -> None:
+        super().__init__()
+        self.pool = pool
+        self.abandoned = False
+
+    def cancel(self) -> bool:
+        if super().cancel():
+            return True
+        self.pool.abandoned(self)
+        return False
 
 
 class _ToolThreads(Executor):
@@ -482,25 +564,42 @@ class _ToolThreads(Executor):
     Not the event loop's default executor (5-36 threads, joined when `asyncio.run` ends) nor a
     `ThreadPoolExecutor` (joined at interpreter exit): a tool abandoned after its timeout keeps its
     thread — a thread cannot be stopped — and must neither starve other work nor keep the process from
-    exiting once the run is over.
+    exiting once the run is over. Each abandoned job still running lets one more thread start (up to
+    `max_abandoned` of them), so tools that hang for ever do not leave the calls after them queued behind
+    them; when it ends at last, its thread ends too if the pool is over its size.
     """
 
-    def __init__(self, max_workers: int) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+    def __init__(self, max_workers: int, max_abandoned: int = ABANDONED_THREADS) -> None:
+        self._jobs: queue.SimpleQueue[tuple[_Job, Callable[[], Any]]] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)
         self._lock = threading.Lock()
         self._threads = 0
         self._max = max_workers
+        self._abandoned = 0
+        self._max_abandoned = max_abandoned
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        future: Future[T] = Future()
+        future = _Job(self)
         self._jobs.put((future, functools.partial(fn, *args, **kwargs)))
         with self._lock:
-            if not self._idle.acquire(blocking=False) and self._threads < self._max:
-                self._threads += 1
-                name = f"thinkloop-tool-{self._threads}"
-                threading.Thread(target=self._work, name=name, daemon=True).start()
+            if not self._idle.acquire(blocking=False) and self._threads < self._max + self._abandoned:
+                self._start()
         return future
+
+    def abandoned(self, job: _Job) -> None:
+        """`job`, running, was given up on: one more thread may start, at once if work is waiting."""
+        with self._lock:
+            if job.abandoned or not job.running() or self._abandoned >= self._max_abandoned:
+                return
+            job.abandoned = True
+            self._abandoned += 1
+            if not self._jobs.empty() and self._threads < self._max + self._abandoned:
+                self._start()
+
+    def _start(self) -> None:
+        self._threads += 1
+        name = f"thinkloop-tool-{self._threads}"
+        threading.Thread(target=self._work, name=name, daemon=True).start()
 
     def _work(self) -> None:
         while True:
@@ -512,8 +611,21 @@ class _ToolThreads(Executor):
                     future.set_exception(exc)
                 else:
                     future.set_result(result)
+                if self._ends_after(future):
+                    return
             del future, job
             self._idle.release()
+
+    def _ends_after(self, job: _Job) -> bool:
+        """Whether the thread that ran `job` ends now: the job was abandoned, and the pool is over its size."""
+        with self._lock:  # read under the lock: `abandoned()` may be marking it right now
+            if not job.abandoned:
+                return False
+            self._abandoned -= 1
+            if self._threads <= self._max + self._abandoned:
+                return False
+            self._threads -= 1
+            return True
 
 
 _tool_threads = _ToolThreads(TOOL_THREADS)
@@ -1327,7 +1439,8 @@ def _render(value: Any) -> str:
     if isinstance(value, bytes | bytearray | memoryview):
         return _bytes_text(bytes(value))
     if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
-        return "\n".join(value)
+        joined = "\n".join(value)
+        return joined if joined and not joined.isspace() else NO_OUTPUT
     if isinstance(value, BaseModel) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
         return pydantic_core.to_json(value, fallback=str).decode()
     try:

@@ -43,7 +43,6 @@ import json
 import math
 import re
 import time
-import types
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import ConfigurationError, ModelError, RunError
 from ._events import ErrorKind, Event, PlanCreated, TaskFinished, TaskSkipped, TaskStarted
-from ._execute import execute_calls, returned_result, start_invocation
+from ._execute import RETURNED_LATER, execute_calls, returned_result, start_invocation
 from ._messages import Message, ModelRequest, ModelSettings, ToolCall, Usage
 from ._risk import RiskLevel
 from ._tools import (
@@ -63,6 +62,7 @@ from ._tools import (
     ToolContext,
     ToolRegistry,
     _check_against_schema,
+    _safe_str,
     explain_errors,
     render_output,
     truncate_output,
@@ -1011,7 +1011,11 @@ class _Runner:
                 "timeout",
             )
         except (Exception, SystemExit) as exc:  # a tool calling sys.exit() does not end the process
-            text, success, kind = f"Error: {tool.name} raised {type(exc).__name__}: {exc}", False, "exception"
+            text, success, kind = (
+                f"Error: {tool.name} raised {type(exc).__name__}: {_safe_str(exc)}",
+                False,
+                "exception",
+            )
         limit = tool.output_max_length or self.output_max_length or DEFAULT_OUTPUT_MAX_LENGTH
         text, _ = truncate_output(text, limit)
         return TaskResult(task.id, task.tool, text, success, time.perf_counter() - started, kind, arguments)
@@ -1033,7 +1037,7 @@ async def _bounded(invocation: Awaitable[Any], limit: float) -> Any:
         _TimedOut: past `limit`.
     """
     finished, value = start_invocation(invocation)
-    if finished and type(value) is not types.CoroutineType:
+    if finished and type(value) not in RETURNED_LATER:
         return value
     timer = asyncio.timeout(None if math.isinf(limit) else limit)
     try:

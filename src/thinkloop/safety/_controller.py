@@ -30,7 +30,7 @@ from .._execute import GateDecision, _validated_unwrapped, arguments_from_text
 from .._messages import ToolCall
 from .._risk import RiskLevel
 from .._state import ApprovalRecord, LedgerEntry, RunState
-from .._tools import Tool, ToolArgumentsError, tool_threads
+from .._tools import Tool, ToolArgumentsError, _safe_str, tool_threads
 from ._policy import Evaluation, SafetyMode, SafetyPolicy, ShellCommandRisk
 
 if TYPE_CHECKING:
@@ -261,7 +261,7 @@ async def _called(function: ApprovalFunction, request: ApprovalRequest) -> objec
 
 
 def _failed(exc: BaseException) -> _Answer:
-    return _Answer("denied", problem=f"the approval function failed ({type(exc).__name__}: {exc})")
+    return _Answer("denied", problem=f"the approval function failed ({type(exc).__name__}: {_safe_str(exc)})")
 
 
 def arguments_to_run(call: ToolCall, tool: Tool) -> dict[str, Any]:
