@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from thinkloop import Agent, ConfigurationError, RunState, Tool, tool
+from thinkloop import Agent, ConfigurationError, RunState, Tool, ToolContext, tool
 from thinkloop._tools import NO_OUTPUT, _ToolThreads, render_output
 from thinkloop.models._openai import _parse_arguments
 from thinkloop.stores import SQLiteStore
@@ -334,3 +334,50 @@ def _shrunk(pool: _ToolThreads) -> bool:
     while (pool._threads, pool._abandoned) != (1, 0) and time.monotonic() < deadline:
         time.sleep(0.01)
     return (pool._threads, pool._abandoned) == (1, 0)
+
+
+# ------------------------------------------------------------------------------------------- metadata
+
+
+async def test_a_value_a_tool_puts_in_metadata_that_cannot_be_saved_is_removed_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It failed every save of the run, as a StateError blaming the store and suggesting a resume.
+    @tool
+    def remember(ctx: ToolContext, note: str) -> str:
+        """Remember a note."""
+        ctx.metadata["note"] = note
+        ctx.metadata["handle"] = threading.Lock()
+        return "remembered"
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    script = [call("remember", note="buy milk"), "done"]
+    with caplog.at_level("WARNING", logger="thinkloop.tools"):
+        result = await Agent(ScriptedModel(script), tools=[remember], store=store).run("x", run_id="r")
+    assert result.output == "done" and tool_outputs(result.state) == ["remembered"]
+    saved = await store.load_state("r")
+    assert saved is not None and saved.metadata["note"] == "buy milk" and "handle" not in saved.metadata
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "thinkloop.tools"]
+    assert warning.startswith("tool remember put metadata['handle'] (of type lock) in its ToolContext")
+
+
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ({"handle": object()}, "metadata['handle'] (of type object) cannot be saved with the run's state"),
+        ({"deep": nested(100)}, "metadata['deep'] (of type dict) cannot be saved"),
+        (["not", "a", "dict"], "metadata must be a dict of JSON values, not a list"),
+    ],
+)
+async def test_run_metadata_that_cannot_be_saved_is_refused_before_the_run(metadata: Any, says: str) -> None:
+    model = ScriptedModel(["done"])
+    with pytest.raises(ConfigurationError) as raised:
+        await Agent(model).run("x", metadata=metadata)
+    assert says in str(raised.value)
+    assert model.requests == []  # refused before the model was asked anything
+
+
+async def test_json_metadata_is_taken_as_it_is() -> None:
+    metadata = {"user": "ada", "tags": ["a", "b"], "limits": {"n": 3, "ratio": 0.5, "on": True, "none": None}}
+    result = await Agent(ScriptedModel(["done"])).run("x", metadata=metadata)
+    assert result.state.metadata == metadata

@@ -10,7 +10,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal
 
-from . import _aio
+from . import _aio, _json
 from ._budget import Budget, PriceTable
 from ._context import DEFAULT_MAX_CONTEXT_TOKENS, ContextManager, Summarizer
 from ._discovery import ToolDiscovery
@@ -32,7 +32,7 @@ from ._messages import Message, ModelSettings
 from ._output import OutputSpec
 from ._prompt import DEFAULT_RULES
 from ._resume import load_resumable, memory_messages
-from ._state import Mode, RunState, StopReason, new_run_state
+from ._state import Mode, RunState, StopReason, new_run_state, unsaved_metadata
 from ._tokens import TokenCounter, TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
 from .experience import Learner, RunRecord
@@ -390,6 +390,7 @@ class Agent:
         stream: bool,
     ) -> RunContext:
         check_goal(goal)  # a string, not blank, without NUL (as the server, the CLI and the job queue take)
+        _check_metadata(metadata)
         state = new_run_state(
             agent_name=self.name,
             model=self.model.spec,
@@ -600,3 +601,19 @@ class Agent:
         """Wait until the learner has taken in every finished run (each within 30 s)."""
         while self._learning:
             await asyncio.gather(*self._learning, return_exceptions=True)
+
+
+def _check_metadata(metadata: object) -> None:
+    """`run(metadata=...)`: a dict the run's state can be saved with (it is saved at every step)."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise ConfigurationError(f"metadata must be a dict of JSON values, not a {type(metadata).__name__}")
+    bad = unsaved_metadata(metadata)
+    if bad:
+        key = bad[0]
+        raise ConfigurationError(
+            f"metadata[{key!r}] (of type {type(metadata[key]).__name__}) cannot be saved with the run's state: "
+            f"metadata holds JSON values (text, numbers, booleans, None, lists and dicts of them, at most "
+            f"{_json.MAX_DEPTH} levels deep); pass objects the tools need as deps="
+        )

@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import difflib
 import json
+import logging
 import math
 import re
 import time
@@ -27,6 +28,7 @@ from ._events import Decision, ErrorKind, ToolCallEvent
 from ._messages import ToolCall
 from ._react import KEYWORD_ARGUMENTS_RE, arguments_example, parse_arguments, unfenced
 from ._risk import RiskLevel
+from ._state import unsaved_metadata
 from ._tools import (
     Tool,
     ToolArgumentsError,
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from ._loop import RunContext
 
 T = TypeVar("T")
+logger = logging.getLogger("thinkloop.tools")
 
 
 @dataclass(slots=True)
@@ -374,12 +377,29 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         text, success, kind = _raised(tool, exc)
         text += _nested_call_note(run, tool, prepared.arguments)
     duration = time.perf_counter() - started
+    if tool.context_param is not None and run.state.metadata:
+        _drop_unsaved_metadata(run, tool)
     text, truncated = _observation(run, prepared, text)
     outcome = _new_outcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
     run.mark_done(call.id, text, success, error_kind=kind)
     if run.step_saves:
         await run.checkpoint()
     return outcome
+
+
+def _drop_unsaved_metadata(run: RunContext, tool: Tool) -> None:
+    """Values a tool put in `ToolContext.metadata` that the run's state cannot be saved with (an object,
+    nesting too deep) are removed, with a warning naming the tool: the state is saved at every step, and
+    one such value failed every save — as the store's fault."""
+    metadata = run.state.metadata
+    for key in unsaved_metadata(metadata):
+        value = metadata.pop(key)
+        logger.warning(
+            "tool %s put metadata[%r] (of type %s) in its ToolContext, which cannot be saved with the run's state: "
+            "it was removed. Store JSON values in metadata (text, numbers, booleans, None, lists and dicts "
+            "of them); keep objects in deps=",
+            tool.name, key, type(value).__name__,
+        )  # fmt: skip
 
 
 def _observation(run: RunContext, prepared: _Prepared, text: str) -> tuple[str, bool]:

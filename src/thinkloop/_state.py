@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+import pydantic_core
 from pydantic import ValidationError
 
+from . import _json
 from ._data import Data, fast_constructor
 from ._errors import StateError
 from ._messages import Message, Usage
@@ -201,3 +203,25 @@ def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(root)"
     return f"{where}: {err['msg']}"
+
+
+def unsaved_metadata(metadata: dict[str, Any]) -> list[str]:
+    """The keys of `metadata` whose values a saved run state cannot hold: values pydantic cannot write as
+    JSON (an arbitrary object, a lambda …), or nesting too deep to be read back. [] for the usual
+    metadata, checked with one serialisation."""
+    try:
+        text = pydantic_core.to_json(metadata).decode()
+    except (pydantic_core.PydanticSerializationError, ValueError, RecursionError):
+        pass
+    else:
+        if not _json.text_too_deep(text):
+            return []
+    bad = []
+    for key, value in metadata.items():
+        try:
+            deep = _json.too_deep(value) or _json.text_too_deep(pydantic_core.to_json(value).decode())
+        except (pydantic_core.PydanticSerializationError, ValueError, RecursionError):
+            deep = True
+        if deep:
+            bad.append(key)
+    return bad
