@@ -381,3 +381,38 @@ async def test_json_metadata_is_taken_as_it_is() -> None:
     metadata = {"user": "ada", "tags": ["a", "b"], "limits": {"n": 3, "ratio": 0.5, "on": True, "none": None}}
     result = await Agent(ScriptedModel(["done"])).run("x", metadata=metadata)
     assert result.state.metadata == metadata
+
+
+async def test_arguments_holding_an_integer_too_long_to_write_are_refused_not_run() -> None:
+    # A model (or a test double) handing over an integer of 5,001 digits: JSON cannot write it, so the
+    # state could not be saved; the double itself failed on it ("the model raised ValueError").
+    ran: list[object] = []
+
+    @tool
+    def store_value(value: Any) -> str:
+        """Store a value."""
+        ran.append(value)
+        return "stored"
+
+    script = [call("store_value", value=10**5000), "gave up"]
+    result = await Agent(ScriptedModel(script), tools=[store_value]).run("x")
+    assert result.output == "gave up" and ran == []
+    [observation] = tool_outputs(result.state)
+    assert observation.startswith(
+        "Error: store_value was not called: its arguments cannot be written as JSON (an integer has more "
+        "than 4,300 digits)."
+    )
+    RunState.from_json(result.state.to_json())
+
+
+async def test_a_scripted_call_nested_past_the_recursion_limit_is_malformed_not_a_crash() -> None:
+    text = '{"data":' + "[" * 1500 + "]" * 1500 + "}"
+    result = await Agent(ScriptedModel([call_text("keep", text), "gave up"]), tools=[keep]).run("x")
+    assert result.output == "gave up"
+    assert tool_outputs(result.state)[0].startswith(
+        "Error: keep was not called: its arguments nest more than 64"
+    )
+
+
+def call_text(name: str, arguments: str) -> dict[str, object]:
+    return {"tool_calls": [{"name": name, "args": arguments}]}

@@ -154,8 +154,8 @@ def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Pr
         names = run.visible_names() if tools is None else tools.names
         return _failed(call, "unknown_tool", _unknown_tool_message(call.name, names))
     raw = call.raw_arguments
-    if raw is not None and _json.text_too_deep(raw):
-        return _failed(call, "invalid_arguments", _too_deep_message(tool))
+    if raw is not None and (_json.text_too_deep(raw) or raw.startswith(UNWRITABLE)):
+        return _failed(call, "invalid_arguments", _unreadable_message(tool, raw))
     given = call.arguments if raw is None else arguments_from_text(tool, raw)
     if given is None:
         return _failed(call, "invalid_arguments", _bad_json_message(call, tool))
@@ -721,9 +721,18 @@ def _bad_json_message(call: ToolCall, tool: Tool) -> str:
     return f"Error: the arguments of {tool.name} were not a JSON object: {raw!r}. {_call_it_with(tool)}"
 
 
-def _too_deep_message(tool: Tool) -> str:
-    depth = _json.MAX_DEPTH
-    return f"Error: {tool.name} was not called: its arguments nest more than {depth} levels deep. {_call_it_with(tool)}"
+UNWRITABLE = "(arguments that cannot be written as JSON: "  # begins the text kept of such arguments
+
+
+def _unreadable_message(tool: Tool, raw: str) -> str:
+    """For arguments nested too deeply, or that cannot be written as JSON (an integer of over 4,300
+    digits): what is wrong, and how to call the tool."""
+    if raw.startswith(UNWRITABLE):
+        why = raw[len(UNWRITABLE) : len(UNWRITABLE) + 200].removesuffix(")")
+        problem = f"its arguments cannot be written as JSON ({why})"
+    else:
+        problem = f"its arguments nest more than {_json.MAX_DEPTH} levels deep"
+    return f"Error: {tool.name} was not called: {problem}. {_call_it_with(tool)}"
 
 
 def _invalid_args_message(tool: Tool, problem: str) -> str:

@@ -51,7 +51,7 @@ from ._events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from ._execute import AllowAll, Deadlines, ToolGate, ToolOutcome, execute_calls
+from ._execute import UNWRITABLE, AllowAll, Deadlines, ToolGate, ToolOutcome, execute_calls
 from ._guards import Guards
 from ._messages import (
     Message,
@@ -973,7 +973,7 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
             break
         try:  # kept: the guards' signature and the token estimate read it
             text = arguments_json(call.arguments)
-        except RecursionError:
+        except (ValueError, RecursionError):  # an integer of over 4,300 digits, nesting past recursion
             break
         if not text.isascii() or "NaN" in text or "Infinity" in text or _json.too_deep(call.arguments, text):
             break
@@ -981,8 +981,9 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
         return reply  # the common case: nothing that can hold a lone surrogate
     calls = []
     for call in reply.calls:
-        if _json.too_deep(call.arguments):  # answered as malformed: a state holding it could not be read
-            call = call.model_copy(update={"arguments": {}, "raw_arguments": _deep_text(call.arguments)})
+        kept = None if call.raw_arguments is not None else _unsaveable(call.arguments)
+        if kept is not None:  # answered as malformed: a state holding them could not be saved, or read
+            call = call.model_copy(update={"arguments": {}, "raw_arguments": kept})
         fields = {"name": call.name, "arguments": call.arguments, "raw_arguments": call.raw_arguments}
         clean = _valid_unicode(fields)
         if _json.non_finite(clean["arguments"]):  # `{"x": NaN}` from json.loads: answered as malformed
@@ -992,12 +993,18 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
     return reply
 
 
-def _deep_text(arguments: dict[str, Any]) -> str:
-    """Arguments nested too deeply, as the text kept of them: their JSON, its first 2,000 characters."""
+def _unsaveable(arguments: dict[str, Any]) -> str | None:
+    """For arguments a run state could not hold — nested deeper than `_json.MAX_DEPTH`, or not writable as
+    JSON at all (an integer of over 4,300 digits) — the text kept of them instead (the first 2,000
+    characters of their JSON, or what is wrong); None for arguments that can be saved."""
     try:
-        return arguments_json(arguments)[:2000]
+        text = arguments_json(arguments)
     except RecursionError:  # deeper than Python can write
         return "{" * (_json.MAX_DEPTH + 1) + " …"
+    except ValueError as exc:
+        why = "an integer has more than 4,300 digits" if "integer string conversion" in str(exc) else str(exc)
+        return f"{UNWRITABLE}{why})"[:2000]
+    return text[:2000] if _json.too_deep(arguments, text) else None
 
 
 def _record_reply(run: RunContext, reply: Reply) -> None:

@@ -60,7 +60,7 @@ def _to_call(raw: Any, turn: int, index: int) -> ToolCall:
     if isinstance(args, str):  # raw argument text, possibly malformed on purpose
         try:
             parsed = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's recursion limit
             return ToolCall(id=call_id, name=str(raw["name"]), raw_arguments=args)
         if isinstance(parsed, dict):
             return ToolCall(id=call_id, name=str(raw["name"]), arguments=parsed)

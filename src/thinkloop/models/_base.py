@@ -6,7 +6,16 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from .._messages import Message, ModelRequest, ModelResponse, StreamChunk, TextDelta, ToolCallDelta, Usage
+from .._messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    StreamChunk,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +88,14 @@ def estimate_request_tokens(request: ModelRequest) -> int:
     return total
 
 
+def _call_tokens(call: ToolCall) -> int:
+    try:
+        return estimate_tokens(str(call.arguments)) + 4
+    except (ValueError, RecursionError):  # an integer of over 4,300 digits, nesting past recursion
+        return estimate_tokens(call.raw_arguments or "") + 4
+
+
 def estimated_usage(request: ModelRequest, response: ModelResponse) -> Usage:
     """Usage estimated from characters, for models that report none."""
-    out = estimate_tokens(response.text) + sum(
-        estimate_tokens(str(c.arguments)) + 4 for c in response.tool_calls
-    )
+    out = estimate_tokens(response.text) + sum(_call_tokens(c) for c in response.tool_calls)
     return Usage(input_tokens=estimate_request_tokens(request), output_tokens=out, requests=1, estimated=True)
