@@ -778,10 +778,11 @@ async def test_many_followers_see_the_same_events_live() -> None:
 async def test_websocket_refuses_unknown_runs_and_other_sites() -> None:
     agent, _ = make_agent(ScriptedModel(["ok"]))
     async with serve(create_app(agent)) as served, httpx.AsyncClient(base_url=served.url) as client:
-        async with websockets.connect(f"{served.ws}/api/runs/nope/events") as ws:
-            with pytest.raises(websockets.ConnectionClosed):
-                await asyncio.wait_for(ws.recv(), 5)
-            assert ws.close_code == 4404
+        for unknown in ("nope", "..%2Fnope", "a%2Fb%2Fc"):  # a slash in the id: still "no such run"
+            async with websockets.connect(f"{served.ws}/api/runs/{unknown}/events") as ws:
+                with pytest.raises(websockets.ConnectionClosed):
+                    await asyncio.wait_for(ws.recv(), 5)
+                assert ws.close_code == 4404 and ws.close_reason == "no such run", unknown
         run_id = await start(client)
         with pytest.raises(websockets.InvalidStatus):
             await websockets.connect(

@@ -833,6 +833,10 @@ def _add_stream_route(app: FastAPI, manager: RunManager) -> None:
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await websocket.close(code=code, reason=_close_reason(reason))
 
+    # an id holding a slash (`..%2Fx`, decoded) names no run: answered 4404 like any unknown id, not with
+    # the bare 403 of a WebSocket to a path no route matches
+    app.add_api_websocket_route("/api/runs/{run_id:path}/events", stream_events)
+
 
 async def _check_stream(manager: RunManager, run_id: str, after: str) -> tuple[int, str]:
     """(1000, "") if the run can be followed from `after`, else the close code and reason to answer."""
