@@ -686,12 +686,15 @@ class _AnswerStreamer:
     def feed(self, text: str) -> None:
         if not text.isascii():
             text = _valid_unicode(text)  # a lone surrogate (half an emoji's JSON escape) fails JSON output
-        self.buffer += text
+        buffer, self.buffer = self.buffer, ""  # the attribute's reference dropped: `+=` grows it in place
+        buffer += text
+        self.buffer = buffer
         if self.called or (self.first < 0 and not self._answer_starts()):
             return
-        end = len(self.buffer.rstrip())
-        if end > self.sent:
-            piece, self.sent = self.buffer[self.sent : end], end
+        sent = self.sent
+        end = sent + len(buffer[sent:].rstrip())  # only the text not sent yet is looked at
+        if end > sent:
+            piece, self.sent = buffer[sent:end], end
             self.run.emit(AnswerDelta(text=piece))
 
     def _answer_starts(self) -> bool:
