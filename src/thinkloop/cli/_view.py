@@ -153,8 +153,10 @@ class LiveView:
         render_event(self.console, event)
 
     def _answer_delta(self, text: str) -> None:
-        self.streamed += text
         width = max(20, self.console.width - 10)
+        self.streamed = (self.streamed + text)[
+            -8 * width :
+        ]  # the tail it shows: a long answer costs linear time
         tail = " ".join(self.streamed.split())[-width:]
         self._spin(f"[green]▌[/] {escape(printable(tail))}")  # a spinner's text is not `render_str`'s
 
