@@ -355,9 +355,12 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     started = time.perf_counter()
     try:
         arguments = prepared.arguments
+        invocation: Awaitable[Any]
         if tool.context_param is not None:
-            arguments = {**arguments, tool.context_param: _tool_context(run, call)}
-        finished, value = start_invocation(tool.invoke(arguments))
+            invocation = _with_context(run, tool, call, arguments)
+        else:
+            invocation = tool.invoke(arguments)
+        finished, value = start_invocation(invocation)
         if not finished:  # it waits: under its time limit and the run's deadline, whichever comes first
             value = await run.deadlines.within(_deadline(run, timeout), value)
         if type(value) in RETURNED_LATER:  # `return fetch(url)` meant `return await fetch(url)`
@@ -377,14 +380,27 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         text, success, kind = _raised(tool, exc)
         text += _nested_call_note(run, tool, prepared.arguments)
     duration = time.perf_counter() - started
-    if tool.context_param is not None and run.state.metadata:
-        _drop_unsaved_metadata(run, tool)
-    text, truncated = _observation(run, prepared, text)
+    limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
+    text, truncated = truncate_output(text, limit) if len(text) > limit else (text, False)
+    if prepared.note:
+        text = f"{text}\n{prepared.note}"
+    if not text.isascii():  # an error's text, a note may hold a lone surrogate too: the state stays UTF-8
+        text = _valid_text(text)
     outcome = _new_outcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
     run.mark_done(call.id, text, success, error_kind=kind)
     if run.step_saves:
         await run.checkpoint()
     return outcome
+
+
+async def _with_context(run: RunContext, tool: Tool, call: ToolCall, arguments: dict[str, object]) -> Any:
+    """Invoke a tool that takes a `ToolContext`; then what it left in the metadata is checked."""
+    assert tool.context_param is not None
+    try:
+        return await tool.invoke({**arguments, tool.context_param: _tool_context(run, call)})
+    finally:
+        if run.state.metadata:
+            _drop_unsaved_metadata(run, tool)
 
 
 def _drop_unsaved_metadata(run: RunContext, tool: Tool) -> None:
@@ -400,17 +416,6 @@ def _drop_unsaved_metadata(run: RunContext, tool: Tool) -> None:
             "of them); keep objects in deps=",
             tool.name, key, type(value).__name__,
         )  # fmt: skip
-
-
-def _observation(run: RunContext, prepared: _Prepared, text: str) -> tuple[str, bool]:
-    """What the model is shown of a call's result: truncated, with the call's note, valid UTF-8 (an error's
-    text or a note may hold a lone surrogate too: the state must stay UTF-8)."""
-    tool = prepared.tool
-    limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
-    text, truncated = truncate_output(text, limit) if len(text) > limit else (text, False)
-    if prepared.note:
-        text = f"{text}\n{prepared.note}"
-    return (text if text.isascii() else _valid_text(text)), truncated
 
 
 def start_invocation(awaitable: Awaitable[T]) -> tuple[bool, Any]:

@@ -978,7 +978,9 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
             text = arguments_json(call.arguments)
         except (ValueError, RecursionError):  # an integer of over 4,300 digits, nesting past recursion
             break
-        if not text.isascii() or "NaN" in text or "Infinity" in text or _json.too_deep(call.arguments, text):
+        if not text.isascii() or "NaN" in text or "Infinity" in text:
+            break
+        if text.count("{") + text.count("[") > _json.MAX_DEPTH and _json.too_deep(call.arguments):
             break
     else:
         return reply  # the common case: nothing that can hold a lone surrogate
