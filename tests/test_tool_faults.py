@@ -217,6 +217,30 @@ async def test_call_ids_a_model_reuses_from_step_to_step_each_keep_their_own_led
     assert asked == answered and len(set(asked)) == 2 and asked[0] == "call_0"
 
 
+async def test_calls_written_as_text_get_ids_unique_in_the_run_too() -> None:
+    # Calls parsed from text get `text_<step>` / `react_<step>`: a native call of the same id at an
+    # earlier step had its ledger entry overwritten, and the history held the id twice.
+    from thinkloop import ModelResponse, ToolCall, validate_history
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    replies = [
+        ModelResponse(tool_calls=[ToolCall(id="text_2", name="add", arguments={"a": 1, "b": 2})]),
+        '{"name": "add", "arguments": {"a": 10, "b": 20}}',  # a call written as text, at step 2
+        "3 and 30",
+    ]
+    result = await Agent(ScriptedModel(replies), tools=[add]).run("add 1+2 and 10+20")
+    assert {entry.output for entry in result.state.ledger.values()} == {"3", "30"}
+    asked = [c.id for m in result.state.messages for c in m.tool_calls]
+    assert len(set(asked)) == 2 and asked == [
+        m.tool_call_id for m in result.state.messages if m.role == "tool"
+    ]
+    validate_history(result.state.messages)
+
+
 # --------------------------------------------------------------------------------- tools that hang
 
 

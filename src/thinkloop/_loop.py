@@ -806,9 +806,8 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     if run.state.mode == "react" and not response.tool_calls:
         return _interpret_react(run, response, request)
     calls = response.tool_calls
-    ledger = run.state.ledger
-    if calls and not (len(calls) == 1 and calls[0].id and calls[0].id not in ledger):  # the common case
-        calls = _unique_ids(calls, run.state.step, ledger)
+    if calls:
+        calls = _settled(run, calls)
     if not calls and response.text and run.tools.names:
         answer = _react.json_answer(response.text, run.tools.names)  # {"name": "final_answer", ...} as text
         if answer is not None:
@@ -816,7 +815,7 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         thought, text_calls = _react.text_calls(response.text, run.tools.names, f"text_{run.state.step}")
         if text_calls:  # a native model (or a server without a tool-call parser) wrote its calls as text
             _calls_written_as_text(run)
-            return _answer_calls(run, Reply(text=thought, calls=text_calls))
+            return _answer_calls(run, Reply(text=thought, calls=_settled(run, text_calls)))
     malformed = unknown = False
     for call in calls:
         malformed = malformed or call.raw_arguments is not None
@@ -834,8 +833,9 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
     if step.error:
         return Reply(text=response.text, problem=step.error)
     if step.call is not None:
-        reply = Reply(text=step.thought, calls=[step.call])
-        return reply if step.call.name in run.tools else _answer_calls(run, reply)
+        calls = _settled(run, [step.call])
+        reply = Reply(text=step.thought, calls=calls)
+        return reply if calls[0].name in run.tools else _answer_calls(run, reply)
     final = step.final or ""
     if final and _react.copied_final(final, request.messages, run.state):
         return Reply(
@@ -903,6 +903,26 @@ def native_answer(text: str) -> str:
     if match is not None and text[match.end() :].strip():
         return text[match.end() :].strip()
     return text
+
+
+def _settled(run: RunContext, calls: list[ToolCall]) -> list[ToolCall]:
+    """The calls with ids unique in the run (`_unique_ids`) and each tool's own name for a name that is a
+    near miss of it (`SHELL`, `functions.shell`: `ToolRegistry.resolve`): the ledger, the loop guards and
+    the safety policy's look at earlier calls then see one tool under one name — a near miss hid a call
+    from them. The given list when nothing changes (the loop never changes a list of calls in place)."""
+    ledger = run.state.ledger
+    if not (len(calls) == 1 and calls[0].id and calls[0].id not in ledger):  # one fresh id: the common case
+        calls = _unique_ids(calls, run.state.step, ledger)
+    tools = run.tools
+    renamed: list[ToolCall] | None = None
+    for index, call in enumerate(calls):
+        if call.name in tools:
+            continue
+        tool = tools.resolve(call.name)
+        if tool is not None:
+            renamed = renamed or list(calls)
+            renamed[index] = call.model_copy(update={"name": tool.name})
+    return calls if renamed is None else renamed
 
 
 def _unique_ids(calls: list[ToolCall], step: int, taken: Container[str] = ()) -> list[ToolCall]:
