@@ -579,3 +579,56 @@ async def test_a_run_interrupted_while_it_is_set_up_is_saved_unfinished_and_resu
     assert state.metadata["interrupted"]["step"] == 0 and model.requests == []
     result = await Agent(model, tools=[count], store=store).resume("r1")
     assert result.output == "done" and result.steps == 2 and result.tool_calls == 1
+
+
+async def test_a_call_a_person_denied_is_not_asked_about_again_on_resume(tmp_path: Path) -> None:
+    # One reply: delete_db (high risk, denied) and note, which was running when the process died. The
+    # denied call stayed "planned" in the ledger, so the resumed run asked again — and, approved, ran it.
+    from thinkloop import RiskLevel
+    from thinkloop.safety import ApprovalDecision, SafetyController
+
+    effects: list[str] = []
+    asked: list[str] = []
+    crashing = [True]
+
+    @tool(risk=RiskLevel.HIGH)
+    async def delete_db(name: str) -> str:
+        """Delete a database."""
+        effects.append(f"deleted {name}")
+        return f"deleted {name}"
+
+    @tool
+    async def note(text: str) -> str:
+        """Take a note."""
+        if crashing[0]:
+            await asyncio.sleep(0.01)
+            raise Crash
+        return f"noted {text}"
+
+    def answering(action: str) -> Callable[[Any], ApprovalDecision]:
+        def approval(request: Any) -> ApprovalDecision:
+            asked.append(f"{request.tool}: {action}")
+            return ApprovalDecision(action=action)  # type: ignore[arg-type]
+
+        return approval
+
+    calls = [{"name": "delete_db", "args": {"name": "prod"}}, {"name": "note", "args": {"text": "x"}}]
+    script = [{"tool_calls": calls}, "done"]
+
+    def agent(action: str) -> Agent:
+        safety = SafetyController("balanced", approval=answering(action))
+        store = SQLiteStore(tmp_path / "runs.db")
+        return Agent(ScriptedModel(script, by_turn=True), tools=[delete_db, note], store=store, safety=safety)
+
+    with pytest.raises(Crash):
+        await agent("deny").run("go", run_id="r")
+    crashing[0] = False
+    result = await agent("approve").resume("r")
+    assert asked == ["delete_db: deny"] and effects == []
+    assert [(a.tool, a.decision) for a in result.state.approvals] == [
+        ("delete_db", "denied"),
+        ("note", "auto"),
+    ]
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs[0].startswith("Denied: the call of delete_db was not approved")
+    assert outputs[1].startswith("Error: the outcome of note is unknown")  # it was running: not run again

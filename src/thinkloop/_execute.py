@@ -141,7 +141,7 @@ async def _prepare(
     """Everything before running: lookup, argument checks, risk, the safety gate."""
     checked = _checked(run, call, tools)
     if isinstance(checked, ToolOutcome):
-        return checked
+        return _decided(run, checked, _AUTO)
     gate = run.gate
     verdict = _AUTO if type(gate) is AllowAll else await gate.check(call, checked.tool, checked.risk, run)
     return _decided(run, checked, verdict)
@@ -329,8 +329,11 @@ def _ignored_note(name: str, extra: list[str], takes: list[str]) -> str:
 def _decided(
     run: RunContext, checked: _Prepared | ToolOutcome, verdict: GateDecision
 ) -> _Prepared | ToolOutcome:
-    """Apply the gate's verdict to a checked call (and announce the call)."""
+    """Apply the gate's verdict to a checked call (and announce the call). A call that will not run — its
+    check failed, or the gate refused it — is done in the ledger at once: a resumed run answers it as it
+    was answered, and never asks again about a call a person denied (then perhaps to run it)."""
     if isinstance(checked, ToolOutcome):
+        run.mark_done(checked.call.id, checked.output, False, error_kind=checked.error_kind)
         return checked
     call, risk = checked.call, verdict.risk or checked.risk
     if run.observed:
@@ -339,6 +342,7 @@ def _decided(
         run.state.event_version += 1  # `run.skip_event()`, inlined: the hot path
     if not verdict.allowed:
         text = _valid_text(verdict.message or _denied_message(checked.tool, verdict.reason))
+        run.mark_done(call.id, text, False, error_kind="denied")
         return ToolOutcome(call, text, False, error_kind="denied", risk=risk, decision=verdict.decision)
     checked.risk, checked.decision = risk, verdict.decision
     return checked
