@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from thinkloop import Agent, Budget, ConcurrencyError, Event, RunState, StateError, UserError, tool
+from thinkloop import Agent, Budget, ConcurrencyError, Event, RunResult, RunState, StateError, UserError, tool
 from thinkloop._events import RunStarted, ToolResultEvent
 from thinkloop.stores import MemoryStore, SQLiteStore, Store
 from thinkloop.testing import ScriptedModel
@@ -632,3 +632,28 @@ async def test_a_call_a_person_denied_is_not_asked_about_again_on_resume(tmp_pat
     outputs = [m.content for m in result.state.messages if m.role == "tool"]
     assert outputs[0].startswith("Denied: the call of delete_db was not approved")
     assert outputs[1].startswith("Error: the outcome of note is unknown")  # it was running: not run again
+
+
+async def test_two_resumes_of_one_run_at_once_on_the_default_store_run_its_tools_once() -> None:
+    # The default in-process store has no version check: both resumes went ahead and paid twice.
+    effects: list[int] = []
+    crashing = [True]
+
+    @tool
+    async def pay(amount: int) -> str:
+        """Pay an amount."""
+        if crashing[0]:
+            raise Crash
+        await asyncio.sleep(0.05)
+        effects.append(amount)
+        return f"paid {amount}"
+
+    script = [{"tool_calls": [{"name": "pay", "args": {"amount": n}}]} for n in (1, 2)] + ["done"]
+    agent = Agent(ScriptedModel(script, by_turn=True, latency=0.01), tools=[pay])
+    with pytest.raises(Crash):
+        await agent.run("go", run_id="r")
+    crashing[0] = False
+    first, second = await asyncio.gather(agent.resume("r"), agent.resume("r"), return_exceptions=True)
+    assert isinstance(first, RunResult) and first.output == "done"
+    assert isinstance(second, UserError) and "run 'r' is being run by this agent right now" in str(second)
+    assert effects == [2]

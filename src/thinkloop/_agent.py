@@ -498,7 +498,12 @@ class Agent:
     async def _drive(self, run: RunContext, *, resumed: bool = False) -> RunResult:
         state = run.state
         # `interrupt()` reaches the run from here on, while it is set up too (a duplicate id stays out)
-        ours = self._active.setdefault(state.run_id, (run, asyncio.current_task()))[0] is run
+        if self._active.setdefault(state.run_id, (run, asyncio.current_task()))[0] is not run:
+            raise UserError(
+                f"run {state.run_id!r} is being run by this agent right now (a run or resume of it has not "
+                f"ended): wait for it to end, or interrupt it (agent.interrupt({state.run_id!r})), then resume "
+                "it — two at once would run its tool calls twice"
+            )
         try:
             try:
                 await self._set_up(run, resumed=resumed)
@@ -512,8 +517,7 @@ class Agent:
             finally:
                 current_run.reset(token)
         finally:
-            if ours:
-                self._active.pop(state.run_id, None)
+            self._active.pop(state.run_id, None)
         if self.experience is not None and result.stop_reason is not StopReason.CANCELLED:
             self._learn_later(result.state)
         return result
