@@ -1438,3 +1438,33 @@ async def test_a_tool_exception_whose_str_raises_is_a_failed_call_not_an_escape(
     assert events[-1].type == "done" and events[-1].result.output == "gave up"  # type: ignore[union-attr]
     (result,) = [e for e in events if e.type == "tool_result"]
     assert result.output == "Error: broken raised ApiError: <ApiError object; str() raised KeyError>"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", ["react", "native"])
+@pytest.mark.parametrize(
+    ("reply", "answer"),
+    [
+        (  # an action considered and rejected while reasoning was run (the real answer dropped)
+            '<think>I could do\nAction: delete_file\nAction Input: {"path": "/etc/hosts"}\nbut no.</think>\n'
+            "Final Answer: nothing to delete",
+            "nothing to delete",
+        ),
+        ("<think>Final Answer: maybe 12? No, recount.</think>\nFinal Answer: 14", "14"),  # a draft answer
+        ("<think>the user wants a number</think>\n14", "14"),  # kept the reasoning block, in ReAct
+        ('Reasoning before.</think>\n{"name": "final_answer", "arguments": {"answer": "14"}}', "14"),
+    ],
+)
+def test_what_a_model_writes_while_reasoning_is_neither_run_nor_answered(
+    mode: str, reply: str, answer: str
+) -> None:
+    deleted: list[str] = []
+
+    @tool
+    def delete_file(path: str) -> str:
+        """Delete a file."""
+        deleted.append(path)
+        return "deleted"
+
+    model = ScriptedModel([reply, "Final Answer: (a second reply)"], tools=mode == "native")
+    result = Agent(model, tools=[delete_file], mode=mode).run_sync("count it")  # type: ignore[arg-type]
+    assert (result.output, deleted) == (answer, [])

@@ -809,10 +809,11 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     if calls:
         calls = _settled(run, calls)
     if not calls and response.text and run.tools.names:
-        answer = _react.json_answer(response.text, run.tools.names)  # {"name": "final_answer", ...} as text
+        said = reasoning_removed(response.text)  # a call the model only considered in its reasoning is none
+        answer = _react.json_answer(said, run.tools.names)  # {"name": "final_answer", ...} as text
         if answer is not None:
             return Reply(text=answer)
-        thought, text_calls = _react.text_calls(response.text, run.tools.names, f"text_{run.state.step}")
+        thought, text_calls = _react.text_calls(said, run.tools.names, f"text_{run.state.step}")
         if text_calls:  # a native model (or a server without a tool-call parser) wrote its calls as text
             _calls_written_as_text(run)
             return _answer_calls(run, Reply(text=thought, calls=_settled(run, text_calls)))
@@ -827,7 +828,8 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
 
 
 def _interpret_react(run: RunContext, response: ModelResponse, request: ModelRequest) -> Reply:
-    step = _react.parse_react(response.text, run.tools.names, call_id=f"react_{run.state.step}")
+    said = reasoning_removed(response.text)  # labels in `<think>` reasoning are drafts, not the reply's
+    step = _react.parse_react(said, run.tools.names, call_id=f"react_{run.state.step}")
     if step.error == _react.PLAN_ONLY and _react.told(run.state.messages, _react.PLAN_ONLY):
         return Reply(text=step.thought)  # once told, a reply that only says what comes next is the answer
     if step.error:
@@ -847,8 +849,8 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
     results = [m.content for m in run.state.messages if m.role == "tool"]
     if results:  # a computation written out wrong is put right; numbers no result gives are asked about
         sources = [run.state.goal, *results]
-        final = _react.corrected_arithmetic(final, response.text, sources)
-        unsourced = _unsourced(run, final, response.text, sources)
+        final = _react.corrected_arithmetic(final, said, sources)
+        unsourced = _unsourced(run, final, said, sources)
         if unsourced:
             return Reply(text=response.text, problem=unsourced)
     return Reply(text=_react.requested_form(final, run.state.goal))
@@ -885,6 +887,21 @@ def _answer_calls(run: RunContext, reply: Reply) -> Reply:
 
 
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+
+
+def reasoning_removed(text: str) -> str:
+    """What a reply says, for reading its calls and labels: `<think>…</think>` reasoning blocks removed, and
+    everything before a closing tag whose opening one was part of the prompt, and a block never closed (cut
+    off while reasoning). An `Action:` or a `Final Answer:` a model wrote while reasoning is a draft it may
+    reject in the next line — one was run."""
+    if "think>" not in text.lower():
+        return text
+    cleaned = _THINK_RE.sub("", text)
+    close = cleaned.lower().rfind("</think>")
+    if close >= 0:
+        cleaned = cleaned[close + len("</think>") :]
+    opened = cleaned.lower().find("<think>")
+    return cleaned if opened < 0 else cleaned[:opened]
 
 
 def native_answer(text: str) -> str:
