@@ -1468,3 +1468,74 @@ def test_what_a_model_writes_while_reasoning_is_neither_run_nor_answered(
     model = ScriptedModel([reply, "Final Answer: (a second reply)"], tools=mode == "native")
     result = Agent(model, tools=[delete_file], mode=mode).run_sync("count it")  # type: ignore[arg-type]
     assert (result.output, deleted) == (answer, [])
+
+
+def _cut(text: str = "", *, calls: list[ToolCall] | None = None) -> ModelResponse:
+    return ModelResponse(text=text, tool_calls=calls or [], finish_reason="length")
+
+
+@pytest.mark.parametrize(
+    ("mode", "reply"),
+    [
+        (
+            "react",
+            _cut('Thought: clean up\nAction: shell\nAction Input: {"command": "rm -rf /home/user/build_tmp'),
+        ),
+        ("react", _cut('Action: transfer\nAction Input: {"account": "ACME", "amount": 12')),
+        ("react", _cut("Action: shell\nAction Input: rm -rf /home/user/build_tmp")),
+        (
+            "native",
+            _cut('<tool_call>{"name": "shell", "arguments": {"command": "rm -rf /home/user/build_tmp'),
+        ),
+        (
+            "native",
+            _cut(calls=[ToolCall(id="c1", name="shell", raw_arguments='"rm -rf /home/user/build_tmp')]),
+        ),
+    ],
+)
+def test_a_call_cut_off_by_the_token_limit_inside_its_arguments_is_not_run(
+    mode: str, reply: ModelResponse
+) -> None:
+    # json_repair closed the object (or the quote was dropped) and the tool ran with half an argument.
+    ran: list[object] = []
+
+    @tool
+    def shell(command: str) -> str:
+        """Run a shell command."""
+        ran.append(command)
+        return "ok"
+
+    @tool
+    def transfer(account: str, amount: int) -> str:
+        """Transfer money."""
+        ran.append((account, amount))
+        return "ok"
+
+    model = ScriptedModel([reply, "Final Answer: done"], tools=mode == "native")
+    result = Agent(model, tools=[shell, transfer], mode=mode).run_sync("tidy up")  # type: ignore[arg-type]
+    assert ran == [] and result.output == "done"
+    told = " ".join(m.content for m in result.state.messages if m.role in ("user", "tool"))
+    assert "cut off" in told or "not a JSON object" in told, told
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [  # complete calls: an invented observation after the call (cut off later), or no length limit at all
+        _cut('Action: shell\nAction Input: {"command": "ls"}\nObservation: a.txt\nThought: now I kn'),
+        _cut('Action: shell\nAction Input: {"command": "ls"}'),
+        ModelResponse(text='Action: shell\nAction Input: {"command": "ls"', finish_reason="stop"),  # mended
+    ],
+)
+def test_complete_calls_in_a_cut_off_reply_and_unclosed_ones_in_a_finished_reply_still_run(
+    reply: ModelResponse,
+) -> None:
+    ran: list[str] = []
+
+    @tool
+    def shell(command: str) -> str:
+        """Run a shell command."""
+        ran.append(command)
+        return "ok"
+
+    result = Agent(ScriptedModel([reply, "Final Answer: done"]), tools=[shell], mode="react").run_sync("list")
+    assert ran == ["ls"] and result.output == "done"

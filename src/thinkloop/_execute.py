@@ -274,6 +274,8 @@ def _as_sole_argument(tool: Tool, raw: str) -> dict[str, Any] | None:
     text = raw.strip()
     if len(properties) != 1 or not text or text[0] in "{[":
         return None
+    if text[0] in "\"'" and (len(text) == 1 or text[-1] != text[0]):
+        return None  # a string never closed: cut off (by the token limit), not a value to run with
     try:
         value = _json.loads(text)  # strict: `NaN` or `1e999` is text, not a float JSON does not have
     except ValueError:

@@ -814,6 +814,8 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         if answer is not None:
             return Reply(text=answer)
         thought, text_calls = _react.text_calls(said, run.tools.names, f"text_{run.state.step}")
+        if text_calls and _cut_inside_call(response, said):
+            return Reply(text=response.text, problem=_cut_call_problem(text_calls[-1].name))
         if text_calls:  # a native model (or a server without a tool-call parser) wrote its calls as text
             _calls_written_as_text(run)
             return _answer_calls(run, Reply(text=thought, calls=_settled(run, text_calls)))
@@ -834,6 +836,8 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
         return Reply(text=step.thought)  # once told, a reply that only says what comes next is the answer
     if step.error:
         return Reply(text=response.text, problem=step.error)
+    if step.call is not None and _cut_inside_call(response, said):
+        return Reply(text=response.text, problem=_cut_call_problem(step.call.name))
     if step.call is not None:
         calls = _settled(run, [step.call])
         reply = Reply(text=step.thought, calls=calls)
@@ -920,6 +924,19 @@ def native_answer(text: str) -> str:
     if match is not None and text[match.end() :].strip():
         return text[match.end() :].strip()
     return text
+
+
+def _cut_inside_call(response: ModelResponse, said: str) -> bool:
+    """Whether a reply holding calls written as text was cut off by its token limit inside the last one's
+    arguments (`_react.ends_inside_call`): the call is not run."""
+    return response.finish_reason == "length" and _react.ends_inside_call(said)
+
+
+def _cut_call_problem(name: str) -> str:
+    return (
+        f"The reply was cut off by its length limit inside the arguments of {name}, so the call was not run "
+        "(it would have run with part of them). Send the call again, complete, with a shorter Thought before it."
+    )
 
 
 def _settled(run: RunContext, calls: list[ToolCall]) -> list[ToolCall]:

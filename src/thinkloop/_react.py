@@ -547,6 +547,26 @@ _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTA
 MAX_TEXT_CALLS = 16
 
 
+def ends_inside_call(text: str) -> bool:
+    """For a reply cut off by its token limit (`finish_reason="length"`) that holds tool calls written as
+    text: whether the cut came inside the last call's arguments — an object or a string not closed, or an
+    `Action Input:` that runs to the end (nothing tells whether it was complete). Such a call must not run:
+    mended, it would run with half an argument (`rm -rf /home/user/build` of `…/build_tmp`). An invented
+    `Observation:` after the call shows the call itself was complete."""
+    text = text.strip()
+    if _OBS_RE.search(text):
+        return False
+    labels = list(_INPUT_RE.finditer(text))
+    label = labels[-1] if labels else None
+    body = unfenced(text[label.end() :] if label else text[text.lower().rfind("<tool_call>") + 1 :]).strip()
+    if label is not None and not body.startswith(("{", "[", '"')):
+        return True  # plain text up to the cut
+    if body.startswith('"') and (len(body) == 1 or not body.endswith('"')):
+        return True
+    span = first_json_span(body, "{[")
+    return span is not None and not span[1]
+
+
 def text_calls(text: str, tool_names: list[str], call_id: str) -> tuple[str, list[ToolCall]]:
     """Tool calls a model wrote as text instead of sending them natively (a server without a tool-call
     parser, a small model): `(text before the calls, calls)`, or `(text, [])` when the text is no call.
