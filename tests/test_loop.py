@@ -1539,3 +1539,16 @@ def test_complete_calls_in_a_cut_off_reply_and_unclosed_ones_in_a_finished_reply
 
     result = Agent(ScriptedModel([reply, "Final Answer: done"]), tools=[shell], mode="react").run_sync("list")
     assert ran == ["ls"] and result.output == "done"
+
+
+@pytest.mark.parametrize("mode", ["react", "native"])
+def test_an_answer_cut_off_by_the_token_limit_is_asked_for_again_once(mode: str) -> None:
+    prefix = "Final Answer: " if mode == "react" else ""
+    cut = ModelResponse(text=f"{prefix}The total is 1", finish_reason="length")
+    again = ModelResponse(text=f"{prefix}The total is 1,250.", finish_reason="stop")
+    result = Agent(ScriptedModel([cut, again]), mode=mode).run_sync("total?")  # type: ignore[arg-type]
+    assert result.output == "The total is 1,250."
+    cut_twice = [cut, cut, again]
+    model = ScriptedModel(cut_twice)
+    result = Agent(model, mode=mode).run_sync("total?")  # type: ignore[arg-type]
+    assert result.output == "The total is 1" and len(model.requests) == 2  # once per run: the second stands

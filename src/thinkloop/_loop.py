@@ -421,6 +421,8 @@ async def think(run: RunContext) -> Reply:
         except _Rebuild:  # the context was shrunk, or the mode switched: build the request again
             continue
     reply = _valid_unicode_reply(interpret(run, response, request))
+    if response.finish_reason == "length" and not reply.calls and reply.problem is None:
+        reply = _cut_answer(run, reply, response)
     if run.streamer is not None and (reply.calls or reply.problem is not None):
         _retract(run, "tool_calls" if reply.calls else "correction")
     _record_reply(run, reply)
@@ -924,6 +926,21 @@ def native_answer(text: str) -> str:
     if match is not None and text[match.end() :].strip():
         return text[match.end() :].strip()
     return text
+
+
+_CUT_ANSWER = "cut off by its length limit before it ended"
+
+
+def _cut_answer(run: RunContext, reply: Reply, response: ModelResponse) -> Reply:
+    """A final answer in a reply cut off by its token limit may be missing its end (`The total is 1` of
+    `… 1,250`): the model is asked once per run for the complete answer; a second cut answer stands."""
+    if not reply.text.strip() or _react.told(run.state.messages, _CUT_ANSWER):
+        return reply
+    return Reply(
+        text=response.text,
+        problem=f"The reply was {_CUT_ANSWER}, so its answer may be incomplete. Write the complete final "
+        "answer again, shorter: leave out the reasoning.",
+    )
 
 
 def _cut_inside_call(response: ModelResponse, said: str) -> bool:
