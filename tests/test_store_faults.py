@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from conftest import private_schema
-from thinkloop import Agent, RunState, StateError
+from thinkloop import Agent, ConcurrencyError, RunState, StateError
 from thinkloop._events import Status
 from thinkloop.stores import FileStore, MemoryStore, PostgresStore, SQLiteStore, Store
+from thinkloop.stores._base import DamagedRunError
 from thinkloop.testing import ScriptedModel
 
 KINDS = ["memory", "file", "sqlite", "postgres"]
@@ -176,6 +177,105 @@ async def test_an_event_of_an_unknown_type_says_which(store: Store) -> None:
     with pytest.raises(StateError, match=r"its event 2 is corrupt \(.*'teleported'") as info:
         await store.read_events("run-1")
     assert "errors.pydantic.dev" not in str(info.value) and "tagged-union" not in str(info.value)
+
+
+async def test_a_state_with_no_run_id_is_damaged_not_another_run_s(store: Store) -> None:
+    # A state of `{}` was "the state stored under that id is run '07f7…''s (a file copied or renamed?)",
+    # another id each time: the missing run_id took its random default.
+    await _saved(store)
+    read_back = _damage_state(store, "{}")
+    agent = Agent(ScriptedModel(["unused"]), store=store)
+    for attempt in (lambda: store.load_state("run-1"), lambda: agent.resume("run-1")):
+        with pytest.raises(DamagedRunError) as info:
+            await attempt()
+        assert str(info.value) == (
+            f"run 'run-1' in {_where(store, 'state')}: the state stored under that id has no run id; the "
+            "store is left as it is: restore it from a backup, or start the run again under another id"
+        )
+    assert read_back() == "{}"
+
+
+@pytest.fixture(params=["file", "sqlite", "postgres"])
+async def damageable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """A store whose event log can be damaged from outside (a file, a database)."""
+    made: Store = (
+        FileStore(tmp_path / "files")
+        if request.param == "file"
+        else SQLiteStore(tmp_path / "runs.db")
+        if request.param == "sqlite"
+        else PostgresStore(request.getfixturevalue("pg_dsn"))
+    )
+    async with made:
+        yield made
+
+
+def _lose_events(store: Store, keep: int) -> None:
+    """Cut the run's event log to its first `keep` events; 0: delete it (the file, the rows)."""
+    if isinstance(store, FileStore):
+        log = store.root / "runs" / "run-1.events.jsonl"
+        if keep:
+            log.write_text("".join(log.read_text().splitlines(keepends=True)[:keep]))
+        else:
+            log.unlink()
+    else:
+        _sql(store)("DELETE FROM events WHERE run_id = ? AND seq > ?", "run-1", keep)
+
+
+@pytest.mark.parametrize(
+    ("keep", "what"),
+    [
+        (3, "ends at event 3, but its state was saved at event 4: event 4 is lost"),
+        (1, "ends at event 1, but its state was saved at event 4: events 2-4 are lost"),
+        (0, "holds no events, but its state was saved at event 4: all 4 are lost"),
+    ],
+    ids=["one-trimmed", "trimmed", "deleted"],
+)
+async def test_an_event_log_behind_its_saved_state_is_damage_not_a_race(
+    damageable: Store, keep: int, what: str
+) -> None:
+    # It was a ConcurrencyError, "another writer appended first; reload and retry": a retry never helped.
+    store = damageable
+    state = RunState(run_id="run-1", goal="a goal", model="test:script")
+    events = [Status(text=text, run_id="run-1", seq=seq) for seq, text in enumerate("abcd", 1)]
+    state.event_version = 4
+    await store.checkpoint(state, events)
+    _lose_events(store, keep)
+    where = _where(store, "events")
+    message = (
+        f"run 'run-1' in {where}: its event log {what} (deleted, or the log trimmed or restored from an "
+        "older backup) — not a race with another writer: trying again cannot help; its state is intact "
+        "(`thinkloop runs export run-1` writes it and the events left); the store is left as it is: "
+        "restore it from a backup, or start the run again"
+    )
+    agent = Agent(ScriptedModel(["unused"]), store=store)
+    for attempt in range(2):
+        saved = await store.load_state("run-1")
+        assert saved is not None and saved.event_version == 4  # the state is intact
+        saved.step, saved.event_version = 99, 5
+        with pytest.raises(DamagedRunError) as info:
+            await store.checkpoint(saved, [Status(text="e", run_id="run-1", seq=5)])
+        assert str(info.value) == message, attempt
+        with pytest.raises(DamagedRunError) as info:
+            await agent.resume("run-1")
+        assert str(info.value) == message, attempt
+    loaded = await store.load_state("run-1")
+    assert loaded is not None and loaded.step == 0  # the store is left as it is
+    assert [e.seq for e in await store.read_events("run-1")] == list(range(1, keep + 1))
+
+
+async def test_a_log_ahead_of_a_checkpoint_is_still_a_race(damageable: Store) -> None:
+    # (and so is a log behind the version an `append_events` caller gives: no saved state says it is more)
+    store = damageable
+    state = await _saved(store)
+    stale = state.model_copy(deep=True)
+    state.event_version = 3
+    await store.checkpoint(state, [Status(text="another writer", run_id="run-1", seq=3)])
+    stale.event_version = 3
+    with pytest.raises(ConcurrencyError, match="is at version 3, not the expected 2: another writer"):
+        await store.checkpoint(stale, [Status(text="late", run_id="run-1", seq=3)])
+    with pytest.raises(ConcurrencyError, match="is at version 3, not the expected 5: ") as info:
+        await store.append_events("run-1", [Status(text="ahead")], expected_version=5)
+    assert "another writer" not in str(info.value)
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])

@@ -1060,6 +1060,82 @@ async def test_a_file_store_killed_in_the_middle_of_writes_always_loads(tmp_path
             assert len(await store.read_events("big")) == state.event_version
 
 
+KILLED_IN_FIRST_SAVE = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from thinkloop import Agent
+    from thinkloop.stores import FileStore, PostgresStore, SQLiteStore, _file, _postgres, _sqlite
+    from thinkloop.testing import ScriptedModel
+
+    kind, where = sys.argv[1:3]
+
+    def die(*args):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    async def die_async(*args):
+        die()
+
+    if kind == "file":  # the events appended and synced, the state file not written yet
+        write = _file._write_atomic
+        _file._write_atomic = lambda path, text: die() if path.name == "r1.json" else write(path, text)
+        store = FileStore(where)
+    elif kind == "sqlite":  # the events inserted, the run's row not yet (in the checkpoint's transaction)
+        _sqlite._write_delta = die
+        store = SQLiteStore(where)
+    else:
+        _postgres._write_delta = die_async
+        store = PostgresStore(where)
+    asyncio.run(Agent(ScriptedModel(["done"]), store=store).run("go", run_id="r1"))
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
+async def test_a_process_killed_in_a_run_s_first_save_leaves_the_run_id_free(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A FileStore left the events of the first save without its state: resume said "no run 'r1'" and a
+    new run "a run with id 'r1' already exists" — the id could never be used again. Those events are
+    orphans of a save that never completed, dropped by the next save (the databases never commit them)."""
+    import asyncio
+    import signal
+
+    where = {"file": str(tmp_path / "files"), "sqlite": str(tmp_path / "runs.db")}.get(kind)
+    where = where or request.getfixturevalue("pg_dsn")
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", KILLED_IN_FIRST_SAVE, kind, where, stderr=subprocess.PIPE
+    )
+    _, stderr = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == -signal.SIGKILL, stderr.decode()
+    if kind == "file":  # the situation: events on disk, no state
+        assert (tmp_path / "files" / "runs" / "r1.events.jsonl").read_text().count("\n") >= 1
+        assert not (tmp_path / "files" / "runs" / "r1.json").exists()
+    made = {"file": FileStore, "sqlite": SQLiteStore}.get(kind, PostgresStore)(where)
+    async with made as store:
+        assert await store.load_state("r1") is None
+        with pytest.raises(StateError, match="no run 'r1' in the store"):
+            await Agent(ScriptedModel(["unused"]), store=store).resume("r1")
+        result = await Agent(ScriptedModel(["done"]), store=store).run("go", run_id="r1")
+        assert result.output == "done" and result.state.error is None
+        events = await store.read_events("r1")
+        assert [e.seq for e in events] == list(range(1, result.state.event_version + 1))
+        assert [e.type for e in events].count("run_started") == 1
+        loaded = await store.load_state("r1")
+        assert loaded is not None and loaded.event_version == result.state.event_version
+
+
+async def test_a_file_store_keeps_a_log_whose_state_is_there_but_unreadable(tmp_path: Path) -> None:
+    # Only a log without a state file is a first save's orphans: beside a corrupt state it is the run's.
+    async with FileStore(tmp_path / "files") as store:
+        await _saved(store, "r1")
+        runs = tmp_path / "files" / "runs"
+        (runs / "r1.json").write_text('{"run_id": "r1", "step": ')
+        log = (runs / "r1.events.jsonl").read_text()
+        with pytest.raises(UserError, match="a run with id 'r1' already exists"):
+            await Agent(ScriptedModel(["done"]), store=store).run("go", run_id="r1")
+        assert (runs / "r1.events.jsonl").read_text() == log
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a file descriptor through /proc")
 async def test_a_file_store_checkpoint_is_synced_to_disk_before_and_after_its_rename(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -131,12 +131,19 @@ class StateError(RunError):
 
 
 class ConcurrencyError(RunError):
-    """An append to an event log used an `expected_version` that is no longer current."""
+    """An append to an event log used an `expected_version` that is no longer current.
+
+    A checkpoint that finds the log *behind* the state being saved raises the store's `DamagedRunError`
+    instead (events the store had are gone: no writer raced it, and trying again cannot help)."""
 
     def __init__(self, run_id: str, expected: int, actual: int) -> None:
-        super().__init__(
-            f"event log of run {run_id!r} is at version {actual}, not the expected {expected}: "
+        why = (
             "another writer appended first; reload and retry"
+            if actual > expected
+            else "the log is behind that version (no writer appended to it): give the version it is at"
+        )
+        super().__init__(
+            f"event log of run {run_id!r} is at version {actual}, not the expected {expected}: {why}"
         )
         self.run_id = run_id
         self.expected = expected

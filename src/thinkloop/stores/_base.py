@@ -3,7 +3,8 @@
 A store keeps, per run, the latest `RunState` and an append-only event log with optimistic concurrency;
 per session, a conversation memory. `checkpoint(state, events)` saves the state and appends the events
 in one transaction: the log's version must be `state.event_version - len(events)` or nothing is written
-and `ConcurrencyError` is raised (so two processes resuming the same run cannot both write it).
+and `ConcurrencyError` is raised (so two processes resuming the same run cannot both write it) — or, when
+the log is behind that version (events lost: no writer raced this one), `DamagedRunError` (`lost_events`).
 """
 
 from __future__ import annotations
@@ -111,7 +112,9 @@ class Store(ABC):
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
         """Save `state` and append `events` (numbered by the loop) in one transaction.
 
-        Raises `ConcurrencyError` when the run's log is not at `state.event_version - len(events)`.
+        Raises `ConcurrencyError` when the run's log is past `state.event_version - len(events)` (another
+        writer saved it); a file or database store raises `DamagedRunError` (a `StateError`) when it is
+        behind (events it held were lost).
         When `events` holds the run's `done` event and the run has a session and an answer, the goal
         and the answer are added to the session's memory in the same transaction.
         """
@@ -276,12 +279,43 @@ def load_state_text(run_id: str, text: str | bytes, where: str = "") -> RunState
         advice = "" if newer else f"{DAMAGED}, or start the run again under another id"
         raise DamagedRunError(f"run {run_id!r}{_in(where)}: {exc}", advice) from exc
     if state.run_id != run_id:
+        if _no_run_id(text):  # not another run's: its random default (`{}` loads as a new state)
+            raise DamagedRunError(
+                f"run {run_id!r}{_in(where)}: the state stored under that id has no run id",
+                f"{DAMAGED}, or start the run again under another id",
+            )
         raise DamagedRunError(
             f"run {run_id!r}{_in(where)}: the state stored under that id is run {state.run_id!r}'s (a file copied "
             "or renamed?)",
             "put it back under its own id, or load that id",
         )
     return state
+
+
+def _no_run_id(text: str | bytes) -> bool:
+    """Whether a stored state (one that loads) holds no `run_id` field of its own."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(raw, dict) and "run_id" not in raw
+
+
+def lost_events(run_id: str, where: str, saved: int, logged: int) -> DamagedRunError:
+    """What a checkpoint raises when the run's event log ends at `logged`, behind the `saved` version of
+    the state being saved (loaded from the store): events the store committed are gone — the log was cut,
+    deleted or restored from an older backup. No writer raced this one (that leaves the log ahead: a
+    `ConcurrencyError`), so trying again cannot help; the state itself still loads."""
+    if logged == 0:
+        log = f"holds no events, but its state was saved at event {saved}: all {saved} are lost"
+    else:
+        lost = f"event {saved} is" if saved == logged + 1 else f"events {logged + 1}-{saved} are"
+        log = f"ends at event {logged}, but its state was saved at event {saved}: {lost} lost"
+    return DamagedRunError(
+        f"run {run_id!r}{_in(where)}: its event log {log} (deleted, or the log trimmed or restored from an "
+        "older backup) — not a race with another writer: trying again cannot help",
+        f"its state is intact (`thinkloop runs export {run_id}` writes it and the events left); {_AGAIN}",
+    )
 
 
 def parse_event(run_id: str, text: str | bytes, where: str = "", number: int | None = None) -> Event:

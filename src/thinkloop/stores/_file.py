@@ -7,7 +7,8 @@
 Ids are checked (`[A-Za-z0-9_.-]`, no `..`) so no id can reach outside ROOT. Writers take an exclusive
 `flock` on ROOT/.lock, so several processes may share a root on one machine. A checkpoint appends the
 events, then replaces the state file; if a crash falls between the two, the next checkpoint drops the
-orphaned events (their state was never saved), so the log stays gap-free.
+orphaned events (their state was never saved), so the log stays gap-free — all of them when it was the
+run's first save (a log without a state file): its id is free again, for a new run.
 
 A checkpoint is on disk when it returns, power loss included: what it appends is synced before the
 state is replaced; the new state is written to a temporary file and synced, renamed over the old one,
@@ -44,6 +45,7 @@ from ._base import (
     file_in_the_way,
     first_save_failed,
     load_state_text,
+    lost_events,
     memory_turn,
     numbered,
     parse_event,
@@ -141,9 +143,14 @@ class FileStore(Store):
                 self._remember(session or "", role, content)
 
     def _repair(self, run_id: str, existing: list[str], expected: int) -> list[str]:
-        """Drop events a crashed checkpoint wrote without its state; anything else is a lost race."""
-        saved = self._saved_version(run_id)
-        if saved == expected and len(existing) > expected:
+        """Drop events a crashed checkpoint wrote without its state — after the saved state's version, or
+        all of them when no state file was ever written (a first save that never completed). A log behind
+        the state being saved lost events (cut, deleted, restored from an older backup): damage, not a
+        race; a log ahead of it otherwise is a lost race."""
+        if len(existing) < expected:
+            raise lost_events(run_id, str(self._log_path(run_id)), expected, len(existing))
+        first_save = expected == 0 and not self._state_path(run_id).exists()
+        if first_save or self._saved_version(run_id) == expected:
             kept = existing[:expected]
             _write_atomic(self._log_path(run_id), "".join(line + "\n" for line in kept))
             return kept

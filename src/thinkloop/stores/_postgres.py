@@ -40,6 +40,7 @@ from ._base import (
     clean_text,
     first_save_failed,
     load_state_text,
+    lost_events,
     memory_turn,
     numbered,
     parse_event,
@@ -249,6 +250,10 @@ class PostgresStore(Store):
         ]
         try:
             await self._write(parts.run_id, parts.expected, parts.events, (parts.run, parts.delta), memory)
+        except ConcurrencyError as exc:
+            if exc.actual < exc.expected:  # the log behind the state: events lost, not a race
+                raise lost_events(parts.run_id, self.url, exc.expected, exc.actual) from None
+            raise
         except StateError as exc:
             if parts.expected:  # the run's last checkpoint is kept: a resume continues from it
                 raise

@@ -45,6 +45,7 @@ from ._base import (
     file_in_the_way,
     first_save_failed,
     load_state_text,
+    lost_events,
     memory_turn,
     numbered,
     parse_event,
@@ -350,6 +351,10 @@ class SQLiteStore(Store):
             await self._call(
                 _checkpoint, parts.run_id, parts.expected, parts.events, parts.run, memory, parts.delta
             )
+        except ConcurrencyError as exc:
+            if exc.actual < exc.expected:  # the log behind the state: events lost, not a race
+                raise lost_events(parts.run_id, str(self.path), exc.expected, exc.actual) from None
+            raise
         except StateError as exc:
             if parts.expected:  # the run's last checkpoint is kept: a resume continues from it
                 raise
