@@ -657,3 +657,38 @@ async def test_two_resumes_of_one_run_at_once_on_the_default_store_run_its_tools
     assert isinstance(first, RunResult) and first.output == "done"
     assert isinstance(second, UserError) and "run 'r' is being run by this agent right now" in str(second)
     assert effects == [2]
+
+
+async def test_when_a_save_fails_mid_batch_the_other_calls_are_stopped_before_the_run_raises(
+    tmp_path: Path,
+) -> None:
+    # Two calls at once; the store fails as the second starts. run() raised "stopped unfinished", while the
+    # first call went on, took effect and saved itself "done" afterwards — behind the caller's back.
+    effects: list[str] = []
+    saves = [0]
+
+    class Flaky(SQLiteStore):
+        async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+            saves[0] += 1
+            if saves[0] == 3:
+                raise OSError("disk hiccup")
+            await super().checkpoint(state, events)
+
+    @tool
+    async def slow(tag: str) -> str:
+        """Do something slowly."""
+        await asyncio.sleep(0.3)
+        effects.append(tag)
+        return f"slow {tag}"
+
+    calls = [{"name": "slow", "args": {"tag": "a"}}, {"name": "slow", "args": {"tag": "b"}}]
+    agent = Agent(
+        ScriptedModel([{"tool_calls": calls}, "done"]), tools=[slow], store=Flaky(tmp_path / "r.db")
+    )
+    with pytest.raises(StateError, match="disk hiccup"):
+        await agent.run("go", run_id="r")
+    attempts = saves[0]
+    await asyncio.sleep(0.5)
+    assert effects == [] and saves[0] == attempts  # nothing ran on, nothing was saved after the raise
+    saved = await SQLiteStore(tmp_path / "r.db").load_state("r")
+    assert saved is not None and sorted(e.status for e in saved.ledger.values()) == ["planned", "started"]

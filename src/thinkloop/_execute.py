@@ -130,9 +130,22 @@ async def execute_calls(
     if len(ready) == 1:
         outcomes[ready[0].call.id] = await _run_one(run, ready[0])
     elif ready:
-        results = await asyncio.gather(*(_run_one(run, p) for p in ready))
-        outcomes.update((o.call.id, o) for o in results)
+        outcomes.update((o.call.id, o) for o in await _run_together(run, ready))
     return [outcomes[c.id] for c in calls]
+
+
+async def _run_together(run: RunContext, ready: list[_Prepared]) -> list[ToolOutcome]:
+    """Run approved calls concurrently. When one fails (its checkpoint could not be saved, the process is
+    going down), the others are stopped and waited for before the failure is raised: left running, they
+    went on to take effect — and to save their results — after the run had stopped as it was."""
+    tasks = [asyncio.ensure_future(_run_one(run, prepared)) for prepared in ready]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _prepare(
