@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from thinkloop import (
     StopReason,
     Tool,
     ToolCall,
+    Usage,
     UserError,
     tool,
 )
@@ -1552,3 +1554,40 @@ def test_an_answer_cut_off_by_the_token_limit_is_asked_for_again_once(mode: str)
     model = ScriptedModel(cut_twice)
     result = Agent(model, mode=mode).run_sync("total?")  # type: ignore[arg-type]
     assert result.output == "The total is 1" and len(model.requests) == 2  # once per run: the second stands
+
+
+@pytest.mark.parametrize(
+    ("response", "says"),
+    [
+        (ModelResponse(text="42", finish_reason=None), "its finish_reason is None"),  # type: ignore[arg-type]
+        (ModelResponse(text="42", usage=Usage(input_tokens=3.5, requests=1)), "usage.input_tokens is 3.5"),  # type: ignore[arg-type]
+        (
+            ModelResponse(text="42", usage=Usage(output_tokens=-9000, requests=1)),
+            "usage.output_tokens is -9000",
+        ),
+        (ModelResponse(text="42", usage=Usage(cost=math.nan, requests=1)), "usage.cost is nan"),
+        (ModelResponse(tool_calls=[ToolCall(id=None, name="add")]), "a tool call's id and name must be text"),  # type: ignore[arg-type]
+        (ModelResponse(tool_calls=[ToolCall(id="c", name="add", arguments=[1, 2])]), "must be a dict"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_custom_model_s_malformed_response_ends_the_run_with_an_error_saying_what(
+    response: ModelResponse, says: str
+) -> None:
+    # They raised a pydantic ValidationError from an event (or an AttributeError) out of run(); a NaN cost
+    # or negative tokens were added to the budget (a state that did not load; max_tokens never reached).
+    result = Agent(ScriptedModel([response]), tools=[add]).run_sync("what is 40+2?", on_event=lambda _: None)
+    assert result.stop_reason is StopReason.ERROR
+    assert result.error is not None and "the model returned a malformed ModelResponse: " in result.error
+    assert says in result.error
+    assert RunState.from_json(result.state.to_json()).usage == result.state.usage
+
+
+def test_scripted_replies_take_usage_and_a_null_finish_reason() -> None:
+    script = [
+        {"text": "42", "finish_reason": None, "usage": {"input_tokens": 10, "output_tokens": 2, "cost": 0.5}}
+    ]
+    result = Agent(ScriptedModel(script)).run_sync("x")
+    assert result.output == "42" and (result.usage.input_tokens, result.usage.cost) == (10, 0.5)
+    assert not result.usage.estimated
+    with pytest.raises(ConfigurationError, match="usage needs whole token counts"):
+        ScriptedModel([{"text": "x", "usage": {"input_tokens": -1}}]).assert_used_up()

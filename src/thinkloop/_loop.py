@@ -11,6 +11,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Container
@@ -60,6 +61,7 @@ from ._messages import (
     ModelSettings,
     TextDelta,
     ToolCall,
+    Usage,
     arguments_json,
     new_message,
     new_request,
@@ -495,6 +497,27 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
             provider=run.model.provider,
             scope="model request",
         )
+    usage = response.usage
+    if (
+        not (  # the fields reach events, state and budgets: checked inline, every step
+            type(response.finish_reason) is str
+            and type(usage) is Usage
+            and type(usage.input_tokens) is int
+            and type(usage.output_tokens) is int
+            and type(usage.cost) is float
+            and usage.input_tokens >= 0
+            and usage.output_tokens >= 0
+            and 0.0 <= usage.cost < math.inf
+            and type(response.tool_calls) is list
+            and all(_plain_call(call) for call in response.tool_calls)
+        )
+        and (problem := _malformed(response)) is not None
+    ):  # a model of the user's making
+        raise ModelError(
+            f"the model returned a malformed ModelResponse: {problem}",
+            provider=run.model.provider,
+            scope="model request",
+        )
     if (  # the prefill put back
         request.prefill
         and response.text
@@ -555,6 +578,46 @@ def model_failure(run: RunContext, exc: Exception) -> Exception:
     if isinstance(exc, ModelError | UserError | DeadlineExceeded):
         return exc
     return as_model_error(exc, run.model.provider)
+
+
+def _plain_call(call: object) -> bool:
+    return (
+        type(call) is ToolCall
+        and type(call.id) is str
+        and type(call.name) is str
+        and type(call.arguments) is dict
+        and (call.raw_arguments is None or type(call.raw_arguments) is str)
+    )
+
+
+def _malformed(response: ModelResponse) -> str | None:
+    """What is wrong with a response's fields (a custom model's: thinkloop's adapters build them right), or
+    None: `finish_reason` text, usage of whole non-negative token counts and a finite non-negative cost,
+    tool calls with text ids and names and an object of arguments."""
+    usage = response.usage
+    if type(response.finish_reason) is not str:
+        return f'its finish_reason is {response.finish_reason!r}, not text ("stop", "tool_calls", "length" …)'
+    if type(usage) is not Usage:
+        return f"its usage is a {type(usage).__name__}, not a Usage"
+    for name in ("input_tokens", "output_tokens", "requests"):
+        count = getattr(usage, name)
+        if type(count) is not int or count < 0:
+            return f"its usage.{name} is {count!r}, not a whole number >= 0"
+    cost = usage.cost
+    if type(cost) not in (float, int) or not 0 <= cost < math.inf:
+        return f"its usage.cost is {cost!r}, not a finite number >= 0"
+    if type(response.tool_calls) is not list:
+        return f"its tool_calls is a {type(response.tool_calls).__name__}, not a list"
+    for call in response.tool_calls:
+        if type(call) is not ToolCall:
+            return f"a tool call is a {type(call).__name__}, not a ToolCall"
+        if type(call.id) is not str or type(call.name) is not str:
+            return f"a tool call's id and name must be text, not {call.id!r} and {call.name!r}"
+        if type(call.arguments) is not dict or not (
+            call.raw_arguments is None or type(call.raw_arguments) is str
+        ):
+            return f"the arguments of tool call {call.name!r} must be a dict (or raw_arguments text), not {call.arguments!r:.60}"
+    return None
 
 
 def _describe(response: object) -> str:

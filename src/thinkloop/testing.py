@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigurationError, ModelError
-from ._messages import ModelRequest, ModelResponse, StreamChunk, TextDelta, ToolCall, ToolCallDelta
+from ._messages import ModelRequest, ModelResponse, StreamChunk, TextDelta, ToolCall, ToolCallDelta, Usage
 from .models._base import Model, ModelCapabilities, estimated_usage
 
 Reply = ModelResponse | str | dict[str, Any]
@@ -42,12 +42,34 @@ def to_response(reply: Reply, *, turn: int = 0, model_name: str = "script") -> M
             f"scripted reply has unknown key(s) {sorted(unknown)}; use 'text' and 'tool_calls'"
         )
     calls = [_to_call(raw, turn, i) for i, raw in enumerate(reply.get("tool_calls") or [])]
+    finish = reply.get("finish_reason")
     return ModelResponse(
         text=str(reply.get("text") or ""),
         tool_calls=calls,
+        usage=_to_usage(reply.get("usage")),
         model_name=model_name,
-        finish_reason="tool_calls" if calls else reply.get("finish_reason", "stop"),
+        finish_reason="tool_calls" if calls else finish if isinstance(finish, str) else "stop",  # type: ignore[arg-type]
     )
+
+
+def _to_usage(raw: Any) -> Usage:
+    """A scripted reply's `usage`: `{"input_tokens": 10, "output_tokens": 5, "cost": 0.01}` (reported, so
+    not estimated); none, the model's estimate."""
+    if raw is None:
+        return Usage()
+    if not isinstance(raw, dict) or set(raw) - {"input_tokens", "output_tokens", "cost"}:
+        raise ConfigurationError(
+            f"a scripted reply's usage must be a dict of input_tokens, output_tokens and cost, not {raw!r}"
+        )
+    tokens = [raw.get(name, 0) for name in ("input_tokens", "output_tokens")]
+    cost = raw.get("cost", 0.0)
+    if not all(type(n) is int and n >= 0 for n in tokens) or not (
+        type(cost) in (int, float) and 0 <= cost < float("inf")
+    ):
+        raise ConfigurationError(
+            f"a scripted reply's usage needs whole token counts >= 0 and a cost >= 0: {raw!r}"
+        )
+    return Usage(input_tokens=tokens[0], output_tokens=tokens[1], cost=float(cost), requests=1)
 
 
 def _to_call(raw: Any, turn: int, index: int) -> ToolCall:
