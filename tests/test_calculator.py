@@ -198,3 +198,34 @@ def test_sums_means_and_extremes_of_one_list_as_python_writes_them() -> None:
     assert evaluate("min([2.5, 1,000])") == 2.5  # the list is not a function's parentheses: 1,000 is a number
     with pytest.raises(CalculatorError, match="unsupported element"):
         evaluate("sqrt([4])")
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("1" + "0" * 400 + " + 1", "1" + "0" * 399 + "1"),  # was refused as "too large": 10**400 + 1 was not
+        ("1" * 310, "1" * 310),
+        ("-" + "9" * 499, "-" + "9" * 499),
+        ("1" + "0" * 400 + " // 10**399", "10"),
+    ],
+)
+async def test_integer_literals_beyond_the_float_range_are_exact_integers(expr: str, expected: str) -> None:
+    # the float range check (math.isfinite) ran on every literal and overflowed on an integer of 310 digits
+    assert await calculate(expr) == expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "problem"),
+    [
+        (
+            "(1" + "0" * 400 + ")**100",
+            "the result would have about 39,976 digits, more than the calculator allows",
+        ),
+        ("1" + "0" * 400 + " * 1.5", "the result is too large"),  # no float holds it
+        ("1" + "0" * 400 + ".5", "a number in the expression is too large for a float"),
+        ("1" + "0" * 400 + "e1", "a number in the expression is too large for a float"),
+    ],
+)
+async def test_a_huge_integer_literal_is_still_bounded_like_any_integer(expr: str, problem: str) -> None:
+    with pytest.raises(CalculatorError, match=re.escape(problem)):
+        await calculate(expr)

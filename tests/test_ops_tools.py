@@ -518,6 +518,30 @@ async def test_read_file_skips_to_a_large_offset_in_bounded_memory(tmp_path: Pat
     assert peak < 16 * 1024**2, f"peak {peak} bytes: the file was held whole"
 
 
+async def test_read_file_refuses_an_offset_past_the_size_without_reading_the_file(tmp_path: Path) -> None:
+    # an offset past the end read through the whole file first (8 GiB: minutes, on after the call timed out)
+    (tmp_path / "huge.log").write_bytes(b"log line\n" * 1_000)
+    os.truncate(tmp_path / "huge.log", 2 * 1024**3)  # sparse: costs no disk
+    (tmp_path / "accents.txt").write_text("é" * 600_000)  # 1,200,000 bytes, 600,000 characters
+    tool = {t.name: t for t in file_tools(tmp_path)}["read_file"]
+    started = time.perf_counter()
+    for offset in (2 * 1024**3, 10**12):
+        with pytest.raises(WorkspaceError) as caught:
+            await invoke(tool, path="huge.log", offset=offset)
+        assert str(caught.value) == (
+            f"offset {offset} is at or past the end of 'huge.log', which has 2147483648 bytes (so at most "
+            "2147483648 characters): ask for an offset below 2147483648 (offset=0 reads from the start)"
+        )
+    assert time.perf_counter() - started < 1.0
+    with pytest.raises(WorkspaceError, match=r"which has 1200000 bytes \(so at most 1200000 characters\)"):
+        await invoke(tool, path="accents.txt", offset=1_200_000)
+    with pytest.raises(WorkspaceError, match="which has 600000 characters: ask for an offset below 600000"):
+        await invoke(tool, path="accents.txt", offset=700_000)  # below the size: only reading tells
+    assert await invoke(tool, path="accents.txt", offset=599_999) == (
+        "é\n… [end of file: showed characters 599999 to 599999]"
+    )
+
+
 async def test_an_agent_pages_through_a_file_and_sees_every_page_whole(tmp_path: Path) -> None:
     content = "".join(f"{i:06d} some log text\n" for i in range(2_000))  # 44,000 characters
     (tmp_path / "app.log").write_text(content)
@@ -771,6 +795,59 @@ async def test_list_dir_shows_a_name_that_is_not_utf8_so_the_model_can_act_on_it
         "the shell, e.g. mv ./bad*name.txt new-name)",
         "link -> to\\xfe",
     ]
+
+
+_ESCAPED_NOTE = (
+    "  (the name has control or text-direction characters, shown escaped as in a JSON string: "
+    "give the file tools the name as shown)"
+)
+
+
+async def test_list_dir_shows_a_name_with_control_characters_escaped_on_one_line(tmp_path: Path) -> None:
+    # a newline in a name made the listing show entries that do not exist ("secrets.env  1200 bytes"),
+    # and a right-to-left override made "invoice\u202efdp.exe" read as "invoiceexe.pdf"
+    names = {
+        "a\nsecrets.env  1200 bytes\nb": "a\\nsecrets.env  1200 bytes\\nb  1 bytes",
+        "tab\tand\rreturn": "tab\\tand\\rreturn  1 bytes",
+        "esc\x1b[31mred\x7f": "esc\\u001b[31mred\\u007f  1 bytes",
+        "next\x85line\u2028sep": "next\\u0085line\\u2028sep  1 bytes",
+        "invoice\u202efdp.exe": "invoice\\u202efdp.exe  1 bytes",
+        "back\\slash\n": "back\\\\slash\\n  1 bytes",  # a backslash of an escaped name is escaped
+    }
+    for name in names:
+        (tmp_path / name).write_text("x")
+    (tmp_path / "plain\\n.txt").write_text("y")  # no control character: shown as it is
+    (tmp_path / "dir\x1b").mkdir()
+    (tmp_path / "link").symlink_to("to\nthere")
+    (tmp_path / os.fsdecode(b"bad\xff\nname")).write_text("z")
+    tools = {t.name: t for t in file_tools(tmp_path)}
+    listing = await invoke(tools["list_dir"])
+    assert listing.splitlines() == [
+        ".: 10 entries",
+        names["a\nsecrets.env  1200 bytes\nb"] + _ESCAPED_NOTE,
+        names["back\\slash\n"] + _ESCAPED_NOTE,
+        "bad\\xff\\nname  1 bytes  (the name is not UTF-8, so the file tools cannot open it: rename it with "
+        "the shell, e.g. mv ./bad*name new-name)",
+        "dir\\u001b/" + _ESCAPED_NOTE,
+        names["esc\x1b[31mred\x7f"] + _ESCAPED_NOTE,
+        names["invoice\u202efdp.exe"] + _ESCAPED_NOTE,
+        "link -> to\\nthere",
+        names["next\x85line\u2028sep"] + _ESCAPED_NOTE,
+        "plain\\n.txt  1 bytes",
+        names["tab\tand\rreturn"] + _ESCAPED_NOTE,
+    ]
+    for name, line in names.items():
+        shown = line.removesuffix("  1 bytes")
+        assert await invoke(tools["read_file"], path=shown) == "x"  # the name as the listing showed it
+        assert await invoke(tools["read_file"], path=name) == "x"  # and as it is
+    assert await invoke(tools["read_file"], path="plain\\n.txt") == "y"
+    with pytest.raises(WorkspaceError, match="no such file"):
+        await invoke(tools["read_file"], path="secrets.env")
+    assert await invoke(tools["write_file"], path="dir\\u001b/new.txt", content="in") == (
+        "wrote 2 characters to dir\\u001b/new.txt"
+    )
+    assert (tmp_path / "dir\x1b" / "new.txt").read_text() == "in"
+    assert await invoke(tools["list_dir"], path="dir\\u001b") == "dir\\u001b: 1 entries\nnew.txt  2 bytes"
 
 
 async def test_list_dir_of_a_link_removed_while_listing_still_lists(

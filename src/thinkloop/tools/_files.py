@@ -5,9 +5,13 @@ Every path is resolved (`..` collapsed, symlinks followed) and must stay inside 
 would have been a folder named `~` in the root) are refused with an error the model can act on. A symlink whose target is inside the root is fine. Only regular files are read or
 written (a FIFO would block forever, a device never end). `read_file` pages through a long file by
 character `offset` and `limit`: it skips to the offset in 1 MiB chunks and then reads at most 4 bytes per
-character it shows, so a 2 GB file is never loaded whole; every `OSError` becomes a `WorkspaceError`
-saying why. `write_file` replaces a file in one step (a temporary file in the same directory, flushed to
-disk, then `os.replace`): a write that fails or is cut short by a crash leaves the old file as it was.
+character it shows, so a 2 GB file is never loaded whole, and an offset at or past the file's size in
+bytes (a character is at least one byte) is refused without reading; every `OSError` becomes a
+`WorkspaceError` saying why. `list_dir` shows each entry on one line: a name holding control or
+text-direction characters is shown escaped as in a JSON string (`a\\nb`), and the file tools accept
+that form as the name. `write_file` replaces a file in one step (a temporary file in the same
+directory, flushed to disk, then `os.replace`): a write that fails or is cut short by a crash leaves
+the old file as it was.
 
 Known limit: the check happens before the file is opened, so a process racing to swap a directory for
 a symlink between the check and the open is not stopped; run untrusted workloads in a container.
@@ -51,7 +55,21 @@ class Workspace:
         self.root = path
 
     def resolve(self, path: str) -> Path:
-        """The real path of `path` (relative to the root), or `WorkspaceError` if it leaves the root."""
+        """The real path of `path` (relative to the root), or `WorkspaceError` if it leaves the root.
+
+        A name that `list_dir` showed escaped (`a\\nb` for a name holding a newline) is found under that
+        form too, when nothing has the name as written."""
+        target = self._resolve(path)
+        if "\\" in path and not os.path.lexists(target):
+            named = _unescaped(path)
+            if named != path:
+                with contextlib.suppress(WorkspaceError):
+                    other = self._resolve(named)
+                    if os.path.lexists(other) or (other.parent.is_dir() and not target.parent.is_dir()):
+                        return other  # the file, or a new file in a directory that was shown escaped
+        return target
+
+    def _resolve(self, path: str) -> Path:
         if not isinstance(path, str) or "\x00" in path:
             raise WorkspaceError(f"invalid path {path!r}: a path cannot contain a NUL character")
         try:
@@ -106,6 +124,8 @@ class Workspace:
             size = _regular_size(os.fstat(fd), path, "read_file reads")
             if b"\x00" in os.pread(fd, 8192, 0):
                 return f"({path} is a binary file of {size} bytes; not shown)"
+            if offset >= size > _CHUNK:  # a character is at least one byte: counting them would read it all
+                raise WorkspaceError(_past_end_of_bytes(path, offset, size))
             reader = _CharReader(fd)
             start = reader.skip(offset)
             shown, more = reader.take(count)
@@ -156,7 +176,7 @@ class Workspace:
             kept = "nothing was written" if info is None else f"{path!r} was not changed"
             raise WorkspaceError(f"{_os_error('write', path, exc)}; {kept}") from None
         verb = "appended" if append else "wrote"
-        return f"{verb} {len(content)} characters to {self.relative(target)}"
+        return f"{verb} {len(content)} characters to {_shown_name(self.relative(target))}"
 
     def _check_length(self, target: Path, path: str) -> None:
         names = target.relative_to(self.root).parts
@@ -178,7 +198,7 @@ class Workspace:
         lines = [_describe(target / name) for name in names]
         if count > MAX_LIST_ENTRIES:
             lines.append(f"… and {count - MAX_LIST_ENTRIES} more entries")
-        header = f"{self.relative(target)}: {count} entries"
+        header = f"{_shown_name(self.relative(target))}: {count} entries"
         return "\n".join([header, *lines]) if lines else f"{header} (empty)"
 
 
@@ -395,6 +415,13 @@ def _past_end(path: str, offset: int, total: int) -> str:
     )
 
 
+def _past_end_of_bytes(path: str, offset: int, size: int) -> str:
+    return (
+        f"offset {offset} is at or past the end of {path!r}, which has {size} bytes (so at most {size} "
+        f"characters): ask for an offset below {size} (offset=0 reads from the start)"
+    )
+
+
 def _paging_note(offset: int, shown: int, size: int, more: bool) -> str:
     if not more:
         return f"\n… [end of file: showed characters {offset} to {offset + shown - 1}]" if offset else ""
@@ -421,7 +448,7 @@ def _first_names(directory: Path, limit: int) -> tuple[list[str], int]:
 
 def _describe(entry: Path) -> str:
     name = _shown_name(entry.name)
-    note = _NOT_UTF8.format(glob=_glob(entry.name)) if name != entry.name else ""
+    note = _name_note(entry.name)
     if entry.is_symlink():
         try:
             return f"{name} -> {_shown_name(os.readlink(entry))}{note}"
@@ -436,23 +463,66 @@ def _describe(entry: Path) -> str:
     return f"{name}  {size} bytes{note}"
 
 
-_UNDECODED_RE = re.compile("[\udc80-\udcff]+")  # the bytes of a file name that are not UTF-8
+_UNDECODED = r"\udc80-\udcff"  # the bytes of a file name that are not UTF-8 (a regular expression's range)
+# control characters (C0, DEL, C1), line and paragraph separators, and the invisible marks and
+# overrides of the text direction, which make a name read as another ("invoice\u202efdp.exe")
+_CONTROLS = r"\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNDECODED_RE = re.compile(f"[{_UNDECODED}]+")
+_CONTROLS_RE = re.compile(f"[{_CONTROLS}]")
+_UNREADABLE_RE = re.compile(f"[{_UNDECODED}{_CONTROLS}]+")
+_ESCAPED_RE = re.compile(rf"[\\{_UNDECODED}{_CONTROLS}]")
+_SHORT_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_UNESCAPE_RE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|([\\ntr]))")
 _NOT_UTF8 = (
     "  (the name is not UTF-8, so the file tools cannot open it: rename it with the shell, e.g. "
     "mv ./{glob} new-name)"
 )
+_ESCAPED = (
+    "  (the name has control or text-direction characters, shown escaped as in a JSON string: "
+    "give the file tools the name as shown)"
+)
 
 
 def _shown_name(name: str) -> str:
-    """A file name as text the model can read: bytes that are not UTF-8 as `\\xff` (they reached it as
-    `?`, a name it could not use and was not told why)."""
-    if not _UNDECODED_RE.search(name):
+    """A file name as one line of text the model can read: bytes that are not UTF-8 as `\\xff` (they
+    reached it as `?`, a name it could not use and was not told why), control and text-direction
+    characters as JSON escapes (`\\n`, `\\u202e`: a newline made one name look like several entries),
+    and then a backslash as `\\\\`."""
+    if not _UNREADABLE_RE.search(name):
         return name
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
+    return _ESCAPED_RE.sub(_escape, name)
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match[0]
+    if "\udc80" <= char <= "\udcff":
+        return f"\\x{ord(char) - 0xDC00:02x}"
+    return _SHORT_ESCAPES.get(char) or f"\\u{ord(char):04x}"
+
+
+def _unescaped(path: str) -> str:
+    """`path` with the escapes of `_shown_name` undone (`\\n`, `\\t`, `\\r`, `\\\\`, `\\uXXXX`, not a
+    surrogate: a name that is not UTF-8 stays for the shell to rename)."""
+
+    def undo(match: re.Match[str]) -> str:
+        if match[2]:
+            return {"n": "\n", "t": "\t", "r": "\r"}.get(match[2], match[2])
+        char = chr(int(match[1], 16))
+        return match[0] if "\ud800" <= char <= "\udfff" else char
+
+    return _UNESCAPE_RE.sub(undo, path)
+
+
+def _name_note(name: str) -> str:
+    if _UNDECODED_RE.search(name):
+        return _NOT_UTF8.format(glob=_glob(name))
+    return _ESCAPED if _CONTROLS_RE.search(name) else ""
 
 
 def _glob(name: str) -> str:
-    return "*".join(shlex.quote(part) if part else "" for part in _UNDECODED_RE.split(name))
+    """A shell pattern for `name` on one line: `*` for its bytes that are not UTF-8 and its controls."""
+    parts = _UNREADABLE_RE.split(name)
+    return "*".join(shlex.quote(part) if part else "" for part in parts)
 
 
 def file_tools(root: str | os.PathLike[str], *, max_read: int = DEFAULT_MAX_READ) -> list[Tool]:

@@ -2,8 +2,10 @@
 
 The command runs in its own process group, in a fixed working directory, with only the allow-listed
 environment variables; on timeout (or when the call is cancelled) the whole group is killed, even if
-the shell itself has exited and only a background child still holds its output — and so is a child
-that left the group (`setsid`) but still holds the output. An empty command, a NUL
+the shell itself has exited and only a background child still holds its output — and so is, on Linux,
+every other process of the command: one that left the group (`setsid`), whether it holds the output
+or redirected it, and all their descendants, each stopped as soon as it is found so that a loop
+forking new ones cannot outrun the kill. An empty command, a NUL
 character or a command over the system's argument limit is refused with `ShellCommandError`. The
 result is a JSON object: `exit_code`, `stdout`, `stderr` (each cut to the output limit, head and tail
 kept; binary data is described, not shown), `duration` and `timed_out`. Its risk comes from the
@@ -255,34 +257,155 @@ def _timeout_note(seconds: float, shell_exit: int | None) -> str:
 
 
 async def _kill_group(process: asyncio.subprocess.Process, pipes: tuple[int, int]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)  # the group outlives its leader while a member lives
-    for pid in _holding(pipes):  # a child that left the group (`setsid`) but still writes our output
+    try:
+        _kill_everything(process, pipes)
+    finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
+            os.killpg(process.pid, signal.SIGKILL)  # the group outlives its leader while a member lives
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
     await asyncio.shield(process.wait())
 
 
-def _holding(pipes: tuple[int, int]) -> list[int]:
-    """The other processes that hold one of our output pipes open (Linux /proc; [] elsewhere)."""
-    wanted = {f"pipe:[{inode}]" for inode in pipes if inode}
-    me, found = os.getpid(), []
+_SETTLE_SECONDS = 1.0  # how long to wait at most for every process found to stop (one in D state may not)
+_MAX_SCANS = 1_000  # a bound on the scans of /proc, whatever happens
+
+
+def _kill_everything(process: asyncio.subprocess.Process, pipes: tuple[int, int]) -> None:
+    """SIGKILL every process of the command (Linux /proc; elsewhere the caller's group kill only).
+
+    The command's processes are the shell, the members of its session and process group, the processes
+    holding its output pipes, and every descendant of these: found through the parent links, so a child
+    that left the session with `setsid` and redirected its output is found too. Each one is stopped
+    (SIGSTOP) as soon as it is found, so it forks no more, and /proc is scanned again until a scan
+    finds nothing new after every process found was seen stopped (a fork under way when the stop came
+    shows its child in the next scan); then they are all killed. Synchronous, never awaiting: a second
+    cancellation cannot leave the processes stopped but not killed.
+
+    Not found: a process whose parent had already exited when the call timed out and that had left
+    the session and closed the output (a daemon that detached itself on purpose: `setsid`, output
+    redirected and a double fork) is no longer the command's.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGSTOP)
+    freezer = _Freezer(process.pid, shell_alive=process.returncode is None)
     try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+        freezer.scan(pipes)  # the holders' new children: the parent links find them
+        deadline, quiet = time.monotonic() + _SETTLE_SECONDS, 0
+        for _ in range(_MAX_SCANS):
+            new = freezer.scan()
+            if new or (freezer.stopped - freezer.frozen and time.monotonic() < deadline):
+                quiet = 0
+                if not new:
+                    time.sleep(0.002)  # SIGSTOP is delivered asynchronously
+            else:
+                quiet += 1
+                if quiet == 2:  # this scan began after every process found was seen stopped
+                    break
+    except OSError:  # no /proc
+        pass
+    finally:
+        for pid in freezer.stopped:
+            _signal(pid, signal.SIGKILL)
+
+
+_Table = dict[int, tuple[str, int, int, int]]  # pid: (state, parent, process group, session)
+
+
+class _Freezer:
+    """Finds the command's processes in /proc and stops each one (SIGSTOP) as soon as it is found."""
+
+    def __init__(self, leader: int, *, shell_alive: bool) -> None:
+        self.leader = leader
+        self.shell_alive = shell_alive  # while the shell is not reaped, its pid is still its own
+        self.table: _Table = {}
+        self.ours: set[int] = set()  # the command's processes found
+        self.stopped: set[int] = set()  # the ones sent SIGSTOP (a set-user-ID program is not ours to stop)
+        self.frozen: set[int] = set()  # the ones since seen stopped, or gone: they fork no more
+        self.me = os.getpid()
+
+    def scan(self, pipes: tuple[int, int] | None = None) -> int:
+        """Read /proc again, stopping the command's processes found; how many were new.
+
+        With `pipes`, a process holding one of them is the command's too. Only the command's processes
+        not yet seen stopped, and the pids new since the last scan, are read again: a process that was
+        not the command's cannot become one (it cannot join the command's session, and an orphan goes
+        to init, not to one of ours), and pids are handed out in a cycle, so none is used again within
+        the milliseconds between two scans.
+        """
+        wanted = {f"pipe:[{inode}]" for inode in pipes or () if inode}
+        found, previous, table = len(self.ours), self.table, {}
+        for pid in sorted(int(name) for name in os.listdir("/proc") if name.isdigit()):  # parents first
+            entry = previous.get(pid)
+            if entry is None or (pid in self.ours and pid not in self.frozen):
+                entry = _stat(pid)
+                if entry is None:  # gone meanwhile
+                    continue
+            table[pid] = entry
+            state, parent, group, session = entry
+            if pid in self.ours:
+                if pid in self.stopped and state in "TtZX":
+                    self.frozen.add(pid)
+            elif (
+                parent in self.ours
+                or self.leader in (group, session)
+                or (self.shell_alive and pid == self.leader)
+                or (wanted and pid != self.me and _holds(pid, wanted))
+            ):
+                self._own(pid)
+        self.table = table
+        self.frozen |= self.stopped - table.keys()
+        self._descendants()  # the children listed before their parent was found (pids wrap around)
+        return len(self.ours) - found
+
+    def _descendants(self) -> None:
+        """Stop every descendant in the table of the processes found."""
+        children: dict[int, list[int]] = {}
+        for pid, (_, parent, _, _) in self.table.items():
+            children.setdefault(parent, []).append(pid)
+        todo = [child for pid in self.ours for child in children.get(pid, ()) if child not in self.ours]
+        while todo:
+            pid = todo.pop()
+            if pid not in self.ours and pid != self.me:
+                self._own(pid)
+                todo.extend(children.get(pid, ()))
+
+    def _own(self, pid: int) -> None:
+        if pid not in self.ours and pid != self.me:
+            self.ours.add(pid)
+            if _signal(pid, signal.SIGSTOP):
+                self.stopped.add(pid)
+
+
+def _signal(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):  # gone, or not ours to stop (a set-user-ID program)
+        return False
+    return True
+
+
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """The state, parent, process group and session of `pid` (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            line = handle.read()
     except OSError:
-        return []
-    for pid in pids:
-        if pid == me:
-            continue
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:  # gone, or not ours to look at (nor to kill)
-            continue
-        if any(_link(f"/proc/{pid}/fd/{fd}") in wanted for fd in fds):
-            found.append(pid)
-    return found
+        return None
+    fields = line.rpartition(b")")[2].split()  # after "pid (name)": the name may hold ") "
+    try:
+        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3])
+    except (IndexError, ValueError):  # not the format of Linux's /proc
+        return None
+
+
+def _holds(pid: int, wanted: set[str]) -> bool:
+    """Whether `pid` has one of the `wanted` pipes open."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone, or not ours to look at (nor to kill)
+        return False
+    return any(_link(f"/proc/{pid}/fd/{fd}") in wanted for fd in fds)
 
 
 def _link(path: str) -> str:

@@ -143,7 +143,7 @@ def _eval(node: ast.expr) -> Any:
         and isinstance(node.value, int | float)
         and not isinstance(node.value, bool)
     ):
-        if not math.isfinite(node.value):
+        if isinstance(node.value, float) and not math.isfinite(node.value):  # an int may be any length
             raise CalculatorError(
                 "a number in the expression is too large for a float (the limit is about 1.8e308)"
             )
