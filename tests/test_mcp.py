@@ -358,6 +358,66 @@ async def test_tool_list_refreshed_after_list_changed(test_server_script: Path) 
         assert await tools["extra"].invoke({}) == "extra!"
 
 
+STORM = Path(__file__).parent / "mcp_servers" / "storm.py"
+
+
+def _mcp_tasks() -> list[asyncio.Task[Any]]:
+    """This loop's background tasks of MCP servers (refreshes, pings)."""
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if t.get_name().startswith(("mcp-tools:", "mcp-ping:")) and not t.done()
+    ]
+
+
+async def test_a_server_announcing_a_change_at_every_listing_is_not_listed_without_end() -> None:
+    """Before, each listing's announcement started the next listing: thousands of them, every call waited
+    `connect_timeout` for a refresh that never settled, and the refresh ran on until the server closed."""
+    server = MCPServerStdio("python", [str(STORM), "echo"], name="storm", connect_timeout=20)
+    model = ScriptedModel([{"tool_calls": [{"name": "listings", "args": {}}]} for _ in range(3)] + ["done"])
+    events: list[Any] = []
+    loop = asyncio.get_running_loop()
+    async with Agent(model, mcp_servers=[server], on_event=events.append) as agent:
+        start = loop.time()
+        result = await agent.run("how often were you listed?")
+        took = loop.time() - start
+        await asyncio.sleep(0.5)  # a storm would go on meanwhile
+        listed = int(await server.call_tool("listings", {}))
+    assert result.output == "done" and all(r.success for r in _results(events))
+    assert took < 15  # before: each of the 3 calls waited connect_timeout (20 s) for the refresh
+    assert listed <= 8  # the run's listing, and a few back to back (before: thousands)
+    assert not _mcp_tasks()  # nothing left running after the connection closed
+
+
+async def test_a_call_waits_briefly_for_a_refresh_that_does_not_come() -> None:
+    """Before, a call announcing a change waited `connect_timeout` for the refresh to land."""
+    async with MCPServerStdio("python", [str(STORM), "hang"], name="stalled", connect_timeout=30) as server:
+        await server.list_tools()
+        assert await asyncio.wait_for(server.call_tool("announce", {}), 10) == "announced"
+        assert [t.get_name() for t in _mcp_tasks()] == ["mcp-tools:stalled"]  # still waiting for tools/list
+        assert await asyncio.wait_for(server.call_tool("listings", {}), 10) == "2"
+    assert not _mcp_tasks()  # the refresh waiting for an answer ends with the connection
+
+
+async def test_after_a_storm_listings_pause_but_a_change_announced_later_is_fetched_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("thinkloop.mcp._RELIST_PAUSE", (60.0, 60.0))
+    monkeypatch.setattr("thinkloop.mcp._QUIET", 0.5)
+    async with MCPServerStdio("python", [str(STORM), "echo"], name="storm") as server:
+        await server.list_tools()
+        for _ in range(500):  # the listing and its echoes, 3 of them back to back
+            if not _mcp_tasks():
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.7)  # quiet
+        versions = server.tools_version
+        assert await server.call_tool("listings", {}) == "4"  # paused, for 60 s
+        assert await server.call_tool("announce", {}) == "announced"  # fetched before the result returns
+        assert server.tools_version > versions
+        assert await server.call_tool("listings", {}) == "7"  # and its echoes: 3 back to back, then a pause
+
+
 async def test_a_tool_added_during_a_run_can_be_called_in_that_run(test_server_script: Path) -> None:
     server = MCPServerStdio(sys.executable, [str(test_server_script)], name="changing")
     model = ScriptedModel(
@@ -1258,6 +1318,92 @@ async def test_arguments_are_checked_against_the_servers_own_schema() -> None:
         {"tool": "string_root", "arguments": {"whatever": 1}},
     ]
     assert result.output == "done"
+
+
+SLUG = "^([a-z0-9]+-?)+$"  # a plausible hand-written pattern: exponential backtracking in `re`
+EVIL = "^(a|a)*$"  # exponential in `regex` too
+BACKTRACKING_TOOLS: list[Any] = [
+    {
+        "name": "slug",
+        "inputSchema": {"type": "object", "properties": {"name": {"type": "string", "pattern": SLUG}}},
+    },
+    {
+        "name": "evil",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"q": {"type": "string", "pattern": EVIL}, "n": {"type": "integer", "minimum": 0}},
+        },
+    },
+    {
+        "name": "keys",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "labels": {
+                    "type": "object",
+                    "patternProperties": {EVIL: {"type": "integer"}},
+                    "additionalProperties": False,
+                },
+                "tags": {"type": "object", "propertyNames": {"pattern": EVIL}},
+            },
+        },
+    },
+]
+
+
+async def test_a_backtracking_pattern_in_a_servers_schema_does_not_block_the_event_loop() -> None:
+    """Before, `pattern` was checked with `re` on the event loop: 28 letters and a `_` against the server's
+    `^([a-z0-9]+-?)+$` stalled the whole agent for seconds (doubling with each letter), past any timeout."""
+    hostile = "a" * 28 + "_"
+    evil = "a" * 40 + "!"
+    model = ScriptedModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slug", "args": {"name": hostile}},  # refused, quickly
+                    {"name": "slug", "args": {"name": "a-good-slug"}},
+                    {"name": "evil", "args": {"q": evil, "n": -1}},  # the rest is still checked
+                    {"name": "evil", "args": {"q": evil, "n": 1}},  # the pattern: left to the server
+                    {"name": "keys", "args": {"labels": {evil: "x"}, "tags": {evil: 1}}},
+                ]
+            },
+            "done",
+        ]
+    )
+    gaps: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def ticker() -> None:
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0.02)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    events: list[Any] = []
+    async with Agent(
+        model, mcp_servers=[_listing({"tools": BACKTRACKING_TOOLS})], on_event=events.append
+    ) as agent:
+        ticking = asyncio.create_task(ticker())
+        try:
+            result = await agent.run("use the tools")
+        finally:
+            ticking.cancel()
+    assert result.output == "done"
+    outcomes = [(r.success, r.error_kind, r.output) for r in _results(events)]
+    assert outcomes[0][:2] == (False, "invalid_arguments")
+    assert f"name: '{hostile}' does not match '{SLUG}'" in outcomes[0][2]
+    assert (
+        outcomes[2][:2] == (False, "invalid_arguments")
+        and "n: -1 is less than the minimum of 0" in outcomes[2][2]
+    )
+    assert [json.loads(o[2]) for o in outcomes if o[0]] == [
+        {"tool": "slug", "arguments": {"name": "a-good-slug"}},
+        {"tool": "evil", "arguments": {"q": evil, "n": 1}},
+        {"tool": "keys", "arguments": {"labels": {evil: "x"}, "tags": {evil: 1}}},
+    ]
+    assert max(gaps) < 2  # the loop kept turning (before: stalled ~12 s for the slug, minutes for the rest)
 
 
 async def test_ref_schemas_from_an_sdk_server_are_inlined_and_still_enforced() -> None:

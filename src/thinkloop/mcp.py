@@ -15,8 +15,8 @@ checks, timeouts, truncation, risk levels and the safety gate apply to them as t
 tool result the server marks as an error, a protocol error, and a server that died are all failed
 observations naming the server; the run goes on. A server that exited while idle, or stopped answering
 after a call timed out (it is pinged then), is started again for the next call. The tool list is cached
-and fetched again after the server announces `notifications/tools/list_changed` (taking effect at the
-next run).
+and fetched again in the background after the server announces `notifications/tools/list_changed` (the
+runs using the server follow it; a server announcing a change at every listing is listed ever less often).
 
 Servers publish input schemas that model APIs refuse (not an object, `$ref`s, `required` naming
 nothing, 5,000-character descriptions): each is normalised into a valid object schema for the model
@@ -27,14 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import json
 import logging
+import math
 import os
 import re
 import shlex
 import signal
 import sys
 import tempfile
+import time
 import unicodedata
 import urllib.parse
 import warnings
@@ -60,6 +64,10 @@ __all__ = [
 ]
 
 PING_TIMEOUT = 10.0  # seconds to answer a ping after a call timed out (at most connect_timeout)
+REFRESH_WAIT = 1.0  # seconds a call's result waits for the tool list it changed (at most connect_timeout)
+_RELIST_BURST = 3  # tool listings in the background back to back; then they pause (`_announced`)
+_RELIST_PAUSE = 1.0, 30.0  # seconds of the first pause, and of the longest (each twice the one before)
+_QUIET = 1.0  # seconds after a listing ended: a change announced before is no news (it may be its echo)
 _TOOL_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")  # what every model API accepts (OpenAI rejects '.')
 _STDERR_TAIL = 2_000
 logger = logging.getLogger("thinkloop.mcp")
@@ -124,7 +132,13 @@ class MCPServer(ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tools: list[Tool] = []
         self._stale = True
-        self._refresh: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Task[None] | None = None  # fetching a changed tool list in the background
+        self._resume: asyncio.TimerHandle | None = None  # starting `_refresh` again after a pause
+        self._relists = 0  # background listings since a change was announced while the server was quiet
+        self._changes = 0  # tool list changes announced
+        self._listing = 0  # listings on their way
+        self._listed_at = -math.inf  # when the last listing ended (time.monotonic())
+        self._announced_at = -math.inf  # when the last change was announced
         self.tools_version = 0
         """Counts the tool lists fetched: a run's registry rebuilds itself when it changes."""
         self._failure: str | None = None
@@ -200,6 +214,7 @@ class MCPServer(ABC):
         loop = asyncio.get_running_loop()
         if self._lock is None or self._loop is not loop:  # a new event loop (e.g. another run_sync)
             self._lock, self._loop, self._owner, self._session = asyncio.Lock(), loop, None, None
+            self._refresh = self._resume = None  # the old loop's
         return self._lock
 
     async def _open(self) -> None:
@@ -209,6 +224,7 @@ class MCPServer(ABC):
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closing = asyncio.Event()
         self._failure, self._lost = None, None
+        self._pause_refresh(None)  # a pause for the previous connection
         self._owner = asyncio.create_task(self._own(ready, self._closing), name=f"mcp-server:{self.name}")
         try:
             async with asyncio.timeout(self.connect_timeout):
@@ -248,7 +264,7 @@ class MCPServer(ABC):
                     )
                 )
                 await session.initialize()
-                self._session, self._stale = session, True
+                self._session, self._stale, self._relists = session, True, 0
                 ready.set_result(None)
                 await closing.wait()
         except asyncio.CancelledError:
@@ -269,6 +285,7 @@ class MCPServer(ABC):
         if self._closing is not None:
             self._closing.set()
         self._session, self._failure, self._lost = None, None, None
+        self._pause_refresh(None)
         for task in (self._refresh, self._probe):
             if task is not None and not task.done() and task is not asyncio.current_task():
                 task.cancel()
@@ -314,25 +331,65 @@ class MCPServer(ABC):
     async def _on_message(self, message: Any) -> None:
         """Server notifications: a changed tool list is fetched again; a transport fault is noted."""
         if getattr(message, "method", None) == "notifications/tools/list_changed":
-            self._stale = True
-            if self._refresh is None or self._refresh.done():
-                self._refresh = asyncio.create_task(self._refetch(), name=f"mcp-tools:{self.name}")
+            self._announced()
         elif isinstance(message, Exception):
             self._failure = _describe_exception(message)
 
-    async def _refetch(self) -> None:
+    def _announced(self) -> None:
+        """The server says its tool list changed: it is fetched again in the background, once for all the
+        announcements that arrive while a listing is on its way.
+
+        Some servers announce a change whenever they are listed (or all the time), which would have them
+        listed without end: after `_RELIST_BURST` background listings, each waits twice as long as the one
+        before (1 s, 2 s, … 30 s), until a change is announced after a quiet while (no listing on its way,
+        and no listing or announcement in the last `_QUIET` s), which is fetched at once again. A list
+        still stale is also fetched by the next `list_tools()` (the next run).
+        """
+        now, last = time.monotonic(), max(self._listed_at, self._announced_at)
+        self._stale, self._announced_at = True, now
+        self._changes += 1
+        if not self._listing and now - last >= _QUIET:
+            self._relists = 0
+            self._pause_refresh(None)
+        if self._resume is None:
+            self._start_refresh()
+
+    def _start_refresh(self, *, paused: bool = False) -> None:
+        if paused:
+            self._resume = None
+        if self.connected and (self._refresh is None or self._refresh.done()):
+            self._refresh = asyncio.create_task(self._refetch(paused=paused), name=f"mcp-tools:{self.name}")
+
+    def _pause_refresh(self, seconds: float | None) -> None:
+        """Start the background refresh again in `seconds` (None: cancel a pause)."""
+        if self._resume is not None:
+            self._resume.cancel()
+        self._resume = None
+        if seconds is not None:
+            resume = functools.partial(self._start_refresh, paused=True)
+            self._resume = asyncio.get_running_loop().call_later(seconds, resume)
+
+    async def _refetch(self, *, paused: bool = False) -> None:
         """In the background (not in the SDK's notification handler, which must not wait on the session)."""
         while self._stale and self.connected:
+            if self._relists >= _RELIST_BURST and not paused:
+                first, longest = _RELIST_PAUSE
+                self._pause_refresh(min(first * 2 ** min(self._relists - _RELIST_BURST, 16), longest))
+                return
+            paused = False
+            self._relists += 1
             try:
                 await self.list_tools()
             except MCPConnectionError:
                 return  # the next run's list_tools() tries again
 
-    async def _settle_refresh(self) -> None:
-        """Let a tool list change announced during a call land before its result is returned."""
+    async def _settle_refresh(self, changes: int) -> None:
+        """Let a tool list change announced during a call (`_changes` was `changes` before it) land before
+        its result is returned, so that the model's next step sees it, waiting at most `REFRESH_WAIT` s."""
         refresh = self._refresh
-        if refresh is not None and not refresh.done():
-            await asyncio.wait([refresh], timeout=self.connect_timeout)
+        if self._changes == changes or refresh is None or refresh.done() or refresh is asyncio.current_task():
+            return
+        await asyncio.wait([refresh], timeout=min(self.connect_timeout, REFRESH_WAIT))
 
     # --------------------------------------------------------------------------------- tools
 
@@ -343,12 +400,16 @@ class MCPServer(ABC):
             return list(self._tools)
         await self.connect()
         self._stale = False  # a change announced while listing sets it again
+        self._listing += 1
         try:
             async with asyncio.timeout(self.connect_timeout):
                 listed = await self._list_all(self._session)
         except Exception as exc:
             self._stale = True
             raise self._listing_error(exc) from exc
+        finally:
+            self._listing -= 1
+            self._listed_at = time.monotonic()
         listed = [t for t in listed if self._offered(t.name)]
         names = _unique_names([self._local_name(t.name) for t in listed])
         self._tools = [self._to_tool(t, name) for t, name in zip(listed, names, strict=True)]
@@ -456,7 +517,7 @@ class MCPServer(ABC):
         if session is None:
             raise MCPToolError(self._not_connected())
         self._in_flight += 1
-        notes = self._notes
+        notes, changes = self._notes, self._changes
         try:
             result = await session.call_tool(name, dict(arguments))
         except asyncio.CancelledError:  # abandoned (timed out): is the server still answering?
@@ -467,7 +528,7 @@ class MCPServer(ABC):
             raise MCPToolError(why + self._refusal_since(notes)) from None
         finally:
             self._in_flight -= 1
-        await self._settle_refresh()
+        await self._settle_refresh(changes)
         text = render_result(result)
         if getattr(result, "is_error", False):
             said = text if text != "(no output)" else "(an error result without any content)"
@@ -493,8 +554,7 @@ class MCPServer(ABC):
                 f"{exc}; this run cannot use it any more, the next run tries again"
             ) from None
         logger.warning("MCP server %r %s%s; %s for the call of %r", self.name, lost, tail, self._AGAIN, name)
-        if self._refresh is None or self._refresh.done():  # the new process may offer other tools
-            self._refresh = asyncio.create_task(self._refetch(), name=f"mcp-tools:{self.name}")
+        self._start_refresh()  # the new process may offer other tools
 
     def _start_probe(self, name: str, session: Any) -> None:
         """After an abandoned call, ping the server in the background: one that does not answer (wedged, its
@@ -1055,6 +1115,10 @@ class _ArgumentCheck:
     aside: the model cannot see them), else the original cleaned as for the model, but keeping its
     root combinators and forbidden (`false`) properties. A reference that does not resolve in the
     original falls back to the cleaned schema; a check that cannot run passes.
+
+    The check runs on the event loop, so the server's regular expressions (`pattern`, `patternProperties`,
+    `propertyNames`) are matched with a time limit (`_search`): one that backtracks without end leaves
+    that pattern to the server, which checks its own schema anyway, instead of freezing the agent.
     """
 
     def __init__(self, original: Any) -> None:
@@ -1071,16 +1135,20 @@ class _ArgumentCheck:
             return f"{', '.join(forbidden)}: not accepted (the server's schema forbids it)"
         from jsonschema.exceptions import best_match  # the SDK's dependency: there whenever a server is
 
-        for validator in self._validators:
-            try:
-                error = best_match(validator.iter_errors(arguments))
-            except Exception:  # an unresolvable `$ref`, a pattern `re` refuses, …: the next schema
-                continue
-            if error is None:
-                return None
-            where = ".".join(str(p) for p in error.absolute_path) or "arguments"
-            return _shortened(f"{where}: {error.message}", 500)
-        return None
+        deadline = _pattern_deadline.set(time.monotonic() + _PATTERN_SECONDS)  # for all the patterns
+        try:
+            for validator in self._validators:
+                try:
+                    error = best_match(validator.iter_errors(arguments))
+                except Exception:  # an unresolvable `$ref`, …: the next schema
+                    continue
+                if error is None:
+                    return None
+                where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+                return _shortened(f"{where}: {error.message}", 500)
+            return None
+        finally:
+            _pattern_deadline.reset(deadline)
 
 
 def _checkable(schema: Any) -> Any:
@@ -1106,9 +1174,118 @@ def _validator(schema: Any) -> Any:
             warnings.simplefilter("ignore")
             cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
             cls.check_schema(schema)
+            cls = _time_limited(cls, patterned_keys=_mentions(schema, "patternProperties"))
             return cls(schema, registry=registry)
     except Exception:  # no jsonschema, or not a valid schema
         return None
+
+
+# A call's arguments are checked on the event loop: jsonschema matches `pattern`s with `re`, which has no
+# time limit, and a pattern that backtracks (`^([a-z0-9]+-?)+$` against 30 letters and a `_`) takes
+# minutes. The patterns are matched with `regex` and its time limit instead, within a budget per check.
+_PATTERN_SECONDS = 0.1  # of pattern matching per argument check; what does not fit is left to the server
+_pattern_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "thinkloop_mcp_pattern_deadline", default=None
+)
+
+
+def _search(pattern: str, text: str, *, otherwise: bool) -> bool:
+    """Whether `pattern` matches somewhere in `text` (JSON Schema's `pattern`, as jsonschema's `re.search`).
+
+    Matched by `regex` with the time left of the check's budget: a search that does not end in time (or a
+    pattern `regex` refuses) is `otherwise`, the answer that lets the arguments through, for the server
+    to judge.
+    """
+    import regex  # a dependency of thinkloop
+
+    deadline = _pattern_deadline.get()
+    left = _PATTERN_SECONDS if deadline is None else deadline - time.monotonic()
+    if left > 0:
+        try:
+            return regex.search(pattern, text, timeout=left) is not None
+        except Exception:  # TimeoutError, regex.error
+            pass
+    logger.debug("MCP argument check: pattern %.200r left to the server (no answer in time)", pattern)
+    return otherwise
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "string") and not _search(pattern, instance, otherwise=True):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _search(pattern, key, otherwise=False):  # not known to match: its schema is not applied
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(original: Any) -> Any:
+    """jsonschema's `additionalProperties`, matching `patternProperties` with `_search`."""
+
+    def additional_properties(validator: Any, allowed: Any, instance: Any, schema: Any) -> Iterator[Any]:
+        from jsonschema.exceptions import ValidationError
+
+        patterns = schema.get("patternProperties")
+        if not isinstance(patterns, dict) or not patterns or not validator.is_type(instance, "object"):
+            yield from original(validator, allowed, instance, schema)  # no pattern to match
+            return
+        properties = schema.get("properties", {})
+        extras = [
+            key
+            for key in instance
+            if key not in properties and not any(_search(p, key, otherwise=True) for p in patterns)
+        ]
+        if validator.is_type(allowed, "object"):
+            for extra in extras:
+                yield from validator.descend(instance[extra], allowed, path=extra)
+        elif not allowed and extras:
+            verb = "does" if len(extras) == 1 else "do"
+            joined = ", ".join(repr(each) for each in sorted(extras))
+            regexes = ", ".join(repr(each) for each in sorted(patterns))
+            yield ValidationError(f"{joined} {verb} not match any of the regexes: {regexes}")
+
+    return additional_properties
+
+
+def _unchecked(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    return iter(())
+
+
+@functools.cache
+def _time_limited(cls: Any, *, patterned_keys: bool) -> Any:
+    """The validator class `cls` matching its patterns with `_search`. `unevaluatedProperties` matches
+    `patternProperties` deep inside jsonschema: in a schema that has them, it is left to the server."""
+    import jsonschema
+
+    keywords = {
+        "pattern": _pattern,
+        "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties(cls.VALIDATORS.get("additionalProperties")),
+    }
+    if patterned_keys:
+        keywords["unevaluatedProperties"] = _unchecked
+    overrides = {k: v for k, v in keywords.items() if k in cls.VALIDATORS}  # the draft's keywords only
+    return jsonschema.validators.extend(cls, overrides)
+
+
+def _mentions(schema: Any, key: str) -> bool:
+    """Whether `key` is a key of an object anywhere in the JSON document `schema`."""
+    nodes = [schema]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, dict):
+            if key in node:
+                return True
+            nodes.extend(node.values())
+        elif isinstance(node, list):
+            nodes.extend(node)
+    return False
 
 
 class _MCPTool(Tool):
