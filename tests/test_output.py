@@ -337,3 +337,27 @@ async def test_answers_that_never_validate_end_with_the_last_correction_and_the_
     assert "Its shape:" not in result.error and "Give the final answer again" not in result.error
     corrections = [m.content for m in result.state.messages if m.kind == "correction"]
     assert '(got "about 700k")' in corrections[1]  # each correction shows what that answer held
+
+
+async def test_an_answer_with_half_an_emoji_escaped_is_read_as_valid_unicode() -> None:
+    # `\ud83d` (a reply cut in the middle of an emoji's escape) read as a lone surrogate: the result and
+    # the `done` event could not be written as JSON (the web page and the CLI send them).
+    events: list[Event] = []
+    model = ScriptedModel(['{"name": "Caf\\ud83d", "population": 2}'])
+    result = await Agent(model, output_type=City).run("x", on_event=events.append)
+    assert result.parsed == City(name="Caf\ufffd", population=2)
+    result.model_dump_json()
+    for event in events:
+        event.model_dump_json()
+
+
+async def test_answers_json_cannot_hold_are_asked_again_not_taken() -> None:
+    class Data(BaseModel):
+        data: object
+
+    deep = '{"data": ' + "[" * 900 + "]" * 900 + "}"  # raised RecursionError out of run()
+    script = [deep, '{"data": NaN}', '{"data": [1, 2]}']
+    result = await Agent(ScriptedModel(script), output_type=Data).run("x")
+    assert result.stop_reason is StopReason.FINAL_ANSWER and result.parsed == Data(data=[1, 2])
+    corrections = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert len(corrections) == 2

@@ -17,7 +17,16 @@ import math
 import re
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "TOO_DEEP", "loads", "non_finite", "raw_decode", "text_too_deep", "too_deep"]
+__all__ = [
+    "MAX_DEPTH",
+    "TOO_DEEP",
+    "loads",
+    "non_finite",
+    "raw_decode",
+    "text_too_deep",
+    "too_deep",
+    "valid_unicode",
+]
 
 MAX_DEPTH = 64  # levels of objects and lists a value read from a model may have; no tool needs more
 TOO_DEEP = f"the JSON is nested more than {MAX_DEPTH} levels deep"
@@ -45,7 +54,7 @@ def loads(text: str) -> Any:
         raise ValueError(TOO_DEEP) from None
     if too_deep(value, text):
         raise ValueError(TOO_DEEP)
-    return value
+    return valid_unicode(value) if _SURROGATE_ESCAPE.search(text) else value
 
 
 def raw_decode(text: str, start: int = 0) -> tuple[Any, int]:
@@ -56,7 +65,7 @@ def raw_decode(text: str, start: int = 0) -> tuple[Any, int]:
         raise ValueError(TOO_DEEP) from None
     if too_deep(value, text):
         raise ValueError(TOO_DEEP)
-    return value, end
+    return (valid_unicode(value) if _SURROGATE_ESCAPE.search(text, start, end) else value), end
 
 
 def non_finite(value: Any) -> bool:
@@ -112,3 +121,20 @@ def text_too_deep(text: str) -> bool:
         elif token in "]}":
             depth = max(depth - 1, 0)
     return False
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # `\ud83d`: JSON's escape of half a character
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def valid_unicode(value: Any) -> Any:
+    """`value` with lone surrogates in its texts (keys too) replaced by U+FFFD: JSON's `\\ud83d` escape
+    of half an emoji (a reply cut in the middle of one) reads as one, which UTF-8 — a run's state, an
+    event, a provider's request — cannot hold. A pair of escapes (a whole emoji) reads as the character."""
+    if isinstance(value, str):
+        return _SURROGATES.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {valid_unicode(key): valid_unicode(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [valid_unicode(item) for item in value]
+    return value

@@ -750,7 +750,7 @@ class _AnswerStreamer:
 
     def feed(self, text: str) -> None:
         if not text.isascii():
-            text = _valid_unicode(text)  # a lone surrogate (half an emoji's JSON escape) fails JSON output
+            text = _json.valid_unicode(text)  # a lone surrogate (half an emoji's JSON escape) fails JSON output
         buffer, self.buffer = self.buffer, ""  # the attribute's reference dropped: `+=` grows it in place
         buffer += text
         self.buffer = buffer
@@ -1085,26 +1085,12 @@ def switch_mode(run: RunContext, mode: Mode, reason: str) -> None:
     run.emit(lambda: ModeSwitched(step=step, from_mode=previous, to_mode=mode, reason=reason))
 
 
-_SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-def _valid_unicode(value: Any) -> Any:
-    """`value` with lone surrogates (from truncated JSON escapes) replaced: the state must stay UTF-8."""
-    if isinstance(value, str):
-        return _SURROGATES.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_valid_unicode(v) for v in value]
-    return value
-
-
 def _valid_unicode_reply(reply: Reply) -> Reply:
     """The reply with lone surrogates replaced, and calls whose arguments hold NaN or an infinity, or nest
     deeper than `_json.MAX_DEPTH`, marked as malformed (the state must stay UTF-8 and JSON, and be read
     back)."""
     if not reply.text.isascii():
-        reply.text = _valid_unicode(reply.text)
+        reply.text = _json.valid_unicode(reply.text)
     for call in reply.calls:  # plain calls need nothing: name and arguments ASCII, no `NaN`/`Infinity`
         if call.raw_arguments is not None or not call.name.isascii():
             break
@@ -1124,7 +1110,7 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
         if kept is not None:  # answered as malformed: a state holding them could not be saved, or read
             call = call.model_copy(update={"arguments": {}, "raw_arguments": kept})
         fields = {"name": call.name, "arguments": call.arguments, "raw_arguments": call.raw_arguments}
-        clean = _valid_unicode(fields)
+        clean = _json.valid_unicode(fields)
         if _json.non_finite(clean["arguments"]):  # `{"x": NaN}` from json.loads: answered as malformed
             clean["raw_arguments"], clean["arguments"] = arguments_json(clean["arguments"]), {}
         calls.append(call.model_copy(update=clean) if clean != fields else call)

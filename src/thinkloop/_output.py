@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from . import _json
 from ._errors import ConfigurationError
 from ._react import first_json_span
 
@@ -151,9 +152,9 @@ def _read(text: str) -> _Reading:
     reading = _Reading(body=body, whole=[], inner=[], cut_off=False)
     for piece in pieces:
         try:
-            reading.whole.append(json.loads(piece))
+            reading.whole.append(_json.loads(piece))  # strict: no NaN, at most 64 levels, valid Unicode
             continue
-        except (ValueError, RecursionError):  # not JSON (or absurdly deep)
+        except ValueError:  # not JSON (or absurdly deep)
             pass
         spans, cut_off = _spans(piece)
         reading.cut_off = reading.cut_off or cut_off
@@ -165,8 +166,8 @@ def _read(text: str) -> _Reading:
 
 def _loads(text: str) -> Any:
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
+        return _json.loads(text)
+    except ValueError:
         repaired = _repaired(text)
         return _NOTHING if repaired is None else repaired
 
@@ -253,7 +254,9 @@ def _repaired(text: str) -> Any:
         value = json_repair.loads(text)
     except Exception:  # json_repair's own failures (deep nesting …): not JSON
         return None
-    return value if isinstance(value, dict | list) and value else None
+    if not isinstance(value, dict | list) or not value or _json.non_finite(value) or _json.too_deep(value):
+        return None  # what JSON (and a saved run) cannot hold is not mended into an answer
+    return _json.valid_unicode(value)
 
 
 # ------------------------------------------------------------------------------ fixes of single values
