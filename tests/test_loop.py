@@ -1591,3 +1591,22 @@ def test_scripted_replies_take_usage_and_a_null_finish_reason() -> None:
     assert not result.usage.estimated
     with pytest.raises(ConfigurationError, match="usage needs whole token counts"):
         ScriptedModel([{"text": "x", "usage": {"input_tokens": -1}}]).assert_used_up()
+
+
+def test_arithmetic_across_units_is_not_put_right_as_if_the_units_were_one() -> None:
+    # "1 h - 15 min = 45 min" was "corrected" to 1 - 15: the answer became "-14 min".
+    @tool
+    def schedule(day: str) -> str:
+        """The schedule of a day."""
+        return "Workshop: 1 h, of which the break is 15 min"
+
+    answer = "Thought: 1 h - 15 min = 45 min of work.\nFinal Answer: 45 min"
+    replies = [
+        'Thought: I need the schedule.\nAction: schedule\nAction Input: {"day": "monday"}',
+        answer,
+        answer,
+    ]
+    result = Agent(ScriptedModel(replies, tools=False), tools=[schedule]).run_sync(
+        "How long is the workshop without its break on monday?"
+    )
+    assert result.output == "45 min"

@@ -1057,8 +1057,8 @@ class Worked:
 
 def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
     """The computations `text` writes out as `expression = result` (units and currency signs beside the
-    numbers allowed: `250 * 151.2 JPY = 37760 JPY`), each evaluated by the calculator; dates and times are
-    no arithmetic. The computation is sourced when the task or a tool result gives one of its operands at
+    numbers allowed: `250 * 151.2 JPY = 37760 JPY`), each evaluated by the calculator; dates and times, and
+    operands of different units (`1 h - 15 min = 45 min` is not `1 - 15`), are no arithmetic. The computation is sourced when the task or a tool result gives one of its operands at
     least and every other is too, or is a small integer (up to 12), 100 or 1000 (`/ 3` for a mean, `/ 100`
     for a percentage): `10 + 5 = 15` of made-up prices is not."""
     from .tools.calculator import CalculatorError, evaluate  # the calculator imports the tool layer
@@ -1067,8 +1067,8 @@ def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
     found = []
     for match in _WORKED_RE.finditer(text):
         written = match.group(1).strip()
-        if _DATE_RE.search(written):
-            continue
+        if _DATE_RE.search(written) or len({u.strip().lower() for u in _UNIT_RE.findall(written)}) > 1:
+            continue  # dates, and operands of different units (`1 h - 15 min`): no arithmetic on the figures
         expression = _UNIT_RE.sub("", _TIMES_RE.sub(" * ", written)).replace("×", "*").replace("÷", "/")
         try:
             value = float(evaluate(expression))
