@@ -692,3 +692,21 @@ async def test_when_a_save_fails_mid_batch_the_other_calls_are_stopped_before_th
     assert effects == [] and saves[0] == attempts  # nothing ran on, nothing was saved after the raise
     saved = await SQLiteStore(tmp_path / "r.db").load_state("r")
     assert saved is not None and sorted(e.status for e in saved.ledger.values()) == ["planned", "started"]
+
+
+@pytest.mark.parametrize("value", ["ensemble-v2", 7, {"a": 1}])
+async def test_a_user_metadata_key_thinkloop_records_under_does_not_crash_a_resume(value: Any) -> None:
+    # `metadata={"models": "ensemble-v2"}`, then a resume with another model: 'str' has no 'append'.
+    from thinkloop.testing import FunctionModel
+
+    store = MemoryStore()
+
+    def crashing(_: Any) -> str:
+        raise Crash
+
+    with pytest.raises(Crash):
+        await Agent(FunctionModel(crashing, name="one"), store=store).run(
+            "go", run_id="r", metadata={"models": value, "mode_switches": value, "context_shrinks": value}
+        )
+    result = await Agent(ScriptedModel(["done"]), store=store).resume("r")
+    assert result.output == "done" and result.state.metadata["models"] == ["test:one", "test:script"]

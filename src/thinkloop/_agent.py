@@ -32,7 +32,7 @@ from ._messages import Message, ModelSettings
 from ._output import OutputSpec
 from ._prompt import DEFAULT_RULES
 from ._resume import load_resumable, memory_messages
-from ._state import Mode, RunState, StopReason, new_run_state, unsaved_metadata
+from ._state import Mode, RunState, StopReason, new_run_state, record_list, unsaved_metadata
 from ._tokens import TokenCounter, TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
 from .experience import Learner, RunRecord
@@ -282,7 +282,10 @@ class Agent:
         `metadata["models"]`), and goes on in text ReAct if the new model takes no tool definitions."""
         if state.model == self.model.spec:
             return
-        state.metadata.setdefault("models", [state.model]).append(self.model.spec)
+        models = record_list(state.metadata, "models")
+        if not models:
+            models.append(state.model)
+        models.append(self.model.spec)
         state.model = self.model.spec
         if state.mode == "native" and self._initial_mode() == "react":
             state.mode = "react"
@@ -429,7 +432,12 @@ class Agent:
             elapsed_before=state.elapsed,
         )
         shrinks = state.metadata.get("context_shrinks")
-        if shrinks and isinstance(shrinks[-1], dict) and isinstance(shrinks[-1].get("to"), int):
+        if (
+            isinstance(shrinks, list)
+            and shrinks
+            and isinstance(shrinks[-1], dict)
+            and isinstance(shrinks[-1].get("to"), int)
+        ):
             context = run.context  # a resumed run keeps the smaller context its model's window forced on it
             context.max_context_tokens = max(min(context.max_context_tokens, shrinks[-1]["to"]), 256)
         return run

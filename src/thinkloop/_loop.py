@@ -68,7 +68,7 @@ from ._messages import (
 )
 from ._output import OutputSpec
 from ._prompt import final_answer_prompt, system_prompt
-from ._state import LedgerEntry, Mode, RunState, StopReason, new_ledger_entry
+from ._state import LedgerEntry, Mode, RunState, StopReason, new_ledger_entry, record_list
 from ._tools import ToolRegistry
 from .models._base import estimated_usage
 
@@ -642,8 +642,8 @@ def _shrink_context(run: RunContext, error: ContextOverflowError) -> None:
     """Lower the run's context budget after the model rejected the prompt as too long (at most
     `MAX_SHRINKS_PER_STEP` times a step); raise the error that ends the run when shrinking cannot help."""
     state, context = run.state, run.context
-    shrinks: list[dict[str, Any]] = state.metadata.setdefault("context_shrinks", [])
-    done = sum(1 for s in shrinks if s.get("step") == state.step)
+    shrinks: list[Any] = record_list(state.metadata, "context_shrinks")
+    done = sum(1 for s in shrinks if isinstance(s, dict) and s.get("step") == state.step)
     before, scale = context.max_context_tokens, context.scale
     to_tokens = None
     if error.limit:  # the window, minus room for the reply
@@ -750,7 +750,9 @@ class _AnswerStreamer:
 
     def feed(self, text: str) -> None:
         if not text.isascii():
-            text = _json.valid_unicode(text)  # a lone surrogate (half an emoji's JSON escape) fails JSON output
+            text = _json.valid_unicode(
+                text
+            )  # a lone surrogate (half an emoji's JSON escape) fails JSON output
         buffer, self.buffer = self.buffer, ""  # the attribute's reference dropped: `+=` grows it in place
         buffer += text
         self.buffer = buffer
@@ -1078,7 +1080,7 @@ def _note_malformed_native(run: RunContext) -> None:
 def switch_mode(run: RunContext, mode: Mode, reason: str) -> None:
     previous = run.state.mode
     run.state.mode = mode
-    run.state.metadata.setdefault("mode_switches", []).append(
+    record_list(run.state.metadata, "mode_switches").append(
         {"step": run.state.step, "to": mode, "reason": reason}
     )
     step = run.state.step

@@ -7,6 +7,7 @@ newer version, or a corrupt one, raises `StateError` and changes nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -225,3 +226,20 @@ def unsaved_metadata(metadata: dict[str, Any]) -> list[str]:
         if deep:
             bad.append(key)
     return bad
+
+
+def record_list(metadata: dict[str, Any], key: str) -> list[Any]:
+    """The list thinkloop keeps its records of `key` in (`models`, `mode_switches`, `context_shrinks`),
+    in the run's metadata. A value of the user's under that key that is no list is replaced (with a
+    warning): appended to, it crashed the run."""
+    value = metadata.get(key)
+    if isinstance(value, list):
+        return value
+    if value is not None:
+        logging.getLogger("thinkloop.agent").warning(
+            "metadata[%r] is thinkloop's (a list of its records), not a %s: the value given was replaced",
+            key, type(value).__name__,
+        )  # fmt: skip
+    records: list[Any] = []
+    metadata[key] = records
+    return records
