@@ -710,3 +710,47 @@ async def test_a_user_metadata_key_thinkloop_records_under_does_not_crash_a_resu
         )
     result = await Agent(ScriptedModel(["done"]), store=store).resume("r")
     assert result.output == "done" and result.state.metadata["models"] == ["test:one", "test:script"]
+
+
+async def test_a_run_interrupted_in_its_forced_final_call_asks_for_the_answer_once_on_resume(
+    tmp_path: Path,
+) -> None:
+    from thinkloop.testing import FunctionModel
+
+    hang = [True]
+    waiting = asyncio.Event()
+
+    async def reply(request: Any) -> Any:
+        if not request.tools:  # the forced final-answer call (no tools)
+            if hang[0]:
+                hang[0] = False
+                waiting.set()
+                await asyncio.sleep(30)
+            return "best effort"
+        return {"tool_calls": [{"name": "rec", "args": {"tag": f"t{request.turn}"}}]}
+
+    @tool
+    async def rec(tag: str) -> str:
+        """Record a tag."""
+        return f"rec {tag}"
+
+    def agent() -> Agent:
+        return Agent(
+            FunctionModel(reply),
+            tools=[rec],
+            store=SQLiteStore(tmp_path / "r.db"),
+            budget=Budget(max_steps=2),
+        )
+
+    first = agent()
+    task = asyncio.create_task(first.run("go", run_id="r"))
+    await asyncio.wait_for(waiting.wait(), 10)
+    assert first.interrupt("r")
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    again = agent()
+    result = await again.resume("r")
+    assert result.output == "best effort"
+    assert sum(m.kind == "final_prompt" for m in result.state.messages) == 1
+    final_request = again.model.requests[-1]  # type: ignore[attr-defined]
+    assert [m.role for m in final_request.messages] == ["system", "user", "user"]

@@ -1307,6 +1307,8 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
     )
     if run.output is not None and run.output.rule:
         prompt = f"{prompt}\n{run.output.rule}"
+    if state.messages and state.messages[-1].kind == "final_prompt":
+        state.messages.pop()  # the prompt of a final call interrupted (then resumed): asked once, anew
     state.messages.append(Message.user(prompt, kind="final_prompt", step=state.step))
     try:
         request = build_request(run, final=True)
