@@ -348,9 +348,46 @@ async def test_invalid_arguments_and_timeouts_fail_the_task_outside_a_run() -> N
     assert result.failed == "s" and result.results["s"].error_kind == "timeout"
     assert "timed out after 0.05 s" in (result.error or "")
 
-    bad = Plan([Task("w", "weather", {"city": "Paris"}), Task("r", "report", {"text": "${w}"}, ["w"])])
-    result = await execute_plan(bad, TOOLS)  # the dict result is not a valid `text` string
+    bad = Plan(
+        [Task("w", "weather", {"city": "Paris"}), Task("r", "report", {"text": "x", "total": "${w}"}, ["w"])]
+    )
+    result = await execute_plan(bad, TOOLS)  # the dict result is not a valid `total` integer
     assert result.failed == "r" and result.results["r"].error_kind == "invalid_arguments"
+
+
+async def test_a_whole_reference_in_a_text_argument_is_the_result_as_the_tool_wrote_it() -> None:
+    # A text id `12345` was read as the number 12345, which a string parameter refused; a JSON result
+    # (an object) was refused too. In a longer text, `1.10` became `1.1` and `1e3` became `1000.0`.
+    @tool
+    def lookup(name: str) -> str:
+        """Look a value up."""
+        return {"order": "12345", "version": "1.10", "sci": "1e3"}[name]
+
+    @tool
+    def echo(text: str) -> str:
+        """Echo a text."""
+        return text
+
+    @tool
+    def double(n: int) -> int:
+        """Double a number."""
+        return 2 * n
+
+    plan = Plan([
+        Task("a", "lookup", {"name": "order"}),
+        Task("v", "lookup", {"name": "version"}),
+        Task("s", "lookup", {"name": "sci"}),
+        Task("w", "weather", {"city": "Paris"}),
+        Task("b", "echo", {"text": "${a}"}, depends_on=["a"]),
+        Task("c", "echo", {"text": "version ${v}, count ${s}"}, depends_on=["v", "s"]),
+        Task("d", "double", {"n": "${a}"}, depends_on=["a"]),  # a number where a number is wanted
+        Task("r", "report", {"text": "${w}"}, ["w"]),
+    ])  # fmt: skip
+    result = await execute_plan(plan, [lookup, echo, double, *TOOLS])
+    assert result.ok, result.error
+    outputs = {task: result.results[task].output for task in "bcdr"}
+    assert outputs["b"] == "12345" and outputs["c"] == "version 1.10, count 1e3" and outputs["d"] == "24690"
+    assert json.loads(result.results["w"].output)["city"] == "Paris" and "Paris" in outputs["r"]
 
 
 async def test_output_is_truncated_like_any_tool_output() -> None:
@@ -1120,3 +1157,21 @@ def test_references_are_checked_against_the_real_ancestors(plan: Plan) -> None:
     assert shown == expected[:20] + (
         [f"… and {len(expected) - 20} more problems"] if len(expected) > 20 else []
     )
+
+
+_ONE_TASK = '{"tasks": [{"id": "a", "tool": "echo", "args": {"text": "hi"}}]}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"No dependencies ([]) are needed. Plan: {_ONE_TASK}",  # was an empty plan, which "succeeded"
+        f"Step [1] of my answer. Here is the plan:\n{_ONE_TASK}\nDone.",
+        f'I will use ["echo"]: {_ONE_TASK}',
+        '{"goal": "say hi", "reasoning": "simple", ' + _ONE_TASK[1:],  # commentary beside the tasks
+        '{"plan": ' + _ONE_TASK + "}",  # the plan wrapped
+    ],
+)
+def test_the_plan_is_found_in_prose_that_holds_other_json(text: str) -> None:
+    plan = parse_plan(text)
+    assert [(t.id, t.tool, t.args) for t in plan.tasks] == [("a", "echo", {"text": "hi"})]

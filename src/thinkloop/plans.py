@@ -441,9 +441,12 @@ def parse_plan(text: str | Mapping[str, Any] | Sequence[Any]) -> Plan:
     data: Any = _plan_json(text) if isinstance(text, str) else text
     if isinstance(data, list):
         data = {"tasks": data}
+    if isinstance(data, Mapping) and "tasks" not in data and isinstance(data.get("plan"), Mapping):
+        data = data["plan"]  # {"plan": {"tasks": [...]}}
     if not isinstance(data, Mapping) or not isinstance(data.get("tasks"), list):
         raise PlanError(f"a plan is a JSON object with a 'tasks' list: {_PLAN_SHAPE}")
-    data = {**data, "tasks": [_as_written(t) if isinstance(t, Mapping) else t for t in data["tasks"]]}
+    data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.lower() in _COMMENTARY)}
+    data["tasks"] = [_as_written(t) if isinstance(t, Mapping) else t for t in data["tasks"]]
     try:
         return Plan.model_validate(dict(data))
     except ValidationError as exc:
@@ -546,9 +549,20 @@ def _first_json_in(text: str) -> Any:
             raise PlanError(f"the plan is nested too deeply to read; write it as {_PLAN_SHAPE}") from None
         except ValueError:
             continue
-        if isinstance(value, list) or (isinstance(value, dict) and "tasks" in value):
+        if _looks_like_plan(value):
             return value
     return None
+
+
+def _looks_like_plan(value: Any) -> bool:
+    """A plan's JSON: an object with a `tasks` list (perhaps under `plan`), or a list of task objects — not
+    any list the prose around a plan holds (`no dependencies ([])` read as an empty plan, which "ran")."""
+    if isinstance(value, dict):
+        inner = value.get("plan")
+        return isinstance(value.get("tasks"), list) or (
+            isinstance(inner, dict) and isinstance(inner.get("tasks"), list)
+        )
+    return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
 
 
 def _explain(exc: ValidationError) -> str:
@@ -617,8 +631,10 @@ def _malformed_references(value: Any) -> list[str]:
     return []
 
 
-def resolve(value: Any, results: Mapping[str, TaskResult]) -> Any:
-    """`value` with every reference replaced by the referred result (see the module docs).
+def resolve(value: Any, results: Mapping[str, TaskResult], *, text_args: Iterable[str] = ()) -> Any:
+    """`value` with every reference replaced by the referred result (see the module docs). The arguments
+    named in `text_args` (a tool's parameters of type string) take a whole-value reference as text: a
+    result `12345` (an order id) is `"12345"` there, not the number, which a string parameter refuses.
 
     Raises:
         PlanError: a reference to a missing result or field.
@@ -626,15 +642,17 @@ def resolve(value: Any, results: Mapping[str, TaskResult]) -> Any:
     if isinstance(value, str):
         return _resolve_string(value, results)
     if isinstance(value, Mapping):
-        return {k: resolve(v, results) for k, v in value.items()}
+        texts = frozenset(text_args)
+        return {k: _resolve_string(v, results, as_text=True) if k in texts and isinstance(v, str)
+                else resolve(v, results) for k, v in value.items()}  # fmt: skip
     if isinstance(value, list | tuple):
         return [resolve(v, results) for v in value]
     return value
 
 
-def _resolve_string(text: str, results: Mapping[str, TaskResult]) -> Any:
+def _resolve_string(text: str, results: Mapping[str, TaskResult], *, as_text: bool = False) -> Any:
     whole = _REF_RE.fullmatch(text)
-    if whole and not whole.group(1):
+    if whole and not whole.group(1) and not as_text:
         return _lookup(whole, results)
 
     def replace(match: re.Match[str]) -> str:
@@ -642,9 +660,27 @@ def _resolve_string(text: str, results: Mapping[str, TaskResult]) -> Any:
         if match.group(1) or reference is None:
             return match.group(0)[1:] if match.group(1) else match.group(0)  # "$${…}" → "${…}"
         found = _lookup(reference, results)
-        return found if isinstance(found, str) else json.dumps(found, ensure_ascii=False)
+        if isinstance(found, str):
+            return found
+        if not reference.group(3).strip(
+            "."
+        ):  # a whole result in text: as the tool wrote it ("1.10", not 1.1)
+            return results[reference.group(2)].output.strip()
+        return json.dumps(found, ensure_ascii=False)
 
     return _ANY_REF_RE.sub(replace, text)
+
+
+def _text_parameters(tool: Tool | None) -> list[str]:
+    """The parameters of `tool` whose schema type is string (only): they take references as text."""
+    properties = tool.parameters.get("properties") if tool is not None else None
+    if not isinstance(properties, Mapping):
+        return []
+    return [
+        name
+        for name, schema in properties.items()
+        if isinstance(schema, Mapping) and schema.get("type") == "string"
+    ]
 
 
 def _lookup(match: re.Match[str], results: Mapping[str, TaskResult]) -> Any:
@@ -911,7 +947,7 @@ class _Runner:
         if self.stopped is not None:
             return None
         try:
-            arguments = resolve(task.args, results)
+            arguments = resolve(task.args, results, text_args=_text_parameters(self.tools.get(task.tool)))
         except PlanError as exc:
             self._started(task, dict(task.args), level)
             outcome = TaskResult(task.id, task.tool, f"Error: {exc}", False, error_kind="invalid_arguments")
