@@ -1266,3 +1266,22 @@ async def test_a_misconfigured_member_after_failures_says_what_failed_before_it(
     with pytest.raises(ConfigurationError) as info:
         await alone.request(REQUEST)
     assert str(info.value) == "the local model needs llama-cpp-python: pip install 'thinkloop[local]'"
+
+
+@pytest.mark.parametrize("reply", [None, "a plain string", {"text": "a dict"}])
+async def test_a_member_answering_something_other_than_a_response_is_fallen_back_from(reply: Any) -> None:
+    # The router passed it on as a success (closing the member's breaker) and crashed reading it.
+    from thinkloop.models._base import Model, ModelCapabilities
+
+    class Broken(Model):
+        provider = "custom"
+        name = "broken"
+        capabilities = ModelCapabilities(tools=True, streaming=False)
+
+        async def request(self, request: ModelRequest) -> Any:
+            return reply
+
+    router = RouterModel([Broken(), ScriptedModel(["good answer"], name="good")], retries=0, jitter=False)
+    result = await Agent(router).run("hi")
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "good answer")
+    assert router.breakers[0].failures == 1

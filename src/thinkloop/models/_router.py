@@ -462,6 +462,16 @@ class RouterModel(Model):
             except BaseException:
                 plan.release()
                 raise
+            if not isinstance(response, ModelResponse) or type(response.text) is not str:
+                what = type(response.text if isinstance(response, ModelResponse) else response).__name__
+                await plan.failed(
+                    member,
+                    ModelError(
+                        f"the model returned a {what}, not a ModelResponse with text",
+                        provider=member.provider,
+                    ),
+                )
+                continue  # a member of the user's making answered nonsense: its failure, fallen back from
             return plan.succeeded(response, member, request)
         raise plan.exhausted()
 
