@@ -1610,3 +1610,34 @@ def test_arithmetic_across_units_is_not_put_right_as_if_the_units_were_one() -> 
         "How long is the workshop without its break on monday?"
     )
     assert result.output == "45 min"
+
+
+async def test_the_forced_final_call_stays_within_the_context_budget() -> None:
+    # Its request was the task, the remembered turns of the session and the final prompt, unchecked: 20
+    # remembered turns made a 5,400-token request for a 2,000-token window (and the model refused it).
+    from thinkloop._tokens import estimate_message
+
+    @tool
+    def fetch(n: int) -> str:
+        """Fetch a record."""
+        return f"r{n} " + "y" * 3000
+
+    looping = [False]
+
+    def reply(request: ModelRequest) -> Reply:
+        if not request.tools and any(m.kind == "final_prompt" for m in request.messages):
+            return "forced answer"
+        if looping[0]:
+            return call("fetch", n=request.turn)
+        return "answer " + "z" * 3000  # long answers, kept in the session's memory
+
+    model = FunctionModel(reply)
+    agent = Agent(model, tools=[fetch], max_context_tokens=2000, budget=Budget(max_steps=3))
+    for index in range(6):
+        await agent.run(f"question {index}", session="s1")
+    looping[0] = True
+    result = await agent.run("the last question", session="s1")
+    assert result.stop_reason is StopReason.MAX_STEPS and result.output == "forced answer"
+    final = model.requests[-1]
+    assert final.messages[-1].kind == "final_prompt" and any(m.kind == "task" for m in final.messages)
+    assert sum(estimate_message(m) for m in final.messages) <= 2000

@@ -69,7 +69,8 @@ from ._messages import (
 from ._output import OutputSpec
 from ._prompt import final_answer_prompt, system_prompt
 from ._state import LedgerEntry, Mode, RunState, StopReason, new_ledger_entry, record_list
-from ._tools import ToolRegistry
+from ._tokens import estimate_message
+from ._tools import ToolRegistry, truncate_output
 from .models._base import estimated_usage
 
 if TYPE_CHECKING:
@@ -431,13 +432,37 @@ async def think(run: RunContext) -> Reply:
     return reply
 
 
+def _final_within_budget(run: RunContext, messages: list[Message]) -> list[Message]:
+    """The final-answer request's messages within the run's context budget: remembered turns of the
+    session dropped oldest first, then the final prompt (its tool results) cut, head and tail kept. It
+    bypassed the context manager: 20 remembered turns made a 5,400-token request for a 2,000-token window."""
+    context = run.context
+    budget = int(context.budget / max(context.scale, 0.5))
+    total = sum(estimate_message(m) for m in messages)
+    if total <= budget:
+        return messages
+    kept = list(messages)
+    for message in messages:
+        if total <= budget:
+            break
+        if message.kind == "memory":
+            kept.remove(message)
+            total -= estimate_message(message)
+    last = kept[-1]
+    if total > budget and last.kind == "final_prompt":
+        room = max((budget - (total - estimate_message(last))) * 3, 600)  # characters: ~3 a token
+        content, _ = truncate_output(last.content, room)
+        kept[-1] = last.model_copy(update={"content": content})
+    return kept
+
+
 def build_request(run: RunContext, *, final: bool = False) -> ModelRequest:
     """The model request of this step: the context view, plus tools (native) or the ReAct format."""
     state, react = run.state, run.state.mode == "react"
     if final:  # compact: the task, then the final prompt listing what the tools returned (see finish_forced)
         messages = [m for m in state.messages if m.kind in ("memory", "task") or m.kind == "final_prompt"]
         return ModelRequest(
-            messages=[run.shown("native")[0], *messages[-40:]],
+            messages=_final_within_budget(run, [run.shown("native")[0], *messages[-40:]]),
             settings=run.config.settings,
             run_id=state.run_id,
             turn=state.usage.requests,
