@@ -1641,3 +1641,24 @@ async def test_the_forced_final_call_stays_within_the_context_budget() -> None:
     final = model.requests[-1]
     assert final.messages[-1].kind == "final_prompt" and any(m.kind == "task" for m in final.messages)
     assert sum(estimate_message(m) for m in final.messages) <= 2000
+
+
+async def test_a_hung_summarizer_does_not_outlast_the_run_s_time_limit() -> None:
+    @tool
+    def read(n: int) -> str:
+        """Read a chunk."""
+        return f"chunk {n}: " + "lorem ipsum " * 300
+
+    async def summarizer(messages: Any, previous: str) -> str:
+        await asyncio.sleep(3600)  # a hung summary model: the run hung with it
+        return "summary"
+
+    def reply(request: ModelRequest) -> Reply:
+        return "done" if request.turn > 10 else call("read", n=request.turn)
+
+    agent = Agent(
+        FunctionModel(reply), tools=[read], max_context_tokens=3000, summarizer=summarizer,
+        budget=Budget(max_steps=30, timeout=1.0),
+    )  # fmt: skip
+    result = await asyncio.wait_for(agent.run("Read everything."), 30)
+    assert result.stop_reason is StopReason.TIMEOUT

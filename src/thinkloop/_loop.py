@@ -414,8 +414,9 @@ async def think(run: RunContext) -> Reply:
         run.emit(Progress(step=state.step, max_steps=run.config.budget.max_steps, usage=state.usage.copy()))
     else:
         state.event_version += 1  # `run.skip_event()`, inlined: the hot path
-    if run.context.summarizer is not None:
-        await run.context.prepare(state)  # a model-written summary of dropped steps
+    if run.context.summarizer is not None:  # a model-written summary of dropped steps, within the deadline
+        deadline = None if run.config.budget.timeout is None else run.deadline
+        await _within(run, deadline, run.context.prepare(state))
     while True:
         request = build_request(run)
         try:
