@@ -24,6 +24,7 @@ from thinkloop.safety import (
     SafetyController,
     SafetyPolicy,
     ShellCommandRisk,
+    approval_key,
     command_risk,
 )
 from thinkloop.stores import SQLiteStore
@@ -298,3 +299,99 @@ async def test_a_resumed_run_still_knows_what_it_downloaded(url: str, work: Path
     assert not (work / "ran.txt").exists()
     assert decisions(result) == [(MEDIUM, "auto"), (CRITICAL, "blocked")]
     assert f"'curl -so x.sh {url}'" in result.state.approvals[-1].reason
+
+
+# ------------------------------------------------------------------------------ approve always, per host
+
+RESTART = "systemctl restart postgresql"
+
+
+def ssh_recorder(ran: list[tuple[str, str]]) -> Tool:
+    """An `ssh_execute` tool (a host and a command) recording what it ran where."""
+
+    async def execute(host: str, command: str) -> str:
+        ran.append((host, command))
+        return "ok"
+
+    schema = {
+        "type": "object",
+        "properties": {"host": {"type": "string"}, "command": {"type": "string"}},
+        "required": ["host", "command"],
+    }
+    return Tool("ssh_execute", "Run a command on a host.", schema, execute, risk=command_risk)
+
+
+async def test_approving_a_command_always_on_one_host_does_not_approve_it_on_another() -> None:
+    ran: list[tuple[str, str]] = []
+    approver = Approver(ApprovalDecision.approve_always(), ApprovalDecision.deny("not on the database"))
+    result = await run(
+        Path("."),
+        [
+            shell(RESTART, tool="ssh_execute", host="staging"),
+            shell(RESTART, tool="ssh_execute", host="staging"),
+            shell(RESTART, tool="ssh_execute", host="prod-db"),
+        ],
+        SafetyController(approval=approver),
+        tool=ssh_recorder(ran),
+    )
+    assert [r.arguments["host"] for r in approver.requests] == ["staging", "prod-db"]
+    assert decisions(result) == [(HIGH, "approved_always"), (HIGH, "approved_always"), (HIGH, "denied")]
+    assert ran == [("staging", RESTART)] * 2
+    assert result.state.approved_tools == [f'ssh_execute{{"host":"staging"}}:{RESTART}']
+
+
+def test_the_approval_key_holds_the_other_arguments_and_keeps_the_keys_of_one_argument() -> None:
+    command = "systemctl restart nginx"
+    assert approval_key("shell", f" {command} ") == approval_key("shell", command, {}) == f"shell:{command}"
+    assert approval_key("deploy", None, {"target": "a"}) == "deploy"
+    staging = approval_key("ssh_execute", command, {"host": "staging"})
+    assert staging == 'ssh_execute{"host":"staging"}:systemctl restart nginx'
+    assert staging != approval_key("ssh_execute", command, {"host": "prod-db"})
+    assert approval_key("ssh_execute", command, {"host": "a", "port": 22}) == approval_key(
+        "ssh_execute", command, {"port": 22, "host": "a"}
+    )
+    # a key kept from before (the tool and the command) matches no call with other arguments
+    assert f"ssh_execute:{command}" not in (staging, approval_key("ssh_execute", command, {"host": ""}))
+    # a command cannot pass for other arguments
+    assert approval_key("ssh_execute", "x", {"host": "a"}) != approval_key("ssh_execute", '{"host":"a"}:x')
+
+
+async def test_an_approve_always_key_saved_without_the_host_approves_no_call(tmp_path: Path) -> None:
+    """A run saved with a key of the tool and the command only (`ssh_execute:CMD`, as kept before the host
+    was part of it) resumes asking about that command: the old key must not approve it on any host."""
+    thinking = asyncio.Event()
+    ran: list[tuple[str, str]] = []
+    script = [
+        shell("uptime", tool="ssh_execute", host="prod-db"),
+        shell(RESTART, tool="ssh_execute", host="prod-db"),
+        "done",
+    ]
+    db = tmp_path / "runs.db"
+    first = Agent(
+        SlowSecondTurn(thinking, script, by_turn=True),
+        tools=[ssh_recorder(ran)],
+        store=SQLiteStore(db),
+        safety=SafetyController(),
+    )
+    task = asyncio.create_task(first.run("restart the database", run_id="r"))
+    await asyncio.wait_for(thinking.wait(), 10)
+    assert first.interrupt("r") == ["r"]
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    store = SQLiteStore(db)
+    saved = await store.load_state("r")
+    assert saved is not None and not saved.finished
+    saved.approved_tools = [f"ssh_execute:{RESTART}"]
+    await store.checkpoint(saved, [])
+    approver = Approver(ApprovalDecision.deny())
+    second = Agent(
+        ScriptedModel(script, by_turn=True),
+        tools=[ssh_recorder(ran)],
+        store=store,
+        safety=SafetyController(approval=approver),
+    )
+    result = await second.resume("r")
+    assert [r.command for r in approver.requests] == [RESTART]
+    assert decisions(result) == [(LOW, "auto"), (HIGH, "denied")]
+    assert ran == [("prod-db", "uptime")]

@@ -11,6 +11,8 @@ Across the simple commands of a line, the files each one writes are remembered (
 literal text), so running one later is rated like piping it into the shell; endless loops that start a
 background job on every pass are fork bombs; `find -exec`/`xargs` over a whole tree are recursive.
 Given the run's earlier commands (`earlier=`), running a file one of them downloaded is rated the same way.
+Options, settings and variables through which a command runs another one or writes a file (`sed 'e CMD'`,
+`git -c core.pager=CMD`, `PAGER=CMD man`, `sort -o FILE`) are rated like running it or writing the file.
 
 The classifier is conservative by design: unknown binaries are MEDIUM, input that cannot be parsed
 is at least HIGH (`parsed=False`), and obfuscation that hides what will run is HIGH or CRITICAL.
@@ -574,6 +576,25 @@ def _parse_one_option(arg: str, args: list[str], index: int, takes: frozenset[st
             return index
         opts.flags.append((flag, None))
     return index
+
+
+def _gnu_long(arg: str, longs: Iterable[str]) -> str:
+    """`arg` with a long option abbreviated as GNU getopt allows spelled out (`--out=F` is `--output=F`
+    when no other of `longs` starts with `--out`). `longs` may be only some of a tool's options: a prefix
+    that is ambiguous among all of them is refused by the tool, so reading it as one of them only errs
+    towards a higher rating."""
+    name, eq, value = arg.partition("=")
+    if len(name) < 3 or not name.startswith("--") or name in longs:
+        return arg
+    matches = [option for option in longs if option.startswith(name)]
+    return matches[0] + eq + value if len(matches) == 1 else arg
+
+
+def _gnu_opts(args: list[str], longs: Iterable[str], with_arg: Iterable[str] = ()) -> _Opts:
+    """`_parse_opts` of a GNU tool's arguments, its abbreviated long options spelled out (`_gnu_long`)."""
+    end = args.index("--") if "--" in args else len(args)
+    longs = tuple(longs)
+    return _parse_opts([_gnu_long(arg, longs) for arg in args[:end]] + args[end:], with_arg)
 
 
 @dataclass
@@ -1341,13 +1362,391 @@ def _h_find(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     return findings
 
 
+# ---------------------------------------------------------------------------- sed scripts
+# Without -i, sed only prints — unless its script runs commands (`e CMD`, `e` alone runs each line it
+# reads, `s/RE/REPL/e` runs the edited line) or writes files (`w FILE`, `W FILE`, `s///w FILE`). The
+# script is read as GNU sed reads it (addresses, blocks, text of a/i/c, labels, file names to the end of
+# the line), so that `e` inside a replacement or a file name is not taken for a command.
+
+_SED_LONG = (
+    "--expression", "--file", "--in-place", "--line-length", "--sandbox", "--quiet", "--silent", "--debug",
+    "--follow-symlinks", "--posix", "--regexp-extended", "--separate", "--unbuffered", "--null-data",
+    "--zero-terminated", "--binary", "--help", "--version",
+)  # fmt: skip
+_SED_SIMPLE = frozenset("=dDgGhHnNpPxzF")  # commands without an argument
+_SED_FLAGS = frozenset("gpiImM0123456789")  # flags of `s` besides `e` and `w FILE`
+_SED_REF_RE = re.compile(r"\\.|&", re.S)
+_SED_WHOLE_RE = re.compile(r"\^?\.\*\$?")  # a regular expression matching the whole line
+_SHELL_VALUE_RE = re.compile(  # what the shell replaces: `${…}`, `$NAME`, `$1`, a substitution
+    r"\$\{[^}]*\}|\$[A-Za-z_][A-Za-z0-9_]*|\$[0-9@*#?$!-]|" + _SUB_OPEN + r"\d+" + _SUB_CLOSE
+)
+
+
+@dataclass
+class _SedArgs:
+    """A sed command line: its script (the `-e` scripts, or the first operand), its script files (`-f`),
+    its input files, and whether it edits them in place or runs sandboxed (`--sandbox`: no e/r/w)."""
+
+    script: str | None
+    files: list[str]
+    inputs: list[str]
+    in_place: bool
+    sandbox: bool
+
+
+def _sed_option(arg: str, args: list[str], index: int) -> tuple[str, str, int]:
+    """The sed option `arg` as one name (`-e` for `--expression`, `-ne`, `-e…`), its value ("" if none),
+    and where the arguments go on (after the value when it is the next one)."""
+    following = args[index] if index < len(args) else ""
+    if arg.startswith("--"):
+        name, eq, value = _gnu_long(arg, _SED_LONG).partition("=")
+        name = {"--expression": "-e", "--file": "-f", "--in-place": "-i", "--line-length": "-l"}.get(
+            name, name
+        )
+        if name in ("-e", "-f", "-l") and not eq:
+            return name, following, index + 1
+        return name, value, index
+    for pos, letter in enumerate(arg[1:], start=1):
+        if letter == "i":  # `-i[SUFFIX]`: the rest is the suffix (`-ie` is -i with the suffix 'e')
+            return "-i", "", index
+        if letter in "efl":  # their value is the rest of the word, or the next one
+            value = arg[pos + 1 :]
+            return ("-" + letter, value, index) if value else ("-" + letter, following, index + 1)
+    return arg, "", index
+
+
+def _sed_args(args: list[str]) -> _SedArgs:
+    scripts: list[str] = []
+    parsed = _SedArgs(None, [], [], in_place=False, sandbox=False)
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        if arg == "--":
+            parsed.inputs += args[index:]
+            break
+        if not arg.startswith("-") or arg == "-":
+            parsed.inputs.append(arg)
+            continue
+        name, value, index = _sed_option(arg, args, index)
+        if name == "-e":
+            scripts.append(value)
+        elif name == "-f":
+            parsed.files.append(value)
+        parsed.in_place = parsed.in_place or name == "-i"
+        parsed.sandbox = parsed.sandbox or name == "--sandbox"
+    if not scripts and not parsed.files and parsed.inputs:
+        scripts.append(parsed.inputs.pop(0))
+    if scripts:  # joined as sed joins them: `-e 'a\' -e TEXT` is one command
+        parsed.script = "\n".join(scripts)
+    return parsed
+
+
+@dataclass
+class _SedActs:
+    """What a sed script does besides editing text."""
+
+    runs: list[str | None] = field(default_factory=list)  # `e CMD`; None for `e` alone (runs each line)
+    substitutions: list[tuple[str, str]] = field(default_factory=list)  # `s/RE/REPL/e`: (RE, REPL)
+    writes: list[str] = field(default_factory=list)  # `w FILE`, `W FILE`, `s///w FILE`
+
+
+class _SedParser:
+    """Reads a sed script for the commands it runs and the files it writes (`_SedActs`); raises
+    `_ParseError` for what it cannot read. Lenient where sed is strict (a command not followed by a
+    separator is read on), so what it finds is never less than what sed would run."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+        self.acts = _SedActs()
+
+    def parse(self) -> _SedActs:
+        while True:
+            self._skip(" \t\n;}")
+            if self.pos >= len(self.text):
+                return self.acts
+            if self._peek() == "#":
+                self._line()
+                continue
+            self._addresses()
+            self._command()
+
+    def _peek(self) -> str:
+        return self.text[self.pos] if self.pos < len(self.text) else "\0"
+
+    def _next(self) -> str:
+        if self.pos >= len(self.text):
+            raise _ParseError("sed script ends where a command or a delimiter was expected")
+        self.pos += 1
+        return self.text[self.pos - 1]
+
+    def _skip(self, chars: str) -> None:
+        while self.pos < len(self.text) and self.text[self.pos] in chars:
+            self.pos += 1
+
+    def _digits(self) -> None:
+        while self._peek().isdigit():
+            self.pos += 1
+
+    def _line(self) -> str:
+        """The rest of the line (a file name, the command of `e`), after the blanks it starts with."""
+        self._skip(" \t")
+        end = self.text.find("\n", self.pos)
+        end = len(self.text) if end < 0 else end
+        line, self.pos = self.text[self.pos : end], end + 1
+        return line
+
+    def _label(self) -> None:
+        self._skip(" \t")
+        while self.pos < len(self.text) and self.text[self.pos] not in " \t\n;}":
+            self.pos += 1
+
+    def _addresses(self) -> None:
+        if self._address():
+            self._skip(" \t")
+            if self._peek() == ",":
+                self.pos += 1
+                self._skip(" \t")
+                if self._peek() in ("+", "~"):
+                    self.pos += 1
+                    self._digits()
+                elif not self._address():
+                    raise _ParseError("sed address range without its end")
+        self._skip(" \t")
+        while self._peek() == "!":
+            self.pos += 1
+            self._skip(" \t")
+
+    def _address(self) -> bool:
+        char = self._peek()
+        if char.isdigit():
+            self._digits()
+            if self._peek() == "~":
+                self.pos += 1
+                self._digits()
+            return True
+        if char == "$":
+            self.pos += 1
+            return True
+        if char in ("/", "\\"):
+            self.pos += 1
+            self._part(self._next() if char == "\\" else "/", brackets=True)
+            while self._peek() in ("I", "M"):
+                self.pos += 1
+            return True
+        return False
+
+    def _part(self, delimiter: str, brackets: bool) -> str:
+        """A regular expression or a replacement, up to the (unescaped) delimiter; in a regular expression
+        a bracket expression may hold the delimiter (`s/[/]/x/`)."""
+        if delimiter in ("\n", "\\"):
+            raise _ParseError(f"{delimiter!r} cannot delimit a sed expression")
+        start = pos = self.pos
+        text = self.text
+        while pos < len(text):
+            char = text[pos]
+            if char == "\\":
+                pos += 2
+            elif char == delimiter:
+                self.pos = pos + 1
+                return text[start:pos]
+            elif char == "\n":
+                break
+            elif char == "[" and brackets:
+                pos = self._bracket(pos)
+            else:
+                pos += 1
+        raise _ParseError("unterminated sed expression")
+
+    def _bracket(self, pos: int) -> int:
+        """Where the bracket expression starting at `pos` ends (`[^]/[:alpha:]]`)."""
+        text = self.text
+        pos += 1
+        if text.startswith("^", pos):
+            pos += 1
+        if text.startswith("]", pos):
+            pos += 1
+        while pos < len(text) and text[pos] not in "]\n":
+            if text[pos] == "[" and text[pos + 1 : pos + 2] in (":", "=", "."):
+                end = text.find(text[pos + 1] + "]", pos + 2)
+                pos = len(text) if end < 0 else end + 2
+            else:
+                pos += 1
+        if not text.startswith("]", pos):
+            raise _ParseError("unterminated bracket expression in a sed expression")
+        return pos + 1
+
+    def _command(self) -> None:
+        char = self._next()
+        if char == "{" or char in _SED_SIMPLE:
+            return
+        if char in "aic":
+            self._text()
+        elif char in ":btTv":
+            self._label()
+        elif char in "rRwW":
+            name = self._line().strip()
+            if char in "wW":
+                self.acts.writes.append(name)
+        elif char == "e":
+            self.acts.runs.append(self._line().strip() or None)
+        elif char == "s":
+            self._substitute()
+        elif char == "y":
+            delimiter = self._next()
+            self._part(delimiter, brackets=False)
+            self._part(delimiter, brackets=False)
+        elif char in "lLqQ":
+            self._skip(" \t")
+            self._digits()
+        else:
+            raise _ParseError(f"unknown sed command {char!r}")
+
+    def _text(self) -> None:
+        """The text of a/i/c: to the end of the line (`a text`, `a\\` and the next line); a line ending
+        in a backslash goes on on the next one."""
+        self._skip(" \t")
+        if self._peek() == "\\":
+            self.pos += 1
+            if self._peek() == "\n":
+                self.pos += 1
+        while self.pos < len(self.text):
+            line = self._line()
+            if (len(line) - len(line.rstrip("\\"))) % 2 == 0:
+                return
+
+    def _substitute(self) -> None:
+        delimiter = self._next()
+        regex = self._part(delimiter, brackets=True)
+        replacement = self._part(delimiter, brackets=False)
+        runs = False
+        while self._peek() in _SED_FLAGS or self._peek() in ("e", "w", " ", "\t"):  # sed skips blanks
+            char = self._next()
+            if char == "w":
+                self.acts.writes.append(self._line().strip())
+                break
+            runs = runs or char == "e"
+        if runs:
+            self.acts.substitutions.append((regex, replacement))
+
+
+def _sed_replaced(regex: str, replacement: str) -> tuple[str, bool]:
+    """The command `s/regex/replacement/e` runs, as far as it is known, and whether all of it is: the
+    part of the line read (`&`, `\\1`) stands as $SED_INPUT, and with a regular expression matching less
+    than the whole line the rest of the line runs too."""
+    refers = False
+
+    def literal(match: re.Match[str]) -> str:
+        nonlocal refers
+        token = match[0]
+        if token == "&" or token[1].isdigit():
+            refers = True
+            return "$SED_INPUT"
+        if token[1] in "LUluE":  # case conversion
+            return ""
+        return "\n" if token[1] == "n" else token[1]
+
+    command = _SED_REF_RE.sub(literal, replacement)
+    return command, not refers and _SED_WHOLE_RE.fullmatch(regex) is not None
+
+
+def _sed_runs_input(cmd: _Cmd, ctx: _Ctx, inputs: list[str], label: str) -> list[Finding]:
+    """`e` alone or `s///e`: every line sed reads runs as a shell command — rated like `sh FILE` for
+    each file it reads, or like `… | sh` for what it is given to read."""
+    findings: list[Finding] = [(HIGH, f"{label}: runs the lines it reads as shell commands")]
+    for source in inputs or ["-"]:
+        if source not in ("-", "/dev/stdin"):
+            findings += _run_script(cmd, source, ctx, shell=True)
+        elif cmd.upstream or any(op in ("<", "<<", "<<<") for op, _ in cmd.redirs):
+            findings += _stdin_program(cmd, ctx, shell=True)
+    return findings
+
+
+def _sed_acts(script: str) -> _SedActs:
+    """What `script` does (`_SedParser`). The shell's `$` is sed's last line too (`'$d'`): a script that
+    cannot be read with its variables and substitutions as they are (`"${N}d"`, `"$(echo 1)e …"`) is
+    read with each of them standing for a line number."""
+    try:
+        return _SedParser(script).parse()
+    except _ParseError:
+        if not _is_dynamic(script):
+            raise
+        return _SedParser(_SHELL_VALUE_RE.sub("1", script)).parse()
+
+
+def _sed_script_findings(script: str, cmd: _Cmd, ctx: _Ctx, inputs: list[str], label: str) -> list[Finding]:
+    try:
+        acts = _sed_acts(script)
+    except _ParseError as exc:
+        return [(HIGH, f"could not parse the {label} script {_show(script)!r} ({exc}): it may run commands "
+                       "or write files")]  # fmt: skip
+    findings = [_write_finding(f"{label} w writes", target, ctx) for target in acts.writes]
+    for text in acts.runs:
+        if text is None:
+            findings += _sed_runs_input(cmd, ctx, inputs, f"{label} e")
+        else:
+            findings += _exec_text(text, ctx, f"{label} e command")
+    for regex, replacement in acts.substitutions:
+        command, whole = _sed_replaced(regex, replacement)
+        if command.strip():
+            findings += _exec_text(command, ctx, f"{label} s///e command")
+        if not whole:
+            findings += _sed_runs_input(cmd, ctx, inputs, f"{label} s///e")
+    return findings
+
+
+def _sed_script_file(path: str, cmd: _Cmd, ctx: _Ctx) -> tuple[str | None, list[Finding]]:
+    """The text of a `sed -f` script when this line wrote it or gives it on standard input (None when not
+    known), and findings for where it comes from."""
+    if path in ("-", "/dev/stdin"):
+        text = _input_text(cmd.redirs, ctx)
+        if text is None and cmd.upstream:
+            text = _literal_payload(cmd.upstream, ctx, cmd.piped_input)
+            kind = next((k for argv in cmd.upstream if (k := _stage_source(argv, ctx)) is not None), None)
+            if kind is not None:
+                return text, [(HIGH, f"sed -f -: runs a sed script of {kind} (it can run commands)")]
+        return text, []
+    written = _written(path, ctx)
+    if written is None:
+        return None, []
+    if written.source is not None:
+        return written.text, [(HIGH, f"sed -f '{_show(path)}': runs a sed script saved from {written.source} "
+                                     "(it can run commands)")]  # fmt: skip
+    return written.text, []
+
+
 def _h_sed(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
-    opts = _parse_opts(cmd.args, ("-e", "--expression", "-f", "--file", "-l", "--line-length"))
-    if not any(flag == "-i" or flag.startswith("--in-place") for flag, _ in opts.flags):
-        return [(LOW, "sed: prints edited text (no in-place edit)")]
-    has_script = opts.has("-e", "--expression", "-f", "--file")
-    files = opts.operands if has_script else opts.operands[1:]
-    return [_write_finding("sed -i on", f, ctx) for f in files] or [(MEDIUM, "sed -i: edits files in place")]
+    parsed = _sed_args(cmd.args)
+    findings: list[Finding] = [(LOW, "sed: prints edited text (no in-place edit)")]
+    if parsed.in_place:
+        findings = [_write_finding("sed -i on", f, ctx) for f in parsed.inputs] or [
+            (MEDIUM, "sed -i: edits files in place")
+        ]
+    if parsed.sandbox:  # sed refuses a script with e, r or w
+        return findings
+    if parsed.script is not None:
+        findings += _sed_script_findings(parsed.script, cmd, ctx, parsed.inputs, "sed")
+    for path in parsed.files:
+        text, found = _sed_script_file(path, cmd, ctx)
+        findings += found
+        if text is not None:
+            findings += _sed_script_findings(text, cmd, ctx, parsed.inputs, f"sed -f '{_show(path)}'")
+        else:
+            findings.append((MEDIUM, f"sed -f '{_show(path)}': runs a sed script file (it can run commands or "
+                                     "write files; not analysed)"))  # fmt: skip
+    return findings
+
+
+def _sed_writes(args: list[str]) -> list[str]:
+    """The files a sed command line's script writes (`w FILE`), for `_record_writes`."""
+    script = _sed_args(args).script
+    if script is None or "w" not in script.lower():
+        return []
+    try:
+        return _sed_acts(script).writes
+    except _ParseError:
+        return []
 
 
 _AWK_DANGER_RE = re.compile(r"\bsystem\s*\(|\|\s*getline|\|\s*\"|print[^;]*>\s*\"/")
@@ -1368,11 +1767,19 @@ def _h_awk(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     return findings
 
 
+_TAR_RUNS = ("-I", "--use-compress-program", "--to-command", "-F", "--info-script", "--new-volume-script",
+             "--rsh-command", "--checkpoint-action")  # fmt: skip  # options whose value is a command tar runs
+_TAR_LONG = ("--file", "--directory", "--exclude-from", "--extract", "--get", "--create", "--append", "--update",
+             "--checkpoint", *(option for option in _TAR_RUNS if option.startswith("--")))  # fmt: skip
+
+
 def _h_tar(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     args = list(cmd.args)
     if args and re.fullmatch(r"[A-Za-z]+", args[0]):
         args[0] = "-" + args[0]  # old-style `tar xzf`
-    opts = _parse_opts(args, ("-f", "--file", "-C", "--directory", "-T", "-X", "--exclude-from"))
+    opts = _gnu_opts(
+        args, _TAR_LONG, ("-f", "--file", "-C", "--directory", "-T", "-X", "--exclude-from", *_TAR_RUNS)
+    )
     letters = opts.letters()
     findings: list[Finding] = []
     if any(
@@ -1380,6 +1787,11 @@ def _h_tar(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
         for flag, _ in opts.flags
     ):
         findings.append((HIGH, f"{cmd.label()}: runs arbitrary commands through tar options"))
+    for flag, value in opts.flags:
+        if flag == "--checkpoint-action" and value is not None:
+            value = value[5:] if value.startswith("exec=") else None
+        if flag in _TAR_RUNS and value:
+            findings += _exec_text(value, ctx, f"tar {flag}")
     if "x" in letters or opts.has("--extract", "--get"):
         target = opts.value("-C", "--directory") or "."
         level, what = _write_risk(target, ctx)
@@ -1388,6 +1800,257 @@ def _h_tar(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
         archive = opts.value("-f", "--file")
         findings.append(_write_finding("tar archive", archive, ctx) if archive else (LOW, "tar to stdout"))
     return findings or [(LOW, "tar: lists an archive")]
+
+
+# ---------------------------------------------------------------------------- options that write or run
+# A tool that reads (`sort`, `uniq`, `man` …) can write a file through an option or an operand (`sort -o
+# FILE`, `uniq IN OUT`) or run a program (`man -P CMD`, `sort --compress-program=PROG`): that is rated
+# like writing the file (`cp x FILE`, `> FILE`) or running the program.
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """How a tool writes files or runs programs through its options or operands."""
+
+    longs: tuple[str, ...] = ()  # its long options (so that GNU abbreviations are read as them)
+    with_arg: tuple[str, ...] = ()  # its options that take a value
+    writes: tuple[str, ...] = ()  # options naming a file it writes (`sort -o FILE`)
+    operand: int | None = None  # the operand naming the file it writes (`uniq IN OUT`)
+    runs: tuple[str, ...] = ()  # options naming a program it runs (`sdiff --diff-program=PROG A B`)
+    shell: tuple[str, ...] = ()  # options holding a command it gives a shell (`man -P CMD`)
+
+
+_OUTPUTS: dict[str, _Outputs] = {
+    "sort": _Outputs(
+        longs=("--ignore-leading-blanks", "--dictionary-order", "--ignore-case", "--general-numeric-sort",
+               "--ignore-nonprinting", "--month-sort", "--human-numeric-sort", "--numeric-sort", "--random-sort",
+               "--random-source", "--reverse", "--sort", "--version-sort", "--batch-size", "--check",
+               "--compress-program", "--debug", "--files0-from", "--key", "--merge", "--output", "--stable",
+               "--buffer-size", "--field-separator", "--temporary-directory", "--unique", "--parallel",
+               "--zero-terminated", "--help", "--version"),
+        with_arg=("-k", "--key", "-t", "--field-separator", "-o", "--output", "-S", "--buffer-size", "-T",
+                  "--temporary-directory", "--parallel", "--batch-size", "--compress-program", "--files0-from",
+                  "--random-source", "--sort"),
+        writes=("-o", "--output"),
+        runs=("--compress-program",),
+    ),
+    "shuf": _Outputs(
+        longs=("--echo", "--input-range", "--head-count", "--output", "--random-source", "--repeat",
+               "--zero-terminated", "--help", "--version"),
+        with_arg=("-i", "--input-range", "-n", "--head-count", "-o", "--output", "--random-source"),
+        writes=("-o", "--output"),
+    ),
+    "uniq": _Outputs(
+        longs=("--count", "--repeated", "--all-repeated", "--skip-fields", "--group", "--ignore-case",
+               "--skip-chars", "--unique", "--zero-terminated", "--check-chars", "--help", "--version"),
+        with_arg=("-f", "--skip-fields", "-s", "--skip-chars", "-w", "--check-chars"),
+        operand=1,
+    ),
+    "diff": _Outputs(longs=("--output",), with_arg=("--output",), writes=("--output",)),
+    "sdiff": _Outputs(
+        longs=("--output", "--ignore-case", "--ignore-tab-expansion", "--ignore-trailing-space",
+               "--ignore-space-change", "--ignore-all-space", "--ignore-blank-lines", "--ignore-matching-lines",
+               "--strip-trailing-cr", "--text", "--width", "--left-column", "--suppress-common-lines",
+               "--expand-tabs", "--tabsize", "--minimal", "--speed-large-files", "--diff-program", "--help",
+               "--version"),
+        with_arg=("-o", "--output", "-w", "--width", "-I", "--ignore-matching-lines", "--tabsize",
+                  "--diff-program"),
+        writes=("-o", "--output"),
+        runs=("--diff-program",),
+    ),
+    "iconv": _Outputs(
+        longs=("--from-code", "--to-code", "--list", "--output", "--silent", "--verbose", "--help", "--usage",
+               "--version"),
+        with_arg=("-f", "--from-code", "-t", "--to-code", "-o", "--output"),
+        writes=("-o", "--output"),
+    ),
+    "info": _Outputs(
+        longs=("--all", "--apropos", "--directory", "--dribble", "--file", "--help", "--index-search",
+               "--init-file", "--location", "--node", "--output", "--raw-escapes", "--restore", "--show-options",
+               "--speech-friendly", "--strict-node-location", "--subnodes", "--variable", "--version",
+               "--vi-keys"),
+        with_arg=("-d", "--directory", "-f", "--file", "-n", "--node", "-o", "--output", "-k", "--apropos",
+                  "--index-search", "--init-file", "--dribble", "--restore", "-v", "--variable"),
+        writes=("-o", "--output", "--dribble"),
+    ),
+    "tree": _Outputs(
+        with_arg=("-L", "-P", "-I", "-o", "-H", "-T", "--charset", "--filelimit", "--timefmt", "--sort"),
+        writes=("-o",),
+    ),
+    "less": _Outputs(
+        longs=("--log-file", "--LOG-FILE", "--lesskey-file", "--long-prompt", "--pattern", "--prompt", "--tag",
+               "--tag-file", "--tabs", "--shift", "--window"),
+        with_arg=("-o", "-O", "--log-file", "--LOG-FILE", "-b", "-h", "-j", "-k", "-p", "-P", "-t", "-T", "-x",
+                  "-y", "-z", "--lesskey-file", "--pattern", "--prompt", "--tag", "--tag-file", "--tabs",
+                  "--shift", "--window"),
+        writes=("-o", "-O", "--log-file", "--LOG-FILE"),
+    ),
+    "iptables-save": _Outputs(
+        with_arg=("-f", "--file", "-t", "--table", "-M", "--modprobe"),
+        writes=("-f", "--file"),
+        runs=("-M", "--modprobe"),
+    ),
+    "pv": _Outputs(
+        with_arg=("-o", "--output", "-L", "--rate-limit", "-s", "--size", "-i", "--interval", "-w", "--width",
+                  "-H", "--height", "-N", "--name", "-B", "--buffer-size", "-d", "--watchfd", "-R", "--remote",
+                  "-P", "--pidfile", "-F", "--format"),
+        writes=("-o", "--output", "-P", "--pidfile"),
+    ),
+    "atop": _Outputs(with_arg=("-w", "-r"), writes=("-w",)),
+    "dstat": _Outputs(with_arg=("--output",), writes=("--output",)),
+    "dmidecode": _Outputs(
+        with_arg=("-d", "--dev-mem", "-s", "--string", "-t", "--type", "-H", "--handle", "--dump-bin",
+                  "--from-dump"),
+        writes=("--dump-bin",),
+    ),
+    "rg": _Outputs(
+        with_arg=("-e", "--regexp", "-f", "--file", "-g", "--glob", "--iglob", "-t", "--type", "-T", "--type-not",
+                  "--type-add", "--type-clear", "-A", "--after-context", "-B", "--before-context", "-C",
+                  "--context", "-m", "--max-count", "-j", "--threads", "-M", "--max-columns", "-r", "--replace",
+                  "-E", "--encoding", "--pre", "--pre-glob", "-d", "--max-depth", "--max-filesize", "--color",
+                  "--colors", "--sort", "--sortr", "--path-separator", "--context-separator", "--ignore-file",
+                  "--engine", "--hostname-bin", "--hyperlink-format"),
+        runs=("--pre", "--hostname-bin"),
+    ),
+    "man": _Outputs(
+        longs=("--config-file", "--debug", "--default", "--warnings", "--whatis", "--apropos",
+               "--global-apropos", "--local-file", "--where", "--path", "--location", "--where-cat",
+               "--location-cat", "--catman", "--recode", "--locale", "--systems", "--manpath", "--sections",
+               "--extension", "--ignore-case", "--match-case", "--regex", "--wildcard", "--names-only", "--all",
+               "--update", "--no-subpages", "--pager", "--prompt", "--ascii", "--encoding", "--no-hyphenation",
+               "--no-justification", "--preprocessor", "--troff", "--troff-device", "--html", "--gxditview",
+               "--ditroff", "--help", "--usage", "--version"),
+        with_arg=("-C", "--config-file", "-R", "--recode", "-L", "--locale", "-m", "--systems", "-M",
+                  "--manpath", "-S", "-s", "--sections", "-e", "--extension", "-P", "--pager", "-r", "--prompt",
+                  "-E", "--encoding", "-p", "--preprocessor"),
+        shell=("-P", "--pager", "--html"),  # `--html=BROWSER` (`-HBROWSER`: `_h_man`)
+    ),
+}  # fmt: skip
+
+
+def _outputs_written(rule: _Outputs, opts: _Opts) -> list[str]:
+    written = [target for target in opts.values(*rule.writes) if target != "-"]
+    if rule.operand is not None and len(opts.operands) > rule.operand and opts.operands[rule.operand] != "-":
+        written.append(opts.operands[rule.operand])
+    return written
+
+
+def _h_outputs(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    rule = _OUTPUTS[cmd.name]
+    opts = _gnu_opts(cmd.args, rule.longs, rule.with_arg)
+    findings = [_static_finding(cmd)]
+    findings += [_write_finding(f"{cmd.name} writes", target, ctx) for target in _outputs_written(rule, opts)]
+    for program in opts.values(*rule.runs):  # given the operands (`sdiff --diff-program=rm a b`)
+        findings += _classify_argv([program, *opts.operands], cmd, ctx)
+    for code in opts.values(*rule.shell):
+        findings += _exec_text(code, ctx, f"{cmd.name} runs")
+    return findings
+
+
+def _h_man(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """man: `-P CMD`/`--pager=CMD` and `-HBROWSER`/`--html=BROWSER` are run by a shell."""
+    browsers = [arg[2:] for arg in cmd.args if arg.startswith("-H") and len(arg) > 2]
+    return _h_outputs(cmd, ctx) + [f for b in browsers for f in _exec_text(b, ctx, "man -H runs")]
+
+
+def _xxd_output(args: list[str]) -> str | None:
+    """The file `xxd [OPTIONS] [IN [OUT]]` writes: OUT. Its options are `-l 16`, `-len 16` or `-l16`."""
+    operands: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        if arg.startswith("-") and len(arg) > 1:
+            if arg[1] in "cglosnR" and (len(arg) == 2 or arg[2:].isalpha()):
+                index += 1  # the value is the next word
+            continue
+        operands.append(arg)
+    return operands[1] if len(operands) > 1 and operands[1] != "-" else None
+
+
+def _h_xxd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    target = _xxd_output(cmd.args)
+    return [_static_finding(cmd)] + ([_write_finding("xxd writes", target, ctx)] if target else [])
+
+
+_SPLIT_LONG = ("--suffix-length", "--additional-suffix", "--bytes", "--line-bytes", "--lines", "--number",
+               "--separator", "--filter", "--numeric-suffixes", "--hex-suffixes", "--elide-empty-files",
+               "--unbuffered", "--verbose", "--help", "--version")  # fmt: skip
+_SPLIT_WITH_ARG = ("-a", "--suffix-length", "--additional-suffix", "-b", "--bytes", "-C", "--line-bytes", "-l",
+                   "--lines", "-n", "--number", "-t", "--separator", "--filter")  # fmt: skip
+_CSPLIT_LONG = ("--suffix-format", "--prefix", "--keep-files", "--suppress-matched", "--digits", "--quiet",
+                "--silent", "--elide-empty-files", "--help", "--version")  # fmt: skip
+
+
+def _split_outputs(name: str, args: list[str]) -> tuple[list[str], list[str]]:
+    """The first file split/csplit writes (PREFIX + its first suffix: `split IN ~/.bashrc` writes
+    ~/.bashrcaa) and the commands `split --filter=CMD` gives its pieces to instead."""
+    if name == "split":
+        opts = _gnu_opts(args, _SPLIT_LONG, _SPLIT_WITH_ARG)
+        filters = opts.values("--filter")
+        prefix = opts.operands[1] if len(opts.operands) > 1 else "x"
+        return ([] if filters else [prefix + "aa"]), filters
+    opts = _gnu_opts(args, _CSPLIT_LONG, ("-b", "--suffix-format", "-f", "--prefix", "-n", "--digits"))
+    return [(opts.value("-f", "--prefix") or "xx") + "00"], []
+
+
+def _h_split(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    written, filters = _split_outputs(cmd.name, cmd.args)
+    findings = [_static_finding(cmd)] + [_write_finding(f"{cmd.name} writes", t, ctx) for t in written]
+    return findings + [f for code in filters for f in _exec_text(code, ctx, "split --filter")]
+
+
+_DC_SHELL_RE = re.compile(r"!(?![<>=])([^\n]*)")  # `!CMD` runs the rest of the line; `!<r` compares
+
+
+def _h_dc(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """dc runs the rest of a line after `!` as a shell command: in its -e programs, in a literal program
+    piped into it, and (not read) in program files or a downloaded program piped into it."""
+    opts = _gnu_opts(cmd.args, ("--expression", "--file", "--help", "--version"),
+                     ("-e", "--expression", "-f", "--file"))  # fmt: skip
+    programs = opts.values("-e", "--expression")
+    piped = _input_text(cmd.redirs, ctx)
+    if piped is None and cmd.upstream:
+        piped = _literal_payload(cmd.upstream, ctx, cmd.piped_input)
+    findings = [_static_finding(cmd)]
+    for program in [*programs, *([piped] if piped else [])]:
+        for match in _DC_SHELL_RE.finditer(program):
+            findings += _exec_text(match[1], ctx, "dc !") or [(LOW, "dc ! with an empty command")]
+    if opts.has("-f", "--file") or opts.operands:
+        findings.append((MEDIUM, f"{cmd.label()}: runs dc program files (their ! lines run shell commands)"))
+    kind = next((k for argv in cmd.upstream if (k := _stage_source(argv, ctx)) is not None), None)
+    if kind is not None:
+        findings.append((HIGH, f"pipes {kind} into dc: its ! lines run shell commands"))
+    return findings
+
+
+_YQ_IN_PLACE = frozenset({"-i", "--inplace", "--in-place"})
+
+
+def _h_yq(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """yq -i EXPRESSION FILE…: edits the files in place."""
+    if not _YQ_IN_PLACE & set(cmd.args):
+        return [_static_finding(cmd)]
+    words = [a for a in cmd.args if not a.startswith("-")]
+    if words[:1] and words[0] in ("e", "eval", "ea", "eval-all"):
+        words = words[1:]
+    files = words[1:] if not any(a.startswith(("--expression", "--from-file")) for a in cmd.args) else words
+    return [_write_finding("yq -i edits", f, ctx) for f in files] or [(MEDIUM, "yq -i: edits files in place")]
+
+
+def _output_files(argv: list[str]) -> list[str]:
+    """The files a command writes through its options or operands (`sort -o F`, `uniq IN OUT`, `sed 'w
+    F'`), for `_record_writes`."""
+    name, args = _normalize_name(argv[0]), argv[1:]
+    if name == "sed":
+        return _sed_writes(args)
+    if name in ("split", "csplit"):
+        return _split_outputs(name, args)[0]
+    if name == "xxd":
+        target = _xxd_output(args)
+        return [target] if target else []
+    rule = _OUTPUTS.get(name)
+    return _outputs_written(rule, _gnu_opts(args, rule.longs, rule.with_arg)) if rule is not None else []
 
 
 def _h_scp(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
@@ -1694,7 +2357,6 @@ _SUB_NOTES = {
     CRITICAL: "destroys data or infrastructure",
 }
 
-_GIT_WITH_ARG = ("-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env")
 _GIT = _levels(
     low="status log diff show blame describe rev-parse ls-files ls-remote ls-tree shortlog grep fetch "
     "cat-file rev-list whatchanged version help count-objects fsck check-ignore name-rev for-each-ref "
@@ -1727,11 +2389,201 @@ _GIT_DANGER: dict[str, tuple[frozenset[str], str]] = {
 }  # fmt: skip
 
 
+_GIT_WITH_ARG = ("-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env", "--super-prefix",
+                 "--attr-source", "--list-cmds")  # fmt: skip  # `--exec-path` takes its value only as `=DIR`
+# Settings whose value is a command git runs (through a shell, most of them): `git -c core.pager=CMD log`,
+# `git config core.fsmonitor CMD` (then every `git status` runs it), `alias.x='!CMD'`, `credential.helper`.
+_GIT_RUNS_RE = re.compile(
+    r"core\.(?:pager|editor|askpass|sshcommand|gitproxy|fsmonitor|alternaterefscommand)|sequence\.editor"
+    r"|diff\.external|interactive\.difffilter|imap\.tunnel|uploadpack\.packobjectshook|gpg\.(?:.+\.)?program"
+    r"|gpg\.ssh\.defaultkeycommand|pager\..+|credential\.(?:.+\.)?helper|submodule\..+\.update"
+    r"|(?:diff|merge|filter|difftool|mergetool|man|browser|guitool|trailer)\..+\."
+    r"(?:command|cmd|textconv|driver|clean|smudge|process|path)"
+    r"|remote\..+\.(?:uploadpack|receivepack)|sendemail\.(?:.+\.)?(?:sendmailcmd|smtpserver|tocmd|cccmd|headercmd)"
+)
+_GIT_BOOLEAN = frozenset({"", "true", "false", "yes", "no", "on", "off", "1", "0"})
+_GIT_CREDENTIAL_HELPERS = frozenset({"store", "cache", "osxkeychain", "manager", "manager-core", "libsecret",
+                                     "wincred", "gnome-keyring"})  # fmt: skip
+
+
+def _git_setting_findings(key: str, value: str, ctx: _Ctx, label: str) -> list[Finding]:
+    """A git setting (`git -c KEY=VALUE`, `git config KEY VALUE`) whose value is a command git runs, rated
+    like running it; a file of settings or a directory of hooks it loads is HIGH."""
+    name = key.strip().lower()
+    shown = f"{label} {key}={_show(value, 40)}"
+    if name == "include.path" or (name.startswith("includeif.") and name.endswith(".path")):
+        return [(HIGH, f"{shown}: loads git settings from that file (they can run commands)")]
+    if name == "core.hookspath":
+        if _path_kind(value, ctx)[0] == "null":
+            return [(LOW, f"{shown}: disables the repository's hooks")]
+        return [(HIGH, f"{shown}: runs the hooks in that directory")]
+    command = _git_setting_command(name, value)
+    if command is None:
+        return []
+    return _exec_text(command, ctx, shown) or [(LOW, f"{shown}: an empty command")]
+
+
+def _git_setting_command(name: str, value: str) -> str | None:
+    """The command git runs for the setting `name` (in lower case) = `value`; None if it runs none."""
+    if name.startswith("alias.") or (name.startswith("submodule.") and name.endswith(".update")):
+        # `!CMD` runs CMD; any other alias stands for git's commands (`_git_alias`), an update for a mode
+        return value.removeprefix("!") if value.startswith("!") or _is_dynamic(value) else None
+    if not _GIT_RUNS_RE.fullmatch(name):
+        return None
+    if name.startswith("pager.") or name == "core.fsmonitor":
+        return None if value.strip().lower() in _GIT_BOOLEAN else value
+    if name.endswith(".helper"):
+        helper = value.split(None, 1)[0] if value.strip() else ""
+        if value.startswith("!"):
+            return value[1:]
+        if not helper or helper in _GIT_CREDENTIAL_HELPERS:
+            return None
+        return value if "/" in helper else f"git-credential-{value}"
+    if name.startswith("sendemail.") and name.endswith("smtpserver"):
+        return value if value.startswith("/") else None  # a host name; a path is a program run as sendmail
+    return value
+
+
+def _git_settings(opts: _Opts) -> list[tuple[str, str]]:
+    """The settings of `git -c KEY=VALUE` (`-c KEY` alone is true) and `--config-env=KEY=VAR` ($VAR)."""
+    settings = [(k, v if eq else "true") for k, eq, v in (s.partition("=") for s in opts.values("-c"))]
+    return settings + [(k, "$" + v) for k, _, v in (s.partition("=") for s in opts.values("--config-env"))]
+
+
+# Options of git's commands that run a command (`git fetch --upload-pack=CMD`, `git rebase -x CMD`, `git
+# grep -OCMD`) or write a file (`git log --output=FILE`), by command; `*` are those of every command.
+_GIT_OPTIONS: dict[str, dict[str, str]] = {
+    "*": {"--upload-pack": "run", "--receive-pack": "run", "--exec": "run", "--output": "write",
+          "--sendmail-cmd": "run", "--to-cmd": "run", "--cc-cmd": "run", "--header-cmd": "run"},
+    "difftool": {"--extcmd": "run"},
+    "grep": {"--open-files-in-pager": "run"},
+    "format-patch": {"--output-directory": "write"},
+    "filter-branch": dict.fromkeys(
+        ("--env-filter", "--tree-filter", "--index-filter", "--parent-filter", "--msg-filter", "--commit-filter",
+         "--tag-name-filter"), "run"),
+}  # fmt: skip
+_GIT_SHORT: dict[str, dict[str, str]] = {  # the short options of those, and the letters taking another value
+    "clone": {"u": "--upload-pack", **dict.fromkeys("bocj", "")},
+    "rebase": {"x": "--exec", **dict.fromkeys("sXC", "")},
+    "difftool": {"x": "--extcmd", **dict.fromkeys("ty", "")},
+    "grep": {"O": "--open-files-in-pager", **dict.fromkeys("efABCm", "")},
+    "archive": {"o": "--output"},
+    "format-patch": {"o": "--output-directory", **dict.fromkeys("vn", "")},
+}
+_GIT_OPTIONAL = frozenset({"--open-files-in-pager"})  # `-O` alone opens the files in the configured pager
+
+
+def _git_long(name: str, options: Mapping[str, str]) -> str | None:
+    """The long option of `options` that `name` is, or abbreviates (git takes unambiguous prefixes)."""
+    if name in options:
+        return name
+    return next((o for o in options if len(name) >= 5 and o.startswith(name)), None)
+
+
+def _git_short(cluster: str, shorts: Mapping[str, str]) -> tuple[str, str] | None:
+    """The option of `shorts` in a cluster of short options (`-ix CMD`, `-xCMD`) and what follows it."""
+    for pos, letter in enumerate(cluster):
+        option = shorts.get(letter)
+        if option is not None:  # one of ours, or a letter whose value is the rest (`-Xours`)
+            return (option, cluster[pos + 1 :]) if option else None
+    return None
+
+
+def _git_options(sub: str, rest: list[str]) -> list[tuple[str, str, str]]:
+    """(option, its value, "run" or "write") for the options of `git SUB` that run a command or write."""
+    options = {**_GIT_OPTIONS["*"], **_GIT_OPTIONS.get(sub, {})}
+    found: list[tuple[str, str, str]] = []
+    index = 0
+    while index < len(rest):
+        word = rest[index]
+        index += 1
+        if word == "--":
+            break
+        if word.startswith("--"):
+            name, eq, value = word.partition("=")
+            option = _git_long(name, options)
+        elif word.startswith("-") and (short := _git_short(word[1:], _GIT_SHORT.get(sub, {}))) is not None:
+            option, value = short
+            eq = "=" if value else ""
+        else:
+            continue
+        if option is None:
+            continue
+        if not eq and option not in _GIT_OPTIONAL and index < len(rest):
+            value, index = rest[index], index + 1
+        if value:
+            found.append((option, value, options[option]))
+    return found
+
+
+def _git_ext_command(url: str) -> list[str]:
+    """The argv of an `ext::CMD ARGS` URL (git runs it as the transport): `% ` is a space, `%%` a `%`."""
+    words = re.split(r"(?<!%) ", url)
+    table = {"% ": " ", "%%": "%", "%s": "git-upload-pack", "%S": "upload-pack"}
+    return [re.sub(r"%[ %sS]", lambda m: table[m[0]], w) for w in words if w]
+
+
+def _git_runs(sub: str, rest: list[str], cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """What `git SUB REST` runs or writes through its options and arguments (`_GIT_OPTIONS`, `git bisect
+    run CMD`, `git submodule foreach CMD`, `git config KEY CMD`, an `ext::CMD` URL)."""
+    findings: list[Finding] = []
+    for option, value, kind in _git_options(sub, rest):
+        if kind == "write":
+            findings.append(_write_finding(f"git {sub} {option}", value, ctx))
+        else:
+            findings += _exec_text(value, ctx, f"git {sub} {option}") or [(LOW, f"git {sub} {option}: empty")]
+    operands = [w for w in rest if not w.startswith("-")]
+    if sub == "bisect" and operands[:1] == ["run"] and len(rest) > rest.index("run") + 1:
+        findings += _classify_argv(rest[rest.index("run") + 1 :], cmd, ctx)
+    if sub == "submodule" and operands[:1] == ["foreach"]:
+        after = rest[rest.index("foreach") + 1 :]
+        findings += _exec_text(" ".join(w for w in after if w not in ("--recursive", "-q", "--quiet")), ctx,
+                               "git submodule foreach")  # fmt: skip
+    if sub == "config":
+        opts = _parse_opts(rest, ("-f", "--file", "--blob", "--type", "--default", "--comment", "--value"))
+        words = opts.operands[1:] if opts.operands[:1] == ["set"] else opts.operands
+        if len(words) >= 2:
+            findings += _git_setting_findings(words[0], words[1], ctx, "git config")
+    for word in rest:
+        if word.startswith("ext::"):
+            findings += _classify_argv(_git_ext_command(word[5:]) or [""], cmd, ctx)
+            findings.append((HIGH, f"git {sub} {_show(word, 40)}: runs a command as its transport"))
+    return findings
+
+
+def _git_alias(sub: str, settings: list[tuple[str, str]]) -> str | None:
+    """The value of the alias `git -c alias.SUB=…` defines for `sub` (the last one), if any."""
+    values = [v for k, v in settings if k.lower() == f"alias.{sub.lower()}"]
+    return values[-1] if values else None
+
+
 def _h_git(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     opts = _parse_opts(cmd.args, _GIT_WITH_ARG, stop_at_operand=True)
+    settings = _git_settings(opts)
+    findings = [f for key, value in settings for f in _git_setting_findings(key, value, ctx, "git -c")]
+    exec_path = opts.value("--exec-path")
+    if exec_path and _path_kind(exec_path, ctx)[0] != "core":
+        findings.append(
+            (HIGH, f"git --exec-path={_show(exec_path)}: runs git's commands from that directory")
+        )
     if not opts.operands:
-        return [(LOW, "git: shows help/version")]
+        return findings + [(LOW, "git: shows help/version")]
     sub, rest = opts.operands[0], opts.operands[1:]
+    alias = _git_alias(sub, settings)
+    if alias is not None and alias.startswith("!"):  # `sh -c 'CMD "$@"'` with the arguments
+        return findings + _exec_text(" ".join([alias[1:], *map(shlex.quote, rest)]), ctx, f"git alias {sub}")
+    if alias is not None and not _is_dynamic(alias):
+        try:
+            words = shlex.split(alias)
+        except ValueError:
+            return findings + [(HIGH, f"could not parse the git alias {sub}={_show(alias)!r}")]
+        if words:  # `git -c alias.st='push --force' st`: the command it stands for
+            head = cmd.args[: len(cmd.args) - len(opts.operands)]
+            return findings + _classify_argv(["git", *head, *words, *rest], cmd, ctx)
+    return findings + _git_runs(sub, rest, cmd, ctx) + _git_subcommand(sub, rest, ctx)
+
+
+def _git_subcommand(sub: str, rest: list[str], ctx: _Ctx) -> list[Finding]:
     words: set[str] = set()
     for word in rest:
         if re.fullmatch(r"-[a-zA-Z]{2,}", word):
@@ -2340,10 +3192,7 @@ def _h_useradd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
 
 
 def _h_export(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
-    findings: list[Finding] = [(LOW, f"{cmd.name}: sets shell variables")]
-    for arg in cmd.args:
-        findings += _assignment_findings(arg)
-    return findings
+    return [(LOW, f"{cmd.name}: sets shell variables"), *_assignments_findings(cmd.args, ctx)]
 
 
 def _h_unset(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
@@ -2896,6 +3745,7 @@ def _record_writes(simple: _Simple, argv: list[str], upstream: list[list[str]], 
         targets += [(">>" if opts.has("-a", "--append") else ">", t) for t in opts.operands]
     for target in _download_targets(argv) if name in _DOWNLOADERS else []:
         _remember(ctx, target, ">", _Written("downloaded content", None))
+    targets += [(">", t) for t in _output_files(argv)]
     for op, target in targets:
         _remember(ctx, target, op, _Written(source, text))
     if name in ("cp", "mv", "install", "ln"):
@@ -3156,8 +4006,9 @@ _WRAPPERS: dict[str, _Wrapper] = {
     "ltrace": _Wrapper(frozenset({"-o", "-e", "-p", "-s", "-u"}), level=MEDIUM, note="under a tracer"),
     "systemd-run": _Wrapper(frozenset({"-u", "--unit", "-p", "--property", "--on-calendar", "--on-active", "-M",
                                        "--description", "--slice"}), level=MEDIUM, note="as a transient unit"),  # fmt: skip
-    "firejail": _Wrapper(), "sg": _Wrapper(positional=1), "script": _Wrapper(frozenset({"-c"})),
+    "firejail": _Wrapper(), "sg": _Wrapper(positional=1),
 }  # fmt: skip
+_SHELL_WRAPPERS = frozenset({"flock", "sg"})  # `flock FILE -c CMD`, `sg GROUP [-c] CMD`: a shell runs CMD
 _ROOT_SHELL_FLAGS = frozenset({"-i", "-s", "--login", "--shell"})
 
 
@@ -3185,33 +4036,91 @@ def _unwrap(cmd: _Cmd, wrapper: _Wrapper, ctx: _Ctx) -> list[Finding]:
         if cmd.name in ("sudo", "doas", "run0") and _ROOT_SHELL_FLAGS & set(flags):
             return [(HIGH, f"{cmd.label()}: opens an interactive root shell")]
         return [(wrapper.alone, f"{cmd.name} without a command")]
+    if cmd.name in _SHELL_WRAPPERS and (cmd.name == "sg" or inner[0] in ("-c", "--command")):
+        code = inner[1:] if inner[0] in ("-c", "--command") else inner
+        return _exec_text(" ".join(code), ctx, f"{cmd.name} -c") or [(LOW, f"{cmd.name} -c with empty code")]
     findings = _classify_argv(inner, cmd, ctx)
     if wrapper.level > LOW:
         findings.append((wrapper.level, f"{cmd.name}: runs '{_show(inner[0])}' {wrapper.note}"))
     return findings
 
 
+_SCRIPT_LONG = (
+    "--append", "--command", "--echo", "--return", "--flush", "--force", "--log-io", "--log-in", "--log-out",
+    "--log-timing", "--logging-format", "--output-limit", "--quiet", "--timing", "--help", "--version",
+)  # fmt: skip
+_SCRIPT_WITH_ARG = ("-c", "--command", "-E", "--echo", "-B", "--log-io", "-I", "--log-in", "-O", "--log-out",
+                    "-T", "--log-timing", "-m", "--logging-format", "-o", "--output-limit")  # fmt: skip
+_SCRIPT_LOGS = ("-B", "--log-io", "-I", "--log-in", "-O", "--log-out", "-T", "--log-timing", "--timing")
+
+
+def _h_script(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """`script [-c CMD] [FILE]`: a shell runs CMD (without -c, what script reads: `… | script`) while the
+    session is written to FILE (./typescript by default) and the log files of its options. BSD's
+    `script [FILE [CMD ARGS]]` runs the command after the file."""
+    opts = _gnu_opts(cmd.args, _SCRIPT_LONG, _SCRIPT_WITH_ARG)
+    logs = [*opts.operands[:1], *opts.values(*_SCRIPT_LOGS)] or ["typescript"]
+    findings = [_write_finding("script records the session in", log, ctx) for log in logs]
+    code = opts.value("-c", "--command")
+    if code is not None:
+        return findings + (_exec_text(code, ctx, "script -c") or [(LOW, "script -c with empty code")])
+    command = _parse_opts(cmd.args, _SCRIPT_WITH_ARG, stop_at_operand=True).operands[1:]
+    if command:
+        return findings + _classify_argv(command, cmd, ctx)
+    return findings + _stdin_program(cmd, ctx, shell=True)
+
+
+_ENV_LONG = (
+    "--ignore-environment", "--null", "--unset", "--chdir", "--split-string", "--block-signal",
+    "--default-signal", "--ignore-signal", "--list-signal-handling", "--debug", "--help", "--version",
+)  # fmt: skip
+
+
+def _env_option(args: collections.deque[str]) -> str | None:
+    """Take the option at the front of `args` (and its value) off; the string of `-S STRING`, `-SSTRING`,
+    `-iS STRING` or `--split-string=STRING`, None for any other option."""
+    arg = args.popleft()
+    if arg.startswith("--"):
+        name, eq, value = _gnu_long(arg, _ENV_LONG).partition("=")
+        if name in ("--split-string", "--unset", "--chdir") and not eq:
+            value = args.popleft() if args else ""
+        return value if name == "--split-string" else None
+    for pos, letter in enumerate(arg[1:], start=1):
+        if letter in "SuC":  # their value is the rest of the word, or the next one
+            value = arg[pos + 1 :] or (args.popleft() if args else "")
+            return value if letter == "S" else None
+    return None
+
+
 def _h_env(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
-    args = cmd.args
+    """env [OPTIONS] [NAME=VALUE]… [COMMAND [ARGS]]. `-S STRING` splits the string into words (quotes and
+    backslashes as in a shell) and reads them as its next arguments (`env -S'-i rm -rf ~'` runs `rm -rf
+    ~`); the first such string, with the arguments after it, is rated as a shell's command line too (`env
+    -S 'curl … | sh'`): a rating never rests on env not running a shell."""
+    args = collections.deque(cmd.args)
+    assigned: list[str] = []
     findings: list[Finding] = []
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        if arg in ("-u", "--unset", "-C", "--chdir"):
-            index += 2
-        elif arg in ("-S", "--split-string") and index + 1 < len(args):
-            return findings + _exec_text(" ".join(args[index + 1 :]), ctx, "env -S")
-        elif arg.startswith("-") and arg != "-":
-            index += 1
+    first = True
+    while args:
+        arg = args[0]
+        if arg.startswith("-") and arg != "-":
+            split = _env_option(args)
+            if split is None:
+                continue
+            findings += _exec_text(" ".join([split, *args]) if first else split, ctx, "env -S")
+            first = False
+            try:
+                args.extendleft(reversed(shlex.split(split)))
+            except ValueError as exc:
+                findings.append((HIGH, f"could not parse the env -S string {_show(split)!r} ({exc})"))
         elif _ASSIGNMENT_RE.match(arg):
-            findings += _assignment_findings(arg)
-            index += 1
+            assigned.append(args.popleft())
         else:
             break
-    inner = args[index:]
-    if not inner:
+    findings = _assignments_findings(assigned, ctx) + findings
+    if not args:
         return findings + [(LOW, "env: prints the environment")]
-    return findings + _classify_argv(inner, cmd, ctx)
+    return findings + _classify_argv(list(args), cmd, ctx)
 
 
 def _h_watch(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
@@ -3287,7 +4196,9 @@ _HANDLERS: dict[str, _Handler] = {
     "usermod": _h_usermod, "useradd": _h_useradd, "adduser": _h_useradd, "export": _h_export,
     "declare": _h_export, "typeset": _h_export, "readonly": _h_export, "local": _h_export, "unset": _h_unset,
     "set": _h_set, "alias": _h_alias, "cd": _h_cd, "pushd": _h_cd, "popd": _h_cd, "su": _h_su, "sh": _h_shell, "source": _h_source,
-    ".": _h_source, "eval": _h_eval, "env": _h_env, "watch": _h_watch, "xargs": _h_xargs,
+    ".": _h_source, "eval": _h_eval, "env": _h_env, "watch": _h_watch, "xargs": _h_xargs, "script": _h_script,
+    "man": _h_man, "xxd": _h_xxd, "split": _h_split, "csplit": _h_split, "dc": _h_dc, "yq": _h_yq,
+    **dict.fromkeys(_OUTPUTS.keys() - {"man"}, _h_outputs),
     **dict.fromkeys(_SHELL_CODE_FLAGS, _h_interp),
     **dict.fromkeys(_SUBCOMMAND_RULES, _h_subcommand),
 }  # fmt: skip
@@ -3310,14 +4221,61 @@ _KEYWORDS = frozenset(
 )
 
 
+# Variables holding a command that programs run: `PAGER=CMD man ls`, `GIT_SSH_COMMAND=CMD git fetch`,
+# `export EDITOR=CMD`. Setting one is rated like running its command.
+_COMMAND_VARIABLES = frozenset(
+    {"PAGER", "MANPAGER", "GIT_PAGER", "SYSTEMD_PAGER", "EDITOR", "VISUAL", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR",
+     "SUDO_EDITOR", "GIT_SSH_COMMAND", "GIT_SSH", "GIT_ASKPASS", "SSH_ASKPASS", "SUDO_ASKPASS",
+     "GIT_EXTERNAL_DIFF", "GIT_PROXY_COMMAND", "LESSOPEN", "LESSCLOSE", "RSYNC_RSH"}
+)  # fmt: skip
+_GIT_CONFIG_KEY_RE = re.compile(r"GIT_CONFIG_KEY_(\d+)")
+
+
 def _assignment_findings(word: str) -> list[Finding]:
     name = re.split(r"[+=\[]", word, maxsplit=1)[0]
     rule = _RISKY_VARIABLES.get(name)
     return [rule] if rule is not None else []
 
 
-def _strip_prefix_words(words: list[str]) -> tuple[list[str], list[Finding]]:
+def _assignments_findings(words: list[str], ctx: _Ctx | None) -> list[Finding]:
+    """Findings for the assignments among `words` (set together: `A=1 B=2 cmd`, `export A=1 B=2`): risky
+    variables (`_RISKY_VARIABLES`) and, given the context to classify them in, the commands of
+    `_COMMAND_VARIABLES` and the git settings of GIT_CONFIG_PARAMETERS and GIT_CONFIG_KEY_n/VALUE_n."""
     findings: list[Finding] = []
+    values: dict[str, str] = {}
+    for word in words:
+        if _ASSIGNMENT_RE.match(word):
+            findings += _assignment_findings(word)
+            name, _, value = word.partition("=")
+            values[name] = value
+    if ctx is None:
+        return findings
+    for name, value in values.items():
+        if name in _COMMAND_VARIABLES and value.strip():
+            command = value.lstrip("|-").replace("%s", "FILE") if name.startswith("LESS") else value
+            findings += _exec_text(command, ctx, f"{name}={_show(value, 40)}")
+    settings: list[tuple[str, str]] = []
+    if "GIT_CONFIG_PARAMETERS" in values:  # `'core.pager'='CMD' …`
+        try:
+            pairs = shlex.split(values["GIT_CONFIG_PARAMETERS"])
+        except ValueError:
+            pairs = []
+            findings.append(
+                (HIGH, "GIT_CONFIG_PARAMETERS cannot be parsed (its git settings can run commands)")
+            )
+        settings += [(k, v) for k, _, v in (pair.partition("=") for pair in pairs)]
+    for name, key in values.items():
+        match = _GIT_CONFIG_KEY_RE.fullmatch(name)
+        if match is not None:
+            settings.append((key, values.get(f"GIT_CONFIG_VALUE_{match[1]}", "")))
+    for key, value in settings:
+        findings += _git_setting_findings(key, value, ctx, "git setting from the environment:")
+    return findings
+
+
+def _strip_prefix_words(words: list[str], ctx: _Ctx | None = None) -> tuple[list[str], list[Finding]]:
+    """`words` without the keywords and assignments before the command, and findings for the assignments
+    (`_assignments_findings`; those of variables holding commands only given `ctx`)."""
     index = 0
     while index < len(words):
         word = words[index]
@@ -3326,13 +4284,12 @@ def _strip_prefix_words(words: list[str]) -> tuple[list[str], list[Finding]]:
         elif word == "function":
             index += 2
         elif word in ("for", "select", "case", "in"):
-            return [], findings
+            return [], _assignments_findings(words[:index], ctx)
         elif _ASSIGNMENT_RE.match(word):
-            findings += _assignment_findings(word)
             index += 1
         else:
             break
-    return words[index:], findings
+    return words[index:], _assignments_findings(words[:index], ctx)
 
 
 def _core_argv(words: list[str]) -> list[str]:
@@ -3473,7 +4430,7 @@ def _classify_cmd_unfetched(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
 
 def _classify_argv(argv: list[str], parent: _Cmd, ctx: _Ctx) -> list[Finding]:
     """Classify a command given as a word list (after a launcher, in `find -exec`, `docker run` ...)."""
-    words, findings = _strip_prefix_words(argv)
+    words, findings = _strip_prefix_words(argv, ctx)
     if not words:
         return findings
     if ctx.depth > _MAX_DEPTH * 4:
@@ -3506,7 +4463,7 @@ def _classify_simple(
     line's were, for each such pipe (`{ :;}|sh;` 4,000 times took 26 s); piping a group's output into
     a shell is HIGH anyway, what is read can only make it CRITICAL."""
     findings = _redirect_findings(simple.redirs, ctx)
-    words, prefix_findings = _strip_prefix_words(simple.words)
+    words, prefix_findings = _strip_prefix_words(simple.words, ctx)
     findings += prefix_findings
     if not words:
         return findings

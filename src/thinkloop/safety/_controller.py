@@ -18,7 +18,7 @@ import json
 import math
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
@@ -94,14 +94,24 @@ ApprovalResult = ApprovalDecision | bool
 ApprovalFunction = Callable[[ApprovalRequest], Awaitable[ApprovalResult] | ApprovalResult]
 
 
-def approval_key(tool_name: str, command: str | None) -> str:
+def approval_key(tool_name: str, command: str | None, others: Mapping[str, Any] | None = None) -> str:
     """What "approve always" remembers, in `RunState.approved_tools`.
 
     For command tools (`shell`, `ssh_execute` …) it is the tool *and the exact command*
-    (`"shell:systemctl status nginx"`): approving one command never approves another. For other tools it
-    is the tool's name: every later call of that tool in the run runs without asking.
+    (`"shell:systemctl status nginx"`): approving one command never approves another. `others` are the
+    call's other arguments (the SSH tool's `host`): they are part of the key too, as JSON between the
+    tool and the command (`'ssh_execute{"host":"staging"}:systemctl restart nginx'`), so that approving a
+    command on one host never approves it on another. A call without other arguments keeps the key it had
+    before (`"shell:…"`); a key kept from then for a call with others (`"ssh_execute:…"`) matches none of
+    them now. For other tools it is the tool's name: every later call of that tool in the run runs
+    without asking.
     """
-    return f"{tool_name}:{command.strip()}" if command is not None else tool_name
+    if command is None:
+        return tool_name
+    if not others:
+        return f"{tool_name}:{command.strip()}"
+    place = json.dumps(others, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+    return f"{tool_name}{place}:{command.strip()}"
 
 
 class SafetyController:
@@ -165,7 +175,8 @@ class SafetyController:
             return _record(run, call, evaluation, "blocked", message=message)
         if evaluation.verdict == "auto":
             return _record(run, call, evaluation, "auto")
-        key = approval_key(tool.name, evaluation.command)
+        others = {k: v for k, v in arguments.items() if k != key}  # as for the earlier commands: the host
+        key = approval_key(tool.name, evaluation.command, others)
         if key in run.state.approved_tools:
             return _record(
                 run, call, evaluation, "approved_always", note="approved always earlier in this run"
