@@ -16,6 +16,7 @@ from thinkloop import (
     Agent,
     Budget,
     ConfigurationError,
+    ContextOverflowError,
     Message,
     ModelRequest,
     RunState,
@@ -25,7 +26,14 @@ from thinkloop import (
     tool,
 )
 from thinkloop._context import NO_RESULT, ContextManager, InvalidHistoryError, validate_history
-from thinkloop._tokens import EstimateCounter, ModelTokenCounter, as_counter, estimate_message, is_exact
+from thinkloop._tokens import (
+    EstimateCounter,
+    ModelTokenCounter,
+    as_counter,
+    estimate_message,
+    estimate_tools,
+    is_exact,
+)
 from thinkloop.testing import FunctionModel, ScriptedModel
 
 # ================================================================================ an independent check
@@ -450,3 +458,218 @@ def test_react_runs_get_the_same_managed_view_as_a_transcript() -> None:
     assert not any(m.role == "tool" for m in last)
     assert last[-1].content.startswith("Observation: chunk 20:")
     assert tokens(last) <= 3000 * 0.9
+
+
+# ============================================================ when even the kept messages do not fit
+
+
+def request_tokens(request: ModelRequest) -> int:
+    return tokens(request.messages) + estimate_tools(request.tools or [])
+
+
+def parallel(results: int, size: int, goal: str = "Fetch them all.") -> RunState:
+    state = RunState(goal=goal)
+    state.messages = [task(goal), *step(1, *(f"r{i} " + "x" * size for i in range(results)))]
+    return state
+
+
+def cut_marker(text: str) -> bool:
+    return "characters truncated of" in text
+
+
+FLOOR = _context._MIN_KEPT + len("\n… [99999 characters truncated of 99999] …\n")  # the shortest cut
+
+
+def test_many_parallel_results_are_cut_evenly_to_fit_the_budget() -> None:
+    state = parallel(20, 2000)  # the newest group alone, at 300 characters a result, is over the budget
+    system = "You are an agent."
+    manager = ContextManager(2000)
+    view = manager.view(state, system=system)
+    check(view)
+    assert view[0] == state.messages[0] and view[1] == state.messages[1]  # the task, the call: whole
+    results = [m for m in view if m.role == "tool"]
+    assert [m.tool_call_id for m in results] == [m.tool_call_id for m in state.messages[2:]]
+    assert all(cut_marker(m.content) and m.content.startswith(f"r{i} ") for i, m in enumerate(results))
+    assert max(len(m.content) for m in results) - min(len(m.content) for m in results) <= 1  # evenly
+    assert tokens(view) + tokens([Message.system(system)]) <= manager.budget == 1800
+    assert manager.last_tokens <= manager.budget
+
+
+def test_a_shrink_after_an_overflow_always_sends_a_smaller_view() -> None:
+    state = parallel(30, 2000)
+    manager = ContextManager(4000)
+    view = manager.view(state, system="system")
+    shrinks = 0
+    while any(len(m.content) > FLOOR for m in view if m.role == "tool"):  # while a result can be cut
+        sent = manager.last_tokens * manager.scale
+        manager.shrink(int(sent * 0.8), prompt_tokens=int(manager.last_tokens * 1.1))
+        view = manager.view(state, system="system")
+        check(view)
+        assert manager.last_tokens * manager.scale < sent  # the retry is smaller: it can succeed
+        at_floor = all(len(m.content) <= FLOOR for m in view if m.role == "tool")
+        assert manager.last_tokens * manager.scale <= manager.budget or at_floor  # it fits, or cannot
+        assert view[0].kind == "task" and sum(m.role == "tool" for m in view) == 30
+        shrinks += 1
+        assert shrinks <= 5
+    assert shrinks >= 2  # 3,562 tokens at first; at the shortest cuts, 1,582 (the 30 calls take 400)
+
+
+def test_an_overflow_with_many_parallel_results_is_recovered_by_the_shrink() -> None:
+    @tool
+    def fetch(n: int) -> str:
+        """Fetch n."""
+        return f"r{n} " + "x" * 2000
+
+    window = 2000
+    sizes: list[int] = []
+
+    def reply(request: ModelRequest) -> object:
+        size = request_tokens(request)
+        sizes.append(size)
+        if size > window:
+            raise ContextOverflowError("too long", provider="test", limit=window, prompt_tokens=size)
+        if request.turn == 0:
+            return {"tool_calls": [{"name": "fetch", "args": {"n": i}} for i in range(20)]}
+        return "done"
+
+    model = FunctionModel(reply)
+    result = asyncio.run(Agent(model, tools=[fetch], max_context_tokens=window).run("Go."))
+    assert result.stop_reason is StopReason.FINAL_ANSWER, result.error
+    assert max(sizes) <= window * 0.9
+    for request in model.requests:
+        check(request.messages[1:])
+
+
+def memory_state(turns: int, answer: int, goal: str = "the last question") -> RunState:
+    state = RunState(goal=goal)
+    for i in range(turns):
+        state.messages += [
+            Message(role="user", content=f"question {i}", kind="memory"),
+            Message(role="assistant", content=f"answer {i} " + "z" * answer, kind="memory"),
+        ]
+    state.messages.append(task(goal))
+    return state
+
+
+def test_long_remembered_turns_are_shortened_to_fit_and_the_task_is_kept() -> None:
+    state = memory_state(3, 3000)
+    manager = ContextManager(2000)
+    system = "You are an agent. " * 20
+    view = manager.view(state, system=system)
+    check(view)
+    assert view[-1] is state.messages[-1]  # the task, whole
+    assert tokens(view) + tokens([Message.system(system)]) <= manager.budget
+    answers = [m for m in view if m.kind == "memory" and m.role == "assistant"]
+    assert answers and all(cut_marker(m.content) and m.content.startswith("answer ") for m in answers)
+    sent = manager.last_tokens
+    manager.shrink(1500, prompt_tokens=sent)
+    smaller = manager.view(state, system=system)
+    check(smaller)
+    assert manager.last_tokens < sent and manager.last_tokens * manager.scale <= manager.budget
+    assert smaller[-1] is state.messages[-1]
+
+
+def test_a_session_with_long_answers_recovers_from_an_overflow() -> None:
+    window = 2000
+    strict = False
+
+    def reply(request: ModelRequest) -> str:
+        size = request_tokens(request)
+        if strict and size > window:
+            raise ContextOverflowError("too long", provider="test", limit=window, prompt_tokens=size)
+        return "answer " + "z" * 3000  # a long answer, remembered by the session
+
+    model = FunctionModel(reply)
+    agent = Agent(model, max_context_tokens=window)
+
+    async def main() -> Any:
+        nonlocal strict
+        for i in range(3):
+            await agent.run(f"question {i}", session="s1")
+        strict, model.requests[:] = True, []
+        return await agent.run("the last question", session="s1")
+
+    result = asyncio.run(main())
+    assert result.stop_reason is StopReason.FINAL_ANSWER, result.error
+    last = model.requests[-1].messages
+    assert last[-1].kind == "task" and last[-1].content == "the last question"
+    assert request_tokens(model.requests[-1]) <= window * 0.9
+    check(last[1:])
+
+
+def test_older_long_assistant_texts_are_shortened_but_not_the_newest() -> None:
+    state = RunState(goal="g")
+    state.messages = [task("g"), *step(1, "ok", text="t" * 2400), *step(2, "ok", text="n" * 2400)]
+    manager = ContextManager(1300)
+    view = manager.view(state, system="system")
+    check(view)
+    assert tokens(view) + tokens([Message.system("system")]) <= manager.budget
+    assert cut_marker(view[1].content) and view[1].tool_calls == state.messages[1].tool_calls
+    assert view[3] is state.messages[3]  # the newest assistant message, whole
+
+
+def test_the_summary_is_scaled_to_a_small_window() -> None:
+    assert ContextManager(8000)._summary_reserve() == 2000 // 3 + 16  # the default window: as before
+    state = history(30, size=600, goal="Count the pages. " * 40)
+    for window in (1000, 1500, 3000):
+        manager = ContextManager(window)
+        view = manager.view(state, system="system")
+        check(view)
+        summary = next(m for m in view if m.kind == "summary")
+        assert tokens([summary]) <= window // 5 + 40
+        assert "The task is still: Count the pages." in summary.content or cut_marker(summary.content)
+        assert view[0] is state.messages[0]
+        assert manager.last_tokens <= manager.budget
+
+
+def test_react_requests_stay_within_a_small_window() -> None:
+    @tool
+    def fetch(n: int) -> str:
+        """Fetch n."""
+        return f"r{n} " + "x" * 8000
+
+    def reply(request: ModelRequest) -> str:
+        if request.turn > 6:
+            return "Thought: ok\nFinal Answer: done"
+        return f'Thought: go\nAction: fetch\nAction Input: {{"n": {request.turn}}}'
+
+    model = FunctionModel(reply, tools=False)
+    result = asyncio.run(
+        Agent(model, tools=[fetch], max_context_tokens=1000, budget=Budget(max_steps=10)).run("Go.")
+    )
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    assert all(request_tokens(r) <= 1000 * 0.9 for r in model.requests)
+    assert all(r.messages[1].content == "Go." for r in model.requests)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=histories(),
+    max_tokens=st.integers(50, 6_000),
+    keep_steps=st.integers(1, 8),
+    cut=st.floats(0.3, 0.95),
+)
+def test_a_view_over_budget_has_nothing_left_to_cut_and_a_shrink_never_grows_it(
+    messages: list[Message], max_tokens: int, keep_steps: int, cut: float
+) -> None:
+    state = RunState(goal="the goal")
+    state.messages = messages
+    manager = ContextManager(max_tokens, keep_steps=keep_steps)
+    for _ in range(2):
+        view = manager.view(state, system="system prompt")
+        check(view)
+        task_message = next(m for m in messages if m.kind == "task")
+        assert any(m is task_message for m in view)  # the task, never cut
+        if manager.last_tokens * manager.scale > manager.budget:  # only when nothing can be cut any more
+            newest = max((i for i, m in enumerate(view) if m.role == "assistant"), default=len(view))
+            for i, m in enumerate(view):
+                if (
+                    m.role == "tool"
+                    or m.kind in ("memory", "summary")
+                    or (m.role == "assistant" and i < newest)
+                ):
+                    assert len(m.content) <= FLOOR
+        sent = manager.last_tokens
+        manager.shrink(int(manager.max_context_tokens * cut), prompt_tokens=sent)
+        manager.view(state, system="system prompt")
+        assert manager.last_tokens <= sent

@@ -19,7 +19,12 @@ returns what the model sees at each step:
   `max_context_tokens`, counting the system prompt and the tool definitions too. When it is over, the
   oldest steps are dropped down to `trim_to` (75 %), so the kept window (and the provider's prompt cache)
   stays stable for several steps. The newest groups holding at least the last `min_messages` messages
-  are never dropped; if they alone are too big, their longest observations are shortened.
+  are never dropped; if what is kept is still too big, texts are shortened (head and tail, with a marker):
+  the longest observations first, then remembered turns, the summary and older assistant texts, then
+  observations again, evenly, down to a few dozen characters each (so many parallel results fit, and a
+  shrink after an overflow always sends less while anything can still be cut). The task message is never
+  cut, and no message is dropped by it, so calls and results stay paired. The summary takes at most
+  `summary_max_chars`, and at most about a fifth of a small window.
 
 Work per step is small: the grouping is extended incrementally, token counts are cached per message,
 and a history far below the limit is returned as is.
@@ -57,6 +62,9 @@ _ESTIMATING = (EstimateCounter, ModelTokenCounter)  # counters that estimate unl
 
 Summarizer = Callable[[list[Message], str], Awaitable[str]]
 """A model-written summary: `(messages to summarise, the previous summary or "") -> summary text`."""
+
+_SQUEEZE_FLOOR = 300  # the length (marker included) texts are first shortened to, at most, when over budget
+_MIN_KEPT = 40  # the characters of its own a text keeps at the very least (plus the marker)
 
 NO_RESULT = "Error: no result was recorded for this call (the run was interrupted). Call it again if needed."
 
@@ -157,7 +165,7 @@ class _Group:
 class _Prefix:
     """The settled start of the view (see `ContextManager._settled`)."""
 
-    key: tuple[int, int, int]
+    key: tuple[int, int, int, int]  # (dropped, summarised, head messages, max_context_tokens)
     messages: list[Message] = field(default_factory=list)
     tokens: int = 0
     upto: int = 1  # groups before this index are in the prefix (or dropped)
@@ -206,7 +214,8 @@ class ContextManager:
         trim_ratio: the share of `max_context_tokens` the view (with system prompt and tools) must fit.
         trim_to: when trimming, drop old steps until the view fits this share (hysteresis).
         old_observation_chars: observations of older steps are cut to this length (None: never).
-        summary_max_chars: the longest summary of dropped steps.
+        summary_max_chars: the longest summary of dropped steps (in a small window, at most about a fifth
+            of it).
         summarizer: an async function writing the summary of dropped steps (a model call); the
             deterministic summary is used until it answers, and whenever it fails.
     """
@@ -257,7 +266,7 @@ class ContextManager:
         self._reserve_for_tools: Sequence[ToolDefinition] | None = None
         self._reserve = 0
         self._last_reserve = 0
-        self._summary_cache: tuple[tuple[int, int], Message, int] | None = None
+        self._summary_cache: tuple[tuple[int, int, int], Message, int] | None = None
         self._model_summary: tuple[int, str] | None = None  # (groups covered, text)
         self._summarizer_failed_at = -1
         self._fits: tuple[int, float, int] = (0, 0.0, 0)  # (max_context_tokens, trim_ratio, their budget)
@@ -311,7 +320,7 @@ class ContextManager:
         out, tokens = self._plan(state, source, self._last_reserve) or self._assemble(state)
         total = tokens + self._last_reserve
         if total * self.scale > self.budget:
-            out, total = self._squeeze(out, total)
+            out, total = self._squeeze(out)
         self.last_tokens = total
         return out
 
@@ -548,7 +557,7 @@ class ContextManager:
         prefix is only extended as steps age, and rebuilt only when the trim or the summary changes.
         """
         covered = self._model_summary[0] if self._model_summary else 0
-        key = (self._dropped, covered, len(self._groups[0].messages))
+        key = (self._dropped, covered, len(self._groups[0].messages), self.max_context_tokens)
         prefix = self._prefix
         if prefix is None or prefix.key != key:
             prefix = self._prefix = _Prefix(key)
@@ -565,39 +574,76 @@ class ContextManager:
             prefix.upto += 1
         return prefix
 
-    def _squeeze(self, view: list[Message], total: int) -> tuple[list[Message], int]:
-        """Last resort when even the newest messages do not fit: shorten their longest observations."""
-        excess_chars = int((total * self.scale - self.budget) * 3) + 64
-        order = sorted(
-            (i for i, m in enumerate(view) if m.role == "tool"), key=lambda i: -len(view[i].content)
-        )
+    def _squeeze(self, view: list[Message]) -> tuple[list[Message], int]:
+        """Last resort when even the kept messages do not fit: shorten them, in passes, until they do.
+
+        1. observations (tool results) down to `_SQUEEZE_FLOOR` characters;
+        2. remembered turns (kind "memory"), the summary and the older assistant texts, as far;
+        3. observations again, evenly, down to `_MIN_KEPT` characters each (the newest group's too:
+           many parallel results must fit);
+        4. the texts of pass 2 again, as far.
+
+        Each pass cuts the longest texts first to a common length (head and tail, with a marker saying
+        how much was cut), only as much as the excess needs. Only contents change: no message is
+        dropped, so no call loses its result, and the task message is never cut (the system prompt is
+        not in the view). Runs only over budget; the view that fits is never squeezed.
+        """
         out = list(view)
-        for i in order:
-            if excess_chars <= 0:
-                break
-            content = out[i].content
-            limit = max(len(content) - excess_chars, 300)
-            if limit >= len(content):
-                continue
-            out[i] = out[i].model_copy(update={"content": truncate_output(content, limit)[0]})
-            excess_chars -= len(content) - len(out[i].content)
-        return out, self._count(out) + self._last_reserve
+        count = self.counter.count
+        counts = [count([m]) for m in out]
+        allowed = self.budget / self.scale - self._last_reserve  # the tokens the messages may take
+        if sum(counts) <= allowed:
+            return out, sum(counts) + self._last_reserve
+        newest = max((i for i, m in enumerate(out) if m.role == "assistant"), default=len(out))
+        tools = [i for i, m in enumerate(out) if m.role == "tool" and m.content != NO_RESULT]  # short: kept
+        texts = [  # never the task, nor the newest assistant message (nor the system prompt: not in the view)
+            i
+            for i, m in enumerate(out)
+            if (m.kind in ("memory", "summary") and m.role != "system")
+            or (m.role == "assistant" and i < newest)
+        ]
+        passes = [(tools, None), (texts, None), (tools, _MIN_KEPT), (texts, _MIN_KEPT)]
+        room = sum(max(len(out[i].content) - _SQUEEZE_FLOOR, 0) for i in (*tools, *texts))
+        if room < (sum(counts) - allowed) * 3:  # passes 1-2 cannot do: pass 3 cuts the observations anyway
+            del passes[0]  # (from the originals, to the same length: pass 1 would only be done twice)
+        for indexes, keep in passes:
+            for _ in range(3):  # the estimate is 3 characters a token; a tokenizer may need another round
+                excess = sum(counts) - allowed
+                if excess <= 0 or not indexes:
+                    break
+                changed = _cut_evenly(view, out, indexes, int(excess * 3) + 3 * len(indexes) + 16, keep)
+                if not changed:
+                    break
+                for i in changed:
+                    counts[i] = count([out[i]])
+        return out, sum(counts) + self._last_reserve
 
     # ---------------------------------------------------------------------------------- summary
 
     @property
+    def _summary_chars(self) -> int:
+        """The longest summary: `summary_max_chars`, within a fifth of a small window."""
+        return min(self.summary_max_chars, max(self.max_context_tokens * 3 // 5, 300))
+
+    @property
+    def _goal_chars(self) -> int:
+        """How much of the task the summary restates."""
+        return min(400, self._summary_chars // 4)
+
+    @property
     def _body_chars(self) -> int:
-        """The summary's body length (the rest of `summary_max_chars` is its header and the task)."""
-        return max(self.summary_max_chars - 560, 200)
+        """The summary's body length (the rest of the summary is its header and the task)."""
+        chars = self._summary_chars
+        return max(chars - 160 - self._goal_chars, min(200, chars // 3))
 
     def _summary_reserve(self) -> int:
-        return self.summary_max_chars // 3 + 16
+        return self._summary_chars // 3 + 16
 
     def _summary_tokens(self) -> int:
         return self._summary_cache[2] if self._summary_cache else self._summary_reserve()
 
     def _summary_message(self, state: RunState) -> tuple[Message, int]:
-        key = (self._dropped, self._model_summary[0] if self._model_summary else 0)
+        key = (self._dropped, self._model_summary[0] if self._model_summary else 0, self.max_context_tokens)
         if self._summary_cache is None or self._summary_cache[0] != key:
             message = Message.user(self._summary_text(state), kind="summary")
             self._summary_cache = (key, message, self.counter.count([message]))
@@ -612,7 +658,7 @@ class ContextManager:
             body = self._deterministic_summary(state, dropped)
         goal = state.goal or next((m.content for m in self._groups[0].messages if m.role == "user"), "")
         task_before = any(g.has_task for g in self._groups[: self._dropped])
-        reminder = f"\nThe task is still: {_clip(goal, 400)}" if goal and task_before else ""
+        reminder = f"\nThe task is still: {_clip(goal, self._goal_chars)}" if goal and task_before else ""
         return f"{head}\n{body}{reminder}".strip()
 
     def _deterministic_summary(self, state: RunState, dropped: list[_Group]) -> str:
@@ -659,7 +705,7 @@ class ContextManager:
         target = to_tokens if to_tokens is not None else int(sent * 0.6)
         if not prompt_tokens:
             target = min(target, int(sent * 0.75))
-        self.max_context_tokens = max(min(target, self.max_context_tokens), 256)
+        self.max_context_tokens = min(max(target, 256), self.max_context_tokens)  # a window under 256 stays
         return self.max_context_tokens
 
 
@@ -681,6 +727,43 @@ def _summarise_group(state: RunState, messages: list[Message]) -> list[str]:
         verb = "failed" if failed else "→"
         lines.append(f"- {step}: {call.name}({_clip(args, 100)}) {verb} {outcome}")
     return lines
+
+
+def _cut_evenly(
+    originals: Sequence[Message], out: list[Message], indexes: list[int], excess: int, keep: int | None
+) -> list[int]:
+    """Shorten the texts of `out[indexes]` longer than a common length, the longest that saves `excess`
+    characters, not below a floor (`_SQUEEZE_FLOOR`, or `keep` characters plus the marker); return the
+    indexes changed. Texts are cut from `originals`, so the marker counts all that is missing."""
+    lengths = [len(out[i].content) for i in indexes]
+    floor = _SQUEEZE_FLOOR
+    if keep is not None:
+        longest = max(len(originals[i].content) for i in indexes)
+        floor = keep + len(f"\n… [{longest} characters truncated of {longest}] …\n")
+    cap = _common_length(lengths, excess, floor)
+    if cap is None:
+        return []
+    changed = []
+    for i, length in zip(indexes, lengths, strict=True):
+        if length > cap:
+            text = originals[i].content
+            out[i] = originals[i].model_copy(update={"content": truncate_output(text, cap)[0]})
+            changed.append(i)
+    return changed
+
+
+def _common_length(lengths: list[int], excess: int, floor: int) -> int | None:
+    """The longest length L ≥ `floor` such that cutting every text longer than L to L saves `excess`
+    characters (`floor` when even that does not); None when no text is longer than `floor`."""
+    over = sorted((n for n in lengths if n > floor), reverse=True)
+    total = 0
+    for k, length in enumerate(over, 1):
+        total += length
+        below = over[k] if k < len(over) else floor  # the next length: L may not go under it with k cut
+        cap = (total - excess) // k
+        if cap >= below:
+            return cap
+    return floor if over else None
 
 
 def _clip_lines(text: str, limit: int) -> str:
