@@ -1423,3 +1423,35 @@ def test_sqlite_memory_url_keeps_the_store_in_memory_and_memory_takes_no_path(cl
     assert not Path("/:memory:").exists() and not (cli.dir / ":memory:").exists()
     bad = cli("runs", "list", "--store", "memory:x")
     assert bad.code == 2 and "memory: takes nothing after the colon" in bad.stderr
+
+
+def test_runs_resume_keeps_the_safety_mode_the_run_was_started_with(cli: Cli) -> None:
+    # `--safety` defaulted to balanced on resume: a strict run's MEDIUM `rm` ran unasked after a resume.
+    (cli.dir / "ws").mkdir()
+    (cli.dir / "ws" / "precious.txt").write_text("keep")
+    command = f"sleep 30.{os.getpid()}7"
+    model = cli.script(
+        [call("shell", command=command), call("shell", command="rm precious.txt"), text("finished")]
+    )
+    proc = cli.popen(
+        "run", "x", "--model", model, "--tools", "shell", "--safety", "strict", "--workspace", "ws", "--json",
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        while not process_running(command):
+            assert proc.poll() is None, "the CLI ended before the command started"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    run_id = json.loads(out.splitlines()[0])["run_id"]
+    resumed = cli("runs", "resume", run_id, "--json", timeout=60)
+    assert resumed.code == 0, resumed.stderr
+    calls = by_type(resumed.events(), "tool_call")
+    assert [(c["call"]["arguments"]["command"], c["decision"]) for c in calls] == [
+        ("rm precious.txt", "denied")
+    ]
+    assert (cli.dir / "ws" / "precious.txt").exists()

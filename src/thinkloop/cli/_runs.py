@@ -303,6 +303,17 @@ async def _model(spec: str | None, state: RunState, console: Console) -> Any:
         ) from None
 
 
+def _recorded_safety(cli: dict[str, Any]) -> str:
+    """The safety mode the run was started with (a resumed strict run was resumed balanced)."""
+    mode = cli.get("safety")
+    return mode if mode in ("strict", "balanced", "permissive") else "balanced"
+
+
+def _recorded_list(cli: dict[str, Any], key: str) -> list[str]:
+    value = cli.get(key)
+    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
+
+
 @runs_app.command("resume")
 def resume_command(
     run_id: RunId,
@@ -314,7 +325,10 @@ def resume_command(
     tools: Annotated[
         str | None, typer.Option(help="Built-in tools (default: those the run was started with).")
     ] = None,
-    safety: Annotated[str, typer.Option(help="Safety mode: strict, balanced or permissive.")] = "balanced",
+    safety: Annotated[
+        str | None,
+        typer.Option(help="Safety mode: strict, balanced or permissive (default: the run's, else balanced)."),
+    ] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Approve risky calls without asking.")] = False,
     workspace: Annotated[
         Path | None, typer.Option(help="Root of the file tools and the shell (default: the run's).")
@@ -373,10 +387,11 @@ async def _resume(
         store_url=store.url,
         console=console,
         tools=options["tools"] or str(cli.get("tools", DEFAULT_TOOLS)),
-        safety=options["safety"],
+        safety=options["safety"] or _recorded_safety(cli),
         yes=options["yes"],
         workspace=options["workspace"] or Path(str(cli.get("workspace", "."))),
-        mcp=[],
+        mcp=_recorded_list(cli, "mcp"),  # the run's MCP servers: its tools (and their risks) as they were
+        hosts=Path(cli["hosts"]) if isinstance(cli.get("hosts"), str) else None,
         mode=state.mode,
         on_event=show,
         learn=bool(cli.get("learn", False)),
