@@ -1007,3 +1007,25 @@ async def test_a_worker_that_cannot_renew_its_lease_for_a_whole_lease_stops_the_
         await asyncio.wait_for(serving, 60)  # the lock gone, the job (lease expired) is taken again: resumed
         status = await queue.status("cut")
         assert status is not None and status.status == "done" and status.attempts == 2
+
+
+def test_cli_worker_hides_the_queue_password_and_submit_wait_exits_like_run(dsn: str, tmp_path: Path) -> None:
+    # The worker printed `password=hunter2` of a key=value or ?password= DSN; `submit --wait` exited 3
+    # ("a limit stopped the run") for a run that ended with an error, where `thinkloop run` exits 1.
+    import os
+    import signal
+
+    (tmp_path / "empty.json").write_text("[]")  # a model with no replies: every run ends with an error
+    secret = f"{dsn}{'&' if '?' in dsn else '?'}password=hunter2"
+    env = {**os.environ, "THINKLOOP_QUEUE": secret, "THINKLOOP_HOME": str(tmp_path / "home")}
+    cli = [sys.executable, "-m", "thinkloop.cli"]
+    worker = subprocess.Popen([*cli, "worker", "--model", "script:empty.json"], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        waited = subprocess.run([*cli, "submit", "What is 6*7?", "--wait"], env=env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert waited.returncode == 1, waited.stderr
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=60)
+    assert "worker " in err and " · queue " in err and "hunter2" not in err, err

@@ -184,9 +184,11 @@ class LiveView:
 
 def exit_code(event: Done | None) -> int:
     """0 final answer, 3 stopped by a limit (budget, loop, no progress), 1 error, 130 cancelled."""
-    if event is None:
-        return 1
-    reason = event.result.stop_reason
+    return 1 if event is None else result_exit_code(event.result.stop_reason)
+
+
+def result_exit_code(reason: StopReason) -> int:
+    """`exit_code` of a run that ended for `reason`."""
     if reason is StopReason.FINAL_ANSWER:
         return 0
     if reason is StopReason.CANCELLED:

@@ -26,6 +26,7 @@ from ._options import (
     read_goal,
 )
 from ._run import build_agent, load_model, print_error
+from ._view import result_exit_code
 
 QueueOption = Annotated[
     str | None, typer.Option(help="The job queue: a PostgreSQL URL (default $THINKLOOP_QUEUE).")
@@ -140,7 +141,7 @@ async def _serve(
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
-        console.print(f"worker {worker.name} · queue {jobs.dsn.split('@')[-1]} · {concurrency} at a time")
+        console.print(f"worker {worker.name} · queue {jobs.url} · {concurrency} at a time")  # no password
         try:
             await worker.serve(until_idle=until_idle)
         finally:
@@ -194,4 +195,4 @@ async def _submit(
             return 0
         result = await jobs.wait(submitted, store)
         console.print(escape(result.output), soft_wrap=True)
-        return 0 if result.ok else 3
+        return result_exit_code(result.stop_reason)  # as `thinkloop run`'s
