@@ -1029,3 +1029,37 @@ def test_cli_worker_hides_the_queue_password_and_submit_wait_exits_like_run(dsn:
         worker.send_signal(signal.SIGTERM)
         _, err = worker.communicate(timeout=60)
     assert "worker " in err and " · queue " in err and "hunter2" not in err, err
+
+
+def test_a_worker_does_not_resume_a_run_a_live_thinkloop_run_is_driving(dsn: str, tmp_path: Path) -> None:
+    # `runs resume` and the server refuse a run whose process is alive on this machine; a worker resumed
+    # it at once, and two processes drove one run (the first then failed on the event log).
+    import json
+    import os
+
+    (tmp_path / "ws").mkdir()
+    command = f"echo ran >> effects.txt; sleep 20.{os.getpid()}"
+    script = [{"tool_calls": [{"name": "shell", "args": {"command": command}}]}, "finished"]
+    (tmp_path / "s.json").write_text(json.dumps(script))
+    env = {**os.environ, "THINKLOOP_QUEUE": dsn, "THINKLOOP_HOME": str(tmp_path / "home")}
+    cli = [sys.executable, "-m", "thinkloop.cli"]
+    store = f"sqlite://{tmp_path}/r.db"
+    common = ["--model", "script:s.json", "--tools", "shell", "--yes", "--workspace", "ws", "--store", store]
+    live = subprocess.Popen([*cli, "run", "append and wait", *common, "--json"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert live.stdout is not None
+        run_id = json.loads(live.stdout.readline())["run_id"]
+        while not (tmp_path / "ws" / "effects.txt").exists():
+            assert live.poll() is None, live.stderr.read() if live.stderr else ""
+            time.sleep(0.05)
+        queued = subprocess.run([*cli, "submit", "append and wait", "--run-id", run_id], env=env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert queued.returncode == 0, queued.stderr
+        worker = subprocess.run([*cli, "worker", *common, "--until-idle"], env=env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert "is still running in process" in worker.stderr, worker.stderr
+        assert (tmp_path / "ws" / "effects.txt").read_text() == "ran\n"  # the worker did not run it again
+    finally:
+        live.terminate()
+        live.communicate(timeout=60)

@@ -45,6 +45,7 @@ from ._aio import PerLoop
 from ._budget import Budget
 from ._errors import ConfigurationError, StateError, ThinkloopError, UserError
 from .stores._base import DamagedRunError, check_goal, check_id
+from .stores._owner import check_not_running
 from .stores._postgres import Link, pg_text
 
 if TYPE_CHECKING:
@@ -660,6 +661,8 @@ async def run_or_resume(
     state = await _load(store, check_id(run_id))
     if state is not None and state.finished:
         return RunResult.from_state(state)
+    if state is not None:  # a live `thinkloop run` (or serve) on this machine drives it: not twice at once
+        check_not_running(run_id, state.metadata, force="`thinkloop runs resume --force`")
     number = max(_next_attempt(state), attempt or 0)
     if number > max_attempts:
         if state is None:  # every attempt died before the run's first checkpoint
