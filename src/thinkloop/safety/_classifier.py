@@ -1035,7 +1035,8 @@ _STATIC: dict[str, tuple[RiskLevel, str]] = {
         dotnet ansible ansible-playbook packer vagrant
         """),
     **_group(MEDIUM, "interactive program that can change anything", """
-        vim vi nvim nano emacs ed pico joe mc screen tmux mysql psql redis-cli mongo mongosh sqlcmd
+        vim vi nvim ex view vimdiff gvim gview gvimdiff rvim rview evim vim.basic vim.tiny nano emacs ed pico
+        joe mc screen tmux mysql psql redis-cli mongo mongosh sqlcmd
         cqlsh ftp sftp telnet lftp gdb
         """),
     **_group(MEDIUM, "changes session or system state", """
@@ -1752,13 +1753,51 @@ def _sed_writes(args: list[str]) -> list[str]:
 _AWK_DANGER_RE = re.compile(r"\bsystem\s*\(|\|\s*getline|\|\s*\"|print[^;]*>\s*\"/")
 
 
+_AWK_REGEX_AFTER = frozenset("(,~!{;&|\n")  # a `/` after these (or first) starts a regular expression
+
+
+def _awk_code(program: str) -> str:
+    """`program` with its strings, regular-expression literals and comments emptied, so that a `|` left
+    is a pipe. A `/` starts a regular expression where awk reads one (first, or after one of
+    `_AWK_REGEX_AFTER`), otherwise it divides; an unterminated string or expression ends at the end of
+    its line. Each character is read at most twice: linear."""
+    out: list[str] = []
+    index, end, before = 0, len(program), ""
+    while index < end:
+        char = program[index]
+        if char == '"' or (char == "/" and (before == "" or before in _AWK_REGEX_AFTER)):
+            stop = index + 1
+            while stop < end and program[stop] not in (char, "\n"):
+                stop += 2 if program[stop] == "\\" else 1
+            if char == '"' or (stop < end and program[stop] == "/"):
+                out.append(char * 2)
+                index, before = stop + 1, char
+                continue
+        elif char == "#":
+            while index < end and program[index] != "\n":
+                index += 1
+            continue
+        out.append(char)
+        if not char.isspace() or char == "\n":
+            before = char
+        index += 1
+    return "".join(out)
+
+
+_AWK_PIPE_RE = re.compile(r"(?<!\|)\|(?!\|)")  # `print … | CMD`, `CMD | getline`, gawk's `|&`
+
+
 def _h_awk(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
-    opts = _parse_opts(cmd.args, ("-f", "-v", "-F", "-i", "--include", "-e", "--source"))
+    opts = _parse_opts(cmd.args, ("-f", "-v", "-F", "-i", "--include", "-e", "--source", "-l", "--load"))
     program = opts.value("-e", "--source") or (opts.operands[0] if opts.operands else "")
     findings: list[Finding] = [(LOW, "awk: text processing")]
     if _AWK_DANGER_RE.search(program):
         findings.append((HIGH, f"awk program runs commands or writes files: {_show(program)!r}"))
         findings += _shell_calls(program, ctx, "awk")
+    elif "|" in program and _AWK_PIPE_RE.search(_awk_code(program)):
+        findings.append((HIGH, f"awk program pipes to or from a command: {_show(program)!r}"))
+    if opts.has("-l", "--load") or re.search(r"@load\b", program):
+        findings.append((HIGH, "awk loads an extension (a shared library runs in awk)"))
     if "inplace" in opts.values("-i", "--include"):
         files = opts.operands[1:]
         findings += [_write_finding("awk -i inplace on", f, ctx) for f in files]
@@ -2021,6 +2060,208 @@ def _h_dc(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     kind = next((k for argv in cmd.upstream if (k := _stage_source(argv, ctx)) is not None), None)
     if kind is not None:
         findings.append((HIGH, f"pipes {kind} into dc: its ! lines run shell commands"))
+    return findings
+
+
+_LESS_VALUED = frozenset("bhjkpPtTxyz#")  # options toggled at less's `-` prompt that then ask for a value
+_LESS_LONG_VALUED = frozenset({"log-file", "LOG-FILE", "pattern", "prompt", "tag", "tag-file", "tabs", "shift",
+                               "window", "jump-target", "lesskey-file"})  # fmt: skip
+
+
+def _less_line(text: str, start: int) -> tuple[str, int]:
+    """The text from `start` up to the end of the line (what a less prompt reads), and where the next
+    command starts."""
+    stop = start
+    while stop < len(text) and text[stop] not in "\n\r":
+        stop += 1
+    return text[start:stop], stop + 1
+
+
+def _less_commands(text: str, ctx: _Ctx, label: str) -> list[Finding]:
+    """Findings for the less commands of `text` (`less +CMD`, `++CMD`, `+CMD` in $LESS), read as less
+    reads keys: `!CMD` and `#CMD` give CMD to a shell, `|mCMD` pipes to CMD, `s FILE` and `-o FILE`
+    write FILE, `v` runs the editor; a search (`/PAT`, `?PAT`, `&PAT`) reads up to the end of the
+    line, so that `+/a!b` is a search. A command less reads otherwise is one key (`G`, `F`, `50`…):
+    reading a key as a command of its own never lowers a rating. Each character is read once."""
+    findings: list[Finding] = []
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char in "/?&":
+            _, index = _less_line(text, index + 1)
+        elif char == ":":  # `:e FILE` and `:t TAG` read a line, `:n`, `:p`, `:x`, `:d` … are two keys
+            index = _less_line(text, index + 2)[1] if text[index + 1 : index + 2] in ("e", "t") else index + 2
+        elif char in "!#|":
+            command, index = _less_line(text, index + (2 if char == "|" else 1))
+            findings += _exec_text(command, ctx, f"{label} {char}") or [
+                (HIGH, f"{label} {char}: opens a shell")
+            ]
+        elif char == "s":
+            name, index = _less_line(text, index + 1)
+            if name.strip():
+                findings.append(_write_finding(f"{label} s writes", name.strip(), ctx))
+        elif char == "v":
+            findings.append((MEDIUM, f"{label} v: runs the editor ($VISUAL, $EDITOR)"))
+            index += 1
+        elif char == "-":
+            index = _less_option(text, index + 1, ctx, label, findings)
+        else:
+            index += 1
+    return findings
+
+
+def _less_option(text: str, index: int, ctx: _Ctx, label: str, findings: list[Finding]) -> int:
+    """Read the option less's `-` command changes at `text[index]` (`-o FILE`, `--log-file` NL FILE,
+    `-S` …): add the findings of a log file it writes, and return where the next command starts."""
+    if text[index : index + 1] == "-":
+        name, index = _less_line(text, index + 1)
+        if name.strip() in _LESS_LONG_VALUED:
+            value, index = _less_line(text, index)
+            if name.strip().lower() == "log-file" and value.strip():
+                findings.append(_write_finding(f"{label} --{name.strip()}", value.strip(), ctx))
+        return index
+    letter = text[index : index + 1]
+    if letter in ("o", "O"):
+        value, index = _less_line(text, index + 1)
+        if value.strip():
+            findings.append(_write_finding(f"{label} -{letter} writes", value.strip(), ctx))
+        return index
+    if letter and letter in _LESS_VALUED:
+        return _less_line(text, index + 1)[1]
+    return index + 1
+
+
+def _less_env_commands(value: str, ctx: _Ctx) -> list[Finding]:
+    """The `+CMD` options of $LESS: each runs to the next `$` (which ends a string option there)."""
+    findings: list[Finding] = []
+    for match in re.finditer(r"(?:^|(?<=\s))\++([^$]*)", value):
+        findings += _less_commands(match[1], ctx, "LESS +")
+    return findings
+
+
+def _h_less(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    findings = _h_outputs(cmd, ctx)
+    rule = _OUTPUTS["less"]
+    skip = False
+    for arg in cmd.args:
+        if skip:
+            skip = False
+        elif arg == "--":
+            break
+        elif arg.startswith("+"):
+            findings += _less_commands(arg[2:] if arg.startswith("++") else arg[1:], ctx, "less +")
+        else:
+            skip = arg in rule.with_arg
+    return findings
+
+
+_VIM_NAMES = frozenset(
+    _words("vim vi nvim ex view vimdiff gvim gview gvimdiff rvim rview evim vim.basic vim.tiny")
+)
+_VIM_WITH_ARG = frozenset(_words("-u -U -i -T -w -W -s -t -q -S -r -V --servername --startuptime --listen"))
+_VIM_EX = frozenset({"-c", "--cmd", "--remote-send", "--remote-expr"})  # their value is an Ex command
+_VIM_BANG_RE = re.compile(  # `:!CMD`, `:r !CMD`, `:w !CMD`, `:%!CMD`, `silent !CMD`, `exe "!CMD"`
+    r"\"!(?P<dq>[^\"\n]*)|'!(?P<sq>[^'\n]*)"
+    r"|(?:^|(?<=[\s|:%.$,;<>\d]))(?:(?:r|read|w|write)[ \t]*)?!(?P<cmd>[^\n]*)"
+)
+_VIM_CALL_RE = re.compile(  # a function running a command, given it as a literal or not
+    r"\b(?:system|systemlist|job_start|jobstart|termopen|term_start)\s*\(\s*"
+    r"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'|(?P<other>))"
+)
+_VIM_TERMINAL_RE = re.compile(
+    r"(?:^|(?<=[\s|:]))ter(?:m(?:i(?:n(?:a(?:l)?)?)?)?)?!?(?:\s+\+\+\w+)*\s+(?P<cmd>[^\n]*)"
+)
+_VIM_CODE_RE = re.compile(
+    r"(?:^|(?<=[\s|:]))(?P<lang>py(?:thon)?3?|pyx|pythonx|py3?do|pyxdo|lua|luado|perl|perldo|ruby|rubydo"
+    r"|mz(?:scheme)?|tcl|tcldo)\s+(?P<code>[^\n]*)"
+)
+_VIM_EXECUTE_RE = re.compile(r"(?:^|(?<=[\s|:]))exe(?:c|cu|cut|cute)?\s+(?P<expr>[^\n|]*)")
+_VIM_LITERAL_RE = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'")
+
+
+def _vim_ex_findings(text: str, ctx: _Ctx, label: str) -> list[Finding]:
+    """Findings for the shell commands of a vim Ex command line: `!CMD` forms, `system("CMD")` and the
+    like, `:terminal CMD`, `:py`/`:lua`/`:perl`/`:ruby` code; `:execute` of anything but literals is
+    `high` (the command is built at runtime). Each is one regular-expression pass: linear."""
+    findings: list[Finding] = []
+    for match in _VIM_BANG_RE.finditer(text):
+        command = next(g for g in (match["dq"], match["sq"], match["cmd"]) if g is not None)
+        findings += _exec_text(command, ctx, f"{label} !")
+    for match in _VIM_CALL_RE.finditer(text):
+        if match["other"] is not None:
+            findings.append((HIGH, f"{label} runs a command built at runtime: {_show(match[0])!r}"))
+        else:
+            findings += _exec_text(match["dq"] if match["dq"] is not None else match["sq"], ctx, label)
+    for match in _VIM_TERMINAL_RE.finditer(text):
+        findings += _exec_text(match["cmd"], ctx, f"{label} :terminal")
+    for match in _VIM_CODE_RE.finditer(text):
+        findings += _code_findings(match["code"], ctx, f"{label} :{match['lang']}")
+    for match in _VIM_EXECUTE_RE.finditer(text):
+        if _VIM_LITERAL_RE.sub("", match["expr"]).replace(".", "").strip():
+            findings.append((HIGH, f"{label}: :execute builds an Ex command at runtime: {_show(match[0])!r}"))
+    return findings
+
+
+def _h_vim(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """vi/vim/nvim/ex/view: the Ex commands of `-c CMD`, `+CMD`, `--cmd CMD` (and of a server's
+    `--remote-send KEYS`/`--remote-expr EXPR`) can run shell commands: those are rated
+    (`_vim_ex_findings`); vim itself stays what it is (an interactive program)."""
+    findings = [_static_finding(cmd)]
+    index = 0
+    while index < len(cmd.args):
+        arg = cmd.args[index]
+        index += 1
+        if arg == "--":
+            break
+        if arg in _VIM_EX and index < len(cmd.args):
+            text = cmd.args[index]
+            index += 1
+            if arg == "--remote-send":
+                text = re.sub(r"<(?:CR|Enter|Return|NL)>", "\n", text, flags=re.I)
+            findings += _vim_ex_findings(text, ctx, f"{cmd.name} {arg}")
+        elif arg.startswith("+") and len(arg) > 1:
+            findings += _vim_ex_findings(arg[1:], ctx, f"{cmd.name} +")
+        elif arg in _VIM_WITH_ARG:
+            index += 1
+    return findings
+
+
+_EMACS_EVAL = ("--eval", "-eval", "--execute", "-execute")
+_ELISP_CALL_RE = re.compile(
+    r"\((?P<fn>shell-command(?:-to-string|-on-region)?|async-shell-command|call-process-shell-command"
+    r"|start-process-shell-command|start-file-process-shell-command|process-file-shell-command"
+    r"|call-process(?:-region)?|process-lines|start-process|start-file-process|make-process|process-file"
+    r"|compile|executable-find-and-run)\b(?P<args>[^()]*)"
+)
+_ELISP_STRING_RE = re.compile(r"\"((?:[^\"\\]|\\.)*)\"")
+
+
+def _elisp_findings(code: str, ctx: _Ctx, label: str) -> list[Finding]:
+    """Emacs Lisp run by `--eval`: inline code (`_code_findings`), and the commands its shell and
+    process functions are given as literals (a shell function's strings are command lines, a process
+    function's the program and its arguments)."""
+    findings = _code_findings(code, ctx, label)
+    for match in _ELISP_CALL_RE.finditer(code):
+        literals = [m[1].replace('\\"', '"') for m in _ELISP_STRING_RE.finditer(match["args"])]
+        if "shell" in match["fn"] or match["fn"] == "compile":
+            for text in literals:
+                findings += _exec_text(text, ctx, f"{label} ({match['fn']})")
+            if not literals:
+                findings.append((HIGH, f"{label} runs a shell command built at runtime ({match['fn']})"))
+        else:
+            findings.append((HIGH, f"{label} runs a program ({match['fn']} {_show(match['args'], 40)})"))
+            for start in range(min(len(literals), 3)):  # `start-process NAME BUFFER PROGRAM ARGS`
+                findings += _classify_argv(literals[start:], _Cmd("emacs", "emacs", [], [], []), ctx)
+    return findings
+
+
+def _h_emacs(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    findings = [_static_finding(cmd)]
+    for index, arg in enumerate(cmd.args):
+        name, eq, value = arg.partition("=")
+        if name in _EMACS_EVAL:
+            code = value if eq else (cmd.args[index + 1] if index + 1 < len(cmd.args) else "")
+            findings += _elisp_findings(code, ctx, "emacs --eval")
     return findings
 
 
@@ -3216,6 +3457,35 @@ def _h_alias(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     return [(LOW, "alias: lists aliases")]
 
 
+def _h_hash(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """`hash -p PATH NAME` makes NAME run PATH from then on (`hash -p /tmp/x ls; ls` runs /tmp/x)."""
+    opts = _parse_opts(cmd.args, ("-p",))
+    path = opts.value("-p")
+    if path is not None:
+        names = ", ".join(opts.operands) or "a command"
+        return [(HIGH, f"hash -p {_show(path)}: makes {_show(names)} run '{_show(path)}' from then on")]
+    return [(LOW, "hash: read-only inspection")]
+
+
+def _h_enable(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """`enable -f LIB NAME` loads a builtin from a shared library (its code runs in the shell, and NAME
+    runs it from then on)."""
+    opts = _parse_opts(cmd.args, ("-f",))
+    if opts.has("-f"):
+        return [(HIGH, f"{cmd.label()}: loads a builtin from a shared library")]
+    return [(LOW, "enable: shell builtin without side effects")]
+
+
+def _h_trap(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """`trap ACTION SIGNAL…`: the shell runs ACTION on the signal (at exit for EXIT, before every command
+    for DEBUG): ACTION is rated as a command line. `trap '' SIG`, `trap - SIG`, `trap -p` and `trap -l`
+    change or show no command."""
+    args = cmd.args[1:] if cmd.args[:1] == ["--"] else cmd.args
+    if not args or args[0] in ("-p", "-l", "-P") or re.fullmatch(r"-|\d+", args[0]) or len(args) == 1:
+        return [(LOW, "trap: resets or lists signal handlers")]
+    return _exec_text(args[0], ctx, "trap action") or [(LOW, "trap: ignores signals")]
+
+
 def _h_cd(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     operands = _parse_opts(cmd.args).operands
     target = operands[0] if operands else ("~" if cmd.name == "cd" else "-")  # pushd alone swaps
@@ -3236,8 +3506,8 @@ def _h_su(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     if code is not None:
         return _exec_text(code, ctx, f"{cmd.name} -c")
     operands = [o for o in opts.operands if o != "-"]
-    if cmd.name == "runuser" and opts.has("-u") and operands:
-        return _classify_argv(operands, cmd, ctx)
+    if cmd.raw.rsplit("/", 1)[-1] == "runuser" and opts.has("-u") and operands:  # `runuser -u U CMD ARGS`
+        return _classify_argv(_parse_opts(cmd.args, _SU_WITH_ARG, stop_at_operand=True).operands, cmd, ctx)
     user = opts.value("-u") or (operands[0] if operands else "root")
     return [(HIGH, f"{cmd.name} {user}: opens a shell as {user}")]
 
@@ -4021,9 +4291,16 @@ def _split_wrapper(args: list[str], wrapper: _Wrapper) -> tuple[list[str], list[
         index += 1
         if arg == "--":
             break
-        flags.append(arg)
-        if arg in wrapper.with_arg:
-            index += 1
+        if arg.startswith("--") or len(arg) == 2:
+            flags.append(arg)
+            if arg in wrapper.with_arg:
+                index += 1
+            continue
+        for pos, letter in enumerate(arg[1:], start=1):  # a cluster: `sudo -iu root`, `strace -fo FILE`
+            flags.append("-" + letter)
+            if "-" + letter in wrapper.with_arg:
+                index += 0 if arg[pos + 1 :] else 1  # its value: the rest of the word, or the next one
+                break
     index += wrapper.positional
     return flags, args[index:]
 
@@ -4036,6 +4313,10 @@ def _unwrap(cmd: _Cmd, wrapper: _Wrapper, ctx: _Ctx) -> list[Finding]:
         if cmd.name in ("sudo", "doas", "run0") and _ROOT_SHELL_FLAGS & set(flags):
             return [(HIGH, f"{cmd.label()}: opens an interactive root shell")]
         return [(wrapper.alone, f"{cmd.name} without a command")]
+    if cmd.name in ("sudo", "doas", "run0") and _ROOT_SHELL_FLAGS & set(flags):
+        # `sudo -s CMD`/`-i CMD` give CMD to the shell's -c: its text is a command line (sudo escapes
+        # its arguments' metacharacters first; rated as a command line all the same, never lower)
+        return _exec_text(" ".join(inner), ctx, f"{cmd.name} -s") + _classify_argv(inner, cmd, ctx)
     if cmd.name in _SHELL_WRAPPERS and (cmd.name == "sg" or inner[0] in ("-c", "--command")):
         code = inner[1:] if inner[0] in ("-c", "--command") else inner
         return _exec_text(" ".join(code), ctx, f"{cmd.name} -c") or [(LOW, f"{cmd.name} -c with empty code")]
@@ -4195,10 +4476,12 @@ _HANDLERS: dict[str, _Handler] = {
     "socat": _h_socat, "ssh": _h_ssh, "openssl": _h_openssl, "fdisk": _h_fdisk, "mdadm": _h_mdadm,
     "usermod": _h_usermod, "useradd": _h_useradd, "adduser": _h_useradd, "export": _h_export,
     "declare": _h_export, "typeset": _h_export, "readonly": _h_export, "local": _h_export, "unset": _h_unset,
+    "hash": _h_hash, "enable": _h_enable, "trap": _h_trap,
     "set": _h_set, "alias": _h_alias, "cd": _h_cd, "pushd": _h_cd, "popd": _h_cd, "su": _h_su, "sh": _h_shell, "source": _h_source,
     ".": _h_source, "eval": _h_eval, "env": _h_env, "watch": _h_watch, "xargs": _h_xargs, "script": _h_script,
     "man": _h_man, "xxd": _h_xxd, "split": _h_split, "csplit": _h_split, "dc": _h_dc, "yq": _h_yq,
-    **dict.fromkeys(_OUTPUTS.keys() - {"man"}, _h_outputs),
+    **dict.fromkeys(_OUTPUTS.keys() - {"man", "less"}, _h_outputs), "less": _h_less,
+    **dict.fromkeys(_VIM_NAMES, _h_vim), "emacs": _h_emacs,
     **dict.fromkeys(_SHELL_CODE_FLAGS, _h_interp),
     **dict.fromkeys(_SUBCOMMAND_RULES, _h_subcommand),
 }  # fmt: skip
@@ -4226,7 +4509,7 @@ _KEYWORDS = frozenset(
 _COMMAND_VARIABLES = frozenset(
     {"PAGER", "MANPAGER", "GIT_PAGER", "SYSTEMD_PAGER", "EDITOR", "VISUAL", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR",
      "SUDO_EDITOR", "GIT_SSH_COMMAND", "GIT_SSH", "GIT_ASKPASS", "SSH_ASKPASS", "SUDO_ASKPASS",
-     "GIT_EXTERNAL_DIFF", "GIT_PROXY_COMMAND", "LESSOPEN", "LESSCLOSE", "RSYNC_RSH"}
+     "GIT_EXTERNAL_DIFF", "GIT_PROXY_COMMAND", "LESSOPEN", "LESSCLOSE", "RSYNC_RSH", "PROMPT_COMMAND"}
 )  # fmt: skip
 _GIT_CONFIG_KEY_RE = re.compile(r"GIT_CONFIG_KEY_(\d+)")
 
@@ -4235,6 +4518,19 @@ def _assignment_findings(word: str) -> list[Finding]:
     name = re.split(r"[+=\[]", word, maxsplit=1)[0]
     rule = _RISKY_VARIABLES.get(name)
     return [rule] if rule is not None else []
+
+
+def _variable_command_findings(name: str, value: str, ctx: _Ctx) -> list[Finding]:
+    """The command a variable set to `value` makes programs run (`_COMMAND_VARIABLES`), the `+CMD`
+    options of $LESS, and the file $BASH_ENV makes every non-interactive bash source first."""
+    if name in _COMMAND_VARIABLES and value.strip():
+        command = value.lstrip("|-").replace("%s", "FILE") if name.startswith("LESS") else value
+        return _exec_text(command, ctx, f"{name}={_show(value, 40)}")
+    if name == "LESS" and "+" in value:
+        return _less_env_commands(value, ctx)
+    if name == "BASH_ENV" and value.strip():
+        return _h_source(_Cmd("BASH_ENV", "BASH_ENV", [value], [], []), ctx)
+    return []
 
 
 def _assignments_findings(words: list[str], ctx: _Ctx | None) -> list[Finding]:
@@ -4251,9 +4547,7 @@ def _assignments_findings(words: list[str], ctx: _Ctx | None) -> list[Finding]:
     if ctx is None:
         return findings
     for name, value in values.items():
-        if name in _COMMAND_VARIABLES and value.strip():
-            command = value.lstrip("|-").replace("%s", "FILE") if name.startswith("LESS") else value
-            findings += _exec_text(command, ctx, f"{name}={_show(value, 40)}")
+        findings += _variable_command_findings(name, value, ctx)
     settings: list[tuple[str, str]] = []
     if "GIT_CONFIG_PARAMETERS" in values:  # `'core.pager'='CMD' …`
         try:
