@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -327,6 +327,113 @@ async def test_an_after_too_large_for_the_store_is_422_not_a_500(tmp_path: Path)
         largest = await client.get(f"/api/runs/{run_id}/events", params={"after": 10**18 - 1})
         assert largest.status_code == 200 and largest.json()["events"] == []
     await agent.store.aclose()
+
+
+@pytest.fixture
+def pg_dsn() -> Iterator[str]:
+    from conftest import private_schema
+
+    yield from private_schema("tl_server")
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_a_bad_id_in_a_query_is_422_whatever_the_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`?session=%00` went to the store as it came: a PostgresStore failed on the NUL (500, "check that the
+    server is running"), SQLite answered 200."""
+    from thinkloop.stores import PostgresStore
+
+    store: Store = {
+        "memory": lambda: MemoryStore(),
+        "sqlite": lambda: SQLiteStore(tmp_path / "runs.db"),
+        "postgres": lambda: PostgresStore(request.getfixturevalue("pg_dsn")),
+    }[kind]()
+    agent, _ = make_agent(ScriptedModel(["ok"]), store)
+    try:
+        async with api(create_app(agent)) as client:
+            run_id = await start(client, session="alice")
+            await finished(client, run_id)
+            for path, where, what in [
+                ("/api/runs?session=%00", "query.session", "invalid session id '\\x00'"),
+                ("/api/runs?session=a%00b", "query.session", "invalid session id 'a\\x00b'"),
+                ("/api/runs?session=%FF", "query.session", "invalid session id '\ufffd'"),
+                ("/api/runs?session=..", "query.session", "invalid session id '..'"),
+                ("/api/runs?session=", "query.session", "invalid session id ''"),
+                ("/api/runs?session=" + "a" * 5000, "query.session", "… (5,000 characters)"),
+                ("/api/approvals?run_id=%00", "query.run_id", "invalid run id '\\x00'"),
+                ("/api/approvals?run_id=..%2Fx", "query.run_id", "invalid run id '../x'"),
+            ]:
+                response = await client.get(path)
+                assert response.status_code == 422, (path, response.text)
+                body = response.json()
+                assert [d["where"] for d in body["details"]] == [where], path
+                assert what in body["error"] and len(body["error"]) < 400, body["error"]
+            listed = (await client.get("/api/runs", params={"session": "alice"})).json()["runs"]
+            assert [r["run_id"] for r in listed] == [run_id]
+            assert (await client.get("/api/approvals", params={"run_id": run_id})).json() == {"approvals": []}
+    finally:
+        await store.aclose()
+
+
+async def test_a_body_of_many_unknown_fields_is_refused_with_a_short_answer() -> None:
+    """2 MB of distinct unknown keys (238,000 of them) was answered with a 422 of 23 MB naming each one,
+    built while the event loop served nothing else."""
+    max_fields, max_problems = 32, 10  # the most fields a body may have; the most problems a 422 shows
+    agent, _ = make_agent(ScriptedModel([]))
+    app = create_app(agent)
+    headers = {"content-type": "application/json"}
+    keys = [f"k{i}" for i in range(150_000)]
+    body = ("{" + ",".join(f'"{k}":0' for k in keys) + "}").encode()
+    assert 1_000_000 < len(body) < 2_097_152
+    async with api(app) as client:
+        for path in ("/api/runs", "/api/runs/r/resume", "/api/runs/r/approvals/c0"):
+            response = await client.post(path, content=body, headers=headers)
+            assert response.status_code == 422, response.text[:300]
+            assert len(response.content) < 1_000
+            assert response.json() == {
+                "error": "invalid request: body: the body has 150,000 fields, more than the 32 any request of "
+                "this server takes: send only the fields of the request (GET /openapi.json describes them)",
+                "details": [
+                    {
+                        "where": "",
+                        "problem": "the body has 150,000 fields, more than the 32 any request of this server "
+                        "takes: send only the fields of the request (GET /openapi.json describes them)",
+                    }
+                ],
+            }
+
+        # as many as a body may have: each unknown one an error, of which the first 10 are shown
+        fields = {"goal": "x", **{f"colour{i}": i for i in range(max_fields - 1)}}
+        response = await client.post("/api/runs", json=fields)
+        assert response.status_code == 422
+        answer = response.json()
+        assert len(answer["details"]) == max_problems
+        assert answer["details"][0] == {"where": "colour0", "problem": "Extra inputs are not permitted"}
+        assert answer["error"].endswith(
+            f"colour9: Extra inputs are not permitted; and {max_fields - 11} more"
+        )
+        assert answer["error"].count("Extra inputs are not permitted") == max_problems
+        assert (await client.post("/api/runs", json={**fields, "one_more": 1})).json()["details"] == [
+            {
+                "where": "",
+                "problem": f"the body has {max_fields + 1} fields, more than the 32 any request of this server "
+                "takes: send only the fields of the request (GET /openapi.json describes them)",
+            }
+        ]
+
+        # a name of a megabyte, or a limit of 4,000 digits, is not echoed whole
+        long_key = await client.post("/api/runs", json={"goal": "x", "k" * 1_000_000: 0})
+        assert long_key.status_code == 422 and len(long_key.content) < 1_000
+        assert long_key.json()["details"] == [
+            {"where": "k" * 80 + "… (1000000 characters)", "problem": "Extra inputs are not permitted"}
+        ]
+        big = await client.post(
+            "/api/runs", content=b'{"goal": "x", "max_steps": ' + b"9" * 4000 + b"}", headers=headers
+        )
+        assert big.status_code == 422 and len(big.content) < 500, big.text[:300]
+        assert "max_steps: 9999" in big.json()["error"] and "(4000 characters)" in big.json()["error"]
+    assert app.state.manager.active() == []
 
 
 async def test_unknown_paths_and_methods_say_what_exists() -> None:

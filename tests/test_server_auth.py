@@ -290,6 +290,59 @@ def test_thinkloop_serve_with_a_token(tmp_path: Path, how: str) -> None:
             process.communicate()
 
 
+@pytest.mark.parametrize(
+    ("host", "url_host"), [("127.0.0.2", "127.0.0.2"), ("0:0:0:0:0:0:0:1", "[0:0:0:0:0:0:0:1]")]
+)
+def test_thinkloop_serve_on_any_loopback_address_answers_at_the_url_it_prints(
+    tmp_path: Path, host: str, url_host: str
+) -> None:
+    """`--host 127.0.0.2` (a loopback address, so no token is needed) allowed only the Host headers
+    127.0.0.1, localhost and [::1]: every request to the URL it printed was refused with 400."""
+    (tmp_path / "script.json").write_text('["hi"]')
+    port = _free_port()
+    args = ["--host", host, "--port", str(port), "--model", "script:script.json"]
+    environment = {k: v for k, v in os.environ.items() if k != "THINKLOOP_SERVER_TOKEN"}
+    environment.update(THINKLOOP_HOME=str(tmp_path / "home"), COLUMNS="300")
+    command = [sys.executable, "-m", "thinkloop.cli", "serve", *args]
+    process = subprocess.Popen(command, env=environment, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    url = f"http://{url_host}:{port}"
+    try:
+        with httpx.Client(base_url=url) as client:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    info = client.get("/api/info")
+                    break
+                except httpx.TransportError:
+                    assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
+                    time.sleep(0.1)
+            assert info.status_code == 200, info.text
+            assert info.json()["model"].endswith("script.json")
+            assert client.get("/").status_code == 200
+            for other in ("localhost", "127.0.0.1", "[::1]"):  # the loopback names too
+                assert client.get("/api/info", headers={"host": f"{other}:{port}"}).status_code == 200
+            refused = client.get("/api/info", headers={"host": f"evil.example:{port}"})  # DNS rebinding
+            assert refused.status_code == 400 and url_host in refused.json()["error"]
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=20)
+        assert process.returncode == 0, stderr
+        assert f"at {url}/ (no token" in stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_the_hosts_thinkloop_serve_allows_on_loopback() -> None:
+    from thinkloop.cli._serve import allowed_hosts
+
+    names = ["127.0.0.1", "localhost", "::1", "[::1]"]
+    assert allowed_hosts("127.0.0.1") == allowed_hosts("localhost") == allowed_hosts("::1") == names
+    assert allowed_hosts("127.0.0.2") == [*names, "127.0.0.2"]
+    assert allowed_hosts("0:0:0:0:0:0:0:1") == [*names, "[0:0:0:0:0:0:0:1]"]  # and its short form, [::1]
+    assert allowed_hosts("0:0:0:0:0:0:0:0001") == [*names, "[0:0:0:0:0:0:0:0001]"]
+
+
 def test_a_token_file_others_may_read_is_warned_about(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("short\n")
     (tmp_path / "token").chmod(0o644)

@@ -20,9 +20,10 @@ import pytest
 import websockets
 
 from test_resume import SCRIPT, Crash, Effects, agent_for, crashing, ledger, observed
-from test_server import api, finished, make_agent, read_until, serve, start, waiting_approval
+from test_server import api, eventually, finished, make_agent, read_until, serve, start, waiting_approval
 from thinkloop import Agent, Event, RunState
 from thinkloop.stores import MemoryStore, SQLiteStore, Store
+from thinkloop.stores._owner import check_not_running
 from thinkloop.testing import FunctionModel, Reply, ScriptedModel
 
 
@@ -247,6 +248,103 @@ async def test_a_run_another_process_saved_meanwhile_is_refused_and_not_forceabl
             assert not store.race and len(await store.read_events("r")) > logged
             logged = len(await store.read_events("r"))
         assert (await client.get("/api/runs")).json()["runs"][0]["active"] is False
+    assert effects.runs == ["fetch:k1"]
+
+
+async def _interrupted_run_of_a_dead_process(store: Store, effects: Effects) -> dict[str, Any]:
+    """Interrupt run "r" recorded as a thinkloop process's that has exited since: the server may resume it,
+    and `thinkloop runs resume` too — until one of them claims it. Returns the recorded owner."""
+    gone = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await gone.wait()
+    owner = {"pid": gone.pid, "host": socket.gethostname()}
+    with pytest.raises(Crash):
+        await agent_for(store, effects).run("do the things", run_id="r", metadata={"cli": owner})
+    return owner
+
+
+async def _owner_of(store: Store) -> Any:
+    state = await store.load_state("r")
+    assert state is not None and not state.finished
+    check_not_running("r", state.metadata, force="--force")  # `thinkloop runs resume` would take it
+    return state.metadata["cli"]
+
+
+async def test_a_resume_refused_because_the_server_is_full_leaves_the_run_to_other_processes() -> None:
+    """Refused with 429, the run was still recorded as this server's: `thinkloop runs resume` elsewhere
+    then refused it as if the server were running it."""
+    store = crashing(MemoryStore, observed(1), after=True)()
+    effects = Effects()
+    owner = await _interrupted_run_of_a_dead_process(store, effects)
+    busy = ScriptedModel([{"tool_calls": [{"name": "purge", "args": {"target": "x"}, "id": "c0"}]}, "ok"])
+    agent, _ = make_agent(busy, store)
+    async with api(_app(agent, max_active_runs=1)) as client:
+        waiting = await start(client)
+        await waiting_approval(client, waiting)
+        for body in ({}, {"force": True}):
+            full = await client.post("/api/runs/r/resume", json=body)
+            assert full.status_code == 429, full.text
+            assert await _owner_of(store) == owner  # not claimed
+        await client.post(f"/api/runs/{waiting}/approvals/c0", json={"decision": "deny"})
+        await finished(client, waiting)
+    async with api(_app(agent_for(store, effects))) as client:  # with room, the server claims it
+        assert (await client.post("/api/runs/r/resume", json={})).status_code == 202
+        assert (await finished(client, "r"))[-1]["result"]["output"] == "all done"
+    state = await store.load_state("r")
+    assert state is not None and state.metadata["cli"]["pid"] == os.getpid()
+
+
+async def test_a_resume_refused_because_the_server_shuts_down_leaves_the_run_unclaimed() -> None:
+    store = crashing(MemoryStore, observed(1), after=True)()
+    effects = Effects()
+    owner = await _interrupted_run_of_a_dead_process(store, effects)
+    app = _app(agent_for(store, effects))
+    await app.state.manager.shutdown(0)
+    async with api(app) as client:
+        refused = await client.post("/api/runs/r/resume", json={})
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]
+    assert await _owner_of(store) == owner
+    assert effects.runs == ["fetch:k1"]
+
+
+async def test_a_claim_saved_just_before_the_server_began_to_shut_down_is_taken_back() -> None:
+    """The server starts shutting down while it saves its claim on the run: the resume is refused with 503,
+    and the claim it saved is taken back."""
+    app: Any = None
+
+    class ShutsDownWhileClaimed(crashing(MemoryStore, observed(1), after=True)):  # type: ignore[misc]
+        async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
+            await super().checkpoint(state, events)
+            if app is not None and not events and state.metadata["cli"]["pid"] == os.getpid():
+                assert (await self.load_state("r")).metadata["cli"]["pid"] == os.getpid()  # type: ignore[union-attr]
+                await app.state.manager.shutdown(0)
+
+    store = ShutsDownWhileClaimed()
+    effects = Effects()
+    owner = await _interrupted_run_of_a_dead_process(store, effects)
+    app = _app(agent_for(store, effects))
+    async with api(app) as client:
+        refused = await client.post("/api/runs/r/resume", json={})
+        assert refused.status_code == 503, refused.text
+        assert (await client.get("/api/runs")).json()["runs"][0]["active"] is False
+    assert await _owner_of(store) == owner
+    assert effects.runs == ["fetch:k1"]
+
+
+async def test_a_resume_whose_run_fails_before_it_starts_takes_its_claim_back() -> None:
+    """202, then the resumed run could not start (its MCP server would not): the run stays unfinished, and
+    not recorded as the server's (it was, and only `--force` could resume it elsewhere)."""
+    from thinkloop.mcp import MCPServerStdio
+
+    store = crashing(MemoryStore, observed(1), after=True)()
+    effects = Effects()
+    owner = await _interrupted_run_of_a_dead_process(store, effects)
+    broken = MCPServerStdio("/nonexistent/mcp-server-of-this-test", [], name="broken")
+    app = _app(agent_for(store, effects, mcp_servers=[broken]))
+    async with api(app) as client:
+        assert (await client.post("/api/runs/r/resume", json={})).status_code == 202
+        await eventually(lambda: app.state.manager.active() == [])
+        assert app.state.manager.failure("r") is not None
+    assert await _owner_of(store) == owner
     assert effects.runs == ["fetch:k1"]
 
 

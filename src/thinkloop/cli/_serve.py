@@ -234,7 +234,7 @@ async def _serve(
     app = create_app(
         agent,
         max_active_runs=max_active_runs,
-        allowed_hosts=[*LOOPBACK_NAMES, "[::1]"] if loopback else None,
+        allowed_hosts=allowed_hosts(host) if loopback else None,
         run_metadata={"cli": cli_metadata({**options, "learn": False}, instructions)},
         close_agent=True,
         token=token,
@@ -259,6 +259,24 @@ async def _serve(
         app, host=host, port=port, head_timeout=header_timeout, max_connections=max_connections
     )
     await uvicorn.Server(config).serve(sockets=sockets)
+
+
+def allowed_hosts(host: str) -> list[str]:
+    """The `Host` headers a server listening on the loopback address `host` answers to: the loopback names,
+    and `host` itself as the URL it prints names it — `127.0.0.2`, or an IPv6 address in brackets, as given
+    and in its short form (`[0:0:0:0:0:0:0:1]`, `[::1]`). Any other name is refused (DNS rebinding)."""
+    allowed = [*LOOPBACK_NAMES, "[::1]"]
+    given = host.strip("[]")
+    try:
+        address = ipaddress.ip_address(given)
+    except ValueError:  # a name (localhost): as given
+        forms = [host]
+    else:
+        forms = [f"[{given}]", f"[{address.compressed}]"] if address.version == 6 else [given]
+    for form in forms:
+        if form not in allowed:
+            allowed.append(form)
+    return allowed
 
 
 def _is_loopback(host: str) -> bool:

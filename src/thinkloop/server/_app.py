@@ -32,7 +32,7 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from importlib import resources
 from typing import Annotated, Any, Literal
 
@@ -40,7 +40,7 @@ from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -254,9 +254,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        details = [_problem(err) for err in exc.errors()]
-        text = "; ".join(f"{d['where'] or 'body'}: {d['problem']}" for d in details)
-        return JSONResponse({"error": f"invalid request: {text}", "details": details}, status_code=422)
+        return _invalid(exc.errors())
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -296,6 +294,21 @@ def _internal_error(exc: BaseException) -> str:
     return f"the server failed ({what[:200]}); its log has the details: try again, or report it"
 
 
+MAX_PROBLEMS = 10  # validation errors a 422 shows (the error text says how many more there were)
+MAX_WHERE = 80  # characters of a field's name shown in a 422: an unknown key may be a megabyte long
+MAX_PROBLEM = 500  # characters of one problem's text
+
+
+def _invalid(errors: Sequence[Mapping[str, Any]]) -> JSONResponse:
+    """The 422 answer to validation errors: the first `MAX_PROBLEMS`, each cut to a sane size (a body of
+    2 MB of unknown keys was answered with 23 MB naming every one)."""
+    details = [_problem(err) for err in errors[:MAX_PROBLEMS]]
+    text = "; ".join(f"{d['where'] or 'body'}: {d['problem']}" for d in details)
+    if len(errors) > MAX_PROBLEMS:
+        text += f"; and {len(errors) - MAX_PROBLEMS} more"
+    return JSONResponse({"error": f"invalid request: {text}", "details": details}, status_code=422)
+
+
 def _problem(error: Mapping[str, Any]) -> dict[str, str]:
     """One validation error as `{where, problem}`; the body itself must be a JSON object."""
     where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
@@ -306,10 +319,36 @@ def _problem(error: Mapping[str, Any]) -> dict[str, str]:
             if error.get("type") != "missing"
             else ("the body is missing: send a JSON object")
         )
-    return {"where": where, "problem": problem}
+    return {"where": _cut(where, MAX_WHERE), "problem": _cut(problem, MAX_PROBLEM)}
+
+
+def _cut(text: str, most: int) -> str:
+    """`text`, or its first `most` characters and how long it was."""
+    if len(text) <= most:
+        return text
+    return f"{text[:most]}… ({len(text)} characters)"
 
 
 MAX_SEQ = 10**18 - 1  # the largest `after=`: a store's integer column holds 64 bits, not any Python int
+
+
+def _id_query(what: str) -> Callable[[str | None], str | None]:
+    """A validator of an id given as a query parameter: a bad one is a 422 like any invalid input (it was
+    handed to the store as it came, and `?session=%00` was a 500 from a PostgresStore)."""
+
+    def check(value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return check_id(value, what)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc)) from None
+
+    return check
+
+
+SessionQuery = Annotated[str | None, Query(), AfterValidator(_id_query("session id"))]
+RunIdQuery = Annotated[str | None, Query(), AfterValidator(_id_query("run id"))]
 
 
 def _run_id(run_id: str) -> str:
@@ -327,6 +366,7 @@ def _shown(value: str, most: int = 80) -> str:
 
 
 MAX_BODY = 2 * 1024 * 1024  # bytes: room for the longest goal (100,000 characters) even \u-escaped
+MAX_FIELDS = 32  # fields a body may have (the API's bodies take at most 6): each unknown one is an error
 BODY_TIMEOUT = 30.0  # seconds from a POST's headers until its whole body must have arrived (else 408)
 
 
@@ -401,11 +441,13 @@ async def _receive_body(receive: Receive) -> bytes:
 
 
 def _check_json(body: bytes) -> None:
-    """`ApiError(400)` saying where the body stops being UTF-8 JSON (an empty body is left to the route)."""
+    """`ApiError(400)` saying where the body stops being UTF-8 JSON (an empty body is left to the route);
+    `ApiError(422)` for an object of more than `MAX_FIELDS` fields, before it is validated — validating
+    one error per unknown field of 2 MB of them held the event loop for a second and more."""
     if not body.strip():
         return
     try:
-        json.loads(body.decode("utf-8-sig"))
+        value = json.loads(body.decode("utf-8-sig"), object_pairs_hook=_Fields)  # no dicts built
     except UnicodeDecodeError as exc:
         raise ApiError(
             400,
@@ -422,6 +464,23 @@ def _check_json(body: bytes) -> None:
         raise ApiError(
             400, f"the body has a number too long to read ({exc}): send numbers of sane size"
         ) from None
+    if isinstance(value, _Fields) and value.count > MAX_FIELDS:
+        problem = (
+            f"the body has {value.count:,} fields, more than the {MAX_FIELDS} any request of this server "
+            "takes: send only the fields of the request (GET /openapi.json describes them)"
+        )
+        raise ApiError(
+            422, f"invalid request: body: {problem}", {"details": [{"where": "", "problem": problem}]}
+        )
+
+
+class _Fields:
+    """What `_check_json` makes of a JSON object: how many fields it has (the route parses the body again)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        self.count = len(pairs)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -647,7 +706,7 @@ def _add_run_routes(app: FastAPI, manager: RunManager) -> None:
     async def list_runs(
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         status: Literal["running", "done", "error"] | None = None,
-        session: str | None = None,
+        session: SessionQuery = None,
     ) -> dict[str, Any]:
         runs = await manager.store.list_runs(limit, status=status, session=session)
         rows = [_summary_row(s.model_dump(mode="json"), manager) for s in runs]
@@ -731,7 +790,8 @@ def _budget(limits: Budget, body: RunRequest) -> Budget:
             continue
         limit = values[name]
         if limit is not None and asked > limit:
-            raise ApiError(422, f"invalid request: {name}: {asked} is above the server's limit of {limit}")
+            shown = _cut(str(asked), MAX_WHERE)  # a number of 4,000 digits is not echoed whole
+            raise ApiError(422, f"invalid request: {name}: {shown} is above the server's limit of {limit}")
         values[name] = asked
     return Budget(**values)
 
@@ -755,7 +815,7 @@ def _starting_row(live: LiveRun) -> dict[str, Any]:
 
 def _add_approval_routes(app: FastAPI, manager: RunManager, approvals: PendingApprovals | None) -> None:
     @app.get("/api/approvals")
-    async def list_approvals(run_id: str | None = None) -> dict[str, Any]:
+    async def list_approvals(run_id: RunIdQuery = None) -> dict[str, Any]:
         waiting = [] if approvals is None else approvals.pending(run_id)
         return {"approvals": [r.model_dump(mode="json") for r in waiting]}
 

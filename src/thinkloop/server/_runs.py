@@ -87,6 +87,9 @@ class _Signal(enum.Enum):
 _Item = Event | _Signal
 
 
+_UNCLAIMED: Any = object()  # `_claim` of a run no thinkloop command recorded its process in: nothing saved
+_Claim = Any  # what a claim replaced (`metadata["cli"]` before it), or `_UNCLAIMED`
+
 MAX_FAILED = 256  # runs whose failure before their first save a server remembers
 
 
@@ -149,6 +152,7 @@ class RunManager:
         self.metadata = dict(metadata or {})
         self._live: dict[str, LiveRun] = {}
         self._failed: dict[str, str] = {}  # the last runs whose task failed, by id: why (see `no_run`)
+        self._resuming: set[str] = set()  # runs being resumed, not launched yet: they count as active
         self._closing = False
 
     # ------------------------------------------------------------------------------------- runs
@@ -177,27 +181,49 @@ class RunManager:
         ledger settles the calls the interruption cut short (a completed call is never run again).
         Raises `UnknownRunError`, `NotResumableError` (it ended, it runs here, another process saved it
         meanwhile, or — unless `force` — a live thinkloop process on this machine still runs it: the one
-        case with `forceable` True) or `TooManyRunsError`.
+        case with `forceable` True), `TooManyRunsError` or `ShuttingDownError`.
+
+        A refused resume leaves the run as it was: the server records itself as the run's process (so that
+        `thinkloop runs resume` elsewhere refuses it) only once it is sure to resume it, and takes that
+        back if the resume then does not start after all.
         """
-        if run_id in self._live:
+        if run_id in self._live or run_id in self._resuming:
             raise NotResumableError(f"run {run_id!r} is running in this server already")
-        state = await self._resumable(run_id, force)
-        logged = await self.store.read_events(run_id)
-        if run_id in self._live:  # resumed by another request while the store was read
-            raise NotResumableError(f"run {run_id!r} is running in this server already")
-        self._check_room()
-        live = LiveRun(
-            run_id=run_id,
-            goal=state.goal,
-            session=state.session,
-            created_at=state.created_at,
-            events=logged,  # a follower from `after=0` gets the logged events, then the new ones
-        )
-        self._launch(live, lambda: self.agent.resume(run_id, on_event=live.publish))
+        self._check_room()  # before anything is read or claimed: a full or closing server refuses at once
+        self._resuming.add(run_id)  # holds its place among the active runs while the store is read
+        try:
+            state = await self._resumable(run_id, force)
+            logged = await self.store.read_events(run_id)
+            previous = await self._claim(state)
+            if self._closing:  # the one refusal that can have come meanwhile: the run's place was held
+                await self._release(state, previous)
+                raise self._shutting_down()
+            live = LiveRun(
+                run_id=run_id,
+                goal=state.goal,
+                session=state.session,
+                created_at=state.created_at,
+                events=logged,  # a follower from `after=0` gets the logged events, then the new ones
+            )
+            self._launch(live, lambda: self._resumed(live, state, previous))
+        finally:
+            self._resuming.discard(run_id)
         return live
 
+    async def _resumed(self, live: LiveRun, state: RunState, previous: _Claim) -> None:
+        """The resumed run's task: `agent.resume()`. If that fails before the run emitted anything (an MCP
+        server would not start, the store cannot be read …), the server's claim on the run is taken back:
+        the run was not resumed, and `thinkloop runs resume` elsewhere may resume it."""
+        logged = len(live.events)
+        try:
+            await self.agent.resume(live.run_id, on_event=live.publish)
+        except Exception:
+            if len(live.events) == logged:
+                await self._release(state, previous)
+            raise
+
     async def _resumable(self, run_id: str, force: bool) -> RunState:
-        """The run's saved state, if this server may resume it; it then records this process as its own."""
+        """The run's saved state, if this server may resume it (nothing is saved here)."""
         state = await self.store.load_state(run_id)
         if state is None:
             raise UnknownRunError(self.no_run(run_id))
@@ -206,28 +232,65 @@ class RunManager:
             raise NotResumableError(
                 f"run {run_id!r} already ended ({reason}) and cannot be resumed: start a new run instead"
             )
-        if OWNER_KEY not in state.metadata:  # a run no thinkloop command recorded its process in
-            return state
-        try:
-            if not force:
+        if not force and OWNER_KEY in state.metadata:
+            try:
                 check_not_running(run_id, state.metadata, force='the body {"force": true}')
-            claim(state.metadata)  # this process runs it now: `thinkloop runs resume` elsewhere refuses it
-            await self.store.checkpoint(state, [])
-        except StillRunningError as exc:
-            raise NotResumableError(str(exc), forceable=True) from None
-        except ConcurrencyError as exc:  # another process saved it meanwhile: forcing cannot change that
-            raise NotResumableError(str(exc)) from None
+            except StillRunningError as exc:
+                raise NotResumableError(str(exc), forceable=True) from None
         return state
 
+    async def _claim(self, state: RunState) -> _Claim:
+        """Record this process as the run's own and save that (`thinkloop runs resume` elsewhere then refuses
+        it); return what it replaced, for `_release`. A run no thinkloop command recorded its process in is
+        left as it is (`_UNCLAIMED`)."""
+        if OWNER_KEY not in state.metadata:
+            return _UNCLAIMED
+        previous = state.metadata[OWNER_KEY]
+        claim(state.metadata)  # a new entry: `previous` is left as it was
+        try:
+            await self.store.checkpoint(state, [])
+        except ConcurrencyError as exc:  # another process saved it meanwhile: forcing cannot change that
+            state.metadata[OWNER_KEY] = previous
+            raise NotResumableError(str(exc)) from None
+        except BaseException:  # the store failed, or the request was cancelled: the claim may be saved
+            await self._release(state, previous)
+            raise
+        return previous
+
+    async def _release(self, state: RunState, previous: _Claim) -> None:
+        """Take back a claim `_claim` saved: the run's process is again the one it replaced. Nothing is
+        written if another process saved the run since (its state is newer than this one)."""
+        if previous is _UNCLAIMED:
+            return
+        state.metadata[OWNER_KEY] = previous
+        try:
+            await self.store.checkpoint(state, [])
+        except ConcurrencyError:
+            pass
+        except Exception as exc:
+            logger.warning(
+                "run %s was not resumed, but the server could not take back its claim on it (%r): "
+                "`thinkloop runs resume` refuses it while this server runs, unless --force",
+                state.run_id,
+                exc,
+            )
+
     def _check_room(self) -> None:
+        """Raise `ShuttingDownError` or `TooManyRunsError` unless one more run may start (a run being
+        resumed counts from the start of its `resume()`: nothing takes its place while the store is read)."""
         if self._closing:
-            raise ShuttingDownError(
-                "the server is shutting down and starts no more runs: try again when it is back"
-            )
-        if len(self._live) >= self.max_active_runs:
+            raise self._shutting_down()
+        active = len(self._live) + len(self._resuming)
+        if active >= self.max_active_runs:
             raise TooManyRunsError(
-                f"the server is running {len(self._live)} runs, its limit: try again when one has ended"
+                f"the server is running {active} runs, its limit: try again when one has ended"
             )
+
+    @staticmethod
+    def _shutting_down() -> ShuttingDownError:
+        return ShuttingDownError(
+            "the server is shutting down and starts no more runs: try again when it is back"
+        )
 
     def _launch(self, live: LiveRun, run: Callable[[], Awaitable[Any]]) -> None:
         self._live[live.run_id] = live
