@@ -899,7 +899,9 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     if run.state.mode == "react" and not response.tool_calls:
         return _interpret_react(run, response, request)
     calls = response.tool_calls
-    if calls:
+    if calls and not (  # the common case, inline: one call, of a fresh id, naming a tool exactly
+        len(calls) == 1 and calls[0].id and calls[0].id not in run.state.ledger and calls[0].name in run.tools
+    ):
         calls = _settled(run, calls)
     if not calls and response.text and run.tools.names:
         said = reasoning_removed(response.text)  # a call the model only considered in its reasoning is none
