@@ -671,13 +671,19 @@ def process_running(command: str) -> bool:
 
 
 def interrupt_a_slow_run(
-    cli: Cli, times: int, *args: str, signum: int = signal.SIGINT
+    cli: Cli,
+    times: int,
+    *args: str,
+    signum: int = signal.SIGINT,
+    then: list[dict[str, Any]] | None = None,
+    yes: bool = True,
 ) -> tuple[int, list[dict[str, Any]], str]:
-    """Start a run whose shell tool sleeps, send `signum` `times` times at once; exit code, events, stderr."""
+    """Start a run whose shell tool sleeps (then the replies `then`, default "finished"), send `signum`
+    `times` times at once; exit code, events, stderr. `yes`: the run approves risky calls."""
     command = f"sleep 30.{os.getpid()}{times}{len(args)}"  # a command line to find among the processes
-    model = cli.script([call("shell", command=command), text("finished")])
+    model = cli.script([call("shell", command=command), *(then or [text("finished")])])
     proc = cli.popen(
-        "run", "x", "--model", model, "--tools", "shell", "--yes", "--json", *args,
+        "run", "x", "--model", model, "--tools", "shell", *(["--yes"] if yes else []), "--json", *args,
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -1429,25 +1435,12 @@ def test_runs_resume_keeps_the_safety_mode_the_run_was_started_with(cli: Cli) ->
     # `--safety` defaulted to balanced on resume: a strict run's MEDIUM `rm` ran unasked after a resume.
     (cli.dir / "ws").mkdir()
     (cli.dir / "ws" / "precious.txt").write_text("keep")
-    command = f"sleep 30.{os.getpid()}7"
-    model = cli.script(
-        [call("shell", command=command), call("shell", command="rm precious.txt"), text("finished")]
+    then = [call("shell", command="rm precious.txt"), text("finished")]
+    code, events, err = interrupt_a_slow_run(
+        cli, 1, "--safety", "strict", "--workspace", "ws", then=then, yes=False
     )
-    proc = cli.popen(
-        "run", "x", "--model", model, "--tools", "shell", "--safety", "strict", "--workspace", "ws", "--json",
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        while not process_running(command):
-            assert proc.poll() is None, "the CLI ended before the command started"
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    run_id = json.loads(out.splitlines()[0])["run_id"]
+    assert code == 130, err
+    run_id = events[0]["run_id"]
     resumed = cli("runs", "resume", run_id, "--json", timeout=60)
     assert resumed.code == 0, resumed.stderr
     calls = by_type(resumed.events(), "tool_call")

@@ -71,7 +71,7 @@ from ._prompt import final_answer_prompt, system_prompt
 from ._state import LedgerEntry, Mode, RunState, StopReason, new_ledger_entry, record_list
 from ._tokens import estimate_message
 from ._tools import ToolRegistry, truncate_output
-from .models._base import estimated_usage
+from .models._base import bad_response, estimated_usage
 
 if TYPE_CHECKING:
     from ._discovery import ToolDiscovery
@@ -518,11 +518,7 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
             delay = _retry_delay(run, exc, attempt, streamer)  # raises unless the call is tried again
         await _within(run, deadline, asyncio.sleep(delay))
     if not isinstance(response, ModelResponse) or type(response.text) is not str:
-        raise ModelError(
-            f"the model returned {_describe(response)}, not a ModelResponse with text",
-            provider=run.model.provider,
-            scope="model request",
-        )
+        raise bad_response(response, run.model.provider)
     usage = response.usage
     if (
         not (  # the fields reach events, state and budgets: checked inline, every step
@@ -644,12 +640,6 @@ def _malformed(response: ModelResponse) -> str | None:
         ):
             return f"the arguments of tool call {call.name!r} must be a dict (or raw_arguments text), not {call.arguments!r:.60}"
     return None
-
-
-def _describe(response: object) -> str:
-    if isinstance(response, ModelResponse):
-        return f"a ModelResponse whose text is a {type(response.text).__name__}"
-    return f"a {type(response).__name__}"
 
 
 MAX_SHRINKS_PER_STEP = 2
@@ -776,9 +766,8 @@ class _AnswerStreamer:
 
     def feed(self, text: str) -> None:
         if not text.isascii():
-            text = _json.valid_unicode(
-                text
-            )  # a lone surrogate (half an emoji's JSON escape) fails JSON output
+            # a lone surrogate (half an emoji's JSON escape) fails JSON output
+            text = _json.valid_unicode(text)
         buffer, self.buffer = self.buffer, ""  # the attribute's reference dropped: `+=` grows it in place
         buffer += text
         self.buffer = buffer
@@ -1054,9 +1043,7 @@ def _settled(run: RunContext, calls: list[ToolCall]) -> list[ToolCall]:
     near miss of it (`SHELL`, `functions.shell`: `ToolRegistry.resolve`): the ledger, the loop guards and
     the safety policy's look at earlier calls then see one tool under one name — a near miss hid a call
     from them. The given list when nothing changes (the loop never changes a list of calls in place)."""
-    ledger = run.state.ledger
-    if not (len(calls) == 1 and calls[0].id and calls[0].id not in ledger):  # one fresh id: the common case
-        calls = _unique_ids(calls, run.state.step, ledger)
+    calls = _unique_ids(calls, run.state.step, run.state.ledger)
     tools = run.tools
     renamed: list[ToolCall] | None = None
     for index, call in enumerate(calls):

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from .._errors import ModelError
 from .._messages import (
     Message,
     ModelRequest,
@@ -99,3 +100,12 @@ def estimated_usage(request: ModelRequest, response: ModelResponse) -> Usage:
     """Usage estimated from characters, for models that report none."""
     out = estimate_tokens(response.text) + sum(_call_tokens(c) for c in response.tool_calls)
     return Usage(input_tokens=estimate_request_tokens(request), output_tokens=out, requests=1, estimated=True)
+
+
+def bad_response(response: object, provider: str) -> ModelError:
+    """The error for a reply that is not a `ModelResponse` with text (a model of the user's making)."""
+    if isinstance(response, ModelResponse):
+        what = f"a ModelResponse whose text is a {type(response.text).__name__}"
+    else:
+        what = f"a {type(response).__name__}"
+    return ModelError(f"the model returned {what}, not a ModelResponse with text", provider=provider)

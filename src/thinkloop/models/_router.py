@@ -51,7 +51,7 @@ from .._errors import (
 )
 from .._events import ModelAttempt
 from .._messages import Message, ModelRequest, ModelResponse, StreamChunk, ToolCallDelta, Usage
-from ._base import Model, ModelCapabilities, estimated_usage
+from ._base import Model, ModelCapabilities, bad_response, estimated_usage
 
 NextAction = Literal["retry", "fallback", "give_up"]
 OverflowFallback = Literal["larger", "any", "never"]
@@ -463,14 +463,7 @@ class RouterModel(Model):
                 plan.release()
                 raise
             if not isinstance(response, ModelResponse) or type(response.text) is not str:
-                what = type(response.text if isinstance(response, ModelResponse) else response).__name__
-                await plan.failed(
-                    member,
-                    ModelError(
-                        f"the model returned a {what}, not a ModelResponse with text",
-                        provider=member.provider,
-                    ),
-                )
+                await plan.failed(member, bad_response(response, member.provider))
                 continue  # a member of the user's making answered nonsense: its failure, fallen back from
             return plan.succeeded(response, member, request)
         raise plan.exhausted()
