@@ -1497,6 +1497,10 @@ def test_prompts_awk_outputs_vim_scripts_and_lesskey_files_are_rated(command: st
         "vim -u /tmp/evil file",
         "less --lesskey-file=/tmp/evil f",
         "LESSKEYIN=/tmp/evil less f",
+        "NODE_OPTIONS='--require /tmp/evil' npm test",
+        "export NODE_OPTIONS='--import=/tmp/evil'",
+        "RUBYOPT=-r/tmp/evil ruby x.rb",
+        "PYTHONSTARTUP=/tmp/evil python -i",
     ],
 )
 def test_a_downloaded_startup_or_settings_file_is_critical(command: str) -> None:
@@ -1517,6 +1521,9 @@ def test_a_downloaded_startup_or_settings_file_is_critical(command: str) -> None
         ("awk -F: '$3 >= 1000 {print $1}' /etc/passwd", LOW),
         ("vim -u NONE f", MEDIUM),
         ("less -N f", LOW),
+        ("export NODE_OPTIONS=--max-old-space-size=4096", LOW),
+        ("export RUBYOPT=-rbundler/setup", MEDIUM),  # loads code into every later ruby
+        ("export PERL5OPT=-MDevel::Cover", MEDIUM),
         pytest.param("awk '" + "print print " * 7_000 + "> x'", MEDIUM, id="long-awk"),  # bounded look-ahead
     ],
 )

@@ -4639,11 +4639,46 @@ def _variable_command_findings(name: str, value: str, ctx: _Ctx) -> list[Finding
         return _h_source(_Cmd("BASH_ENV", "BASH_ENV", [value], [], []), ctx)
     if name in _LESSKEY_VARIABLES:
         return _lesskey_findings(name, value, ctx)
+    if name in _PRELOAD_VARIABLES and value.strip():
+        return _preload_findings(name, value, ctx)
     if name == "ENV" and value.strip():  # an interactive sh sources it; `ENV=production` is no file
         return _known_script(_Cmd("ENV", "ENV", [value], [], []), value, ctx, shell=True) or []
     if name in _PROMPT_VARIABLES and ("$(" in value or "`" in value):
         return _prompt_findings(name, value, ctx)
     return []
+
+
+# Variables that make every later run of an interpreter load code first: the files they name.
+_PRELOAD_VARIABLES = {
+    "NODE_OPTIONS": "node",
+    "PYTHONSTARTUP": "python -i",
+    "RUBYOPT": "ruby",
+    "PERL5OPT": "perl",
+}
+_PRELOAD_OPTIONS = {  # the options of each variable that load a file or module
+    "NODE_OPTIONS": re.compile(
+        r"(?:^|\s)(?:--require|-r|--import|--loader|--experimental-loader)(?:=|\s+)(?P<file>[^\s=]+)"
+    ),
+    "RUBYOPT": re.compile(r"(?:^|\s)-r\s*(?P<file>\S+)"),
+    "PERL5OPT": re.compile(r"(?:^|\s)-[Mm]-?(?P<file>[\w:]+)"),
+}
+
+
+def _preload_findings(name: str, value: str, ctx: _Ctx) -> list[Finding]:
+    """`NODE_OPTIONS='--require F'`, `RUBYOPT=-rF`, `PERL5OPT=-MMod`, `PYTHONSTARTUP=F`: the code loaded
+    is rated like running its file (`_known_script`: a file the run saved), otherwise `medium`."""
+    if name == "PYTHONSTARTUP":
+        files = [value.strip()]
+    else:
+        files = [match["file"] for match in _PRELOAD_OPTIONS[name].finditer(value)]
+    findings: list[Finding] = []
+    for file in files:
+        program = _PRELOAD_VARIABLES[name]
+        known = _known_script(_Cmd(program, program, [file], [], []), file, ctx, shell=False)
+        findings += known or [
+            (MEDIUM, f"{name}={_show(value, 40)}: every {program} loads '{_show(file)}' first (not analysed)")
+        ]
+    return findings
 
 
 # The shell expands these (command substitutions included) each time it shows them: PS0/PS1/PS2 at an
