@@ -98,6 +98,15 @@ _LOOP = "i=0; while [ $i -lt 2000 ]; do {child} & i=$((i+1)); done; exec sleep {
             + "' &",
             id="setsid-loop-of-detached-children-after-the-shell-exited",
         ),
+        # a daemon: a new session, its output redirected, its parent gone (no link left to it)
+        pytest.param(
+            "setsid sh -c 'sleep {m} </dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1; sleep 300",
+            id="double-forked-daemon",
+        ),
+        pytest.param(
+            "nohup setsid sh -c '(sleep {m} &) ; exit 0' </dev/null >/dev/null 2>&1 & sleep 300",
+            id="nohup-subshell-daemon",
+        ),
     ],
 )
 async def test_no_process_of_a_command_that_left_the_session_outlives_a_timeout(command: str) -> None:
@@ -125,4 +134,26 @@ async def test_a_timeout_leaves_other_processes_alone() -> None:
     finally:
         ours.kill()
         await ours.wait()
+        _kill_all(killed)
+
+
+async def test_a_daemon_of_a_finished_call_outlives_another_calls_timeout() -> None:
+    # each call marks its processes with a value of its own: the daemon an earlier call started on
+    # purpose (and that call finished) is not the timed-out call's to kill
+    kept, killed = _marker(), _marker()
+    env = {"PATH": os.environ["PATH"]}
+    daemon = f"setsid sh -c 'sleep {kept} </dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1"
+    try:
+        started = await run_command(daemon, cwd=None, env=env, seconds=30, limit=1000)
+        assert started["timed_out"] is False and len(_processes_with(kept)) == 1
+        assert (
+            await _survivors(
+                f"setsid sh -c 'sleep {killed} </dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1; sleep 300",
+                killed,
+            )
+            == []
+        )
+        assert len(_processes_with(kept)) == 1
+    finally:
+        _kill_all(kept)
         _kill_all(killed)

@@ -5,7 +5,8 @@ environment variables; on timeout (or when the call is cancelled) the whole grou
 the shell itself has exited and only a background child still holds its output — and so is, on Linux,
 every other process of the command: one that left the group (`setsid`), whether it holds the output
 or redirected it, and all their descendants, each stopped as soon as it is found so that a loop
-forking new ones cannot outrun the kill. An empty command, a NUL
+forking new ones cannot outrun the kill; a daemon that detached itself (a double fork) is found by a
+variable each command's environment carries (`THINKLOOP_SHELL_CALL`). An empty command, a NUL
 character or a command over the system's argument limit is refused with `ShellCommandError`. The
 result is a JSON object: `exit_code`, `stdout`, `stderr` (each cut to the output limit, head and tail
 kept; binary data is described, not shown), `duration` and `timed_out`. Its risk comes from the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import time
 from collections.abc import Iterable, Mapping
@@ -146,8 +148,9 @@ async def run_command(
         stdout.close()
         raise
     finished = False
+    mark = secrets.token_hex(8)
     try:
-        process = await _start(command, cwd, env, stdout, stderr)
+        process = await _start(command, cwd, {**env, CALL_VARIABLE: mark}, stdout, stderr)
         try:
             async with asyncio.timeout(seconds):
                 await process.wait()
@@ -158,7 +161,7 @@ async def run_command(
         finally:
             if not finished:  # timed out or cancelled: nothing of the command may outlive the call
                 shell_exit = process.returncode
-                await _kill_group(process, (stdout.inode, stderr.inode))
+                await _kill_group(process, (stdout.inode, stderr.inode), f"{CALL_VARIABLE}={mark}")
     finally:
         stdout.close()
         stderr.close()
@@ -256,9 +259,14 @@ def _timeout_note(seconds: float, shell_exit: int | None) -> str:
     return note
 
 
-async def _kill_group(process: asyncio.subprocess.Process, pipes: tuple[int, int]) -> None:
+# Set, to a value of its own, in the environment of each command: a process that carries it is the
+# command's, even one that detached itself (a new session, its output redirected, its parent gone).
+CALL_VARIABLE = "THINKLOOP_SHELL_CALL"
+
+
+async def _kill_group(process: asyncio.subprocess.Process, pipes: tuple[int, int], mark: str) -> None:
     try:
-        _kill_everything(process, pipes)
+        _kill_everything(process, pipes, mark)
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)  # the group outlives its leader while a member lives
@@ -271,7 +279,7 @@ _SETTLE_SECONDS = 1.0  # how long to wait at most for every process found to sto
 _MAX_SCANS = 1_000  # a bound on the scans of /proc, whatever happens
 
 
-def _kill_everything(process: asyncio.subprocess.Process, pipes: tuple[int, int]) -> None:
+def _kill_everything(process: asyncio.subprocess.Process, pipes: tuple[int, int], mark: str) -> None:
     """SIGKILL every process of the command (Linux /proc; elsewhere the caller's group kill only).
 
     The command's processes are the shell, the members of its session and process group, the processes
@@ -282,13 +290,13 @@ def _kill_everything(process: asyncio.subprocess.Process, pipes: tuple[int, int]
     shows its child in the next scan); then they are all killed. Synchronous, never awaiting: a second
     cancellation cannot leave the processes stopped but not killed.
 
-    Not found: a process whose parent had already exited when the call timed out and that had left
-    the session and closed the output (a daemon that detached itself on purpose: `setsid`, output
-    redirected and a double fork) is no longer the command's.
+    A daemon that detached itself on purpose (`setsid`, output redirected, a double fork: no link left)
+    is found by the `mark` (`CALL_VARIABLE=…`) in its environment, which every process of the command
+    inherits. Not found: a detached process that also cleared its environment (`env -i`).
     """
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGSTOP)
-    freezer = _Freezer(process.pid, shell_alive=process.returncode is None)
+    freezer = _Freezer(process.pid, shell_alive=process.returncode is None, mark=mark)
     try:
         freezer.scan(pipes)  # the holders' new children: the parent links find them
         deadline, quiet = time.monotonic() + _SETTLE_SECONDS, 0
@@ -315,8 +323,9 @@ _Table = dict[int, tuple[str, int, int, int]]  # pid: (state, parent, process gr
 class _Freezer:
     """Finds the command's processes in /proc and stops each one (SIGSTOP) as soon as it is found."""
 
-    def __init__(self, leader: int, *, shell_alive: bool) -> None:
+    def __init__(self, leader: int, *, shell_alive: bool, mark: str = "") -> None:
         self.leader = leader
+        self.mark = b"\0" + mark.encode() + b"\0" if mark else b""  # as /proc/PID/environ holds it
         self.shell_alive = shell_alive  # while the shell is not reaped, its pid is still its own
         self.table: _Table = {}
         self.ours: set[int] = set()  # the command's processes found
@@ -337,6 +346,7 @@ class _Freezer:
         found, previous, table = len(self.ours), self.table, {}
         for pid in sorted(int(name) for name in os.listdir("/proc") if name.isdigit()):  # parents first
             entry = previous.get(pid)
+            new = entry is None
             if entry is None or (pid in self.ours and pid not in self.frozen):
                 entry = _stat(pid)
                 if entry is None:  # gone meanwhile
@@ -351,6 +361,7 @@ class _Freezer:
                 or self.leader in (group, session)
                 or (self.shell_alive and pid == self.leader)
                 or (wanted and pid != self.me and _holds(pid, wanted))
+                or (new and self.mark and pid != self.me and _carries(pid, self.mark))
             ):
                 self._own(pid)
         self.table = table
@@ -406,6 +417,15 @@ def _holds(pid: int, wanted: set[str]) -> bool:
     except OSError:  # gone, or not ours to look at (nor to kill)
         return False
     return any(_link(f"/proc/{pid}/fd/{fd}") in wanted for fd in fds)
+
+
+def _carries(pid: int, mark: bytes) -> bool:
+    """Whether the environment `pid` started with holds `mark` (NUL-framed `NAME=value`)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return mark in b"\0" + handle.read() + b"\0"
+    except OSError:  # gone, or not ours to look at (nor to kill)
+        return False
 
 
 def _link(path: str) -> str:
