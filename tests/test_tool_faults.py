@@ -111,7 +111,7 @@ async def test_an_error_naming_a_file_whose_name_is_not_utf8_is_told_and_saved(t
     result = await agent.run("x", run_id="r")
     assert result.output == "missing"
     [observation] = tool_outputs(result.state)
-    assert observation == "Error: read raised LookupError: no file caf?.txt here"
+    assert observation == "Error: read raised LookupError: no file caf\ufffd.txt here"
     observation.encode("utf-8")  # valid: no lone surrogate left
     saved = await store.load_state("r")
     assert saved is not None and tool_outputs(saved) == [observation]

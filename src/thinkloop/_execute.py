@@ -356,7 +356,7 @@ def _decided(
     else:
         run.state.event_version += 1  # `run.skip_event()`, inlined: the hot path
     if not verdict.allowed:
-        text = _valid_text(verdict.message or _denied_message(checked.tool, verdict.reason))
+        text = _json.valid_text(verdict.message or _denied_message(checked.tool, verdict.reason))
         run.mark_done(call.id, text, False, error_kind="denied")
         return ToolOutcome(call, text, False, error_kind="denied", risk=risk, decision=verdict.decision)
     checked.risk, checked.decision = risk, verdict.decision
@@ -404,7 +404,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     if prepared.note:
         text = f"{text}\n{prepared.note}"
     if not text.isascii():  # an error's text, a note may hold a lone surrogate too: the state stays UTF-8
-        text = _valid_text(text)
+        text = _json.valid_text(text)
     outcome = _new_outcome(call, text, success, duration, kind, truncated, prepared.risk, prepared.decision)  # type: ignore[arg-type]
     run.mark_done(call.id, text, success, error_kind=kind)
     if run.step_saves:
@@ -697,19 +697,8 @@ async def within(when: float, awaitable: Awaitable[T]) -> T:
         deadlines.close()
 
 
-def _valid_text(text: str) -> str:
-    """Tool output as valid UTF-8 (lone surrogates replaced), so the state always serialises."""
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
-
-
 def _failed(call: ToolCall, kind: ErrorKind, text: str) -> ToolOutcome:
-    return ToolOutcome(call, _valid_text(text), False, error_kind=kind)
+    return ToolOutcome(call, _json.valid_text(text), False, error_kind=kind)
 
 
 def _denied_message(tool: Tool, reason: str) -> str:

@@ -25,6 +25,7 @@ __all__ = [
     "raw_decode",
     "text_too_deep",
     "too_deep",
+    "valid_text",
     "valid_unicode",
 ]
 
@@ -127,12 +128,17 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # `\ud83d`: JSON's escape 
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
+def valid_text(text: str) -> str:
+    """`text` with its lone surrogates replaced by U+FFFD (see `valid_unicode`); ASCII at once."""
+    return text if text.isascii() else _SURROGATES.sub("\ufffd", text)
+
+
 def valid_unicode(value: Any) -> Any:
     """`value` with lone surrogates in its texts (keys too) replaced by U+FFFD: JSON's `\\ud83d` escape
     of half an emoji (a reply cut in the middle of one) reads as one, which UTF-8 — a run's state, an
     event, a provider's request — cannot hold. A pair of escapes (a whole emoji) reads as the character."""
     if isinstance(value, str):
-        return _SURROGATES.sub("\ufffd", value)
+        return valid_text(value)
     if isinstance(value, dict):
         return {valid_unicode(key): valid_unicode(item) for key, item in value.items()}
     if isinstance(value, list):
