@@ -573,6 +573,23 @@ def test_run_sync_works_without_a_loop() -> None:
     assert Agent(ScriptedModel(["hello"])).run_sync("hi").output == "hello"
 
 
+@pytest.mark.parametrize("sync", ["run_sync", "resume_sync"])
+def test_errors_out_of_the_sync_wrappers_do_not_carry_the_loop_probe(sync: str, tmp_path: Path) -> None:
+    # the run ran inside the `except RuntimeError` of the check for a running loop: every error it
+    # raised (and every traceback logged during it) began with "RuntimeError: no running event loop"
+    path = tmp_path / "runs.db"
+    path.write_bytes(b"not a database" * 100)
+    agent = Agent(ScriptedModel(["x"]), store=SQLiteStore(path))
+    with pytest.raises(StateError) as caught:
+        agent.run_sync("goal") if sync == "run_sync" else agent.resume_sync("some-run")
+    chain: list[BaseException] = []
+    error: BaseException | None = caught.value
+    while error is not None and len(chain) < 20:
+        chain.append(error)
+        error = error.__context__
+    assert not any(isinstance(link, RuntimeError) for link in chain), chain
+
+
 async def test_bad_goal_is_a_user_error() -> None:
     with pytest.raises(UserError, match="non-empty string"):
         await Agent(ScriptedModel(["x"])).run("   ")

@@ -292,13 +292,10 @@ class Agent:
 
     def resume_sync(self, run_id: str, **kwargs: Any) -> RunResult:
         """`resume()` for code without an event loop."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return _aio.run(self._then_learn(self.resume(run_id, **kwargs)))
-        raise UserError(
+        _outside_a_loop(
             "resume_sync() cannot be called from a running event loop: use `await agent.resume(...)`"
         )
+        return _aio.run(self._then_learn(self.resume(run_id, **kwargs)))
 
     def interrupt(self, run_id: str | None = None, *, save: bool = True) -> list[str]:
         """Stop a run now, leaving it resumable: it is saved as it is, unfinished (no stop reason), and
@@ -337,14 +334,11 @@ class Agent:
 
     def run_sync(self, goal: str, **kwargs: Any) -> RunResult:
         """`run()` for code without an event loop."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return _aio.run(self._then_learn(self.run(goal, **kwargs)))
-        raise UserError(
+        _outside_a_loop(
             "run_sync() cannot be called from a running event loop (e.g. Jupyter or async code): "
             "use `await agent.run(...)` instead"
         )
+        return _aio.run(self._then_learn(self.run(goal, **kwargs)))
 
     async def stream(
         self,
@@ -629,3 +623,13 @@ def _check_metadata(metadata: object) -> None:
             f"metadata holds JSON values (text, numbers, booleans, None, lists and dicts of them, at most "
             f"{_json.MAX_DEPTH} levels deep); pass objects the tools need as deps="
         )
+
+
+def _outside_a_loop(problem: str) -> None:
+    """`UserError(problem)` when an event loop runs in this thread. The run itself starts after the
+    check, not in its `except` block: every error of the run carried the probe's RuntimeError."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise UserError(problem)
