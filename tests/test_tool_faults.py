@@ -19,7 +19,7 @@ from thinkloop import Agent, ConfigurationError, RunState, Tool, ToolContext, to
 from thinkloop._tools import NO_OUTPUT, _ToolThreads, render_output
 from thinkloop.models._openai import _parse_arguments
 from thinkloop.stores import SQLiteStore
-from thinkloop.testing import ScriptedModel
+from thinkloop.testing import FunctionModel, ScriptedModel
 
 
 def call(name: str, **args: object) -> dict[str, object]:
@@ -405,6 +405,31 @@ async def test_json_metadata_is_taken_as_it_is() -> None:
     metadata = {"user": "ada", "tags": ["a", "b"], "limits": {"n": 3, "ratio": 0.5, "on": True, "none": None}}
     result = await Agent(ScriptedModel(["done"])).run("x", metadata=metadata)
     assert result.state.metadata == metadata
+
+
+async def test_each_run_has_its_own_copy_of_the_metadata_it_was_given() -> None:
+    # the state held the caller's dict itself: two runs given the same defaults shared one dict, a
+    # tool's note in one run appeared in the other's saved state, and the caller's dict changed too
+    @tool
+    def set_owner(ctx: ToolContext[None], owner: str) -> str:
+        """Record who owns this run."""
+        ctx.metadata["owner"] = owner
+        ctx.metadata["tags"].append(owner)
+        return "ok"
+
+    def model(request: Any) -> Any:
+        if request.turn == 0:
+            return {"tool_calls": [{"name": "set_owner", "args": {"owner": request.messages[-1].content}}]}
+        return "done"
+
+    defaults: dict[str, Any] = {"tenant": "acme", "tags": []}
+    agent = Agent(FunctionModel(model), tools=[set_owner])
+    alice, bob = await asyncio.gather(
+        agent.run("alice", metadata=defaults), agent.run("bob", metadata=defaults)
+    )
+    assert alice.state.metadata["owner"] == "alice" and alice.state.metadata["tags"] == ["alice"]
+    assert bob.state.metadata["owner"] == "bob" and bob.state.metadata["tags"] == ["bob"]
+    assert defaults == {"tenant": "acme", "tags": []}
 
 
 async def test_arguments_holding_an_integer_too_long_to_write_are_refused_not_run() -> None:

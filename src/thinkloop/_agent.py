@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import inspect
 import logging
@@ -393,7 +394,7 @@ class Agent:
             model=self.model.spec,
             goal=goal,
             mode=self._initial_mode(),
-            metadata=metadata or {},
+            metadata=copy.deepcopy(metadata) if metadata else {},  # the run's own: tools add to it
         )
         if run_id is not None:  # an id thinkloop's stores refuse is refused here, not at the first save
             state.run_id = check_id(run_id) if isinstance(self.store, Store) else run_id
