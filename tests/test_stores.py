@@ -296,6 +296,22 @@ async def test_a_second_run_with_the_same_id_is_refused(store: Store) -> None:
     assert model.requests == []
 
 
+async def test_the_default_store_refuses_a_second_run_with_the_same_id_too() -> None:
+    # the in-process store wrote the second run over the first, and its session turn was never kept
+    agent = Agent(ScriptedModel(["one", "two"]))
+    await agent.run("first", run_id="same", session="s1")
+    with pytest.raises(UserError, match=r"a run with id 'same' already exists in the store"):
+        await agent.run("second", run_id="same", session="s1")
+    saved = await agent.store.load_state("same")
+    assert saved is not None and (saved.goal, saved.answer) == ("first", "one")
+    second = await agent.run("second", run_id="other", session="s1")
+    assert second.output == "two"
+    memory = await agent.store.get_memory("s1")
+    assert [(m.role, m.content) for m in memory] == [
+        ("user", "first"), ("assistant", "one"), ("user", "second"), ("assistant", "two")
+    ]  # fmt: skip
+
+
 # ============================================================================================ open_store
 
 

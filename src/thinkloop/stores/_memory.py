@@ -133,9 +133,14 @@ class InProcessStore(MemoryStore):
         self._remembered: set[str] = set()
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
-        if state.run_id not in self._live:
+        existing = self._live.get(state.run_id)
+        if existing is None:
             check_id(state.run_id)
-        self._live[state.run_id] = state  # a resumed copy replaces the old object (no version check here)
+        elif existing is not state and existing.created_at != state.created_at:
+            # another run under a taken id (a resumed copy has the run's creation time): refused like
+            # the other stores refuse it, not written over the run and its session turn
+            raise ConcurrencyError(state.run_id, 0, existing.event_version)
+        self._live[state.run_id] = state  # a resumed copy replaces the old object
         if (
             state.session is not None
             and state.finished
