@@ -1679,3 +1679,59 @@ async def test_a_hung_summarizer_does_not_outlast_the_run_s_time_limit() -> None
     )  # fmt: skip
     result = await asyncio.wait_for(agent.run("Read everything."), 30)
     assert result.stop_reason is StopReason.TIMEOUT
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        # taken before, then: every observation cut to nothing, no timeout at all, a TypeError inside a run
+        ({"output_max_length": 2.5}, "output_max_length must be a positive whole number, not 2.5"),
+        ({"output_max_length": True}, "output_max_length must be a positive whole number, not True"),
+        ({"tool_timeout": math.nan}, "tool_timeout must be a positive number of seconds, not nan"),
+        ({"tool_timeout": True}, "tool_timeout must be a positive number of seconds, not True"),
+        (
+            {"tool_timeout": "5"},
+            r"tool_timeout must be a positive number of seconds, not '5' \(of type str\)",
+        ),
+        ({"model_retries": 1.5}, "model_retries must be 0 or more, not 1.5"),
+        ({"max_context_tokens": "8k"}, "max_context_tokens must be a whole number, not '8k'"),
+        ({"lessons_limit": -1}, "lessons_limit must be 0 or more, not -1"),
+        # AttributeErrors and TypeErrors at run time, before
+        ({"budget": 5}, r"budget must be Budget\(max_steps=16\), not 5 \(of type int\)"),
+        ({"budget": {"max_steps": 2}}, "budget must be Budget"),
+        ({"instructions": None}, 'instructions must be a string \\("" for none\\), not None'),
+        ({"environment": 3}, "environment must be a string"),
+        ({"guards": {"x": 1}}, r"guards must be GuardConfig\(...\)"),
+        ({"settings": {"temperature": 0}}, r"settings must be ModelSettings\(temperature=0\)"),
+        ({"safety": "strict"}, r"safety must be an object like SafetyController\('strict'"),
+        ({"store": "memory:"}, r"store must be an object like SQLiteStore\('runs.db'\)"),
+        ({"experience": "lessons.jsonl"}, "experience must be an object like LessonBook"),
+        ({"rules": "be brief"}, "rules must be a list of strings, one rule each, not 'be brief'"),
+        ({"rules": ["ok", 3]}, "rules must be a list of strings, one rule each; it holds 3"),
+        ({"on_event": 5}, r"on_event must be a function \(or None\), not 5"),
+        ({"summarizer": "short"}, "summarizer must be a function"),
+        ({"token_counter": 4}, "token_counter must have a count"),
+        ({"final_answer_prompt": 1}, "final_answer_prompt must be a string"),
+    ],
+)
+def test_agent_arguments_of_the_wrong_kind_are_refused_when_the_agent_is_made(
+    arguments: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        Agent(ScriptedModel(["hi"]), **arguments)
+
+
+def test_agent_arguments_of_the_right_kind_are_taken() -> None:
+    agent = Agent(
+        ScriptedModel(["hi"]),
+        tool_timeout=math.inf,
+        output_max_length=1,
+        model_retries=0,
+        max_context_tokens=-5,  # corrected to the default (SPEC §5.3)
+        rules=("be brief",),
+        on_event=lambda event: None,
+        token_counter=lambda messages: 1,
+        final_answer_prompt="Answer now.",
+    )
+    assert agent.max_context_tokens == 8_000 and agent.rules == ("be brief",)
+    assert agent.run_sync("x").output == "hi"

@@ -48,6 +48,78 @@ RECALL_TIMEOUT = 10.0  # seconds a learner may take to recall lessons before a r
 LEARN_TIMEOUT = 30.0  # seconds a learner may take to learn from a finished run (SPEC §11.1)
 
 
+def _kind(value: object) -> str:
+    return "None" if value is None else f"{value!r} (of type {type(value).__name__})"
+
+
+def _check_numbers(
+    tool_timeout: object,
+    output_max_length: object,
+    max_context_tokens: object,
+    retries: object,
+    lessons: object,
+) -> None:
+    """The agent's numbers, checked as `Tool()` checks a tool's: `True`, `2.5` characters or a NaN timeout
+    were taken, and cut every observation to nothing or waited for ever."""
+    if isinstance(tool_timeout, bool) or not isinstance(tool_timeout, int | float) or not tool_timeout > 0:
+        raise ConfigurationError(
+            f"tool_timeout must be a positive number of seconds, not {_kind(tool_timeout)}"
+        )
+    whole = {"output_max_length": (output_max_length, 1), "model_retries": (retries, 0),
+             "lessons_limit": (lessons, 0), "max_context_tokens": (max_context_tokens, None)}  # fmt: skip
+    for name, (value, least) in whole.items():
+        if isinstance(value, bool) or not isinstance(value, int) or (least is not None and value < least):
+            what = "a whole number" if least is None else "a positive whole number" if least else "0 or more"
+            raise ConfigurationError(f"{name} must be {what}, not {_kind(value)}")
+
+
+def _check_texts(*, rules: object, **texts: object) -> None:
+    for name, value in texts.items():
+        if not isinstance(value, str):
+            raise ConfigurationError(f'{name} must be a string ("" for none), not {_kind(value)}')
+    if isinstance(rules, str) or not isinstance(rules, Iterable):
+        raise ConfigurationError(f"rules must be a list of strings, one rule each, not {_kind(rules)}")
+    bad = next((rule for rule in rules if not isinstance(rule, str)), None)
+    if bad is not None:
+        raise ConfigurationError(f"rules must be a list of strings, one rule each; it holds {_kind(bad)}")
+
+
+_PARTS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "budget": (Budget, "Budget(max_steps=16)"),
+    "settings": (ModelSettings, "ModelSettings(temperature=0)"),
+    "guards": (GuardConfig, "GuardConfig(...)"),
+    "price_table": (PriceTable, "PriceTable({...})"),
+    "discovery": (ToolDiscovery, "ToolDiscovery(catalogue)"),
+    "final_answer_prompt": (str, "a string"),
+}
+_HOOKS: dict[str, tuple[str, str]] = {  # an object with this method
+    "safety": ("check", "SafetyController('strict', approval=...) from thinkloop.safety"),
+    "store": (
+        "checkpoint",
+        "SQLiteStore('runs.db') from thinkloop.stores, or open_store('sqlite:///runs.db')",
+    ),
+    "experience": ("recall", "LessonBook('lessons.jsonl') from thinkloop.experience"),
+}
+
+
+def _check_parts(**parts: object) -> None:
+    """The agent's parts, each of the kind it must be (None: the default): a `budget=5`, a
+    `safety="strict"` or a `store="memory:"` failed later, inside a run, with an AttributeError."""
+    for name, value in parts.items():
+        if value is None:
+            continue
+        if name in _PARTS:
+            kind, example = _PARTS[name]
+            if not isinstance(value, kind):
+                raise ConfigurationError(f"{name} must be {example}, not {_kind(value)}")
+        elif name in _HOOKS:
+            method, example = _HOOKS[name]
+            if not callable(getattr(value, method, None)):
+                raise ConfigurationError(f"{name} must be an object like {example}, not {_kind(value)}")
+        elif not callable(value):
+            raise ConfigurationError(f"{name} must be a function (or None), not {_kind(value)}")
+
+
 def _check_sink(sink: EventSink | None) -> EventSink | None:
     """An `async def` listener would never run (listeners are called, not awaited): refused at once."""
     if sink is not None and (
@@ -158,8 +230,15 @@ class Agent:
     ) -> None:
         if mode not in ("auto", "native", "react"):
             raise ConfigurationError(f"mode must be 'auto', 'native' or 'react', not {mode!r}")
-        if tool_timeout <= 0 or output_max_length <= 0:
-            raise ConfigurationError("tool_timeout and output_max_length must be positive")
+        _check_numbers(tool_timeout, output_max_length, max_context_tokens, model_retries, lessons_limit)
+        _check_texts(name=name, instructions=instructions, environment=environment, rules=rules)
+        _check_parts(
+            budget=budget, settings=settings, guards=guards, price_table=price_table, discovery=discovery,
+            safety=safety, store=store, experience=experience, on_event=on_event, summarizer=summarizer,
+            final_answer_prompt=final_answer_prompt,
+        )  # fmt: skip
+        if token_counter is not None:
+            as_counter(token_counter)  # a counter, or a function: anything else is refused now
         self.name = name
         self._model_spec = model
         self._model: Model | None = model if isinstance(model, Model) else None
@@ -181,8 +260,6 @@ class Agent:
         self.final_answer_on_stop = final_answer_on_stop
         self.final_answer_prompt = final_answer_prompt
         self.price_table = price_table or PriceTable()
-        if model_retries < 0:
-            raise ConfigurationError(f"model_retries must be 0 or more, not {model_retries}")
         self.model_retries = model_retries
         self.on_event = _check_sink(on_event)
         self.discovery = discovery
