@@ -275,6 +275,30 @@ def test_model_tokenizer_is_used_when_the_model_has_one() -> None:
         as_counter(42)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("counted", "says"),
+    [
+        (RuntimeError("counter bug"), "raised RuntimeError: counter bug"),
+        (TimeoutError("slow"), "raised TimeoutError: slow"),  # was the run's `timeout`, with none set
+        ("lots", "returned 'lots', not a number of tokens"),
+        (-3, "returned -3, not a number of tokens"),
+    ],
+)
+def test_a_token_counter_that_fails_is_replaced_by_the_estimate(
+    counted: object, says: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a counter that raised crashed run() (no result, no `done`); only sizing the view, it must not
+    def counter(messages: Sequence[Message]) -> Any:
+        if isinstance(counted, Exception):
+            raise counted
+        return counted
+
+    result = Agent(ScriptedModel(["the answer"]), token_counter=counter).run_sync("go")
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "the answer")
+    warnings = [r.getMessage() for r in caplog.records if r.name == "thinkloop.context"]
+    assert warnings == [f"the token_counter {says}; counting with the estimate (chars/3 + 1) instead"]
+
+
 def test_agent_token_counter_drives_trimming() -> None:
     calls: list[int] = []
 

@@ -173,6 +173,26 @@ async def test_an_output_validator_on_plain_text_answers_can_also_change_them() 
     assert "JSON Schema" not in model.requests[0].messages[0].content  # no format rule for text
 
 
+@pytest.mark.parametrize("error", [RuntimeError("validator bug"), TimeoutError("its own timeout")])
+async def test_an_output_validator_that_crashes_ends_the_run_with_error_and_keeps_its_state(
+    error: Exception,
+) -> None:
+    # a RuntimeError escaped run() with no result and no `done`; a TimeoutError ended the run as
+    # `timeout` ("the time limit of None s") though no time limit was set
+    def validator(text: str) -> str:
+        raise error
+
+    events: list[Event] = []
+    result = await Agent(ScriptedModel(["answer"]), output_validator=validator).run(
+        "?", on_event=events.append
+    )
+    assert result.stop_reason is StopReason.ERROR
+    assert result.error is not None and result.error.startswith(
+        f"the output_validator raised {type(error).__name__}: {error} (a validator rejects an answer by raising"
+    )
+    assert result.state.messages[-1].content == "answer" and events[-1].type == "done"
+
+
 # ------------------------------------------------------------ what small models write (Qwen2.5-Coder 0.5B/1.5B)
 
 

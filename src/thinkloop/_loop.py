@@ -378,7 +378,7 @@ async def run_loop(run: RunContext, *, resumed: bool = False) -> RunResult:
             observe(run, outcomes)
             if run.step_saves:
                 await run.checkpoint()
-    except TimeoutError:
+    except DeadlineExceeded:  # the run's time limit; a TimeoutError the user's code raised is not
         return await finish(
             run,
             StopReason.TIMEOUT,

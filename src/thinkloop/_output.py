@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from . import _json
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, RunError
 from ._react import first_json_span
 
 
@@ -115,6 +115,11 @@ class OutputSpec:
             return self.check(value), None
         except ValueError as exc:
             return None, f"{exc} Give the final answer again."
+        except Exception as exc:  # a bug in the validator, not a verdict on the answer: the run ends
+            raise RunError(
+                f"the output_validator raised {type(exc).__name__}: {exc} (a validator rejects an answer by "
+                "raising ValueError, whose message goes to the model)"
+            ) from exc
 
 
 _SCHEMA_ROOM = 2000  # a longer schema is not repeated in a correction (it is in the system prompt)

@@ -15,8 +15,10 @@ per run, so a slow tokenizer costs once per message, not once per step.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._errors import ConfigurationError
 from ._messages import Message, ToolDefinition, arguments_json
@@ -71,13 +73,35 @@ class ModelTokenCounter:
         return sum(estimate_message(m) for m in messages)
 
 
-class _FunctionCounter:
-    def __init__(self, function: Callable[[Sequence[Message]], int]) -> None:
-        self.function = function
-        self.exact = True
+logger = logging.getLogger("thinkloop.context")
+
+
+class _UsersCounter:
+    """A counter of the user's (a `TokenCounter` or a function): one that raises or returns something
+    other than a count is replaced by the estimate, with one warning — counting only sizes the context
+    view, so a bug in it must not end (or crash) the run."""
+
+    def __init__(self, count: Callable[[Sequence[Message]], Any], exact: bool) -> None:
+        self._count = count
+        self.exact = exact
+        self._failed = False
 
     def count(self, messages: Sequence[Message]) -> int:
-        return int(self.function(messages))
+        if not self._failed:
+            try:
+                counted = self._count(messages)
+                if (
+                    not isinstance(counted, bool)
+                    and isinstance(counted, int | float)
+                    and 0 <= counted < math.inf
+                ):
+                    return int(counted)
+                problem = f"returned {counted!r}, not a number of tokens"
+            except Exception as exc:
+                problem = f"raised {type(exc).__name__}: {exc}"
+            self._failed, self.exact = True, False
+            logger.warning("the token_counter %s; counting with the estimate (chars/3 + 1) instead", problem)
+        return sum(estimate_message(m) for m in messages)
 
 
 TokenCounterLike = TokenCounter | Callable[[Sequence[Message]], int]
@@ -87,10 +111,12 @@ def as_counter(counter: TokenCounterLike | None, model: Model | None = None) -> 
     """The counter to use: the one given (a counter or a function), else the model's, else the estimate."""
     if counter is None:
         return ModelTokenCounter(model) if model is not None else EstimateCounter()
-    if isinstance(counter, TokenCounter):
+    if isinstance(counter, EstimateCounter | ModelTokenCounter):
         return counter
+    if isinstance(counter, TokenCounter):
+        return _UsersCounter(counter.count, is_exact(counter))
     if callable(counter):
-        return _FunctionCounter(counter)
+        return _UsersCounter(counter, True)
     raise ConfigurationError(
         f"token_counter must have a count(messages) method or be a function (messages) -> int, "
         f"not {counter!r}"
