@@ -498,3 +498,31 @@ def test_of_two_processes_resuming_one_run_at_once_exactly_one_goes_on(
     tags = [line.split(":")[1] for line in effects.read_text().split()]
     assert tags == ["a", "b", "c", "d"]  # b ran once (its outcome unknown after the kill), nothing twice
     assert len({line.split(":")[0] for line in effects.read_text().split()[2:]}) == 1  # one resumer ran
+
+
+async def test_a_state_holding_an_object_json_cannot_write_says_so_not_that_the_store_failed(
+    tmp_path: Path,
+) -> None:
+    from thinkloop import tool
+    from thinkloop._execute import GateDecision
+
+    @tool
+    def note(text: str) -> str:
+        """Note a text."""
+        return text
+
+    class MeddlingGate:  # user code with the run in its hands: it puts an object in the run's state
+        async def check(self, call: Any, tool: Any, risk: Any, run: Any) -> GateDecision:
+            run.state.metadata["client"] = object()
+            return GateDecision(True, "auto")
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    script = [{"tool_calls": [{"name": "note", "args": {"text": "hi"}}]}, "done"]
+    agent = Agent(ScriptedModel(script), tools=[note], safety=MeddlingGate(), store=store)
+    with pytest.raises(StateError) as caught:
+        await agent.run("go", run_id="meddled")
+    message = str(caught.value)
+    assert "its state holds a value that cannot be written as JSON" in message
+    assert "once the store works" not in message  # the store works: resuming would not help it
+    saved = await store.load_state("meddled")  # the last checkpoint, before the object went in
+    assert saved is not None and not saved.finished and "client" not in saved.metadata

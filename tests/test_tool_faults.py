@@ -5,6 +5,7 @@ defined), with the run's state still saved and readable."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import math
 import threading
@@ -452,6 +453,35 @@ async def test_arguments_holding_an_integer_too_long_to_write_are_refused_not_ru
         "than 4,300 digits)."
     )
     RunState.from_json(result.state.to_json())
+
+
+async def test_arguments_holding_python_objects_are_refused_and_the_run_saves(tmp_path: Path) -> None:
+    # A Model of the user's making handing over an object JSON cannot hold: the run's state could not be
+    # saved (the run stopped with a StateError advising a resume that failed the same way).
+    ran: list[object] = []
+
+    @tool
+    def store_value(value: Any) -> str:
+        """Store a value."""
+        ran.append(value)
+        return "stored"
+
+    script = [
+        {"tool_calls": [{"name": "store_value", "args": {"value": object()}}]},
+        {"tool_calls": [{"name": "store_value", "args": {"value": datetime.date(2026, 1, 2)}}]},
+        {"tool_calls": [{"name": "store_value", "args": {"value": "caf\udce9"}}]},
+        "gave up",
+    ]
+    store = SQLiteStore(tmp_path / "runs.db")
+    result = await Agent(ScriptedModel(script), tools=[store_value], store=store).run("x")
+    assert result.output == "gave up"
+    assert ran == [datetime.date(2026, 1, 2), "caf\ufffd"]  # a date is saved as JSON; half a character mended
+    assert tool_outputs(result.state)[0].startswith(
+        "Error: store_value was not called: its arguments cannot be written as JSON (a value is a Python "
+        'object, not JSON: {"value":"<object object at'
+    )
+    saved = await store.load_state(result.run_id)
+    assert saved is not None and saved.finished and saved.answer == "gave up"
 
 
 async def test_a_scripted_call_nested_past_the_recursion_limit_is_malformed_not_a_crash() -> None:

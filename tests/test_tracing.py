@@ -248,3 +248,34 @@ async def test_an_interrupted_run_resumed_in_the_same_process_ends_its_first_spa
         first.end_time is not None and second.start_time is not None and first.end_time <= second.start_time
     )
     assert tracing._runs == {} and tracing._last == {}
+
+
+async def test_a_run_whose_store_fails_ends_its_span_with_an_error(spans: Any, tmp_path: Path) -> None:
+    # a first save that failed (a file that is no database) left `run_started` as the last event and the
+    # run's span open for ever (one leaked per attempt); now an `error` with `stopped` ends both
+    from thinkloop import StateError
+    from thinkloop.stores import SQLiteStore
+
+    provider, exporter = spans
+    tracing = OpenTelemetryTracing(provider)
+    path = tmp_path / "runs.db"
+    path.write_bytes(b"garbage" * 200)
+    for _ in range(2):
+        events: list[Any] = []
+        agent = Agent(ScriptedModel(["x"]), store=SQLiteStore(path), on_event=tracing)
+        with pytest.raises(StateError):
+            await agent.run("goal", on_event=events.append)
+        assert [e.type for e in events] == ["run_started", "error"] and events[-1].stopped
+    runs = by_name(exporter.get_finished_spans())["invoke_agent agent"]
+    assert len(runs) == 2 and all(s.status.status_code is StatusCode.ERROR for s in runs)
+    assert tracing._runs == {} and tracing._last == {}
+
+
+async def test_a_second_run_under_a_taken_id_says_why_after_run_started() -> None:
+    agent = Agent(ScriptedModel(["one", "two"]))
+    await agent.run("first", run_id="same")
+    events: list[Any] = []
+    with pytest.raises(Exception, match="already exists in the store"):
+        await agent.run("second", run_id="same", on_event=events.append)
+    assert [e.type for e in events] == ["run_started", "error"]
+    assert events[-1].stopped and "already exists in the store" in events[-1].message

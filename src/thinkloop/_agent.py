@@ -16,7 +16,7 @@ from ._budget import Budget, PriceTable
 from ._context import DEFAULT_MAX_CONTEXT_TOKENS, ContextManager, Summarizer
 from ._discovery import ToolDiscovery
 from ._errors import ConcurrencyError, ConfigurationError, UserError
-from ._events import Done, Event, RunResult, RunStarted
+from ._events import Done, ErrorEvent, Event, RunResult, RunStarted
 from ._execute import AllowAll, ToolGate
 from ._guards import GuardConfig, Guards
 from ._loop import (
@@ -620,15 +620,20 @@ class Agent:
             state.event_version += 1  # `run.skip_event()`, inlined: every run
         # the first checkpoint, before the first model call: a crash leaves a resumable run
         try:
-            await run.checkpoint()
-        except ConcurrencyError as exc:
-            if resumed or exc.expected != 0:
-                raise
-            run_id = run.state.run_id
-            raise UserError(
-                f"a run with id {run_id!r} already exists in the store: give the new run another run_id "
-                f"(or, if that run is unfinished, continue it with agent.resume({run_id!r}))"
-            ) from exc
+            try:
+                await run.checkpoint()
+            except ConcurrencyError as exc:
+                if resumed or exc.expected != 0:
+                    raise
+                run_id = run.state.run_id
+                raise UserError(
+                    f"a run with id {run_id!r} already exists in the store: give the new run another run_id "
+                    f"(or, if that run is unfinished, continue it with agent.resume({run_id!r}))"
+                ) from exc
+        except Exception as failure:  # the run stops before its loop: `run_started` is followed by why
+            message = str(failure)
+            run.emit(lambda: ErrorEvent(message=message, stopped=True))
+            raise
 
     # ------------------------------------------------------------------------------------ experience
 
@@ -651,9 +656,11 @@ class Agent:
                     lessons = self._lessons(
                         await self.experience.recall(state.goal, limit=self.lessons_limit)
                     )
-            except Exception as exc:  # experience is an optimisation: the run goes on without it
+            except (Exception, asyncio.CancelledError) as exc:  # an optimisation: the run goes on without
+                _raise_if_cancelled(exc)
                 logger.warning(
-                    "recalling lessons failed (%s: %s); running without them", type(exc).__name__, exc
+                    "recalling lessons failed (%s); running without them",
+                    _learner_failure(exc, RECALL_TIMEOUT),
                 )
                 lessons = []
             state.metadata["lessons"] = lessons
@@ -672,8 +679,14 @@ class Agent:
         try:
             async with asyncio.timeout(LEARN_TIMEOUT):
                 await self.experience.learn(record)
-        except Exception as exc:  # never surfaces: the run is over and its answer given
-            logger.warning("learning from run %s failed (%s: %s)", record.run_id, type(exc).__name__, exc)
+        except (
+            Exception,
+            asyncio.CancelledError,
+        ) as exc:  # never surfaces: the run is over, its answer given
+            _raise_if_cancelled(exc)
+            logger.warning(
+                "learning from run %s failed (%s)", record.run_id, _learner_failure(exc, LEARN_TIMEOUT)
+            )
 
     async def _then_learn(self, run: Awaitable[RunResult]) -> RunResult:
         """For the sync entry points: their event loop ends with the call, so learning is awaited."""
@@ -685,6 +698,19 @@ class Agent:
         """Wait until the learner has taken in every finished run (each within 30 s)."""
         while self._learning:
             await asyncio.gather(*self._learning, return_exceptions=True)
+
+
+def _raise_if_cancelled(exc: BaseException) -> None:
+    """Re-raise a CancelledError that cancels this task; one a learner raised of its own is its failure."""
+    task = asyncio.current_task()
+    if isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling()):
+        raise exc
+
+
+def _learner_failure(exc: BaseException, limit: float) -> str:
+    if isinstance(exc, TimeoutError) and not str(exc):  # the limit ran out: str() says nothing
+        return f"it took over {limit:g} s"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _check_metadata(metadata: object) -> None:

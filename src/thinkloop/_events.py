@@ -212,8 +212,13 @@ class TaskSkipped(_Event):
 
 
 class ErrorEvent(_Event):
+    """What went wrong. Before `done` on a run that ends with `error`; with `stopped`, the run stops here,
+    unfinished and without `done`: its store failed (resume it once the store works) or, at its first
+    save, the run could not start."""
+
     type: Literal["error"] = "error"
     message: str
+    stopped: bool = False
 
 
 class Done(_Event):

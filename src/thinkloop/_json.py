@@ -17,6 +17,8 @@ import math
 import re
 from typing import Any
 
+import pydantic_core
+
 __all__ = [
     "MAX_DEPTH",
     "TOO_DEEP",
@@ -126,6 +128,15 @@ def text_too_deep(text: str) -> bool:
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # `\ud83d`: JSON's escape of half a character
 _SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def saveable(value: Any) -> bool:
+    """Whether a run's state can hold `value` (pydantic writes it as JSON: an arbitrary object it cannot)."""
+    try:
+        pydantic_core.to_json(value)
+    except (ValueError, TypeError, RecursionError):  # PydanticSerializationError is a ValueError
+        return False
+    return True
 
 
 def valid_text(text: str) -> str:

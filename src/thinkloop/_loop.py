@@ -1119,6 +1119,8 @@ def _valid_unicode_reply(reply: Reply) -> Reply:
             break
         if text.count("{") + text.count("[") > _json.MAX_DEPTH and _json.too_deep(call.arguments):
             break
+        if not _json.saveable(call.arguments):  # an object a Model of the user's put in (JSON holds no such)
+            break
     else:
         return reply  # the common case: nothing that can hold a lone surrogate
     calls = []
@@ -1143,10 +1145,14 @@ def _unsaveable(arguments: dict[str, Any]) -> str | None:
         text = arguments_json(arguments)
     except RecursionError:  # deeper than Python can write
         return "{" * (_json.MAX_DEPTH + 1) + " …"
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         why = "an integer has more than 4,300 digits" if "integer string conversion" in str(exc) else str(exc)
         return f"{UNWRITABLE}{why})"[:2000]
-    return text[:2000] if _json.too_deep(arguments, text) else None
+    if _json.too_deep(arguments, text):
+        return text[:2000]
+    if not _json.saveable(_json.valid_unicode(arguments)):  # half an emoji is mended, not refused
+        return f"{UNWRITABLE}a value is a Python object, not JSON: {text[:1000]})"
+    return None
 
 
 def _record_reply(run: RunContext, reply: Reply) -> None:
@@ -1483,7 +1489,14 @@ async def store_failed(run: RunContext, error: StateError) -> StateError:
     state = run.state
     if state.finished:
         return error
-    run.emit(lambda: ErrorEvent(message=str(error)))
+    run.emit(lambda: ErrorEvent(message=str(error), stopped=True))
+    if not _json.saveable(_json.valid_unicode(state.model_dump())):  # not the store: the state itself
+        return StateError(
+            f"{error} — run {state.run_id} stopped unfinished at step {state.step}: its state holds a value "
+            "that cannot be written as JSON (an object put in it by a hook, a tool's context or a Model of "
+            f"your own); agent.resume({state.run_id!r}) continues it from its last checkpoint",
+            state=state,
+        )
     try:
         await run.checkpoint()
         saved = "as it is now"

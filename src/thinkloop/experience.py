@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from ._data import Data
 from ._discovery import tokenize
 from ._errors import ConfigurationError
+from ._json import valid_text
 from ._messages import Message, ModelRequest, ModelSettings
 from ._state import RunState, StopReason
 
@@ -300,7 +301,7 @@ class LessonBook:
             new = [
                 Lesson(
                     text=t,
-                    task=record.task[:TASK_LIMIT],
+                    task=valid_text(record.task[:TASK_LIMIT]),
                     success=record.success,
                     tools=tools,
                     run_id=record.run_id,
@@ -567,7 +568,7 @@ def _warn_unlocked(path: Path, why: str) -> None:
 
 
 def _clip_lesson(text: str) -> str:
-    text = text.strip()
+    text = valid_text(text.strip())  # half an emoji (a reply cut in one) cannot be saved as UTF-8
     return text if len(text) <= LESSON_LIMIT else text[: LESSON_LIMIT - 1] + "…"
 
 

@@ -139,8 +139,16 @@ class OpenTelemetryTracing:
 
     def _on_error(self, e: Any) -> None:
         span = self._runs.get(e.run_id)
-        if span is not None:
-            span.add_event("error", {"message": e.message[:_CONTENT_LIMIT]}, timestamp=_ns(e.time))
+        if span is None:
+            return
+        span.add_event("error", {"message": e.message[:_CONTENT_LIMIT]}, timestamp=_ns(e.time))
+        if e.stopped:  # no `done` will come: the span ends here (a resume starts a span of its own)
+            del self._runs[e.run_id]
+            self._last.pop(e.run_id, None)
+            for key in [k for k in self._arguments if k[0] == e.run_id]:
+                del self._arguments[key]
+            self._fail(span, "stopped", e.message)
+            span.end(end_time=_ns(e.time))
 
     def _on_hint(self, e: Any) -> None:
         self._note(e, "hint", {"thinkloop.step": e.step, "thinkloop.reason": e.reason})

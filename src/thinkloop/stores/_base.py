@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from .. import _json
 from .._errors import ConfigurationError, StateError, UserError
 from .._events import Event, event_from_json
 from .._messages import Message, Usage
@@ -43,7 +44,6 @@ RunStatus = Literal["running", "done", "error"]
 MemoryRole = Literal["system", "user", "assistant"]
 
 _ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
 class RunSummary(BaseModel):
@@ -369,7 +369,7 @@ def _in(where: str) -> str:
 def clean_text(text: str) -> str:
     """`text` with lone surrogates (`"\\ud800"`: a JSON escape of half an emoji, a file name decoded with
     `surrogateescape`) replaced by U+FFFD: UTF-8, and so no file or database, can hold them."""
-    return _SURROGATE_RE.sub("\ufffd", text) if _SURROGATE_RE.search(text) else text
+    return _json.valid_text(text)
 
 
 def to_json(model: Any) -> str:
