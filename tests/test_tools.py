@@ -380,6 +380,14 @@ def test_rich_return_values_render_as_json_and_bytes_as_text() -> None:
     assert render_output([1, "a"]) == '[1, "a"]'
 
 
+def test_dicts_keyed_by_enums_dates_or_tuples_render_as_json_not_repr() -> None:
+    rendered = render_output({Color.RED: 1, datetime.date(2026, 1, 2): [Point(x=1, y=2)], (1, 2): None})
+    assert json.loads(rendered) == {"red": 1, "2026-01-02": [{"x": 1, "y": 2}], "1,2": None}
+    cycle: dict[str, Any] = {}
+    cycle["self"] = cycle
+    assert render_output(cycle) == "{'self': {...}}"  # no JSON for a cycle: its text, not a crash
+
+
 async def test_generator_tools_give_their_items() -> None:
     @tool
     def lines(n: int) -> Iterator[str]:
@@ -432,6 +440,32 @@ async def test_partials_callable_objects_and_methods_are_tools() -> None:
     assert await greet.invoke({"name": "Ada"}) == "Hello, Ada"
     shout = tool(Greeter("x").shout)
     assert (shout.name, await shout.invoke({"text": "hi"})) == ("shout", "HI")
+
+
+def test_a_callable_objects_description_is_its_call_doc_or_its_class_doc_never_pythons() -> None:
+    class Adder:
+        """Add two numbers."""
+
+        def __call__(self, a: int, b: int) -> int:  # no docstring of its own
+            return a + b
+
+    class Subtracter(Adder):
+        def __call__(self, a: int, b: int) -> int:
+            """Subtract b from a."""
+            return a - b
+
+    class Quiet(Subtracter):
+        def __call__(self, a: int, b: int) -> int:
+            return a - b
+
+    class Bare:
+        def __call__(self, a: int) -> int:
+            return a
+
+    assert tool(Adder()).description == "Add two numbers."  # was "Call self as a function."
+    assert tool(Quiet()).description == "Subtract b from a."  # the inherited __call__'s doc
+    assert tool(functools.partial(Adder(), b=1), name="inc").description == "Add two numbers."
+    assert tool(Bare()).description == "Bare"
 
 
 def test_callables_without_a_usable_name_or_signature_say_what_to_do() -> None:
@@ -576,6 +610,22 @@ def test_numpy_sphinx_and_google_docstrings_document_each_parameter(doc: str) ->
     properties = t.parameters["properties"]
     assert properties["room"]["description"] == "The room's name, as on the door."
     assert properties["people"]["description"] == "How many people."
+
+
+def test_google_args_with_nested_types_and_deep_indents_document_each_parameter() -> None:
+    def merge(names: list[str], limit: int = 3) -> str:
+        return ""
+
+    merge.__doc__ = """Merge names.
+
+    Args:
+            names (list(str)): The names,
+                in order.
+            limit (Optional(int)): At most this many.
+    """
+    properties = tool(merge).parameters["properties"]
+    assert properties["names"]["description"] == "The names, in order."
+    assert properties["limit"]["description"] == "At most this many."
 
 
 def test_a_description_paragraph_ending_in_a_colon_is_kept() -> None:

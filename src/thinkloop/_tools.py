@@ -998,10 +998,16 @@ def _function_name(fn: Callable[..., Any]) -> str:
 
 def _function_doc(fn: Callable[..., Any]) -> str:
     hinted = _hinted(fn)
-    doc = inspect.getdoc(hinted) or ""
-    if not doc and hinted is not fn and not isinstance(fn, functools.partial):  # a callable object's class
-        doc = inspect.getdoc(type(fn)) or ""
-    return doc
+    target = _unwrapped(fn)
+    if hinted is target:  # a function or method, maybe wrapped in a partial
+        return inspect.getdoc(hinted) or ""
+    # a callable object: its `__call__`'s own doc or a base class's, else its class's. Not getdoc(__call__),
+    # which inherits `object`'s slot wrapper doc, "Call self as a function."
+    for base in type(target).__mro__[:-1]:
+        doc = getattr(vars(base).get("__call__"), "__doc__", None)
+        if isinstance(doc, str) and doc.strip():
+            return inspect.cleandoc(doc)
+    return inspect.getdoc(type(target)) or ""
 
 
 def _type_hints(fn: Callable[..., Any], label: str) -> dict[str, Any]:
@@ -1197,7 +1203,7 @@ class _Inliner:
 
 
 _SECTION_RE = re.compile(r"^(Args|Arguments|Parameters|Params):\s*$", re.IGNORECASE)
-_PARAM_RE = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_PARAM_RE = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\((?:[^()]|\([^()]*\))*\))?\s*:\s*(.*)$")  # `b (list(str)):`
 _OTHER_SECTION_RE = re.compile(
     r"^(Returns?|Raises|Yields?|Examples?|Notes?|Warnings?|Warns|See Also|References|Todo|Attributes"
     r"|Methods|Keyword Arg(ument)?s|Other Parameters):\s*$",
@@ -1234,21 +1240,24 @@ def _numpy_header(lines: list[str], i: int) -> bool:
 
 def _google_params(lines: list[str]) -> dict[str, str]:
     params: dict[str, str] = {}
-    in_args, current = False, None
+    in_args, current, margin = False, None, 0
     for line in lines:
         if _SECTION_RE.match(line.strip()):
             in_args, current = True, None
         elif _OTHER_SECTION_RE.match(line.strip()) or _RULE_RE.match(line):
             in_args = False
         elif in_args:
-            current = _add_param_line(line, params, current)
+            if current is None and line.strip():  # the first parameter's indent is the section's margin
+                margin = len(line) - len(line.lstrip())
+            current = _add_param_line(line, params, current, margin)
     return params
 
 
-def _add_param_line(line: str, params: dict[str, str], current: str | None) -> str | None:
+def _add_param_line(line: str, params: dict[str, str], current: str | None, margin: int) -> str | None:
+    """A parameter at the section's margin starts; a deeper line continues the one before."""
     match = _PARAM_RE.match(line)
     indent = len(line) - len(line.lstrip())
-    if match and (current is None or indent <= 4):
+    if match and (current is None or indent <= margin):
         current = match.group(1).lstrip("*")
         params[current] = match.group(2).strip()
     elif current is not None and line.strip():
@@ -1445,6 +1454,10 @@ def _render(value: Any) -> str:
         return pydantic_core.to_json(value, fallback=str).decode()
     try:
         return json.dumps(value, ensure_ascii=False, default=_jsonable)
+    except (TypeError, ValueError):  # keys json cannot write (an Enum, a date, a tuple), a cycle
+        pass
+    try:
+        return pydantic_core.to_json(value, fallback=str).decode()
     except (TypeError, ValueError):
         return str(value)
 
