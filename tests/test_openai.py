@@ -378,6 +378,24 @@ async def test_stream_from_a_server_that_omits_indexes_and_repeats_names(
     assert final.usage == Usage()  # no usage chunk: the loop estimates
 
 
+async def test_stream_from_a_server_that_sends_a_name_growing_or_in_pieces(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    server.add(
+        sse(
+            delta({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "get", "arguments": ""}}]}),
+            delta({"tool_calls": [{"index": 0, "function": {"name": "get_wea", "arguments": ""}}]}),
+            delta({"tool_calls": [{"index": 0, "function": {"name": "get_weather", "arguments": "{}"}}]}),
+            delta({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "ad", "arguments": ""}}]}),
+            delta({"tool_calls": [{"index": 1, "function": {"name": "d", "arguments": "{}"}}]}),
+            delta({}, "tool_calls"),
+            "[DONE]",
+        )
+    )
+    final = (await collect(model, ask(tools=[ADD])))[-1]
+    assert [(c.id, c.name) for c in final.tool_calls] == [("a", "get_weather"), ("b", "add")]
+
+
 async def test_a_malformed_stream_chunk_is_a_model_error(
     server: OpenAICompatibleServer, model: OpenAIModel
 ) -> None:

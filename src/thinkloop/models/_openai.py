@@ -1070,7 +1070,9 @@ class _StreamAssembler:
         if call_id:
             partial.id = call_id
         if name and name != partial.name:  # some servers repeat the whole name in every delta
-            partial.name += name
+            # others send it growing ("get", "get_wea", "get_weather"): the longer one stands; else a piece
+            grown = partial.name and name.startswith(partial.name)
+            partial.name = name if grown else partial.name + name
         partial.arguments.append(arguments)
         self.chars += len(arguments)
         return ToolCallDelta(index=index, id=call_id or None, name=name or None, arguments_delta=arguments)
