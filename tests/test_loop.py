@@ -1537,6 +1537,31 @@ def test_a_call_cut_off_by_the_token_limit_inside_its_arguments_is_not_run(
     assert "cut off" in told or "not a JSON object" in told, told
 
 
+def test_a_native_call_cut_off_by_the_length_limit_is_told_so_and_the_run_stays_native() -> None:
+    # it was told only that its arguments were not a JSON object, and two such replies switched the run to
+    # ReAct "for malformed tool calls": a length limit is not fixed by another format
+    written: list[str] = []
+
+    @tool
+    def write(path: str, text: str) -> str:
+        """Write a text to a file."""
+        written.append(path)
+        return "written"
+
+    cut = '{"path": "notes.md", "text": "a long text that goes on and'
+    replies = [
+        _cut(calls=[ToolCall(id="w1", name="write", raw_arguments=cut)]),
+        _cut(calls=[ToolCall(id="w2", name="write", raw_arguments=cut)]),
+        {"tool_calls": [{"name": "write", "args": {"path": "notes.md", "text": "short"}}]},
+        "done",
+    ]
+    result = Agent(ScriptedModel(replies), tools=[write]).run_sync("write notes")
+    assert result.output == "done" and written == ["notes.md"]
+    assert result.state.mode == "native" and "mode_switches" not in result.state.metadata
+    first = next(m.content for m in result.state.messages if m.role == "tool")
+    assert first.startswith("Error: write was not called: your reply was cut off by its length limit")
+
+
 @pytest.mark.parametrize(
     "reply",
     [  # complete calls: an invented observation after the call (cut off later), or no length limit at all

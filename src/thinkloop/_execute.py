@@ -169,6 +169,8 @@ def _checked(run: RunContext, call: ToolCall, tools: ToolRegistry | None) -> _Pr
     raw = call.raw_arguments
     if raw is not None and (_json.text_too_deep(raw) or raw.startswith(UNWRITABLE)):
         return _failed(call, "invalid_arguments", _unreadable_message(tool, raw))
+    if raw is not None and call.id == run.cut_call:
+        return _failed(call, "invalid_arguments", _cut_message(tool))
     given = call.arguments if raw is None else arguments_from_text(tool, raw)
     if given is None:
         return _failed(call, "invalid_arguments", _bad_json_message(call, tool))
@@ -732,6 +734,14 @@ def _meant(name: str, names: list[str]) -> str:
 def _bad_json_message(call: ToolCall, tool: Tool) -> str:
     raw = (call.raw_arguments or "")[:300]
     return f"Error: the arguments of {tool.name} were not a JSON object: {raw!r}. {_call_it_with(tool)}"
+
+
+def _cut_message(tool: Tool) -> str:
+    return (
+        f"Error: {tool.name} was not called: your reply was cut off by its length limit inside this call's "
+        "arguments, and the call would have run with part of them. Send it again, complete and shorter: "
+        "split a long text over several calls, and keep what you write before the call short."
+    )
 
 
 UNWRITABLE = "(arguments that cannot be written as JSON: "  # begins the text kept of such arguments

@@ -144,6 +144,7 @@ class RunContext:
     interrupted: bool = False  # `Agent.interrupt()`: the cancellation that comes leaves the run resumable
     streamer: _AnswerStreamer | None = None  # the last streamed reply, while its text may be the answer
     save_interrupted: bool = True  # False: an interrupted run writes nothing more (another process owns it)
+    cut_call: str = ""  # the id of a native call whose arguments the reply's length limit cut off
     _shown: dict[tuple[Mode, tuple[str, ...]], tuple[Message, list[ToolDefinition]]] = field(
         default_factory=dict, repr=False
     )
@@ -907,6 +908,9 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     for call in calls:
         malformed = malformed or call.raw_arguments is not None
         unknown = unknown or call.name not in run.tools  # perhaps a `final_answer` call
+    if malformed and response.finish_reason == "length" and calls[-1].raw_arguments is not None:
+        run.cut_call = calls[-1].id  # told it was cut (`_execute._checked`); not a reason to leave native
+        malformed = any(call.raw_arguments is not None for call in calls[:-1])
     if malformed:
         _note_malformed_native(run)
     reply = _new_reply(text=response.text if calls else native_answer(response.text), calls=calls)
