@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 from typing import Any
 
 import pytest
@@ -177,6 +178,56 @@ def test_alternation_with_changing_results_is_polling_and_runs() -> None:
     assert not [e for e in events if isinstance(e, ToolCallEvent) and e.decision == "blocked"]
     notes = [m.name for m in result.state.messages if "already made this exact call" in m.content]
     assert notes == ["wait", "wait"]  # the status polls got new results: no "repeat" note
+
+
+def test_polling_one_call_whose_result_changes_runs_until_it_is_done_then_up_to_max_polls() -> None:
+    # the fourth identical poll was blocked ("the earlier result stands", though every result was new)
+    # and the run stopped as dangerous_loop before the job finished
+    progress = itertools.count(10, 10)
+
+    @tool
+    def job_status(job: str) -> str:
+        """A job's status."""
+        done = next(progress)
+        return f"running: {done}% done" if done < 70 else "finished: result=42"
+
+    script = [call("job_status", job="j1")] * 7 + ["The result is 42."]
+    result, events = run(Agent(ScriptedModel(script), tools=[job_status], budget=Budget(max_steps=16)))
+    assert (result.stop_reason, result.output, result.tool_calls) == (
+        StopReason.FINAL_ANSWER,
+        "The result is 42.",
+        7,
+    )
+    assert not [e for e in events if isinstance(e, ToolCallEvent) and e.decision == "blocked"]
+
+    ticks = itertools.count()
+
+    @tool
+    def clock(zone: str) -> str:
+        """The time."""
+        return f"12:00:{next(ticks):02d}"
+
+    script = [call("clock", zone="UTC")] * 14 + ["noon"]
+    result, events = run(Agent(ScriptedModel(script), tools=[clock], budget=Budget(max_steps=20)))
+    blocked = [e for e in events if isinstance(e, ToolCallEvent) and e.decision == "blocked"]
+    assert result.stop_reason is StopReason.DANGEROUS_LOOP and len(blocked) == 2  # then 2 were blocked
+    assert result.tool_calls == 10
+    told = [m.content for m in result.state.messages if m.role == "tool"][-2]  # the first one blocked
+    assert "Its result kept changing, but waiting longer will not help" in told
+
+
+def test_a_call_failing_again_and_again_with_changing_errors_is_blocked_as_before() -> None:
+    attempts = itertools.count(1)
+
+    @tool
+    def fetch(url: str) -> str:
+        """Fetch a page."""
+        raise ConnectionError(f"connection refused (attempt {next(attempts)})")
+
+    script = [call("fetch", url="http://x")] * 8 + ["gave up"]
+    result, events = run(Agent(ScriptedModel(script), tools=[fetch]))
+    blocked = [e for e in events if isinstance(e, ToolCallEvent) and e.decision == "blocked"]
+    assert result.tool_calls == 3 and len(blocked) == 2  # three ran, the fourth and fifth were blocked
 
 
 # ==================================================================================== repeated errors
@@ -571,3 +622,22 @@ def test_the_forced_final_prompt_shows_json_results_with_their_characters() -> N
     prompt = model.requests[-1].messages[-1].content
     assert 'profile({"user": "mk"}) -> {"name": "Marta Kovač", "user": "mk"}' in prompt
     assert prompt.endswith("say what could not be found: never make up a value.")
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"max_identical_calls": 0}, "max_identical_calls must be a whole number of at least 1, got 0"),
+        ({"max_polls": 2.5}, "max_polls must be a whole number of at least 1, got 2.5"),
+        ({"max_heals": -1}, "max_heals must be a whole number of at least 0, got -1"),
+        ({"max_blocked_steps": True}, "max_blocked_steps must be a whole number of at least 1, got True"),
+        ({"hints": {"answer_soon": "hurry"}}, "GuardConfig hints must map keys of ["),
+        ({"hints": {"answer_now": 3}}, "GuardConfig hints must map keys of ["),
+    ],
+)
+def test_guard_settings_are_checked_when_made(settings: dict[str, Any], problem: str) -> None:
+    # max_identical_calls=0 blocked every call, a first one too; a misspelt hint key was silently unused
+    from thinkloop import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=re.escape(problem)):
+        GuardConfig(**settings)

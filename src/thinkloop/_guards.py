@@ -3,7 +3,8 @@
 - **Loop detection.** A call's signature is its tool name + the canonical JSON of its arguments (key
   order and whitespace do not matter). The second and third identical calls run, and their results
   carry a note saying so; above `max_identical_calls` identical calls the call is not run and the
-  model is told to change approach. Alternation is blocked the same way: after A, B, A, B with
+  model is told to change approach — unless the last two results differed: a poll of something that
+  changes (a job's status) runs up to `max_polls` times. Alternation is blocked the same way: after A, B, A, B with
   unchanged results, a fifth A does not run (a poll whose result changes is not a loop). When the model keeps going — `max_blocked_steps` steps in a row
   whose calls were all blocked — the run stops as `dangerous_loop`.
 - **Repeated errors.** A step whose executed calls all failed has an error fingerprint; the same
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._errors import ConfigurationError
 from ._messages import ToolCall, arguments_json
 from ._state import GuardState, RunState, StopReason
 
@@ -75,6 +77,11 @@ DEFAULT_HINTS: dict[str, str] = {
         "Blocked: {name} was already called {count} times with these same arguments; it was NOT run again. "
         "The earlier result stands. Change your approach, or give the final answer now."
     ),
+    "poll_limit": (
+        "Blocked: {name} was already called {count} times with these same arguments; it was NOT run again. "
+        "Its result kept changing, but waiting longer will not help: give the final answer now from the latest "
+        "result, or change your approach."
+    ),
     "alternating": (
         "Blocked: you are alternating between the same two steps and getting the same results; this call "
         "({name}) was NOT run. Change your approach, or give the final answer now."
@@ -95,7 +102,9 @@ class GuardConfig:
     """Settings of the guards.
 
     Args:
-        max_identical_calls: identical calls (same tool, same arguments) that run; the next is blocked.
+        max_identical_calls: identical calls (same tool, same arguments) that run; the next is blocked —
+            unless the last two gave different results (a poll of something that changes: a job's status).
+        max_polls: identical calls that run while their results keep changing; the next is blocked.
         max_blocked_steps: steps in a row whose calls were all blocked before `dangerous_loop`.
         max_repeated_errors: steps in a row failing with the same error before `dangerous_loop`.
         max_repeated_thoughts: steps in a row with the same reasoning text (and tool calls) before
@@ -113,6 +122,7 @@ class GuardConfig:
     """
 
     max_identical_calls: int = 3
+    max_polls: int = 10
     max_blocked_steps: int = 2
     max_repeated_errors: int = 4
     max_repeated_thoughts: int = 4
@@ -122,6 +132,22 @@ class GuardConfig:
     native_fallback_after: int = 2
     hints: dict[str, str] = field(default_factory=dict)
     is_useful: Callable[[ToolOutcome, GuardState], bool] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_identical_calls", "max_polls", "max_blocked_steps", "max_repeated_errors",
+                     "max_repeated_thoughts", "no_progress_threshold", "max_heals", "native_fallback_after"):  # fmt: skip
+            value, least = getattr(self, name), 0 if name in ("no_progress_threshold", "max_heals") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigurationError(
+                    f"GuardConfig {name} must be a whole number of at least {least}, got {value!r}"
+                )
+        unknown = sorted(set(self.hints) - set(DEFAULT_HINTS)) if isinstance(self.hints, dict) else None
+        if unknown is None or unknown or not all(isinstance(v, str) for v in self.hints.values()):
+            raise ConfigurationError(
+                f"GuardConfig hints must map keys of {sorted(DEFAULT_HINTS)} to texts, got {self.hints!r}"[
+                    :400
+                ]
+            )
 
     def hint(self, key: str, **values: Any) -> str:
         template = self.hints.get(key, DEFAULT_HINTS[key])
@@ -243,7 +269,9 @@ class Guards:
             if count > 1:
                 g.repeated_calls += 1
             if count > most:
-                blocked[call.id] = self.config.hint("blocked", name=call.name, count=count - 1)
+                message = self._repeated(g, call, sig, count)
+                if message is not None:
+                    blocked[call.id] = message
             elif alternating:
                 blocked[call.id] = self.config.hint("alternating", name=call.name)
         g.total_calls += len(calls)
@@ -265,19 +293,30 @@ class Guards:
         g.total_calls += 1
         if count > 1:
             g.repeated_calls += 1
+        message = None
+        if count > self.config.max_identical_calls:
+            message = self._repeated(g, call, sig, count)
+        elif alternating:
+            message = self.config.hint("alternating", name=call.name)
         recent.append(sig)
         if len(recent) > 8:
             del recent[0]
-        if count > self.config.max_identical_calls:
-            message = self.config.hint("blocked", name=call.name, count=count - 1)
-        elif alternating:
-            message = self.config.hint("alternating", name=call.name)
-        else:
+        if message is None:
             g.consecutive_blocked = 0
             return {}
         g.blocked_calls += 1
         g.consecutive_blocked += 1
         return {call.id: message}
+
+    def _repeated(self, g: GuardState, call: ToolCall, sig: str, count: int) -> str | None:
+        """Why a call made more than `max_identical_calls` times is blocked; None for a poll whose last two
+        results differed, the last call a success (up to `max_polls` calls)."""
+        # failing again (with another message each time) is no poll
+        if g.consecutive_failures or not _polling(g.recent_signatures, sig):
+            return self.config.hint("blocked", name=call.name, count=count - 1)
+        if count > self.config.max_polls:
+            return self.config.hint("poll_limit", name=call.name, count=count - 1)
+        return None
 
     def is_repeat(self, state: RunState, call: ToolCall, output: str | None = None) -> bool:
         """True when this exact call was made before in the run (and, given `output`, gave it before).
@@ -495,6 +534,12 @@ def _earlier_result(recent: list[str], sig: str, default: str) -> str:
 
 
 _NONE: frozenset[str] = frozenset()
+
+
+def _polling(recent: list[str], sig: str) -> bool:
+    """True when the last two steps of signature `sig` (in the last 8 steps) ran and gave different results."""
+    results = [r.split("#", 1)[1] for r in reversed(recent) if "#" in r and r.split("#", 1)[0] == sig][:2]
+    return len(results) == 2 and results[0] != results[1]
 
 
 def _alternates(recent: list[str], step_sig: str) -> bool:
