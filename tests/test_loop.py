@@ -1760,3 +1760,49 @@ def test_agent_arguments_of_the_right_kind_are_taken() -> None:
     )
     assert agent.max_context_tokens == 8_000 and agent.rules == ("be brief",)
     assert agent.run_sync("x").output == "hi"
+
+
+@pytest.mark.parametrize("mode", ["native", "react"])
+def test_an_answer_that_only_thanks_for_a_tools_result_is_asked_for_again_once(mode: str) -> None:
+    # qwen2.5 1.5B, native: calculator -> "31768", then "Thank you for providing the result." was the answer
+    @tool
+    def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression."""
+        return "31768"
+
+    prefix = "Final Answer: " if mode == "react" else ""
+    first = (
+        {"tool_calls": [{"name": "calculator", "args": {"expression": "2**15-1000"}}]}
+        if mode == "native"
+        else 'Action: calculator\nAction Input: {"expression": "2**15-1000"}'
+    )
+    goal = "What is 2 to the power 15, minus 1000?"
+    script = [first, f"{prefix}Thank you for providing the result.", f"{prefix}It is 31768."]
+    result = Agent(ScriptedModel(script, tools=mode == "native"), tools=[calculator], mode=mode).run_sync(
+        goal
+    )  # type: ignore[arg-type]
+    assert result.output == "It is 31768."
+    told = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert (
+        len(told) == 1 and told[0].startswith("Your reply only acknowledged the results") and goal in told[0]
+    )
+
+    thanks_twice = [first, f"{prefix}Thanks!", f"{prefix}You're welcome, glad to help!"]
+    again = Agent(ScriptedModel(thanks_twice, tools=mode == "native"), tools=[calculator], mode=mode)  # type: ignore[arg-type]
+    assert again.run_sync(goal).output == "31768"  # told once: what the tool found is the answer
+
+
+def test_thanks_with_content_or_for_a_goal_about_thanks_is_the_answer() -> None:
+    @tool
+    def lookup(name: str) -> str:
+        """Look a name up."""
+        return "Paris"
+
+    call_it = {"tool_calls": [{"name": "lookup", "args": {"name": "capital"}}]}
+    for goal, answer in [
+        ("What is the capital of France?", "Thank you! The capital is Paris."),
+        ("What is the capital of France?", "Thanks, it has 2 million people."),
+        ("Write a thank-you note", "Thank you for the help!"),
+    ]:
+        result = Agent(ScriptedModel([call_it, answer]), tools=[lookup]).run_sync(goal)
+        assert result.output == answer

@@ -1182,7 +1182,17 @@ async def _settle_pending(run: RunContext) -> None:
 
 async def final_answer(run: RunContext, answer: str) -> RunResult | None:
     """End the run with the answer; with an output type, an answer that does not validate is sent back to
-    the model instead (None), until that has failed too often (the run ends with `error`)."""
+    the model instead (None), until that has failed too often (the run ends with `error`). An answer that
+    only thanks for a tool's result is asked for again, once (`_only_thanks`)."""
+    if len(answer) < 200 and run.state.ledger and _only_thanks(answer, run.state.goal):
+        if not _react.told(run.state.messages, _THANKS):
+            text = f"{_THANKS} Now give the final answer to the task itself, from those results. The task: "
+            run.state.messages.append(
+                Message.user(text + run.state.goal, kind="correction", step=run.state.step)
+            )
+            _retract(run, "correction")
+            return None
+        answer = _best_known(run) or answer  # told once already: what the tools found is the answer
     problem = check_output(run, answer)
     if problem is None:
         return await finish(run, StopReason.FINAL_ANSWER, answer=answer)
@@ -1192,6 +1202,33 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
     what = problem.split(" Give the final answer again", 1)[0]  # the instructions were for the model
     error = f"the final answer did not match the output type: {what}"
     return await finish(run, StopReason.ERROR, answer=answer, error=error)
+
+
+_THANKS = "Your reply only acknowledged the results: they came from the tools you called, not from a person."
+_THANKS_START = re.compile(
+    r"(?i)\W*(thanks?|thank you|you'?re welcome|glad|happy to help|i hope|hope this)\b"
+)
+_THANKS_TEXT = (  # the words of thanks and pleasantries (`_only_thanks`)
+    "thank thanks you your you're youre welcome great perfect glad happy to help helps helped i hope this "
+    "that it for providing sharing giving the a result results information info answer calculation data "
+    "output response me with so much very let know if need anything else more questions question have any "
+    "further again all of and is was be can could assist there"
+)
+_THANKS_WORDS = frozenset(_THANKS_TEXT.split())
+_WORD_RE = re.compile(r"[a-z']+")
+
+
+def _only_thanks(answer: str, goal: str) -> bool:
+    """A reply of thanks and pleasantries only ("Thank you for providing the result."): a small model took
+    a tool's result for a person's message. Any other word, or a digit, makes it an answer; so does a goal
+    that speaks of thanks."""
+    text = answer.lower()
+    if not _THANKS_START.match(text) or any(c.isdigit() for c in text):
+        return False
+    if "thank" in goal.lower() or "welcome" in goal.lower():
+        return False
+    words = _WORD_RE.findall(text.replace("\u2019", "'"))
+    return bool(words) and all(w.strip("'") in _THANKS_WORDS for w in words)
 
 
 async def ended_by_cancellation(run: RunContext) -> None:
