@@ -204,7 +204,7 @@ async def test_a_run_resumed_from_an_older_checkpoint_is_saved_whole(
         for step in range(4, 7):
             _step(state, step)
         await _save(store, state)
-        older.event_version = state.event_version
+        older.event_version, older.saves = state.event_version, state.saves  # as a resume would find them
         _step(older, 4, size=5)
         written.clear()
         await _save(store, older)
@@ -229,9 +229,10 @@ async def test_two_stores_taking_turns_on_one_run_save_it_whole(make: Callable[[
         _step(theirs, 4)
         await _save(b, theirs)
         assert await a.load_state("run-1") == _stored(theirs)
-        # A goes on from its own state (a resumer that lost a race but carries the log's version)
+        # A goes on from its own state (a resumer that lost a race but carries the log's version and
+        # save count: without them it is refused, see test_stores)
         mine.ledger["c3"].output = "A's output"
-        mine.event_version = theirs.event_version
+        mine.event_version, mine.saves = theirs.event_version, theirs.saves
         await _save(a, mine)
         assert await b.load_state("run-1") == _stored(mine)
         assert len(_rows(a, "ledger")) == 3
@@ -351,7 +352,7 @@ async def test_a_run_resumed_by_another_store_is_saved_as_the_agent_ended_it(
 
 async def test_a_sqlite_database_of_version_2_loads_and_is_upgraded(tmp_path: Path) -> None:
     """A file whose runs keep their messages in rows and their ledger inline: they load as they were;
-    their next checkpoint moves the ledger; the version is 3."""
+    their next checkpoint moves the ledger; the version is 4."""
     db = tmp_path / "v2.db"
     state = _state(messages=[Message.user("a goal ☃")])
     for step in range(1, 4):
@@ -395,7 +396,7 @@ async def test_a_sqlite_database_of_version_2_loads_and_is_upgraded(tmp_path: Pa
         await _save(store, loaded)
         assert await store.load_state("run-1") == loaded
         assert len(_rows(store, "ledger")) == 4
-        assert sql(store, "SELECT max(version) FROM schema_version") == [(3,)]
+        assert sql(store, "SELECT max(version) FROM schema_version") == [(4,)]
         assert json.loads(sql(store, "SELECT state FROM runs")[0][0])["ledger"] == {}
     async with SQLiteStore(db) as again:
         assert await again.load_state("run-1") == loaded
@@ -442,7 +443,7 @@ async def test_a_postgres_table_written_by_version_1_loads_and_is_upgraded(pg_ds
         await _save(store, loaded)
         assert await store.load_state("run-1") == loaded
         assert len(_rows(store, "ledger")) == 4 and len(_rows(store, "messages")) == 9
-        assert sql(store, "SELECT max(version) FROM {t}schema") == [(2,)]
+        assert sql(store, "SELECT max(version) FROM {t}schema") == [(3,)]
         head = json.loads(sql(store, "SELECT state FROM {t}runs")[0][0])
         assert head["messages"] == [] and head["ledger"] == {}
         _step(loaded, 5)

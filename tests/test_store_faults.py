@@ -348,7 +348,7 @@ async def test_a_sqlite_database_of_a_newer_thinkloop_names_the_file_and_is_left
         with pytest.raises(StateError) as info:
             await store.load_state("run-1")
     assert str(info.value) == (
-        f"the SQLite store {db} has schema version 99, newer than this thinkloop supports (3): upgrade "
+        f"the SQLite store {db} has schema version 99, newer than this thinkloop supports (4): upgrade "
         "thinkloop to use it, or give this one another file (this one is left as it is)"
     )
     with sqlite3.connect(db) as conn:
@@ -369,7 +369,7 @@ async def test_a_postgres_database_of_a_newer_thinkloop_names_the_store(pg_dsn: 
             await store.load_state("run-1")
     assert str(info.value) == (
         f"the PostgreSQL store {url} has thinkloop schema version 99, newer than this thinkloop supports "
-        "(2): upgrade thinkloop to use it, or give this one another database (this one is left as it is)"
+        "(3): upgrade thinkloop to use it, or give this one another database (this one is left as it is)"
     )
 
 

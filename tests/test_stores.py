@@ -122,6 +122,35 @@ async def test_a_checkpoint_at_a_stale_version_fails_and_changes_nothing(store: 
     assert [getattr(e, "text", "") for e in await store.read_events("run-1")] == ["one", "two"]
 
 
+async def test_of_two_copies_loaded_from_one_checkpoint_only_the_first_saved_is_written(store: Store) -> None:
+    """Two processes resume the run from the same checkpoint. The first saves with no events (the start
+    of a tool call it is about to run): the log's version does not move, yet the second copy's save — with
+    events or without — is refused, so it never goes on to run that call too. A state that never loaded
+    from the store (saves 0, no row yet) saves as before."""
+    state = _state()
+    await store.checkpoint(state, _emit(state, Status(text="one")))
+    assert state.saves == 1
+    first, second = await store.load_state("run-1"), await store.load_state("run-1")
+    assert first is not None and second is not None and first.saves == second.saves == 1
+    first.step = 1
+    await store.checkpoint(first, [])
+    assert first.saves == 2
+    second.step = 2
+    with pytest.raises(ConcurrencyError, match="saved by another writer") as info:
+        await store.checkpoint(second, [])
+    assert (info.value.saved_since, info.value.expected, info.value.actual) == (True, 1, 2)
+    assert second.saves == 1  # not counted: nothing of it was written
+    with pytest.raises(ConcurrencyError, match="saved by another writer"):
+        await store.checkpoint(second, _emit(second, Status(text="second's")))
+    loaded = await store.load_state("run-1")
+    assert loaded is not None and (loaded.step, loaded.saves) == (1, 2)
+    assert [getattr(e, "text", "") for e in await store.read_events("run-1")] == ["one"]
+    first.step = 3
+    await store.checkpoint(first, _emit(first, Status(text="two")))
+    loaded = await store.load_state("run-1")
+    assert loaded is not None and (loaded.step, loaded.saves, loaded.event_version) == (3, 3, 2)
+
+
 async def test_append_events_uses_optimistic_concurrency(store: Store) -> None:
     assert await store.append_events("log-1", [Status(text="a"), Status(text="b")], expected_version=0) == 2
     with pytest.raises(ConcurrencyError) as info:
@@ -971,7 +1000,7 @@ async def test_a_read_only_sqlite_store_of_an_older_schema_or_none_says_it_canno
         conn.execute("INSERT INTO schema_version VALUES (2)")
     for name, what in [
         ("empty.db", "holds no thinkloop tables"),
-        ("old.db", "has schema version 2, older than this thinkloop's (3)"),
+        ("old.db", "has schema version 2, older than this thinkloop's (4)"),
     ]:
         db = str(tmp_path / name)
         probe = _on_a_read_only_file_system(tmp_path, sys.executable, "-c", LIST_LOAD_SAVE, db)
@@ -1099,7 +1128,7 @@ KILLED_IN_FIRST_SAVE = textwrap.dedent(
         _sqlite._write_delta = die
         store = SQLiteStore(where)
     else:
-        _postgres._write_delta = die_async
+        _postgres._write_run = die_async
         store = PostgresStore(where)
     asyncio.run(Agent(ScriptedModel(["done"]), store=store).run("go", run_id="r1"))
     """
@@ -1609,7 +1638,7 @@ async def test_a_sqlite_database_of_version_1_loads_and_is_migrated(tmp_path: Pa
         await _save(store, state)
         assert await store.load_state("run-1") == state
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 3
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 4
         assert json.loads(conn.execute("SELECT state FROM runs").fetchone()[0])["messages"] == []
     assert len(_message_rows(db)) == len(state.messages) == 9
     async with SQLiteStore(db) as again:
@@ -1633,10 +1662,10 @@ async def test_two_sqlite_stores_on_one_file_taking_turns_save_every_message(tmp
         await _save(b, theirs)
         async with SQLiteStore(db) as reader:
             assert await reader.load_state("run-1") == theirs
-        # A goes on from its own state (as a resumer that lost a race but carries the log's version):
-        # its messages are its first ones plus one, fewer than B saved
+        # A goes on from its own state (as a resumer that lost a race but carries the log's version and
+        # save count): its messages are its first ones plus one, fewer than B saved
         mine.messages.append(Message.user("A's own", kind="hint", step=2))
-        mine.event_version = theirs.event_version
+        mine.event_version, mine.saves = theirs.event_version, theirs.saves
         await _save(a, mine)
         assert await b.load_state("run-1") == _stored(mine)
         assert len(_message_rows(db)) == len(mine.messages) == 6

@@ -131,23 +131,34 @@ class StateError(RunError):
 
 
 class ConcurrencyError(RunError):
-    """An append to an event log used an `expected_version` that is no longer current.
+    """An append to an event log used an `expected_version` that is no longer current — or a checkpoint
+    found the run saved by another writer since its state was loaded (`saved_since`: `expected` and
+    `actual` are then save counts, `RunState.saves`).
 
     A checkpoint that finds the log *behind* the state being saved raises the store's `DamagedRunError`
     instead (events the store had are gone: no writer raced it, and trying again cannot help)."""
 
-    def __init__(self, run_id: str, expected: int, actual: int) -> None:
-        why = (
-            "another writer appended first; reload and retry"
-            if actual > expected
-            else "the log is behind that version (no writer appended to it): give the version it is at"
-        )
-        super().__init__(
-            f"event log of run {run_id!r} is at version {actual}, not the expected {expected}: {why}"
-        )
+    def __init__(self, run_id: str, expected: int, actual: int, *, saved_since: bool = False) -> None:
+        if saved_since:
+            message = (
+                f"run {run_id!r} was saved by another writer since this copy of it was loaded (the store "
+                f"holds save {actual}, this copy follows save {expected}): is another process running it? Nothing "
+                "of this save was written; load the run again to see where it is"
+            )
+        else:
+            why = (
+                "another writer appended first; reload and retry"
+                if actual > expected
+                else "the log is behind that version (no writer appended to it): give the version it is at"
+            )
+            message = (
+                f"event log of run {run_id!r} is at version {actual}, not the expected {expected}: {why}"
+            )
+        super().__init__(message)
         self.run_id = run_id
         self.expected = expected
         self.actual = actual
+        self.saved_since = saved_since
 
 
 class DeadlineExceeded(TimeoutError):

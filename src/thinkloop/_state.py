@@ -151,6 +151,9 @@ class RunState(Data):
     ended_at: float | None = None
     elapsed: float = 0.0  # seconds of run time, accumulated across resumes
     event_version: int = 0  # number of events emitted so far (the event log's version)
+    # checkpoints written of this run: a database store refuses a save unless it holds `saves` (so of two
+    # processes that loaded the same checkpoint only the first to save goes on, events or none)
+    saves: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
     budget: dict[str, Any] = field(default_factory=dict)  # the run's limits, so a resume keeps them
 

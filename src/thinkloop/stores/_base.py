@@ -9,6 +9,7 @@ the log is behind that version (events lost: no writer raced this one), `Damaged
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -21,7 +22,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from .. import _json
-from .._errors import ConfigurationError, StateError, UserError
+from .._errors import ConcurrencyError, ConfigurationError, StateError, UserError
 from .._events import Event, event_from_json
 from .._messages import Message, Usage
 from .._state import LedgerEntry, RunState
@@ -229,6 +230,27 @@ def base_version(state: RunState, events: Sequence[Event]) -> int:
                 f"(run {event.run_id!r}), expected seq {expected + offset}: events must come from the run's loop"
             )
     return expected
+
+
+@contextlib.contextmanager
+def counted_save(state: RunState) -> Iterator[int]:
+    """Count a checkpoint of `state` (`state.saves`, serialised with it); yield the count the store must
+    hold for it to be written, and take the count back if it is not."""
+    state.saves += 1
+    try:
+        yield state.saves - 1
+    except BaseException:
+        state.saves -= 1
+        raise
+
+
+def check_saves(run_id: str, expected: int, stored: object) -> None:
+    """Raise `ConcurrencyError` when a run's stored save count (`stored`: None when the store holds no
+    such count — no run, or one saved by an older thinkloop) is not the `expected` one. A state that was
+    never saved nor loaded (`expected` 0: made by hand, or by an older thinkloop) is checked by its event
+    version alone, as before."""
+    if expected and isinstance(stored, int) and stored != expected:
+        raise ConcurrencyError(run_id, expected, stored, saved_since=True)
 
 
 def first_save_failed(error: StateError, run_id: str) -> StateError:
@@ -531,22 +553,24 @@ class CheckpointRows:
     run_id: str
     expected: int
     events: Sequence[tuple[str, int, str, str]]
-    run: tuple[Any, ...]  # run_id, head, summary, status, session, updated_at, messages, ledger, token
+    run: tuple[Any, ...]  # run_id, head, summary, status, session, updated_at, messages, ledger, token, saves
     delta: Delta
     now: float
+    saves: int  # the save count the database must hold (`check_saves`); the run's row gets the next
 
     @classmethod
     def of(cls, state: RunState, events: Sequence[Event], saved: Saved | None) -> CheckpointRows:
+        """The rows of a checkpoint of `state` — inside `counted_save(state)`, which counted it."""
         run_id = check_id(state.run_id)
         now = time.time()
         summary = RunSummary.from_state(state, updated_at=now)
         delta = Delta.of(state, saved)
         run = (
             run_id, head_json(state), to_json(summary), summary.status, state.session, now,
-            len(delta.messages), len(delta.keys), delta.token,
+            len(delta.messages), len(delta.keys), delta.token, state.saves,
         )  # fmt: skip
         rows = [(run_id, e.seq, e.type, to_json(e)) for e in events]
-        return cls(run_id, base_version(state, events), rows, run, delta, now)
+        return cls(run_id, base_version(state, events), rows, run, delta, now, state.saves - 1)
 
 
 def _key_json(key: str) -> str:

@@ -41,7 +41,9 @@ from ._base import (
     base_version,
     check_id,
     check_role,
+    check_saves,
     clean_text,
+    counted_save,
     file_in_the_way,
     first_save_failed,
     load_state_text,
@@ -112,21 +114,23 @@ class FileStore(Store):
         expected = base_version(state, events)
         lines = [to_json(e) for e in events]
         memory = [(role, content) for role, content in memory_turn(state, events)]
-        try:
-            await self._call(
-                self._checkpoint, state.run_id, expected, lines, to_json(state), state.session, memory
-            )
-        except StateError as exc:
-            if expected:  # the run's last checkpoint is kept: a resume continues from it
-                raise
-            raise first_save_failed(exc, state.run_id) from exc
+        with counted_save(state) as follows:
+            try:
+                await self._call(
+                    self._checkpoint, state.run_id, expected, lines, (to_json(state), follows), state.session,
+                    memory,
+                )  # fmt: skip
+            except StateError as exc:
+                if expected:  # the run's last checkpoint is kept: a resume continues from it
+                    raise
+                raise first_save_failed(exc, state.run_id) from exc
 
     def _checkpoint(
         self,
         run_id: str,
         expected: int,
         lines: list[str],
-        state_json: str | None,
+        state: tuple[str, int] | None,
         session: str | None,
         memory: list[tuple[MemoryRole, str]],
     ) -> None:
@@ -135,10 +139,12 @@ class FileStore(Store):
             existing = _read_lines(log, whole=True)
             if len(existing) != expected:
                 existing = self._repair(run_id, existing, expected)
+            if state is not None:
+                check_saves(run_id, state[1], self._saved_field(run_id, "saves"))
             if lines:
                 _append_synced(log, lines)
-            if state_json is not None:
-                _write_atomic(self._state_path(run_id), state_json)
+            if state is not None:
+                _write_atomic(self._state_path(run_id), state[0])
             for role, content in memory:
                 self._remember(session or "", role, content)
 
@@ -150,21 +156,23 @@ class FileStore(Store):
         if len(existing) < expected:
             raise lost_events(run_id, str(self._log_path(run_id)), expected, len(existing))
         first_save = expected == 0 and not self._state_path(run_id).exists()
-        if first_save or self._saved_version(run_id) == expected:
+        if first_save or self._saved_field(run_id, "event_version") == expected:
             kept = existing[:expected]
             _write_atomic(self._log_path(run_id), "".join(line + "\n" for line in kept))
             return kept
         raise ConcurrencyError(run_id, expected, len(existing))
 
-    def _saved_version(self, run_id: str) -> int | None:
+    def _saved_field(self, run_id: str, name: str) -> int | None:
+        """A number in the run's saved state (None: no state file, no such number, not JSON)."""
         path = self._state_path(run_id)
         if not path.exists():
             return None
         try:
-            version = json.loads(path.read_text(encoding="utf-8")).get("event_version")
+            raw = json.loads(path.read_text(encoding="utf-8"))
         except ValueError:
             return None
-        return version if isinstance(version, int) else None
+        value = raw.get(name) if isinstance(raw, dict) else None
+        return value if isinstance(value, int) else None
 
     async def load_state(self, run_id: str) -> RunState | None:
         path = self._state_path(run_id)

@@ -18,7 +18,9 @@ from ._base import (
     base_version,
     check_id,
     check_role,
+    check_saves,
     clean_text,
+    counted_save,
     load_state_text,
     memory_turn,
     numbered,
@@ -43,13 +45,17 @@ class MemoryStore(Store):
         self.max_runs = max_runs
         self._states: dict[str, tuple[str, RunSummary]] = {}
         self._events: dict[str, list[str]] = {}
+        self._saves: dict[str, int] = {}  # each run's save count (`RunState.saves`)
         self._memory: dict[str, list[MemoryEntry]] = {}
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
         run_id = check_id(state.run_id)
         expected = base_version(state, events)
         self._check_version(run_id, expected)
-        saved = to_json(state)  # first: a state that cannot be saved leaves the events unsaved too
+        with counted_save(state) as follows:
+            check_saves(run_id, follows, self._saves.get(run_id))
+            saved = to_json(state)  # first: a state that cannot be saved leaves the events unsaved too
+        self._saves[run_id] = state.saves
         self._events.setdefault(run_id, []).extend(to_json(e) for e in events)
         summary = RunSummary.from_state(state)
         summary.goal = clean_text(summary.goal)  # as saved (text that UTF-8 cannot hold has U+FFFD)
@@ -66,6 +72,7 @@ class MemoryStore(Store):
                 break
             del self._states[run_id]
             self._events.pop(run_id, None)
+            self._saves.pop(run_id, None)
 
     async def load_state(self, run_id: str) -> RunState | None:
         stored = self._states.get(check_id(run_id))

@@ -27,7 +27,6 @@ from .._events import Event
 from .._state import RunState
 from ._base import (
     CheckpointRows,
-    Delta,
     MemoryEntry,
     MemoryRole,
     RunStatus,
@@ -37,7 +36,9 @@ from ._base import (
     Store,
     check_id,
     check_role,
+    check_saves,
     clean_text,
+    counted_save,
     first_save_failed,
     load_state_text,
     lost_events,
@@ -57,7 +58,9 @@ T = TypeVar("T")
 #    JSON string; `idx`: its place), one row each; `thinkloop_runs.state` holds the rest of the state, and
 #    `message_count` / `ledger_count` how many rows are the run's (NULL: a version-1 row, all inline);
 #    `token` changes at every save, so a store can tell whether the run was saved by someone else since.
-SCHEMA_VERSION = 2
+# 3: `thinkloop_runs.saves`, the run's checkpoint count (`RunState.saves`): a save must find the count it
+#    follows (NULL: saved by an older thinkloop, not checked).
+SCHEMA_VERSION = 3
 _LOCK_KEY = 0x7468696E6B  # "think": the advisory lock taken while migrating
 
 _SCHEMA = [
@@ -86,20 +89,22 @@ _MIGRATIONS = {
             run_id TEXT NOT NULL, idx INTEGER NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL,
             PRIMARY KEY (run_id, idx))""",
     ],
+    3: ["ALTER TABLE thinkloop_runs ADD COLUMN IF NOT EXISTS saves INTEGER"],
 }
 
 _VERSION_SQL = "SELECT coalesce(max(seq), 0) FROM thinkloop_events WHERE run_id = %s"
 _EVENT_SQL = "INSERT INTO thinkloop_events (run_id, seq, type, data) VALUES (%s, %s, %s, %s)"
 _RUN_SQL = (
     "INSERT INTO thinkloop_runs (run_id, state, summary, status, session, updated_at, message_count, "
-    "ledger_count, token) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
-    "state = excluded.state, summary = excluded.summary, status = excluded.status, session = excluded.session, "
-    "updated_at = excluded.updated_at, message_count = excluded.message_count, "
-    "ledger_count = excluded.ledger_count, token = excluded.token"
+    "ledger_count, token, saves) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE "
+    "SET state = excluded.state, summary = excluded.summary, status = excluded.status, "
+    "session = excluded.session, updated_at = excluded.updated_at, message_count = excluded.message_count, "
+    "ledger_count = excluded.ledger_count, token = excluded.token, saves = excluded.saves"
 )
 # the run's row locked for the rest of the transaction: another writer's checkpoint of the run waits for
 # this one to commit, then reads its token (and so writes whole what it would have written as a change)
-_TOKEN_SQL = "SELECT token FROM thinkloop_runs WHERE run_id = %s FOR UPDATE"
+# and its save count (and so is refused: `check_saves`)
+_TOKEN_SQL = "SELECT token, saves FROM thinkloop_runs WHERE run_id = %s FOR UPDATE"
 _MESSAGE_SQL = (
     "INSERT INTO thinkloop_messages (run_id, idx, data) VALUES (%s, %s, %s) "
     "ON CONFLICT (run_id, idx) DO UPDATE SET data = excluded.data"
@@ -244,20 +249,22 @@ class PostgresStore(Store):
     # -------------------------------------------------------------------------------------- runs
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
-        parts = CheckpointRows.of(state, events, self._saved.recall(state.run_id))
-        memory = [
-            (state.session, role, pg_text(content), parts.now) for role, content in memory_turn(state, events)
-        ]
-        try:
-            await self._write(parts.run_id, parts.expected, parts.events, (parts.run, parts.delta), memory)
-        except ConcurrencyError as exc:
-            if exc.actual < exc.expected:  # the log behind the state: events lost, not a race
-                raise lost_events(parts.run_id, self.url, exc.expected, exc.actual) from None
-            raise
-        except StateError as exc:
-            if parts.expected:  # the run's last checkpoint is kept: a resume continues from it
+        with counted_save(state):
+            parts = CheckpointRows.of(state, events, self._saved.recall(state.run_id))
+            memory = [
+                (state.session, role, pg_text(content), parts.now)
+                for role, content in memory_turn(state, events)
+            ]
+            try:
+                await self._write(parts.run_id, parts.expected, parts.events, parts, memory)
+            except ConcurrencyError as exc:
+                if exc.actual < exc.expected and not exc.saved_since:  # events lost, not a race
+                    raise lost_events(parts.run_id, self.url, exc.expected, exc.actual) from None
                 raise
-            raise first_save_failed(exc, parts.run_id) from exc
+            except StateError as exc:
+                if parts.expected:  # the run's last checkpoint is kept: a resume continues from it
+                    raise
+                raise first_save_failed(exc, parts.run_id) from exc
         self._saved.remember(parts.run_id, None if state.finished else parts.delta.saved())
 
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
@@ -271,7 +278,7 @@ class PostgresStore(Store):
         run_id: str,
         expected: int,
         rows: Sequence[tuple[str, int, str, str]],
-        run: tuple[tuple[Any, ...], Delta] | None,
+        run: CheckpointRows | None,
         memory: list[tuple[Any, ...]],
     ) -> None:
         import psycopg
@@ -291,8 +298,7 @@ class PostgresStore(Store):
                         if rows:
                             await cur.executemany(_EVENT_SQL, rows)
                         if run is not None:
-                            await _write_delta(cur, run_id, run[1])
-                            await cur.execute(_RUN_SQL, run[0])
+                            await _write_run(cur, run)
                         if memory:
                             await cur.executemany(_MEMORY_SQL, memory)
                     committing = True
@@ -420,12 +426,16 @@ class Link:
         return False
 
 
-async def _write_delta(cur: Any, run_id: str, delta: Delta) -> None:
-    """Write the run's messages and ledger entries that changed — all of them when the database does not
-    hold the run as this store saved it last (its token is not `delta.base`)."""
+async def _write_run(cur: Any, parts: CheckpointRows) -> None:
+    """Write the run's row and the messages and ledger entries that changed — all of them when the database
+    does not hold the run as this store saved it last (its token is not `delta.base`) — if the run's save
+    count is the one the checkpoint follows (`check_saves`)."""
+    run_id, delta = parts.run_id, parts.delta
     await cur.execute(_TOKEN_SQL, (run_id,))
     row = await cur.fetchone()
-    current = delta.base is not None and row is not None and row[0] == delta.base
+    token, saves = (None, None) if row is None else row
+    check_saves(run_id, parts.saves, saves)
+    current = delta.base is not None and token == delta.base
     replace, messages = delta.message_rows(current)
     if replace:
         await cur.execute("DELETE FROM thinkloop_messages WHERE run_id = %s", (run_id,))
@@ -436,6 +446,7 @@ async def _write_delta(cur: Any, run_id: str, delta: Delta) -> None:
         await cur.execute("DELETE FROM thinkloop_ledger WHERE run_id = %s", (run_id,))
     if entries:
         await cur.executemany(_ENTRY_SQL, [(run_id, index, key, data) for index, key, data in entries])
+    await cur.execute(_RUN_SQL, parts.run)
 
 
 class _NewerSchema(Exception):

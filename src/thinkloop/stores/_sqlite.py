@@ -41,7 +41,9 @@ from ._base import (
     Store,
     check_id,
     check_role,
+    check_saves,
     clean_text,
+    counted_save,
     file_in_the_way,
     first_save_failed,
     load_state_text,
@@ -64,7 +66,8 @@ T = TypeVar("T")
 # 3: the tool-call ledger in `ledger`, one row per entry (`key`: its key, a JSON string; `idx`: its place);
 #    `runs.state` holds the state without it, and `runs.ledger_count` how many entries there are (NULL: an
 #    older row, its ledger inline).
-SCHEMA_VERSION = 3
+# 4: `runs.saves`, the run's checkpoint count (`RunState.saves`): a save must find the count it follows.
+SCHEMA_VERSION = 4
 WAL_CHECKPOINT_EVERY = 200  # writes between background WAL checkpoints
 
 _MESSAGES_TABLE = """CREATE TABLE IF NOT EXISTS messages (
@@ -75,7 +78,8 @@ _LEDGER_TABLE = """CREATE TABLE IF NOT EXISTS ledger (
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS runs (
         run_id TEXT PRIMARY KEY, state TEXT NOT NULL, summary TEXT NOT NULL, status TEXT NOT NULL,
-        session TEXT, updated_at REAL NOT NULL, message_count INTEGER, token TEXT, ledger_count INTEGER)""",
+        session TEXT, updated_at REAL NOT NULL, message_count INTEGER, token TEXT, ledger_count INTEGER,
+        saves INTEGER)""",
     "CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at)",
     """CREATE TABLE IF NOT EXISTS events (
         run_id TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL,
@@ -97,18 +101,20 @@ _MIGRATIONS = {
         _MESSAGES_TABLE,
     ],
     3: ["ALTER TABLE runs ADD COLUMN ledger_count INTEGER", _LEDGER_TABLE],
+    4: ["ALTER TABLE runs ADD COLUMN saves INTEGER"],
 }
 
 _VERSION_SQL = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
 _EVENT_SQL = "INSERT INTO events (run_id, seq, type, data) VALUES (?, ?, ?, ?)"
 _RUN_SQL = (
-    "INSERT INTO runs (run_id, state, summary, status, session, updated_at, message_count, ledger_count, token) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "INSERT INTO runs (run_id, state, summary, status, session, updated_at, message_count, ledger_count, token, "
+    "saves) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (run_id) DO UPDATE SET state = excluded.state, summary = excluded.summary, "
     "status = excluded.status, session = excluded.session, updated_at = excluded.updated_at, "
-    "message_count = excluded.message_count, ledger_count = excluded.ledger_count, token = excluded.token"
+    "message_count = excluded.message_count, ledger_count = excluded.ledger_count, token = excluded.token, "
+    "saves = excluded.saves"
 )
-_TOKEN_SQL = "SELECT token FROM runs WHERE run_id = ?"
+_TOKEN_SQL = "SELECT token, saves FROM runs WHERE run_id = ?"
 _MESSAGE_SQL = "INSERT OR REPLACE INTO messages (run_id, idx, data) VALUES (?, ?, ?)"
 _DELETE_MESSAGES_SQL = "DELETE FROM messages WHERE run_id = ?"
 _ENTRY_SQL = "INSERT OR REPLACE INTO ledger (run_id, idx, key, data) VALUES (?, ?, ?, ?)"
@@ -342,23 +348,22 @@ class SQLiteStore(Store):
     # -------------------------------------------------------------------------------------- runs
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
-        parts = CheckpointRows.of(state, events, self._saved.recall(state.run_id))
-        memory = [
-            (state.session, role, clean_text(content), parts.now)
-            for role, content in memory_turn(state, events)
-        ]
-        try:
-            await self._call(
-                _checkpoint, parts.run_id, parts.expected, parts.events, parts.run, memory, parts.delta
-            )
-        except ConcurrencyError as exc:
-            if exc.actual < exc.expected:  # the log behind the state: events lost, not a race
-                raise lost_events(parts.run_id, str(self.path), exc.expected, exc.actual) from None
-            raise
-        except StateError as exc:
-            if parts.expected:  # the run's last checkpoint is kept: a resume continues from it
+        with counted_save(state):
+            parts = CheckpointRows.of(state, events, self._saved.recall(state.run_id))
+            memory = [
+                (state.session, role, clean_text(content), parts.now)
+                for role, content in memory_turn(state, events)
+            ]
+            try:
+                await self._call(_checkpoint, parts, memory)
+            except ConcurrencyError as exc:
+                if exc.actual < exc.expected and not exc.saved_since:  # events lost, not a race
+                    raise lost_events(parts.run_id, str(self.path), exc.expected, exc.actual) from None
                 raise
-            raise first_save_failed(exc, parts.run_id) from exc
+            except StateError as exc:
+                if parts.expected:  # the run's last checkpoint is kept: a resume continues from it
+                    raise
+                raise first_save_failed(exc, parts.run_id) from exc
         self._saved.remember(parts.run_id, None if state.finished else parts.delta.saved())
         self._written()
 
@@ -384,7 +389,7 @@ class SQLiteStore(Store):
     async def append_events(self, run_id: str, events: Sequence[Event], expected_version: int) -> int:
         check_id(run_id)
         rows = [(run_id, e.seq, e.type, to_json(e)) for e in numbered(run_id, events, expected_version)]
-        await self._call(_checkpoint, run_id, expected_version, rows, None, [], None)
+        await self._call(_append, run_id, expected_version, rows)
         self._written()
         return expected_version + len(rows)
 
@@ -478,26 +483,18 @@ def _rollback(conn: sqlite3.Connection) -> None:
         conn.execute("ROLLBACK")
 
 
-def _checkpoint(
-    conn: sqlite3.Connection,
-    run_id: str,
-    expected: int,
-    rows: Sequence[tuple[str, int, str, str]],
-    run_row: tuple[Any, ...] | None,
-    memory: list[tuple[Any, ...]],
-    delta: Delta | None,
-) -> None:
+def _checkpoint(conn: sqlite3.Connection, parts: CheckpointRows, memory: list[tuple[Any, ...]]) -> None:
+    run_id = parts.run_id
     conn.execute("BEGIN IMMEDIATE")
     try:
-        actual = conn.execute(_VERSION_SQL, (run_id,)).fetchone()[0]
-        if actual != expected:
-            raise ConcurrencyError(run_id, expected, actual)
-        if rows:
-            conn.executemany(_EVENT_SQL, rows)
-        if delta is not None:
-            _write_delta(conn, run_id, delta)
-        if run_row is not None:
-            conn.execute(_RUN_SQL, run_row)
+        _check_version(conn, run_id, parts.expected)
+        row = conn.execute(_TOKEN_SQL, (run_id,)).fetchone()
+        token, saves = (None, None) if row is None else row
+        check_saves(run_id, parts.saves, saves)
+        if parts.events:
+            conn.executemany(_EVENT_SQL, parts.events)
+        _write_delta(conn, run_id, parts.delta, token)
+        conn.execute(_RUN_SQL, parts.run)
         if memory:
             conn.executemany(_MEMORY_SQL, memory)
         conn.execute("COMMIT")
@@ -506,13 +503,29 @@ def _checkpoint(
         raise
 
 
-def _write_delta(conn: sqlite3.Connection, run_id: str, delta: Delta) -> None:
+def _append(
+    conn: sqlite3.Connection, run_id: str, expected: int, rows: Sequence[tuple[str, int, str, str]]
+) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        _check_version(conn, run_id, expected)
+        conn.executemany(_EVENT_SQL, rows)
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _check_version(conn: sqlite3.Connection, run_id: str, expected: int) -> None:
+    actual = conn.execute(_VERSION_SQL, (run_id,)).fetchone()[0]
+    if actual != expected:
+        raise ConcurrencyError(run_id, expected, actual)
+
+
+def _write_delta(conn: sqlite3.Connection, run_id: str, delta: Delta, token: str | None) -> None:
     """Write the run's messages and ledger entries that changed — all of them when the database does not
-    hold the run as this store saved it last (its token is not `delta.base`)."""
-    current = False
-    if delta.base is not None:
-        row = conn.execute(_TOKEN_SQL, (run_id,)).fetchone()
-        current = row is not None and row[0] == delta.base
+    hold the run as this store saved it last (its `token` is not `delta.base`)."""
+    current = delta.base is not None and token == delta.base
     replace, messages = delta.message_rows(current)
     if replace:
         conn.execute(_DELETE_MESSAGES_SQL, (run_id,))
