@@ -565,12 +565,14 @@ async def test_a_run_resumed_after_a_crash_keeps_its_guard_counters() -> None:
 
 
 async def test_the_same_reasoning_repeated_with_varying_calls_is_a_loop() -> None:
-    """A small model going in circles: the same thought each step, arguments that keep changing."""
+    """A small model going in circles: the same thought each step, arguments that keep changing, results
+    that bring nothing new."""
+    forms = ["17*23", "23*17", "(17*23)", "17 * 23", "(23)*17", "17*(23)", "23 * 17", "(17)*(23)"]
 
     def reply(request: ModelRequest) -> object:
         if is_final(request):
             return "17 * 23 = 391"
-        expression = f"17*{23 + request.turn}"  # a different call each step: no repeated-call guard fires
+        expression = forms[request.turn]  # a different call each step: no repeated-call guard fires
         thought = "The calculator may be wrong, so I will try the multiplication again."
         return {"text": thought, "tool_calls": [{"name": "calculator", "args": {"expression": expression}}]}
 
@@ -579,9 +581,37 @@ async def test_the_same_reasoning_repeated_with_varying_calls_is_a_loop() -> Non
         "What is 17 * 23?", on_event=events.append
     )
     assert result.stop_reason is StopReason.DANGEROUS_LOOP
-    assert result.steps == 4 and result.output == "17 * 23 = 391"
+    assert result.steps == 5 and result.output == "17 * 23 = 391"  # the first 391 was new
     assert [e.reason for e in events if e.type == "hint"] == ["repeated_thought"]  # type: ignore[union-attr]
     assert "same reasoning" in (result.error or "")
+
+
+async def test_the_same_reasoning_for_each_of_several_items_is_not_a_loop() -> None:
+    """A small model writes the same words before each lookup of a list (seen with the 0.5B and 1.5B
+    models): every step brings a new result, so the run goes on to its answer."""
+    cities = ["Paris", "Rome", "Oslo", "Lima", "Cairo", "Tokyo"]
+
+    @tool
+    def population(city: str) -> str:
+        """The population of a city."""
+        return f"{city}: {len(city)} million"
+
+    def reply(request: ModelRequest) -> object:
+        if request.turn < len(cities):
+            thought = "I need to look up the population of the next city in the list."
+            return {
+                "text": thought,
+                "tool_calls": [{"name": "population", "args": {"city": cities[request.turn]}}],
+            }
+        return "Done: " + ", ".join(f"{c} {len(c)} million" for c in cities)
+
+    events: list[Event] = []
+    result = await Agent(FunctionModel(reply), tools=[population]).run(
+        "The population of " + ", ".join(cities), on_event=events.append
+    )
+    assert result.stop_reason is StopReason.FINAL_ANSWER, result.error
+    assert result.tool_calls == 6 and result.output.startswith("Done: Paris 5 million")
+    assert "repeated_thought" not in [getattr(e, "reason", None) for e in events]
 
 
 def test_the_forced_final_prompt_lists_what_failed_and_what_worked() -> None:

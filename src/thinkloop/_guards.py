@@ -107,9 +107,10 @@ class GuardConfig:
         max_polls: identical calls that run while their results keep changing; the next is blocked.
         max_blocked_steps: steps in a row whose calls were all blocked before `dangerous_loop`.
         max_repeated_errors: steps in a row failing with the same error before `dangerous_loop`.
-        max_repeated_thoughts: steps in a row with the same reasoning text (and tool calls) before
-            `dangerous_loop` — a small model going in circles with varying arguments; one step earlier
-            it gets a hint.
+        max_repeated_thoughts: steps in a row with the same reasoning text that bring no new result
+            before `dangerous_loop` — a small model going in circles with varying arguments; one step
+            earlier it gets a hint. A step with a new result ends the streak: the same words for each
+            of several items (a lookup per city) are a routine, not a circle.
         no_progress_threshold: `no_progress` after this + 2 steps without a useful result.
         checkpoint_hints: inject the checkpoint hints at rounds 4/8/12 of 16 (scaled to `max_steps`).
         max_heals: unreadable replies in a row that are corrected before the run stops with `error`.
@@ -358,6 +359,8 @@ class Guards:
         for outcome in outcomes:  # every outcome is looked at (it may be a result not seen before)
             useful = self._useful(outcome, g) or useful
         g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
+        if useful and g.recent_thoughts:  # reasoning repeated while new results come in is a routine
+            g.recent_thoughts.clear()  # (the next of several items), not a circle
         if g.recent_signatures:
             _note_results(g.recent_signatures, outcomes, blocked=not executed)
         return repeats
@@ -390,6 +393,8 @@ class Guards:
                 del seen[0]
         useful = new if self.config.is_useful is None else bool(self.config.is_useful(outcome, g))
         g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
+        if useful and g.recent_thoughts:  # see `observe`
+            g.recent_thoughts.clear()
         recent = g.recent_signatures
         if recent:  # `_note_results` of one outcome
             last = recent[-1]  # this step's signature, without a result yet
