@@ -37,7 +37,7 @@ def test_a_percent_sign_after_a_number_with_no_operand_after_it_means_hundredths
 def test_the_description_shows_parentheses_and_a_percentage_but_no_task_like_expression() -> None:
     description = calculator.description
     assert "keeping its parentheses" in description and "'(2 + 3) * 4'" in description
-    assert format_number(evaluate("15% of 80")) == "12"  # the example in the description works
+    assert format_number(evaluate("15% of 80")) == "12"  # the form the description names works
     assert "17*23+4" not in description  # a small model copied the example instead of its own task
 
 
@@ -229,3 +229,40 @@ async def test_integer_literals_beyond_the_float_range_are_exact_integers(expr: 
 async def test_a_huge_integer_literal_is_still_bounded_like_any_integer(expr: str, problem: str) -> None:
     with pytest.raises(CalculatorError, match=re.escape(problem)):
         await calculate(expr)
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("42.165 km / 3 hours", 14.055),  # the 1.5B model, for an average speed
+        ("$12.50 * 3", 37.5),
+        ("€3.5 * 2", 7.0),
+        ("3 x 4", 12),
+        ("3x4", 12),
+        ("(2 + 3) x 4", 20),
+        ("3 times 4 plus 1", 13),
+        ("10 divided by 4", 2.5),
+        ("12 apples + 5 apples", 17),  # one unit throughout: its numbers add up
+        ("100 km/h * 2 h", 200),
+        ("5 USD * 2", 10),
+        ("0x10", 16),  # hexadecimal, not 0 times 10
+        ("1e5 + 2", 100002),  # an exponent, not a unit
+        ("2 * pi", 2 * 3.141592653589793),
+    ],
+)
+def test_numbers_with_currency_signs_units_and_x_as_small_models_write_them(
+    expression: str, expected: float
+) -> None:
+    assert evaluate(expression) == pytest.approx(expected)
+
+
+def test_a_sum_of_numbers_in_different_units_is_refused_naming_them() -> None:
+    with pytest.raises(CalculatorError, match="the units miles, km differ: convert the numbers to one unit"):
+        evaluate("5 miles + 3 km")
+
+
+def test_the_description_gives_no_percentage_a_model_could_copy() -> None:
+    """The 0.5B model sent the description's example ('15% of 80') for a tip on another bill: the only
+    numbers left are the parentheses example's."""
+    assert re.findall(r"\d+", calculator.description) == ["2", "3", "4"]
+    assert "'N% of M'" in calculator.description

@@ -8,6 +8,8 @@ with `n` beyond ±10,000 and a costly modular power are refused before they are 
 integer too long to print whole is shown in scientific notation.
 Percentages as people (and small models) write them are read too: a `%` right after a number and
 before no operand means "/100" (`86.4 * 15%` is 12.96, `15% of 86.4` too); `10 % 3` stays the remainder.
+Numbers written with a currency sign or a unit (`$12.50 * 3`, `42.165 km / 3 hours`) are read without
+them, and `3 x 4` / `3 times 4` as a product; units that differ in a sum (`5 miles + 3 km`) are refused.
 So are thousands separators where a comma could not separate arguments: `1,284,557.32 + 903,118.75` (as
 tables in tool results write numbers) is 2187676.07, while `max(1,234)` stays 234.
 """
@@ -70,6 +72,39 @@ _PERCENT_OF_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%\s*of\b", re.IGNORECASE)
 _PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%(?!\s*[\w.(])")
 
 
+_CURRENCY_RE = re.compile(r"[$€£¥₹]\s*(?=\d|\.\d)")  # $12.50 is 12.50
+_TIMES_RE = re.compile(  # 3 x 4, 3x4, (2+3) x 4 — not the hexadecimal 0x1F
+    r"(?<=[\d)])(?<!(?<![\w.])0)\s*[x×]\s*(?=[\d(.])|(?<=[\d)])\s+[xX]\s+"
+)
+_WORD_OPERATORS = {"times": "*", "plus": "+", "minus": "-", "divided by": "/", "multiplied by": "*"}
+_WORD_OPERATOR_RE = re.compile(
+    r"(?<=[\d)])\s+(times|plus|minus|divided\s+by|multiplied\s+by)\s+(?=[\d(.$€£¥₹-])", re.IGNORECASE
+)
+# a word right after a number: a unit (`42.165 km / 3 hours`), not a function, a constant or a percentage
+_UNIT_RE = re.compile(r"(?<=[\d.])[ \t]*([A-Za-z]+(?:/[A-Za-z]+)?)\b(?![ \t]*\()")
+_NOT_UNITS = frozenset({*_FUNCTIONS, *_CONSTANTS, "of", "x", "X"})
+
+
+def _without_units(text: str) -> str:
+    """Numbers without their currency signs and units (`$12.50 * 3`, `42.165 km / 3 hours`), and `x` or
+    `times` as multiplication: small models copy them from the task. Units that differ in a sum or
+    difference (`5 miles + 3 km`) are refused: adding their numbers would be wrong."""
+    text = _CURRENCY_RE.sub("", text)
+    text = _WORD_OPERATOR_RE.sub(lambda m: f" {_WORD_OPERATORS[' '.join(m[1].lower().split())]} ", text)
+    text = _TIMES_RE.sub("*", text)
+    units = [m[1] for m in _UNIT_RE.finditer(text) if m[1] not in _NOT_UNITS]
+    if not units:
+        return text
+    bare = _UNIT_RE.sub(lambda m: m[0] if m[1] in _NOT_UNITS else "", text)
+    distinct = list(dict.fromkeys(u.lower() for u in units))
+    if len(distinct) > 1 and re.search(r"[\d)][ \t]*[-+][ \t]*[\d(.]", bare):
+        raise CalculatorError(
+            f"the units {', '.join(distinct)} differ: convert the numbers to one unit first, then add or "
+            "subtract them (the calculator computes with plain numbers)"
+        )
+    return bare
+
+
 _THOUSANDS_RE = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.,])")
 
 
@@ -128,6 +163,7 @@ def _normalise(expression: str) -> str:
     if len(text) > _MAX_LENGTH:  # before the regular expressions: they take quadratic time in the length
         raise CalculatorError(f"the expression is longer than {_MAX_LENGTH} characters")
     text = text.replace("^", "**").replace("×", "*").replace("÷", "/")
+    text = _without_units(text)
     text = _PERCENT_RE.sub(r"(\1/100)", _PERCENT_OF_RE.sub(r"(\1/100)*", text))
     text = _without_thousands_separators(text)
     if not text:
@@ -258,9 +294,9 @@ class _Arguments(BaseModel):
 calculator = Tool(
     name="calculator",
     description=(
-        "Evaluate an arithmetic expression exactly, keeping its parentheses, e.g. '(2 + 3) * 4', '15% of 80' "
-        "or 'sqrt(2) / 7'. Supports + - * / // % **, parentheses, pi, e and functions such as sqrt, log, "
-        "sin, round, min, max, factorial."
+        "Evaluate an arithmetic expression written with the task's own numbers, exactly, keeping its "
+        "parentheses, e.g. '(2 + 3) * 4'. Supports + - * / // % **, 'N% of M', pi, e and functions such "
+        "as sqrt, log, sin, round, min, max, factorial."
     ),
     parameters={
         "type": "object",
