@@ -342,6 +342,30 @@ def test_absurdly_nested_json_is_a_correction_not_a_crash(reply: str) -> None:
     assert value is None and problem is not None and "Give the final answer again" in problem
 
 
+async def test_a_react_model_is_told_to_put_the_json_after_final_answer_and_sees_its_label() -> None:
+    """'JSON only' made the 0.5B model, whose reply starts with 'Thought:', drop the label: in ReAct the
+    correction says where the JSON goes, and the rejected answer is shown as it was written, labelled."""
+    model = ScriptedModel(
+        [
+            'Thought: I know it.\nFinal Answer: {"name": "Oslo"}',
+            'Thought: Fixed.\nFinal Answer: {"name": "Oslo", "population": 709000}',
+        ],
+        tools=False,
+    )
+    result = await Agent(model, output_type=City).run("Oslo?")
+    assert result.parsed == City(name="Oslo", population=709000)
+    second = model.requests[1].messages
+    assert second[-2].role == "assistant" and second[-2].content == 'Final Answer: {"name": "Oslo"}'
+    assert "Give the final answer again as 'Final Answer:' followed by JSON only (no other text)" in (
+        second[-1].content
+    )
+    native = ScriptedModel(['{"name": "Oslo"}', '{"name": "Oslo", "population": 709000}'])
+    await Agent(native, output_type=City).run("Oslo?")
+    again = native.requests[1].messages
+    assert again[-2].content == '{"name": "Oslo"}'
+    assert "Give the final answer again as JSON only (no other text)" in again[-1].content
+
+
 async def test_json_inside_a_react_reasoning_block_is_not_the_answer() -> None:
     reply = '<think>The format is {"name": "x"}</think>\n{"name": "Oslo", "population": 709000}'
     model = ScriptedModel([reply, '{"name": "Z", "population": 1}'], tools=False)

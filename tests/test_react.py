@@ -291,6 +291,9 @@ async def test_a_forced_final_answer_loses_the_lines_that_echo_its_prompt() -> N
         "Thought: The price is 8.40 EUR. I need to convert it to USD.",
         "Thought: Let's compute the total.",
         "Thought: It is 395. I will now round it.",
+        "I will try again later.",  # the 0.5B model after a failed call: it ended the run as the answer
+        "Thought: The tool failed. Let me try again.",
+        "Thought: We will proceed with the next city.",
     ],
 )
 def test_a_thought_that_only_says_what_comes_next_is_an_error_not_the_answer(text: str) -> None:
@@ -306,6 +309,8 @@ def test_a_thought_that_only_says_what_comes_next_is_an_error_not_the_answer(tex
         "Thought: The capital of France is Paris.",
         "Thought: I need the word. It is 'buenos días'.",  # the plan comes before the answer
         "Thought: I will bring no umbrella: it is sunny.",  # no tool-like step announced
+        "The answer is 42. Let me know if you need anything else.",  # a courtesy, not a step
+        "I tried the calculator twice and got 5.",
     ],
 )
 def test_a_thought_that_answers_is_still_the_final_answer(text: str) -> None:

@@ -1269,14 +1269,21 @@ def check_output(run: RunContext, answer: str) -> str | None:
     """With an output type: validate the final answer (kept in `run.parsed`); what is wrong, or None."""
     if run.output is None:
         return None
-    run.parsed, problem = run.output.parse(answer)
+    run.parsed, problem = run.output.parse(answer, react=run.state.mode == "react")
     return problem
 
 
 def ask_output_again(run: RunContext, problem: str) -> bool:
-    """Tell the model why its final answer cannot be used; False when that has failed too often."""
+    """Tell the model why its final answer cannot be used; False when that has failed too often. In text
+    ReAct the answer is shown with its 'Final Answer:' label (as the model wrote it: the history keeps the
+    answer alone), so the model sees the form to keep and the part to change."""
     if run.guards.note_heal(run.state, malformed=True):
         return False
+    messages = run.state.messages
+    if run.state.mode == "react" and messages and messages[-1].role == "assistant":
+        last = messages[-1]
+        if not last.tool_calls and not last.content.lstrip().startswith(_react.FINAL_LABEL):
+            messages[-1] = last.model_copy(update={"content": f"{_react.FINAL_LABEL} {last.content.strip()}"})
     text = f"Your final answer cannot be used: {problem}"
     run.state.messages.append(Message.user(text, kind="correction", step=run.state.step))
     return True

@@ -63,13 +63,14 @@ class OutputSpec:
         schema = json.dumps(self.schema, ensure_ascii=False, separators=(",", ":"))
         return f"Give your final answer as JSON only (no other text), matching this JSON Schema: {schema}"
 
-    def parse(self, text: str) -> tuple[Any, str | None]:
-        """The validated value of a final answer, or `(None, what is wrong)` to tell the model."""
+    def parse(self, text: str, *, react: bool = False) -> tuple[Any, str | None]:
+        """The validated value of a final answer, or `(None, what is wrong)` to tell the model (`react`:
+        a text ReAct model, told to write the JSON after 'Final Answer:')."""
         if self.type is str:
             return self._checked(text)
         reading = _read(text)
         if not reading.body:
-            return None, f"the final answer was empty. {self._again()}"
+            return None, f"the final answer was empty. {self._again(react)}"
         first: ValidationError | None = None
         for candidate in _candidates(reading, self._title):
             value, error = self._validate(candidate)
@@ -77,7 +78,7 @@ class OutputSpec:
                 return self._checked(value)
             first = first or error
         what = "the final answer cannot be read." if first is None else _diagnosis(reading, first)
-        return None, f"{what} {self._again()}"
+        return None, f"{what} {self._again(react)}"
 
     def _validate(self, candidate: Any) -> tuple[Any, ValidationError | None]:
         """The candidate validated as is, else with the unambiguous fixes its errors allow."""
@@ -96,14 +97,17 @@ class OutputSpec:
     def _title(self) -> str:
         return str(self.schema.get("title", "")).lower()
 
-    def _again(self) -> str:
-        """How to answer again: the schema (when it is short enough to repeat) and the answer's shape."""
+    def _again(self, react: bool = False) -> str:
+        """How to answer again: the schema (when it is short enough to repeat) and the answer's shape. A
+        ReAct model, whose reply starts with 'Thought:', is told where the JSON goes: after 'Final Answer:'
+        ("JSON only" made the 0.5B model drop the label and write the JSON as a thought)."""
         schema = json.dumps(self.schema, ensure_ascii=False, separators=(",", ":"))
         told = (
             f"this JSON Schema: {schema}" if len(schema) <= _SCHEMA_ROOM else "the JSON Schema given before"
         )
+        form = "as 'Final Answer:' followed by JSON only" if react else "as JSON only"
         return (
-            f"Give the final answer again as JSON only (no other text), matching {told}. Its shape: "
+            f"Give the final answer again {form} (no other text), matching {told}. Its shape: "
             f"{_shape(self.schema, self.schema.get('$defs', {}))} (put the real values in place of the <…>)."
         )
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._state import RunState
 
 OBSERVATION = "Observation:"
+FINAL_LABEL = "Final Answer:"
 STOP_SEQUENCES = ["\nObservation:", "Observation:"]
 
 _FORMAT = """To call a tool, write these three lines, then stop:
@@ -279,10 +280,13 @@ def parse_react(text: str, tool_names: list[str], *, call_id: str) -> ReactStep:
     return ReactStep(thought="", final=body)
 
 
-_ACT = r"(?:use|call|compute|calculate|multiply|add|subtract|divide|convert|look|check|find|get|search|round)"
+_ACT = (  # what a step announces ("I will try again later." ended a run of the 0.5B model as its answer)
+    r"(?:use|call|compute|calculate|multiply|add|subtract|divide|convert|look|check|find|get|search|round"
+    r"|try|retry|attempt|verify|redo|proceed|continue)"
+)
 _PLAN_RE = re.compile(
     rf"\b(?:I|we)(?:\s+(?:need|have|must|should|am going|are going)\s+to\b|(?:\s+(?:will|can|shall)|'ll)"
-    rf"(?:\s+now|\s+then)?\s+{_ACT}\b|\s+(?:now\s+)?{_ACT}\b)|\blet'?s\b",
+    rf"(?:\s+now|\s+then)?\s+{_ACT}\b|\s+(?:now\s+)?{_ACT}\b)|\blet'?s\b|\blet me\s+(?:now\s+)?{_ACT}\b",
     re.IGNORECASE,
 )
 PLAN_ONLY = (
