@@ -738,3 +738,61 @@ def test_records_are_ordered_without_the_numbers_json_does_not_have() -> None:
 
     records = '[{"name": "a", "price": NaN}, {"name": "b", "price": 3}, {"name": "c", "price": 1}, {"name": "d", "price": Infinity}]'
     assert list_orders(records) == "\n(items by price, from lowest to highest: c (1), b (3))"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (
+            "Thought: I need it.\nAction: one of [calculator, lookup]\nAction Input: {JSON arguments}",
+            "several tools",
+        ),
+        (
+            "Thought: x\nAction: <the tool name, one of: calculator, lookup>\nAction Input: {}",
+            "several tools",
+        ),
+        ("Thought: x\nAction: calculator\nAction Input: {JSON arguments}", "was a placeholder"),
+        (
+            "Thought: x\nAction: calculator\nAction Input: <the tool's arguments as a JSON object>",
+            "was a placeholder",
+        ),
+    ],
+)
+def test_the_formats_placeholders_copied_are_corrected_not_called(text: str, error: str) -> None:
+    """The 0.5B model copied the correction's template: its first tool was called with no arguments."""
+    step = parse_react(text, ["calculator", "lookup"], call_id="c1")
+    assert step.call is None and step.final is None and error in (step.error or "")
+
+
+def test_real_arguments_and_one_tool_name_are_still_a_call() -> None:
+    for text, name, args in [
+        (
+            'Thought: x\nAction: calculator\nAction Input: {"expression": "2+2"}',
+            "calculator",
+            {"expression": "2+2"},
+        ),
+        ('Thought: x\nAction: lookup\nAction Input: {"input": "a"}', "lookup", {"input": "a"}),
+        ("Thought: x\nAction: use the lookup tool\nAction Input: {}", "lookup", {}),
+    ]:
+        step = parse_react(text, ["calculator", "lookup"], call_id="c1")
+        assert (
+            step.error is None
+            and step.call is not None
+            and (step.call.name, step.call.arguments) == (name, args)
+        )
+
+
+async def test_the_correction_of_an_unreadable_reply_uses_the_formats_placeholders() -> None:
+    from thinkloop import Agent
+    from thinkloop.testing import ScriptedModel
+
+    model = ScriptedModel(
+        ["Thought: x\nAction: calculator\nAction Input: {JSON arguments}", "Final Answer: 4"], tools=False
+    )
+    result = await Agent(model, tools=[calculator]).run("2+2?")
+    assert result.output == "4"
+    correction = model.requests[1].messages[-1].content
+    assert (
+        "Action: <the tool name, one of: calculator>\nAction Input: <the tool's arguments as a JSON object>"
+        in correction
+    )

@@ -1258,7 +1258,8 @@ def heal(run: RunContext, reply: Reply) -> bool:
     lead = "needs a correction" if _react.UNSOURCED in (reply.problem or "") else "could not be understood"
     text = (
         f"Your last reply {lead}: {reply.problem}{task} Reply either with\n"
-        f"Thought: ...\nAction: one of [{names}]\nAction Input: {{JSON arguments}}\n"
+        f"Thought: ...\nAction: <the tool name, one of: {names}>\n"
+        "Action Input: <the tool's arguments as a JSON object>\n"
         "or with\nFinal Answer: your answer"
     )
     run.state.messages.append(Message.user(text, kind="correction", step=run.state.step))

@@ -333,10 +333,32 @@ def _parse_action(
     else:
         input_match = _INPUT_RE.search(rest)
         args_text = rest[input_match.end() :] if input_match else ""
+    named = [n for n in tool_names if re.search(rf"\b{re.escape(n)}\b", name_text, re.IGNORECASE)]
+    if len(named) > 1 and name_text.strip().lower() not in {n.lower() for n in tool_names}:
+        return ReactStep(  # `Action: one of [calculator, lookup]`, the format's line copied
+            thought=thought,
+            error=f"The Action named several tools ({', '.join(named)}): write the name of the one tool to "
+            "call now, alone on the 'Action:' line.",
+        )
     name = _clean_name(name_text, tool_names)
     if not name:
         return ReactStep(thought=thought, error="The reply had 'Action:' but no tool name after it.")
+    if _PLACEHOLDER_RE.match(unfenced(args_text).strip()):
+        return ReactStep(  # `Action Input: {JSON arguments}`, copied from the format
+            thought=thought,
+            error=f"The Action Input was a placeholder ({args_text.strip()[:60]}), not arguments: write {name}'s "
+            "real arguments as a JSON object whose keys are its parameter names (the tool list gives them) "
+            "and whose values come from the task or the observations.",
+        )
     return _action_step(thought, name, args_text, tool_names, call_id)
+
+
+# an Action Input that is the format's placeholder, copied: `{JSON arguments}`, `<the tool's arguments …>`
+_PLACEHOLDER_RE = re.compile(
+    r"^[{<\[]?\s*(?:<\s*)?(?:the\s+)?(?:tool'?s?\s+)?(?:json\s+)?(?:arguments|args|input)(?:\s+as\s+[^\"{}:]*)?"
+    r"(?:\s+json)?\s*(?:>\s*)?[}>\]]?$",
+    re.IGNORECASE,
+)
 
 
 def _action_step(thought: str, name: str, args_text: str, tool_names: list[str], call_id: str) -> ReactStep:
