@@ -138,6 +138,21 @@ def test_an_answer_is_given_in_the_form_the_task_asks_for_when_that_is_unambiguo
     assert requested_form(answer, goal) == formed
 
 
+@pytest.mark.parametrize(
+    ("answer", "kept"),
+    [
+        ("Turin is 212 km from Lyon: that answers the task.", "Turin is 212 km from Lyon."),
+        ("The total is 42. That answers the task.", "The total is 42."),
+        ("Paris is the capital, which answers the question", "Paris is the capital."),
+        ("That answers the task.", "That answers the task."),  # nothing else to keep
+        ("This answers the task partially: 3 of 5 found.", "This answers the task partially: 3 of 5 found."),
+    ],
+)
+def test_the_format_examples_closing_words_copied_into_an_answer_are_left_out(answer: str, kept: str) -> None:
+    """The 1.5B model ended answers with the worked example's "that answers the task."."""
+    assert requested_form(answer, "How far is it?") == kept
+
+
 async def test_a_react_answer_is_reduced_to_the_number_the_task_asks_for() -> None:
     model = ScriptedModel(["Final Answer: The Dublin office has 131 staff."], tools=False)
     result = await Agent(model, tools=[unit_price]).run("How many staff? Answer with just the number.")

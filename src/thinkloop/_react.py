@@ -1143,7 +1143,9 @@ def requested_form(answer: str, goal: str) -> str:
     """The answer in the form the task asks for, when the task says "answer with just the number" or "answer
     only yes or no" and the answer holds exactly one such number (not counting the task's own numbers) or
     one yes or no: that number (or "Yes", "No") alone. Otherwise the answer unchanged. Small models answer
-    "The number of staff in the Dublin office is 131." to "Answer with just the number."."""
+    "The number of staff in the Dublin office is 131." to "Answer with just the number.". The format
+    example's closing words ("…: that answers the task."), copied into an answer, are left out."""
+    answer = _without_example_close(answer)
     wanted = _ONLY_RE.search(goal)
     if wanted is None or not answer.strip():
         return answer
@@ -1154,3 +1156,20 @@ def requested_form(answer: str, goal: str) -> str:
     found = [m.group(0) for m in _BARE_NUMBER_RE.finditer(answer)]
     own = [n for n in dict.fromkeys(found) if float(n.replace(",", "")) not in given]
     return own[0] if len(own) == 1 else answer
+
+
+# the close of the format example's last thought, which small models copy into their answer
+_EXAMPLE_CLOSE_RE = re.compile(
+    r"(?:[\s,;:.—–-]*\b(?:and\s+)?(?:that|this|which)\s+answers\s+the\s+(?:task|question)\s*[.!]?\s*)$",
+    re.IGNORECASE,
+)
+
+
+def _without_example_close(answer: str) -> str:
+    """`answer` without a closing "that answers the task." (kept when that is all it says)."""
+    if "answers the" not in answer.lower():
+        return answer
+    cut = _EXAMPLE_CLOSE_RE.sub("", answer).rstrip()
+    if not cut:
+        return answer
+    return cut if cut[-1] in ".!?)\"'" else cut + "."
