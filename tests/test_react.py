@@ -628,6 +628,7 @@ def test_repeated_lines_short_of_a_stutter_are_kept(pieces: list[str]) -> None:
         ("About 6.7 kg.", []),  # rounded
         ("It costs $2000.", ["2000"]),
         ("4,903,716.15 EUR, about 4.9 million", []),  # thousands separators, a scale word
+        ("About 12 million euros.", ["12 million"]),  # quoted with its scale word (it said "12")
         ("Joined on September 14, 2023; phone +44 20 7946 0321.", []),  # parts of a date, a phone number
     ],
 )

@@ -977,6 +977,7 @@ def _numbers(text: str) -> list[tuple[str, float, int]]:
         if scale:
             value *= _SCALES[scale.group(1).lower()]
             decimals -= {"thousand": 3, "million": 6, "billion": 9}[scale.group(1).lower()]
+            written = f"{written} {scale.group(1)}"  # "12 million", as the correction quotes it
         found.append((written, value, decimals))
     return found
 
