@@ -9,7 +9,6 @@ the log is behind that version (events lost: no writer raced this one), `Damaged
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -22,7 +21,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
@@ -232,16 +231,11 @@ def base_version(state: RunState, events: Sequence[Event]) -> int:
     return expected
 
 
-@contextlib.contextmanager
-def counted_save(state: RunState) -> Iterator[int]:
-    """Count a checkpoint of `state` (`state.saves`, serialised with it); yield the count the store must
-    hold for it to be written, and take the count back if it is not."""
-    state.saves += 1
-    try:
-        yield state.saves - 1
-    except BaseException:
-        state.saves -= 1
-        raise
+def as_saved(state: RunState) -> RunState:
+    """`state` as a checkpoint writes it: a shallow copy whose save count (`saves`) is one more. The store
+    sets `state.saves` to it once the checkpoint is written (events serialised with the state — `done`
+    carries it — keep the count it had, as printed when they were emitted)."""
+    return state.model_copy(update={"saves": state.saves + 1})
 
 
 def check_saves(run_id: str, expected: int, stored: object) -> None:
@@ -560,17 +554,17 @@ class CheckpointRows:
 
     @classmethod
     def of(cls, state: RunState, events: Sequence[Event], saved: Saved | None) -> CheckpointRows:
-        """The rows of a checkpoint of `state` — inside `counted_save(state)`, which counted it."""
+        """The rows of a checkpoint of `state`; once written, the store counts it (`state.saves += 1`)."""
         run_id = check_id(state.run_id)
         now = time.time()
         summary = RunSummary.from_state(state, updated_at=now)
         delta = Delta.of(state, saved)
         run = (
             run_id, head_json(state), to_json(summary), summary.status, state.session, now,
-            len(delta.messages), len(delta.keys), delta.token, state.saves,
+            len(delta.messages), len(delta.keys), delta.token, state.saves + 1,
         )  # fmt: skip
         rows = [(run_id, e.seq, e.type, to_json(e)) for e in events]
-        return cls(run_id, base_version(state, events), rows, run, delta, now, state.saves - 1)
+        return cls(run_id, base_version(state, events), rows, run, delta, now, state.saves)
 
 
 def _key_json(key: str) -> str:
@@ -653,4 +647,4 @@ def _list_of(kind: type[T]) -> TypeAdapter[list[T]]:
 
 def head_json(state: RunState) -> str:
     """The state without its messages and ledger (kept in rows of their own), as JSON."""
-    return to_json(state.model_copy(update={"messages": [], "ledger": {}}))
+    return to_json(state.model_copy(update={"messages": [], "ledger": {}, "saves": state.saves + 1}))

@@ -38,12 +38,12 @@ from ._base import (
     RunStatus,
     RunSummary,
     Store,
+    as_saved,
     base_version,
     check_id,
     check_role,
     check_saves,
     clean_text,
-    counted_save,
     file_in_the_way,
     first_save_failed,
     load_state_text,
@@ -114,16 +114,14 @@ class FileStore(Store):
         expected = base_version(state, events)
         lines = [to_json(e) for e in events]
         memory = [(role, content) for role, content in memory_turn(state, events)]
-        with counted_save(state) as follows:
-            try:
-                await self._call(
-                    self._checkpoint, state.run_id, expected, lines, (to_json(state), follows), state.session,
-                    memory,
-                )  # fmt: skip
-            except StateError as exc:
-                if expected:  # the run's last checkpoint is kept: a resume continues from it
-                    raise
-                raise first_save_failed(exc, state.run_id) from exc
+        written = (to_json(as_saved(state)), state.saves)
+        try:
+            await self._call(self._checkpoint, state.run_id, expected, lines, written, state.session, memory)
+        except StateError as exc:
+            if expected:  # the run's last checkpoint is kept: a resume continues from it
+                raise
+            raise first_save_failed(exc, state.run_id) from exc
+        state.saves += 1
 
     def _checkpoint(
         self,

@@ -15,12 +15,12 @@ from ._base import (
     RunStatus,
     RunSummary,
     Store,
+    as_saved,
     base_version,
     check_id,
     check_role,
     check_saves,
     clean_text,
-    counted_save,
     load_state_text,
     memory_turn,
     numbered,
@@ -52,9 +52,9 @@ class MemoryStore(Store):
         run_id = check_id(state.run_id)
         expected = base_version(state, events)
         self._check_version(run_id, expected)
-        with counted_save(state) as follows:
-            check_saves(run_id, follows, self._saves.get(run_id))
-            saved = to_json(state)  # first: a state that cannot be saved leaves the events unsaved too
+        check_saves(run_id, state.saves, self._saves.get(run_id))
+        saved = to_json(as_saved(state))  # first: a state that cannot be saved leaves the events unsaved too
+        state.saves += 1
         self._saves[run_id] = state.saves
         self._events.setdefault(run_id, []).extend(to_json(e) for e in events)
         summary = RunSummary.from_state(state)

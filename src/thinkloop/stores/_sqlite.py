@@ -43,7 +43,6 @@ from ._base import (
     check_role,
     check_saves,
     clean_text,
-    counted_save,
     file_in_the_way,
     first_save_failed,
     load_state_text,
@@ -348,22 +347,22 @@ class SQLiteStore(Store):
     # -------------------------------------------------------------------------------------- runs
 
     async def checkpoint(self, state: RunState, events: Sequence[Event]) -> None:
-        with counted_save(state):
-            parts = CheckpointRows.of(state, events, self._saved.recall(state.run_id))
-            memory = [
-                (state.session, role, clean_text(content), parts.now)
-                for role, content in memory_turn(state, events)
-            ]
-            try:
-                await self._call(_checkpoint, parts, memory)
-            except ConcurrencyError as exc:
-                if exc.actual < exc.expected and not exc.saved_since:  # events lost, not a race
-                    raise lost_events(parts.run_id, str(self.path), exc.expected, exc.actual) from None
+        parts = CheckpointRows.of(state, events, self._saved.recall(state.run_id))
+        memory = [
+            (state.session, role, clean_text(content), parts.now)
+            for role, content in memory_turn(state, events)
+        ]
+        try:
+            await self._call(_checkpoint, parts, memory)
+        except ConcurrencyError as exc:
+            if exc.actual < exc.expected and not exc.saved_since:  # events lost, not a race
+                raise lost_events(parts.run_id, str(self.path), exc.expected, exc.actual) from None
+            raise
+        except StateError as exc:
+            if parts.expected:  # the run's last checkpoint is kept: a resume continues from it
                 raise
-            except StateError as exc:
-                if parts.expected:  # the run's last checkpoint is kept: a resume continues from it
-                    raise
-                raise first_save_failed(exc, parts.run_id) from exc
+            raise first_save_failed(exc, parts.run_id) from exc
+        state.saves += 1
         self._saved.remember(parts.run_id, None if state.finished else parts.delta.saved())
         self._written()
 
