@@ -339,6 +339,48 @@ async def test_a_plan_without_action_is_corrected_once_then_taken_as_the_answer(
     assert [m.kind for m in result.state.messages].count("correction") == 1
 
 
+async def test_a_native_reply_that_only_announces_a_step_is_asked_once_to_take_it() -> None:
+    """A native model that said "I will look up the weather for you." (or "I will try again later.") and
+    called nothing ended its run with that as the answer. It is asked once, in words for a native model
+    (no ReAct lines, which teach it to write calls as text); a second such reply stands."""
+    from thinkloop import Agent, tool
+    from thinkloop.testing import ScriptedModel
+
+    @tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return f"{city}: 18 C, sunny"
+
+    model = ScriptedModel(
+        [
+            "I will look up the weather in Oslo for you.",
+            {"tool_calls": [{"name": "weather", "args": {"city": "Oslo"}}]},
+            "18 C, sunny.",
+        ]
+    )
+    result = await Agent(model, tools=[weather]).run("Weather in Oslo?")
+    assert result.output == "18 C, sunny." and result.state.mode == "native"
+    (correction,) = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert (
+        "said what to do next but called no tool" in correction and "The task: Weather in Oslo?" in correction
+    )
+    assert correction.endswith(
+        "Either call one of your tools (weather), or reply with the complete final answer."
+    )
+    assert "Action Input" not in correction
+
+    stubborn = ScriptedModel(["I will try again later.", "I will try again later."])
+    result = await Agent(stubborn, tools=[weather]).run("Weather in Oslo?")
+    assert result.output == "I will try again later."
+    assert [m.kind for m in result.state.messages].count("correction") == 1
+
+    plain = ScriptedModel(["It is sunny. Let me know if you need anything else."])
+    result = await Agent(plain, tools=[weather]).run("Weather?")
+    assert result.steps == 1 and result.output.startswith("It is sunny.")
+    without_tools = ScriptedModel(["I will think about it."])
+    assert (await Agent(without_tools).run("Hm?")).steps == 1  # nothing to call: an answer
+
+
 def test_a_final_answer_label_in_the_middle_of_a_line_still_separates_the_answer() -> None:
     step = parse("Thought: I have found what the task needs. Final Answer: The gizmo costs 16.99 EUR.")
     assert step.final == "The gizmo costs 16.99 EUR." and step.thought == "I have found what the task needs."

@@ -913,8 +913,23 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         malformed = any(call.raw_arguments is not None for call in calls[:-1])
     if malformed:
         _note_malformed_native(run)
-    reply = _new_reply(text=response.text if calls else native_answer(response.text), calls=calls)
+    if not calls:
+        answer = native_answer(response.text)
+        if run.tools.names and _only_announces(run, answer):
+            return Reply(text=response.text, problem=_react.PLAN_ONLY_NATIVE)
+        return _new_reply(text=answer, calls=calls)
+    reply = _new_reply(text=response.text, calls=calls)
     return _answer_calls(run, reply) if unknown else reply
+
+
+def _only_announces(run: RunContext, answer: str) -> bool:
+    """A native reply without calls that only says what comes next ("I will look up the weather for
+    you.", "I will try again later."): asked once per run to take that step or answer; a second stands."""
+    return (
+        len(answer) < 400
+        and _react.announces_next_step(answer)
+        and not _react.told(run.state.messages, _react.PLAN_ONLY_NATIVE)
+    )
 
 
 def _interpret_react(run: RunContext, response: ModelResponse, request: ModelRequest) -> Reply:
@@ -1254,14 +1269,21 @@ def heal(run: RunContext, reply: Reply) -> bool:
     if run.guards.note_heal(run.state, malformed=True):
         return False
     names = ", ".join(run.visible_names())
-    task = f" The task: {run.state.goal}" if reply.problem == _react.PLAN_ONLY else ""
+    planned = reply.problem in (_react.PLAN_ONLY, _react.PLAN_ONLY_NATIVE)
+    task = f" The task: {run.state.goal}" if planned else ""
     lead = "needs a correction" if _react.UNSOURCED in (reply.problem or "") else "could not be understood"
-    text = (
-        f"Your last reply {lead}: {reply.problem}{task} Reply either with\n"
-        f"Thought: ...\nAction: <the tool name, one of: {names}>\n"
-        "Action Input: <the tool's arguments as a JSON object>\n"
-        "or with\nFinal Answer: your answer"
-    )
+    if reply.problem == _react.PLAN_ONLY_NATIVE:
+        lead = "needs a correction"
+    if run.state.mode == "native":  # the ReAct lines would teach it to write its calls as text
+        choice = f"Either call one of your tools ({names}), or reply" if names else "Reply"
+        text = f"Your last reply {lead}: {reply.problem}{task} {choice} with the complete final answer."
+    else:
+        text = (
+            f"Your last reply {lead}: {reply.problem}{task} Reply either with\n"
+            f"Thought: ...\nAction: <the tool name, one of: {names}>\n"
+            "Action Input: <the tool's arguments as a JSON object>\n"
+            "or with\nFinal Answer: your answer"
+        )
     run.state.messages.append(Message.user(text, kind="correction", step=run.state.step))
     return True
 

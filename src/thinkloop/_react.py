@@ -275,9 +275,15 @@ def parse_react(text: str, tool_names: list[str], *, call_id: str) -> ReactStep:
             error=f"You said you would use {intended} but did not call it. Write 'Action: {intended}' and "
             "'Action Input: {...}' on their own lines, or 'Final Answer: ...' if you already know the answer.",
         )
-    if _PLAN_RE.search(re.split(r"(?<=[.!?])\s+|\n", body.strip())[-1]):
+    if announces_next_step(body):
         return ReactStep(thought=body, error=PLAN_ONLY)
     return ReactStep(thought="", final=body)
+
+
+def announces_next_step(text: str) -> bool:
+    """Whether the last sentence of `text` says what the writer will do next ("I will try again later.",
+    "Let me check the weather.") — a step announced, not an answer."""
+    return bool(_PLAN_RE.search(re.split(r"(?<=[.!?])\s+|\n", text.strip())[-1]))
 
 
 _ACT = (  # what a step announces ("I will try again later." ended a run of the 0.5B model as its answer)
@@ -292,6 +298,10 @@ _PLAN_RE = re.compile(
 PLAN_ONLY = (
     "The reply said what to do next but had neither an Action nor a Final Answer. If a tool does that next "
     "step, write 'Action:' and 'Action Input:'; if you already have the answer, write 'Final Answer:' and it."
+)
+PLAN_ONLY_NATIVE = (  # the same, to a model calling tools natively
+    "The reply said what to do next but called no tool. If a tool does that next step, call it now; if "
+    "you already have the answer, reply with the complete answer."
 )
 
 
