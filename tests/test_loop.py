@@ -1119,6 +1119,48 @@ async def test_arguments_a_tool_does_not_take_are_ignored_when_the_rest_is_valid
     assert result.output == "done"
 
 
+async def test_a_failed_call_close_to_a_value_its_error_lists_is_told_the_value() -> None:
+    """The 1.5B model, told "no item named 'gadget1'; the catalogue has: widget, gadget, gizmo, sprocket",
+    went on to gadget2, gadget3 … past a hint to read the error: the error now names the closest value."""
+
+    @tool
+    def unit_price(item: str) -> str:
+        """The unit price of an item."""
+        catalogue = {
+            "widget": "12.75 EUR",
+            "gadget": "8.40 EUR",
+            "gizmo": "19.99 EUR",
+            "sprocket": "0.35 EUR",
+        }
+        if item not in catalogue:
+            raise LookupError(f"no item named {item!r}; the catalogue has: {', '.join(catalogue)}")
+        return catalogue[item]
+
+    @tool
+    def person(who: str) -> str:
+        """A person's phone extension."""
+        raise KeyError(f"no person {who!r}; known people: Ann Lee, Bob Keller and Cy Young")
+
+    model = ScriptedModel(
+        [
+            call("unit_price", item="gadget1"),
+            call("unit_price", item="banana"),
+            call("person", who="Bob"),
+            call("unit_price", item="gadget"),
+            "8.40 EUR",
+        ]
+    )
+    result = await Agent(model, tools=[unit_price, person]).run("How much is a gadget?")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs[0].endswith(
+        "\nNote: 'gadget1' is not one of the values this error lists; the closest is 'gadget'. If that is what "
+        'you meant, call unit_price again with "item": "gadget".'
+    )
+    assert "Note:" not in outputs[1]  # nothing close: the list alone
+    assert "the closest is 'Bob Keller'" in outputs[2]
+    assert outputs[3] == "8.40 EUR"
+
+
 async def test_a_failed_call_using_another_tool_inside_its_argument_is_told_to_call_that_tool_first() -> None:
     @tool
     def monthly_sales(store: str) -> str:

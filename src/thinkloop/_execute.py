@@ -399,7 +399,9 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         text, success, kind = _raised(tool, exc)  # the tool's own (an inner task it awaited was cancelled)
     except (Exception, SystemExit, GeneratorExit) as exc:  # sys.exit() in a tool does not end the process
         text, success, kind = _raised(tool, exc)
-        text += _nested_call_note(run, tool, prepared.arguments)
+        text += _nested_call_note(run, tool, prepared.arguments) or _closest_value_note(
+            tool, prepared.arguments, text
+        )
     duration = time.perf_counter() - started
     limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
     text, truncated = truncate_output(text, limit) if len(text) > limit else (text, False)
@@ -603,6 +605,59 @@ def _nested_call_note(run: RunContext, tool: Tool, arguments: dict[str, object])
                 f"use the values it returns in {tool.name}."
             )
     return ""
+
+
+def _closest_value_note(tool: Tool, arguments: dict[str, object], error: str) -> str:
+    """After a failed call whose error lists the values that exist (`no item named 'gadget1'; the catalogue
+    has: widget, gadget, gizmo, sprocket`) and a text argument close to one of them but not it: a note naming
+    that value (the 1.5B model went on to 'gadget2', 'gadget3' … past a hint to read the error). ""
+    otherwise, and when several values are as close."""
+    if len(error) > 4000:
+        return ""
+    options = _listed_values(error)
+    if not options:
+        return ""
+    lowered = {o.lower(): o for o in options}
+    for name, value in arguments.items():
+        if not isinstance(value, str) or not 0 < len(value) <= 60 or value in options:
+            continue
+        closest = _closest(value.strip().lower(), lowered)
+        if closest is not None and closest != value:
+            return (
+                f"\nNote: {value!r} is not one of the values this error lists; the closest is {closest!r}. If "
+                f"that is what you meant, call {tool.name} again with {json.dumps(name)}: {json.dumps(closest)}."
+            )
+    return ""
+
+
+_LIST_RE = re.compile(r"[:;]\s*\[?([^:;\n\[\]]+)")
+_ITEM_SPLIT_RE = re.compile(r"\s*,\s*(?:(?:or|and)\s+)?|\s+(?:or|and)\s+")
+
+
+def _listed_values(error: str) -> list[str]:
+    """The values a list in an error gives after a colon (`…: widget, gadget, gizmo`): 2 to 100 short items."""
+    found: list[str] = []
+    for match in _LIST_RE.finditer(error):
+        items = [i.strip().strip("'\"`.").strip() for i in _ITEM_SPLIT_RE.split(match.group(1).strip())]
+        if 2 <= len(items) <= 100 and all(0 < len(i) <= 40 and len(i.split()) <= 4 for i in items):
+            found.extend(items)
+    return found
+
+
+def _closest(value: str, options: dict[str, str]) -> str | None:
+    """The one option `value` is a slip of: the same but for case, a number or an `s` added (`gadget1`,
+    `Gadgets`), a near spelling (`widgt`), or one word of it (`Bob` of `Bob Keller`); None when none, or
+    several, are that close."""
+    if value in options:
+        return options[value]
+    stem = re.sub(r"(?:[\s_-]*\d+|e?s)$", "", value)
+    if stem in options:
+        return options[stem]
+    near = difflib.get_close_matches(value, list(options), n=2, cutoff=0.8)
+    if len(near) == 1:
+        return options[near[0]]
+    named = [o for o in options if " " in o and value in o.split()]  # `Bob` of `Bob Keller`
+    return options[named[0]] if len(named) == 1 and not near else None
 
 
 def _raised(tool: Tool, exc: BaseException) -> tuple[str, bool, ErrorKind]:
