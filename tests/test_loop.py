@@ -1119,6 +1119,42 @@ async def test_arguments_a_tool_does_not_take_are_ignored_when_the_rest_is_valid
     assert result.output == "done"
 
 
+@pytest.mark.parametrize("mode", ["native", "react"])
+async def test_an_answer_whose_comparison_the_results_contradict_is_sent_back_once(mode: str) -> None:
+    """The 1.5B model read gizmo 19.99 EUR and widget 12.75 EUR and answered "gizmo is cheaper than widget
+    by 7.24 EUR". It is told both values, once per run; a second such answer stands."""
+
+    @tool
+    def unit_price(item: str) -> str:
+        """The unit price of an item."""
+        return {"gizmo": "gizmo: 19.99 EUR", "widget": "widget: 12.75 EUR"}[item]
+
+    wrong, right = (
+        "gizmo is cheaper than widget by 7.24 EUR.",
+        "The widget is cheaper than the gizmo, by 7.24 EUR.",
+    )
+    lookups = [call("unit_price", item="gizmo"), call("unit_price", item="widget")]
+    if mode == "react":
+        lookups = [
+            f'Thought: x\nAction: unit_price\nAction Input: {{"item": "{item}"}}'
+            for item in ("gizmo", "widget")
+        ]
+        wrong, right = f"Final Answer: {wrong}", f"Final Answer: {right}"
+    model = ScriptedModel([*lookups, wrong, right], tools=mode == "native")
+    result = await Agent(model, tools=[unit_price]).run(
+        "Which is cheaper, a gizmo or a widget, and by how much?"
+    )
+    assert result.output == "The widget is cheaper than the gizmo, by 7.24 EUR."
+    (correction,) = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert correction.startswith(
+        "The Final Answer says gizmo is cheaper than widget, but the observations give gizmo 19.99 and widget "
+        "12.75. Compare the two values again and correct the answer. The task: Which is cheaper"
+    )
+    stubborn = ScriptedModel([*lookups, wrong, wrong], tools=mode == "native")
+    result = await Agent(stubborn, tools=[unit_price]).run("Which is cheaper?")
+    assert result.output == "gizmo is cheaper than widget by 7.24 EUR."
+
+
 async def test_a_failed_call_close_to_a_value_its_error_lists_is_told_the_value() -> None:
     """The 1.5B model, told "no item named 'gadget1'; the catalogue has: widget, gadget, gizmo, sprocket",
     went on to gadget2, gadget3 … past a hint to read the error: the error now names the closest value."""

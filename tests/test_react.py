@@ -839,3 +839,38 @@ async def test_the_correction_of_an_unreadable_reply_uses_the_formats_placeholde
         "Action: <the tool name, one of: calculator>\nAction Input: <the tool's arguments as a JSON object>"
         in correction
     )
+
+
+@pytest.mark.parametrize(
+    ("answer", "results", "wrong"),
+    [
+        ("gizmo is cheaper than widget.", ["gizmo: 19.99 EUR", "widget: 12.75 EUR"], True),
+        (
+            "The widget is cheaper than the gizmo by 7.24 EUR.",
+            ["gizmo: 19.99 EUR", "widget: 12.75 EUR"],
+            False,
+        ),
+        ("So the gizmo is more expensive than a widget.", ["gizmo: 19.99 EUR", "widget: 12.75 EUR"], False),
+        ("Berlin is warmer than Madrid.", ["Madrid: 19 °C, sunny", "Berlin: 7 °C, cloudy"], True),
+        ("Oslo is colder than Berlin.", ["Oslo: -5 °C", "Berlin: -3 °C"], False),  # negative values
+        (
+            "Berlin is colder than Oslo.",
+            ['{"city": "Oslo", "temp": -5}', '{"city": "Berlin", "temp": -3}'],
+            True,
+        ),
+        ("Oslo is colder than Berlin.", ["Oslo: -3 °C", "Berlin: -3.0 °C"], False),  # equal: not judged
+        (
+            "gizmo is cheaper than widget.",
+            ["gizmo: 19.99 EUR, or 17.50 EUR on sale", "gizmo: 17.50 EUR"],
+            False,
+        ),
+        ("It is cheaper than a widget.", ["gizmo: 19.99 EUR", "widget: 12.75 EUR"], False),  # no name found
+        ("Paris is larger than Rome.", ["Paris has 2.1 million people"], False),  # one side only
+    ],
+)
+def test_a_comparison_the_observations_contradict_is_found(
+    answer: str, results: list[str], wrong: bool
+) -> None:
+    from thinkloop._react import wrong_comparison
+
+    assert (wrong_comparison(answer, results) is not None) is wrong

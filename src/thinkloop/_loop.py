@@ -1208,6 +1208,8 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
             _retract(run, "correction")
             return None
         answer = _best_known(run) or answer  # told once already: what the tools found is the answer
+    if run.state.ledger and _contradicts_results(run, answer):
+        return None
     problem = check_output(run, answer)
     if problem is None:
         return await finish(run, StopReason.FINAL_ANSWER, answer=answer)
@@ -1217,6 +1219,22 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
     what = problem.split(" Give the final answer again", 1)[0]  # the instructions were for the model
     error = f"the final answer did not match the output type: {what}"
     return await finish(run, StopReason.ERROR, answer=answer, error=error)
+
+
+def _contradicts_results(run: RunContext, answer: str) -> bool:
+    """An answer whose comparison the tool results contradict ("gizmo is cheaper than widget" beside
+    gizmo 19.99 EUR and widget 12.75 EUR) is sent back once per run, with both values (`wrong_comparison`);
+    True when it was."""
+    messages = run.state.messages
+    if len(answer) > 2000 or _react.told(messages, _react.COMPARED):
+        return False
+    wrong = _react.wrong_comparison(answer, [m.content for m in messages if m.role == "tool"])
+    if wrong is None:
+        return False
+    text = f"{wrong} The task: {run.state.goal}"
+    messages.append(Message.user(text, kind="correction", step=run.state.step))
+    _retract(run, "correction")
+    return True
 
 
 _THANKS = "Your reply only acknowledged the results: they came from the tools you called, not from a person."

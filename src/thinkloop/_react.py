@@ -1184,3 +1184,72 @@ def _without_example_close(answer: str) -> str:
     if not cut:
         return answer
     return cut if cut[-1] in ".!?)\"'" else cut + "."
+
+
+# ------------------------------------------------------------------- comparisons against the observations
+
+_LOWER_WORDS = ("cheaper", "less expensive", "colder", "cooler", "lower", "smaller", "lighter")
+_HIGHER_WORDS = (
+    "more expensive",
+    "pricier",
+    "costlier",
+    "warmer",
+    "hotter",
+    "higher",
+    "larger",
+    "bigger",
+    "heavier",
+)
+_COMPARE_WORDS = "|".join(w.replace(" ", r"[ \t]+") for w in _LOWER_WORDS + _HIGHER_WORDS)
+_COMPARED_RE = re.compile(
+    r"(?P<a>[\w'-]+(?:[ \t]+[\w'-]+){0,2})[ \t]+(?:is|are|was|costs?)[ \t]+(?:(?:much|slightly|a[ \t]+bit)[ \t]+)?"
+    rf"(?P<word>{_COMPARE_WORDS})[ \t]+than[ \t]+"
+    r"(?:(?:the|a|an)[ \t]+)?(?P<b>[\w'-]+(?:[ \t]+[\w'-]+){0,2})",
+    re.IGNORECASE,
+)
+COMPARED = "but the observations give"  # in the correction: told once a run
+
+
+def wrong_comparison(answer: str, results: list[str]) -> str | None:
+    """The correction of an answer whose comparison ("gizmo is cheaper than widget") the observations
+    contradict: each side's value is the number right after its name in a result ("gizmo: 19.99 EUR",
+    "widget: 12.75 EUR"), the same wherever it is given. The 1.5B model read both prices and named the
+    dearer one as cheaper. None when the comparison agrees, or either value is not found for certain."""
+    match = _COMPARED_RE.search(answer)
+    if match is None:
+        return None
+    word = " ".join(match.group("word").lower().split())
+    a = _named_value(match.group("a").split(), results, from_end=True)
+    b = _named_value(match.group("b").split(), results, from_end=False)
+    if a is None or b is None or a[0].lower() == b[0].lower() or a[1] == b[1]:
+        return None
+    lower = word in _LOWER_WORDS
+    if (a[1] < b[1]) == lower:
+        return None
+    return (
+        f"The Final Answer says {a[0]} is {word} than {b[0]}, {COMPARED} {a[0]} {a[2]} and {b[0]} {b[2]}. "
+        f"Compare the two values again and correct the answer."
+    )
+
+
+def _named_value(words: list[str], results: list[str], *, from_end: bool) -> tuple[str, float, str] | None:
+    """The name among the last (or first) words of a side of a comparison that the results give a value
+    for, with that value (the number written right after the name); the longest such name."""
+    spans = range(len(words), 0, -1)
+    for size in spans:
+        name = " ".join(words[-size:] if from_end else words[:size])
+        if len(name) < 2 or name.lower() in ("it", "this", "that", "the", "a", "an"):
+            continue
+        values = _values_after(name, results)
+        if len(values) == 1:
+            (written,) = values
+            return name, float(written.replace(",", "")), written
+    return None
+
+
+def _values_after(name: str, results: list[str]) -> set[str]:
+    """The numbers written within a few characters after each mention of `name` in the results."""
+    pattern = re.compile(
+        rf"(?<![\w-]){re.escape(name)}(?![\w-])[^\d\n]{{0,24}}?(-?(?:{_NUMBER_RE.pattern}))", re.IGNORECASE
+    )
+    return {m.group(1) for text in results for m in pattern.finditer(text)}
