@@ -1148,7 +1148,7 @@ async def test_an_answer_whose_comparison_the_results_contradict_is_sent_back_on
     (correction,) = [m.content for m in result.state.messages if m.kind == "correction"]
     assert correction.startswith(
         "The Final Answer says gizmo is cheaper than widget, but the observations give gizmo 19.99 and widget "
-        "12.75. Compare the two values again and correct the answer. The task: Which is cheaper"
+        "12.75: widget is the cheaper one. Correct the answer. The task: Which is cheaper"
     )
     stubborn = ScriptedModel([*lookups, wrong, wrong], tools=mode == "native")
     result = await Agent(stubborn, tools=[unit_price]).run("Which is cheaper?")

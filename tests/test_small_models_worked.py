@@ -145,6 +145,7 @@ def test_an_answer_is_given_in_the_form_the_task_asks_for_when_that_is_unambiguo
         ("The total is 42. That answers the task.", "The total is 42."),
         ("Paris is the capital, which answers the question", "Paris is the capital."),
         ("That answers the task.", "That answers the task."),  # nothing else to keep
+        ("The final answer is: gizmo costs 19.99 EUR.", "gizmo costs 19.99 EUR."),  # the lead of a Thought
         ("This answers the task partially: 3 of 5 found.", "This answers the task partially: 3 of 5 found."),
     ],
 )

@@ -1176,8 +1176,13 @@ _EXAMPLE_CLOSE_RE = re.compile(
 )
 
 
+_ANSWER_LEAD_RE = re.compile(r"(?i)^\s*(?:so,?\s+)?the\s+final\s+answer\s+is\s*[:：]\s*(?=\S)")
+
+
 def _without_example_close(answer: str) -> str:
-    """`answer` without a closing "that answers the task." (kept when that is all it says)."""
+    """`answer` without a closing "that answers the task." (kept when that is all it says), nor a leading
+    "The final answer is:" (the 1.5B model's Thought, taken as the answer)."""
+    answer = _ANSWER_LEAD_RE.sub("", answer, count=1)
     if "answers the" not in answer.lower():
         return answer
     cut = _EXAMPLE_CLOSE_RE.sub("", answer).rstrip()
@@ -1227,8 +1232,8 @@ def wrong_comparison(answer: str, results: list[str]) -> str | None:
     if (a[1] < b[1]) == lower:
         return None
     return (
-        f"The Final Answer says {a[0]} is {word} than {b[0]}, {COMPARED} {a[0]} {a[2]} and {b[0]} {b[2]}. "
-        f"Compare the two values again and correct the answer."
+        f"The Final Answer says {a[0]} is {word} than {b[0]}, {COMPARED} {a[0]} {a[2]} and {b[0]} {b[2]}: "
+        f"{b[0]} is the {word} one. Correct the answer."
     )
 
 
