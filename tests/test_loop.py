@@ -1122,7 +1122,8 @@ async def test_arguments_a_tool_does_not_take_are_ignored_when_the_rest_is_valid
 @pytest.mark.parametrize("mode", ["native", "react"])
 async def test_an_answer_whose_comparison_the_results_contradict_is_sent_back_once(mode: str) -> None:
     """The 1.5B model read gizmo 19.99 EUR and widget 12.75 EUR and answered "gizmo is cheaper than widget
-    by 7.24 EUR". It is told both values, once per run; a second such answer stands."""
+    by 7.24 EUR". It is told both values and which is cheaper, once per run; a second such answer, or a
+    forced one, has its two sides swapped."""
 
     @tool
     def unit_price(item: str) -> str:
@@ -1152,7 +1153,10 @@ async def test_an_answer_whose_comparison_the_results_contradict_is_sent_back_on
     )
     stubborn = ScriptedModel([*lookups, wrong, wrong], tools=mode == "native")
     result = await Agent(stubborn, tools=[unit_price]).run("Which is cheaper?")
-    assert result.output == "gizmo is cheaper than widget by 7.24 EUR."
+    assert result.output == "widget is cheaper than gizmo by 7.24 EUR."  # told once: put right, as arithmetic
+    forced = ScriptedModel([*lookups, "gizmo is cheaper than widget."], tools=mode == "native")
+    result = await Agent(forced, tools=[unit_price], budget=Budget(max_steps=2)).run("Which is cheaper?")
+    assert result.forced_final and result.output == "widget is cheaper than gizmo."
 
 
 async def test_a_failed_call_close_to_a_value_its_error_lists_is_told_the_value() -> None:

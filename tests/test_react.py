@@ -874,3 +874,22 @@ def test_a_comparison_the_observations_contradict_is_found(
     from thinkloop._react import wrong_comparison
 
     assert (wrong_comparison(answer, results) is not None) is wrong
+
+
+def test_a_contradicted_comparison_is_put_right_by_swapping_its_sides() -> None:
+    from thinkloop._react import righted_comparison
+
+    prices = ["gizmo: 19.99 EUR", "widget: 12.75 EUR"]
+    assert righted_comparison("The gizmo is cheaper than the widget by 7.24 EUR.", prices) == (
+        "The widget is cheaper than the gizmo by 7.24 EUR."
+    )
+    assert (
+        righted_comparison("The widget is cheaper than the gizmo.", prices)
+        == "The widget is cheaper than the gizmo."
+    )
+    weather = ["Madrid: 19 °C", "Berlin: 7 °C"]
+    assert (
+        righted_comparison("Berlin is warmer than Madrid today.", weather)
+        == "Madrid is warmer than Berlin today."
+    )
+    assert righted_comparison("No comparison here.", weather) == "No comparison here."

@@ -1210,6 +1210,8 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
         answer = _best_known(run) or answer  # told once already: what the tools found is the answer
     if run.state.ledger and _contradicts_results(run, answer):
         return None
+    if run.state.ledger and len(answer) <= 2000:  # told once already: the comparison is put right
+        answer = _react.righted_comparison(answer, _results(run))
     problem = check_output(run, answer)
     if problem is None:
         return await finish(run, StopReason.FINAL_ANSWER, answer=answer)
@@ -1221,6 +1223,10 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
     return await finish(run, StopReason.ERROR, answer=answer, error=error)
 
 
+def _results(run: RunContext) -> list[str]:
+    return [m.content for m in run.state.messages if m.role == "tool"]
+
+
 def _contradicts_results(run: RunContext, answer: str) -> bool:
     """An answer whose comparison the tool results contradict ("gizmo is cheaper than widget" beside
     gizmo 19.99 EUR and widget 12.75 EUR) is sent back once per run, with both values (`wrong_comparison`);
@@ -1228,7 +1234,7 @@ def _contradicts_results(run: RunContext, answer: str) -> bool:
     messages = run.state.messages
     if len(answer) > 2000 or _react.told(messages, _react.COMPARED):
         return False
-    wrong = _react.wrong_comparison(answer, [m.content for m in messages if m.role == "tool"])
+    wrong = _react.wrong_comparison(answer, _results(run))
     if wrong is None:
         return False
     text = f"{wrong} The task: {run.state.goal}"
@@ -1429,6 +1435,8 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
         )
     if state.mode == "react" and reason not in (StopReason.MAX_TOKENS, StopReason.MAX_COST):
         answer = await _recheck_forced(run, request, answer)
+    if state.ledger and len(answer) <= 2000:  # no second chance: a contradicted comparison is put right
+        answer = _react.righted_comparison(answer, _results(run))
     check_output(run, answer)  # a best effort: kept as `parsed` when it validates, never asked again
     state.messages.append(Message.assistant(answer, step=state.step))
     state.forced_final = True

@@ -1220,6 +1220,36 @@ def wrong_comparison(answer: str, results: list[str]) -> str | None:
     contradict: each side's value is the number right after its name in a result ("gizmo: 19.99 EUR",
     "widget: 12.75 EUR"), the same wherever it is given. The 1.5B model read both prices and named the
     dearer one as cheaper. None when the comparison agrees, or either value is not found for certain."""
+    found = _contradicted(answer, results)
+    if found is None:
+        return None
+    _, a, b, word = found
+    return (
+        f"The Final Answer says {a[0]} is {word} than {b[0]}, {COMPARED} {a[0]} {a[2]} and {b[0]} {b[2]}: "
+        f"{b[0]} is the {word} one. Correct the answer."
+    )
+
+
+def righted_comparison(answer: str, results: list[str]) -> str:
+    """`answer` with the two sides of a comparison the observations contradict swapped ("gizmo is cheaper
+    than widget" → "widget is cheaper than gizmo"), as `corrected_arithmetic` puts a wrong computation
+    right: for an answer given after the model was told (`wrong_comparison`) or forced."""
+    found = _contradicted(answer, results)
+    if found is None:
+        return answer
+    match, a, b, _ = found
+    a_end, b_start = match.end("a"), match.start("b")
+    a_start, b_end = a_end - len(a[0]), b_start + len(b[0])
+    if answer[a_start:a_end] != a[0] or answer[b_start:b_end] != b[0]:
+        return answer
+    return answer[:a_start] + b[0] + answer[a_end:b_start] + a[0] + answer[b_end:]
+
+
+def _contradicted(
+    answer: str, results: list[str]
+) -> tuple[re.Match[str], tuple[str, float, str], tuple[str, float, str], str] | None:
+    """The comparison of `answer` that the results contradict: its match, each side's (name, value,
+    value as written) and its word; None when there is none."""
     match = _COMPARED_RE.search(answer)
     if match is None:
         return None
@@ -1228,13 +1258,9 @@ def wrong_comparison(answer: str, results: list[str]) -> str | None:
     b = _named_value(match.group("b").split(), results, from_end=False)
     if a is None or b is None or a[0].lower() == b[0].lower() or a[1] == b[1]:
         return None
-    lower = word in _LOWER_WORDS
-    if (a[1] < b[1]) == lower:
+    if (a[1] < b[1]) == (word in _LOWER_WORDS):
         return None
-    return (
-        f"The Final Answer says {a[0]} is {word} than {b[0]}, {COMPARED} {a[0]} {a[2]} and {b[0]} {b[2]}: "
-        f"{b[0]} is the {word} one. Correct the answer."
-    )
+    return match, a, b, word
 
 
 def _named_value(words: list[str], results: list[str], *, from_end: bool) -> tuple[str, float, str] | None:
