@@ -1786,3 +1786,19 @@ async def test_a_stored_row_count_that_is_no_count_is_a_clear_error(
             StateError, match=rf"run 'run-1' in .*: its stored number of {what} is {value!r}, not a count"
         ):
             await store.load_state("run-1")
+
+
+async def test_a_file_store_reads_the_save_count_of_a_large_state_too(tmp_path: Path) -> None:
+    """The count is read from the end of the state file; metadata of more than 64 kB after it is parsed
+    whole: a copy loaded before another save is refused either way."""
+    async with FileStore(tmp_path / "files") as store:
+        for size in (10, 100_000):
+            state = _state(f"run-{size}", metadata={"notes": "x" * size, "saves": 99})
+            await store.checkpoint(state, _emit(state, Status(text="one")))
+            first, second = await store.load_state(state.run_id), await store.load_state(state.run_id)
+            assert first is not None and second is not None
+            await store.checkpoint(first, [])
+            with pytest.raises(ConcurrencyError, match="saved by another writer"):
+                await store.checkpoint(second, [])
+            again = await store.load_state(state.run_id)
+            assert again is not None and again.saves == 2
