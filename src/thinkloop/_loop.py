@@ -1208,10 +1208,12 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
             _retract(run, "correction")
             return None
         answer = _best_known(run) or answer  # told once already: what the tools found is the answer
-    if run.state.ledger and _contradicts_results(run, answer):
-        return None
-    if run.state.ledger and len(answer) <= 2000:  # told once already: the comparison is put right
-        answer = _react.righted_comparison(answer, _results(run))
+    if run.state.ledger and len(answer) <= 2000:
+        checked = _react.comparison_check(answer, _results(run))
+        if checked is not None:
+            if _send_back(run, checked[0], _react.COMPARED):
+                return None
+            answer = checked[1]  # told once already: the comparison is put right
     problem = check_output(run, answer)
     if problem is None:
         return await finish(run, StopReason.FINAL_ANSWER, answer=answer)
@@ -1227,18 +1229,16 @@ def _results(run: RunContext) -> list[str]:
     return [m.content for m in run.state.messages if m.role == "tool"]
 
 
-def _contradicts_results(run: RunContext, answer: str) -> bool:
-    """An answer whose comparison the tool results contradict ("gizmo is cheaper than widget" beside
-    gizmo 19.99 EUR and widget 12.75 EUR) is sent back once per run, with both values (`wrong_comparison`);
-    True when it was."""
+def _send_back(run: RunContext, correction: str, marker: str) -> bool:
+    """Send an answer back with `correction` (and the task), once per run: False when a correction with
+    `marker` was sent already. An answer whose comparison the tool results contradict ("gizmo is cheaper
+    than widget" beside gizmo 19.99 EUR and widget 12.75 EUR: `comparison_check`) is sent back so."""
     messages = run.state.messages
-    if len(answer) > 2000 or _react.told(messages, _react.COMPARED):
+    if _react.told(messages, marker):
         return False
-    wrong = _react.wrong_comparison(answer, _results(run))
-    if wrong is None:
-        return False
-    text = f"{wrong} The task: {run.state.goal}"
-    messages.append(Message.user(text, kind="correction", step=run.state.step))
+    messages.append(
+        Message.user(f"{correction} The task: {run.state.goal}", kind="correction", step=run.state.step)
+    )
     _retract(run, "correction")
     return True
 
@@ -1295,9 +1295,8 @@ def heal(run: RunContext, reply: Reply) -> bool:
     names = ", ".join(run.visible_names())
     planned = reply.problem in (_react.PLAN_ONLY, _react.PLAN_ONLY_NATIVE)
     task = f" The task: {run.state.goal}" if planned else ""
-    lead = "needs a correction" if _react.UNSOURCED in (reply.problem or "") else "could not be understood"
-    if reply.problem == _react.PLAN_ONLY_NATIVE:
-        lead = "needs a correction"
+    corrected = _react.UNSOURCED in (reply.problem or "") or reply.problem == _react.PLAN_ONLY_NATIVE
+    lead = "needs a correction" if corrected else "could not be understood"
     if run.state.mode == "native":  # the ReAct lines would teach it to write its calls as text
         choice = f"Either call one of your tools ({names}), or reply" if names else "Reply"
         text = f"Your last reply {lead}: {reply.problem}{task} {choice} with the complete final answer."

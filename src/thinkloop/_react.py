@@ -1215,34 +1215,39 @@ _COMPARED_RE = re.compile(
 COMPARED = "but the observations give"  # in the correction: told once a run
 
 
-def wrong_comparison(answer: str, results: list[str]) -> str | None:
-    """The correction of an answer whose comparison ("gizmo is cheaper than widget") the observations
-    contradict: each side's value is the number right after its name in a result ("gizmo: 19.99 EUR",
-    "widget: 12.75 EUR"), the same wherever it is given. The 1.5B model read both prices and named the
-    dearer one as cheaper. None when the comparison agrees, or either value is not found for certain."""
+def comparison_check(answer: str, results: list[str]) -> tuple[str, str] | None:
+    """For an answer whose comparison ("gizmo is cheaper than widget") the observations contradict: the
+    correction to send, and the answer with the comparison's two sides swapped ("widget is cheaper than
+    gizmo"), as `corrected_arithmetic` puts a wrong computation right. Each side's value is the number
+    right after its name in a result ("gizmo: 19.99 EUR", "widget: 12.75 EUR"), the same wherever it is
+    given: the 1.5B model read both prices and named the dearer one as cheaper. None when the comparison
+    agrees, or either value is not found for certain."""
     found = _contradicted(answer, results)
     if found is None:
         return None
-    _, a, b, word = found
-    return (
+    match, a, b, word = found
+    correction = (
         f"The Final Answer says {a[0]} is {word} than {b[0]}, {COMPARED} {a[0]} {a[2]} and {b[0]} {b[2]}: "
         f"{b[0]} is the {word} one. Correct the answer."
     )
+    a_end, b_start = match.end("a"), match.start("b")
+    a_start, b_end = a_end - len(a[0]), b_start + len(b[0])
+    righted = answer
+    if answer[a_start:a_end] == a[0] and answer[b_start:b_end] == b[0]:
+        righted = answer[:a_start] + b[0] + answer[a_end:b_start] + a[0] + answer[b_end:]
+    return correction, righted
+
+
+def wrong_comparison(answer: str, results: list[str]) -> str | None:
+    """The correction of `comparison_check`, or None."""
+    checked = comparison_check(answer, results)
+    return None if checked is None else checked[0]
 
 
 def righted_comparison(answer: str, results: list[str]) -> str:
-    """`answer` with the two sides of a comparison the observations contradict swapped ("gizmo is cheaper
-    than widget" → "widget is cheaper than gizmo"), as `corrected_arithmetic` puts a wrong computation
-    right: for an answer given after the model was told (`wrong_comparison`) or forced."""
-    found = _contradicted(answer, results)
-    if found is None:
-        return answer
-    match, a, b, _ = found
-    a_end, b_start = match.end("a"), match.start("b")
-    a_start, b_end = a_end - len(a[0]), b_start + len(b[0])
-    if answer[a_start:a_end] != a[0] or answer[b_start:b_end] != b[0]:
-        return answer
-    return answer[:a_start] + b[0] + answer[a_end:b_start] + a[0] + answer[b_end:]
+    """The answer of `comparison_check`: `answer` itself when its comparison is not contradicted."""
+    checked = comparison_check(answer, results)
+    return answer if checked is None else checked[1]
 
 
 def _contradicted(
@@ -1266,8 +1271,7 @@ def _contradicted(
 def _named_value(words: list[str], results: list[str], *, from_end: bool) -> tuple[str, float, str] | None:
     """The name among the last (or first) words of a side of a comparison that the results give a value
     for, with that value (the number written right after the name); the longest such name."""
-    spans = range(len(words), 0, -1)
-    for size in spans:
+    for size in range(len(words), 0, -1):
         name = " ".join(words[-size:] if from_end else words[:size])
         if len(name) < 2 or name.lower() in ("it", "this", "that", "the", "a", "an"):
             continue
