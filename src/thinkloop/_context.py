@@ -317,7 +317,7 @@ class ContextManager:
             if total * self.scale <= fits[2]:
                 self.last_tokens = total
                 return list(source)
-        out, tokens = self._plan(state, source, self._last_reserve) or self._assemble(state)
+        out, tokens = self._plan(state, source, self._last_reserve)
         total = tokens + self._last_reserve
         if total * self.scale > self.budget:
             out, total = self._squeeze(out)
@@ -495,12 +495,12 @@ class ContextManager:
 
     # -------------------------------------------------------------------------------- planning
 
-    def _plan(
-        self, state: RunState, source: Sequence[Message], reserve: int
-    ) -> tuple[list[Message], int] | None:
-        """Decide which old steps the view drops (monotonic: a dropped step stays dropped).
+    def _plan(self, state: RunState, source: Sequence[Message], reserve: int) -> tuple[list[Message], int]:
+        """Decide which old steps the view drops (monotonic: a dropped step stays dropped), and return
+        the view with its tokens.
 
-        Returns the view when it fits as it is, None when steps were dropped (assemble it again).
+        Steps are dropped only when the view with the summary in their place is smaller: a few short
+        steps (remembered turns, say) can cost less than the summary note that would replace them.
         """
         self._sync(source)
         assembled = self._assemble(state)
@@ -517,10 +517,17 @@ class ContextManager:
             if not groups[index].pinned:
                 kept -= self._form(index, old_before)[1]
             index += 1
-        if index > self._dropped:
-            self._dropped = index
-            self._dropped_count = index - 1 - sum(1 for p in self._pinned if p < index)
-        return None
+        for candidate in (index, protected):  # the drop must pay for its summary; else drop more, or none
+            if candidate <= self._dropped:
+                continue
+            was = self._dropped, self._dropped_count
+            self._dropped = candidate
+            self._dropped_count = candidate - 1 - sum(1 for p in self._pinned if p < candidate)
+            trimmed = self._assemble(state)
+            if trimmed[1] < assembled[1]:
+                return trimmed
+            self._dropped, self._dropped_count = was
+        return assembled
 
     def _kept_indexes(self) -> list[int]:
         dropped = self._dropped
