@@ -158,3 +158,28 @@ async def test_a_react_answer_is_reduced_to_the_number_the_task_asks_for() -> No
     model = ScriptedModel(["Final Answer: The Dublin office has 131 staff."], tools=False)
     result = await Agent(model, tools=[unit_price]).run("How many staff? Answer with just the number.")
     assert result.output == "131"
+
+
+@pytest.mark.parametrize(
+    ("answer", "missing"),
+    [
+        ("The temperature in Cairo is 87.8 °F.", []),  # 31 °C, converted right in the head
+        ("It is about 88 degrees Fahrenheit.", []),  # rounded
+        ("It is 304.15 K in Cairo.", []),
+        ("It is 90 °F.", ["90"]),  # converted wrong
+        ("It is 87.8 km.", ["87.8"]),  # the number of a conversion, but not in its unit
+        ("26.2 miles is 42.16 kilometres.", []),
+        ("That is 42.18 km.", []),  # 26.2 * 1.61: a factor rounded to three figures
+        ("That is 41.9 km.", ["41.9"]),  # 26.2 * 1.6: too far off
+        ("The parcel weighs 11.0 lbs.", []),  # 5 kg
+        ("The parcel weighs 5,000 grams.", []),
+        ("Wind of 2.78 m/s.", []),  # 10 km/h
+    ],
+)
+def test_a_quantity_of_a_result_converted_in_the_head_is_sourced(answer: str, missing: list[str]) -> None:
+    sources = [
+        "What is the temperature in Cairo?",
+        "Cairo: 31 °C, clear, wind 10 km/h",
+        "A marathon is 26.2 miles; the parcel weighs 5 kg",
+    ]
+    assert unsourced_numbers(answer, sources) == missing

@@ -1001,7 +1001,9 @@ def unsourced_numbers(answer: str, sources: list[str], work: str = "") -> list[s
 
     Arithmetic done right in the head is no made-up value: a number that one operation (`+ - * /`, a
     percentage) gives from two sourced numbers, or that a computation written out in the answer or in
-    `work` (the reply's reasoning, `19.99 - 12.75 = 7.24`) gives from sourced operands, is sourced too."""
+    `work` (the reply's reasoning, `19.99 - 12.75 = 7.24`) gives from sourced operands, is sourced too; so
+    is a sourced quantity converted to another unit, written with it ("31 °C" answered as "87.8 °F": the
+    1.5B model, told that 87.8 came from nowhere, answered "Could not be found")."""
     found = [_numbers(source) for source in sources]
     known = [value for numbers in found for _, value, _ in numbers]
     known += [w.value for w in worked_arithmetic(f"{work}\n{answer}", sources) if w.sourced]
@@ -1013,11 +1015,93 @@ def unsourced_numbers(answer: str, sources: list[str], work: str = "") -> list[s
             continue
         if not any(_rounds_to(k, value, decimals) for k in known) and not _derived(value, operands, asked):
             missing.append(written)
+    if missing:  # a quantity of a result converted in the head ("31 °C" answered "87.8 °F") is sourced too
+        converted = _converted(sources)
+        right = {
+            written
+            for written, value, decimals, unit in _quantities(answer)
+            if any(_converts_to(exact, value, decimals) for exact in converted.get(unit, ()))
+        }
+        missing = [m for m in missing if m not in right]
     return list(dict.fromkeys(missing))
 
 
 _MAX_OPERANDS = 8  # numbers of a source above which its numbers are no operands of `_derived`: a page of
 # text holds so many that some pair gives almost any number (the handbook's 18 + 6 for a made-up "24 hours")
+
+
+# ------------------------------------------------------------------------- units converted in the head
+
+# the units a small model converts in its head, each spelling to one name ("°F", "F", "degrees Fahrenheit")
+_UNIT_NAMES = {
+    "c": "c", "°c": "c", "celsius": "c", "degrees celsius": "c", "degrees c": "c",
+    "f": "f", "°f": "f", "fahrenheit": "f", "degrees fahrenheit": "f", "degrees f": "f",
+    "k": "k", "kelvin": "k",
+    "km": "km", "kilometer": "km", "kilometers": "km", "kilometre": "km", "kilometres": "km",
+    "mi": "mi", "mile": "mi", "miles": "mi",
+    "m": "m", "meter": "m", "meters": "m", "metre": "m", "metres": "m",
+    "ft": "ft", "foot": "ft", "feet": "ft",
+    "cm": "cm", "centimeter": "cm", "centimeters": "cm", "centimetre": "cm", "centimetres": "cm",
+    "in": "in", "inch": "in", "inches": "in",
+    "kg": "kg", "kilogram": "kg", "kilograms": "kg", "kilo": "kg", "kilos": "kg",
+    "lb": "lb", "lbs": "lb", "pound": "lb", "pounds": "lb",
+    "g": "g", "gram": "g", "grams": "g",
+    "oz": "oz", "ounce": "oz", "ounces": "oz",
+    "l": "l", "liter": "l", "liters": "l", "litre": "l", "litres": "l",
+    "gal": "gal", "gallon": "gal", "gallons": "gal",
+    "km/h": "km/h", "kph": "km/h", "kmh": "km/h",
+    "mph": "mph", "miles per hour": "mph",
+    "m/s": "m/s",
+}  # fmt: skip
+_FACTORS = {  # (from, to): factor; each also converts back
+    ("km", "mi"): 1 / 1.609344, ("m", "ft"): 1 / 0.3048, ("cm", "in"): 1 / 2.54, ("kg", "lb"): 1 / 0.45359237,
+    ("g", "oz"): 1 / 28.349523125, ("l", "gal"): 1 / 3.785411784, ("km/h", "mph"): 1 / 1.609344,
+    ("m/s", "km/h"): 3.6, ("km", "m"): 1000.0, ("kg", "g"): 1000.0, ("m", "cm"): 100.0,
+}  # fmt: skip
+_QUANTITY_RE = re.compile(
+    r"(?<![\w.])((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)[ \t]*"
+    r"(°[CFcf]?|degrees[ \t]+\w+|miles[ \t]+per[ \t]+hour|km/h|m/s|[A-Za-z]+)(?![\w/])",
+    re.IGNORECASE,
+)
+
+
+def _quantities(text: str) -> list[tuple[str, float, int, str]]:
+    """The numbers of `text` written with a unit of `_UNIT_NAMES`: as written, value, decimals, unit."""
+    found = []
+    for match in _QUANTITY_RE.finditer(text):
+        unit = _UNIT_NAMES.get(" ".join(match.group(2).lower().split()))
+        if unit is not None:
+            plain = match.group(1).replace(",", "")
+            found.append((match.group(1), float(plain), len(plain.partition(".")[2]), unit))
+    return found
+
+
+def _converted(sources: list[str]) -> dict[str, list[float]]:
+    """Every quantity of `sources` in each unit it converts to: {unit: [values]}."""
+    converted: dict[str, list[float]] = {}
+    for source in sources:
+        for _, value, _, unit in _quantities(source):
+            for target, exact in _conversions(value, unit):
+                converted.setdefault(target, []).append(exact)
+    return converted
+
+
+def _conversions(value: float, unit: str) -> list[tuple[str, float]]:
+    if unit == "c":
+        return [("f", value * 9 / 5 + 32), ("k", value + 273.15)]
+    if unit == "f":
+        return [("c", (value - 32) * 5 / 9), ("k", (value - 32) * 5 / 9 + 273.15)]
+    if unit == "k":
+        return [("c", value - 273.15), ("f", (value - 273.15) * 9 / 5 + 32)]
+    return [(b, value * f) for (a, b), f in _FACTORS.items() if a == unit] + [
+        (a, value / f) for (a, b), f in _FACTORS.items() if b == unit
+    ]
+
+
+def _converts_to(exact: float, value: float, decimals: int) -> bool:
+    """Whether `value`, written with `decimals`, is `exact` rounded, or within 0.2 % (a factor rounded to
+    three figures: 26.2 miles as 26.2 * 1.61 = 42.18 km)."""
+    return _rounds_to(exact, value, decimals) or abs(exact - value) <= 0.002 * abs(exact)
 
 
 def corrected_arithmetic(answer: str, reply: str, sources: list[str]) -> str:
