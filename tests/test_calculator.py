@@ -79,7 +79,7 @@ async def calculate(expression: str) -> str:
         ("٣ + 1", "cannot parse"),
         ("().__class__", "only arithmetic is allowed"),
         ("abs.__self__", "only arithmetic is allowed"),
-        ("x", "only arithmetic is allowed"),
+        ("x", "'x' is not a number"),
         ("lambda: 1", "only arithmetic is allowed"),
         ("[x for x in (1, 2)]", "only arithmetic is allowed"),
         ("__import__('os')", "unknown function '__import__'"),
@@ -266,3 +266,29 @@ def test_the_description_gives_no_percentage_a_model_could_copy() -> None:
     numbers left are the parentheses example's."""
     assert re.findall(r"\d+", calculator.description) == ["2", "3", "4"]
     assert "'N% of M'" in calculator.description
+
+
+@pytest.mark.parametrize(
+    ("expression", "words"),
+    [
+        (
+            "count(orders) - count(shipped) - count(processing)",
+            "'orders', 'shipped', 'processing' are not numbers",
+        ),
+        ("price * quantity", "'price', 'quantity' are not numbers"),
+        ("total / 3", "'total' is not a number"),
+    ],
+)
+def test_words_where_numbers_should_be_are_named(expression: str, words: str) -> None:
+    """The 1.5B model filtered a list of orders with `count(orders) - count(shipped) …` and was told only
+    "unknown function 'count'", three times (benchmarks/local_tasks.py, unshipped_orders)."""
+    with pytest.raises(CalculatorError) as raised:
+        evaluate(expression)
+    assert str(raised.value).startswith(words)
+    assert "read the result and answer without the calculator" in str(raised.value)
+
+
+def test_constants_and_functions_are_no_words() -> None:
+    assert evaluate("round(pi * e, 2)") == 8.54
+    with pytest.raises(CalculatorError, match="unknown function 'count'"):
+        evaluate("count(1, 2)")  # numbers, but no such function
