@@ -716,6 +716,43 @@ async def test_a_react_answer_with_a_number_no_result_gives_is_corrected_once() 
     assert (await Agent(no_tools, tools=[shipping_weight]).run("Say a number.")).output == "42 is the answer."
 
 
+async def test_made_up_numbers_put_through_the_calculator_are_still_made_up() -> None:
+    """The 1.5B model (benchmarks/local_tasks_b.py, missing_product), told that no product matched, sent
+    `1000 * 2` to the calculator and answered "The Zephyr Z9 drone costs $2000."."""
+    from thinkloop import Agent, tool
+    from thinkloop.testing import ScriptedModel
+    from thinkloop.tools.calculator import calculator
+
+    @tool
+    def search_products(query: str) -> str:
+        """Search the product catalogue."""
+        return f"no products match {query!r}" if "Zephyr" in query else "Aurora X2: 149.00 EUR"
+
+    def run(query: str, expression: str, answer: str) -> ScriptedModel:
+        return ScriptedModel(
+            [
+                f'Thought: x\nAction: search_products\nAction Input: {{"query": "{query}"}}',
+                f'Thought: x\nAction: calculator\nAction Input: {{"expression": "{expression}"}}',
+                f"Thought: x\nFinal Answer: {answer}",
+                "Thought: x\nFinal Answer: Could not be found.",
+            ],
+            tools=False,
+        )
+
+    made_up = run("Zephyr Z9 drone", "1000 * 2", "The Zephyr Z9 drone costs $2000.")
+    result = await Agent(made_up, tools=[search_products, calculator]).run(
+        "What does the Zephyr Z9 drone cost?"
+    )
+    corrections = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert len(corrections) == 1 and "2000, which none of the observations" in corrections[0]
+    assert result.output == "Could not be found."
+
+    sourced = run("Aurora X2", "149.00 * 2", "Two cost 298 EUR.")  # a result's number: the product is sourced
+    result = await Agent(sourced, tools=[search_products, calculator]).run("What do two Aurora X2 cost?")
+    assert result.output == "Two cost 298 EUR."
+    assert not [m for m in result.state.messages if m.kind == "correction"]
+
+
 # ============================================================================ strict JSON in Action Input
 
 NON_FINITE_INPUTS = ['{"x": NaN}', '{"x": Infinity}', '{"x": -Infinity}', '{"x": 1e999}', '{"x": [1, NaN]}']

@@ -14,7 +14,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -955,12 +955,31 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
         final = _react.json_answer(final, run.tools.names) or final
     results = [m.content for m in run.state.messages if m.role == "tool"]
     if results:  # a computation written out wrong is put right; numbers no result gives are asked about
-        sources = [run.state.goal, *results]
+        sources = _sources(
+            run,
+            [run.state.goal],
+            [(m.tool_call_id, m.content) for m in run.state.messages if m.role == "tool"],
+        )
         final = _react.corrected_arithmetic(final, said, sources)
         unsourced = _unsourced(run, final, said, sources)
         if unsourced:
             return Reply(text=response.text, problem=unsourced)
     return Reply(text=_react.requested_form(final, run.state.goal))
+
+
+def _sources(run: RunContext, sources: list[str], results: Sequence[tuple[str | None, str]]) -> list[str]:
+    """`sources` and then the tool results (call id, text) in order, but for the calculator's results of
+    numbers no earlier source gives: made-up numbers put through the calculator are still made up."""
+    ledger = run.state.ledger
+    for call_id, text in results:
+        entry = ledger.get(call_id) if call_id is not None else None
+        expression = (
+            entry.arguments.get("expression") if entry is not None and entry.name == "calculator" else None
+        )
+        if isinstance(expression, str) and _react.made_up_operands(expression, sources):
+            continue
+        sources.append(text)
+    return sources
 
 
 def _unsourced(run: RunContext, answer: str, reply: str, sources: list[str]) -> str | None:
@@ -1460,10 +1479,13 @@ async def _recheck_forced(run: RunContext, request: ModelRequest, answer: str) -
     """A forced answer whose numbers neither the task nor a successful tool result gives is asked for again,
     once, naming them (in ReAct, like `_unsourced`; not after a token or cost budget stop): the second
     answer stands; the first does when the second call fails or replies with a tool call."""
-    sources = [m.content for m in run.state.messages if m.kind in ("task", "memory")]
-    sources += [e.output or "" for e in run.state.ledger.values() if e.status == "done" and e.success]
-    answer = _react.corrected_arithmetic(answer, answer, [run.state.goal, *sources])
-    correction = _react.forced_correction(answer, [run.state.goal, *sources])
+    given = [run.state.goal, *(m.content for m in run.state.messages if m.kind in ("task", "memory"))]
+    done = [
+        (e.call_id, e.output or "") for e in run.state.ledger.values() if e.status == "done" and e.success
+    ]
+    sources = _sources(run, given, done)
+    answer = _react.corrected_arithmetic(answer, answer, sources)
+    correction = _react.forced_correction(answer, sources)
     if correction is None:
         return answer
     asked = [

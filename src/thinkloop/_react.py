@@ -949,11 +949,14 @@ def copied_final(answer: str, request: list[Message], state: RunState) -> bool:
     """A final answer that only repeats the system prompt or a hint of this `request` (the worked example's
     question, a rule), not the task or a tool result of the run — once per run: after one correction about
     it, a second such answer stands."""
-    if told(state.messages, COPIED):
-        return False
+    if told(state.messages, COPIED) or _NOT_FOUND_RE.match(answer):
+        return False  # "Could not be found." is what the instructions say to answer: no copy
     instructions = [m.content for m in request if m.role == "system" or m.kind in ("hint", "correction")]
     own = [state.goal, *(m.content for m in state.messages if m.role == "tool")]
     return copied_answer(answer, instructions, own)
+
+
+_NOT_FOUND_RE = re.compile(r"(?i)^\W*(?:it\s+|this\s+)?(?:could\s+not|cannot|can't)\s+be\s+found\W*$")
 
 
 def drop_copied_lines(answer: str, prompt: str) -> str:
@@ -1200,6 +1203,17 @@ def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
         sourced = any(given) and all(g or f for g, f in zip(given, free, strict=True))
         found.append(Worked(" ".join(written.split()), match.group(2), value, sourced))
     return found
+
+
+def made_up_operands(expression: str, sources: list[str]) -> bool:
+    """Whether a calculator expression computes only with numbers that no source gives (nor small integers,
+    100 or 1000 beside one that does, as `worked_arithmetic` counts them): its result is then no source
+    either. The 1.5B model, told no product matched, sent `1000 * 2` and answered "costs $2000"."""
+    known = [value for source in sources for _, value, _ in _numbers(source)]
+    numbers = _numbers(expression)
+    given = [any(_rounds_to(k, n, decimals) for k in known) for _, n, decimals in numbers]
+    free = [decimals <= 0 and (n <= 12 or n in _FREE_OPERANDS) for _, n, decimals in numbers]
+    return bool(numbers) and not (any(given) and all(g or f for g, f in zip(given, free, strict=True)))
 
 
 def _derived(value: float, known: list[float], asked: set[float]) -> bool:
