@@ -1196,9 +1196,23 @@ async def test_a_failed_call_close_to_a_value_its_error_lists_is_told_the_value(
         "\nNote: 'gadget1' is not one of the values this error lists; the closest is 'gadget'. If that is what "
         'you meant, call unit_price again with "item": "gadget".'
     )
-    assert "Note:" not in outputs[1]  # nothing close: the list alone
+    assert outputs[1].endswith(  # nothing close, but the task names one of the values listed
+        "\nNote: 'banana' is not one of the values this error lists, but the task names 'gadget', which it does "
+        'list. If that is what the task asks about, call unit_price again with "item": "gadget".'
+    )
     assert "the closest is 'Bob Keller'" in outputs[2]
     assert outputs[3] == "8.40 EUR"
+
+    # The task names none of the values, or several of them: the list alone.
+    for goal in ("How much is a banana?", "Is a gadget dearer than a widget?", "Price of gadgetry?"):
+        model = ScriptedModel([call("unit_price", item="banana"), "I do not know."])
+        result = await Agent(model, tools=[unit_price]).run(goal)
+        outputs = [m.content for m in result.state.messages if m.role == "tool"]
+        assert "Note:" not in outputs[0] and "the catalogue has: widget, gadget" in outputs[0], goal
+    # Plural in the task ("gadgets") still names it.
+    model = ScriptedModel([call("unit_price", item="Smartphone"), "I do not know."])
+    result = await Agent(model, tools=[unit_price]).run("How much do two gadgets cost?")
+    assert "the task names 'gadget'" in next(m.content for m in result.state.messages if m.role == "tool")
 
 
 async def test_a_failed_call_using_another_tool_inside_its_argument_is_told_to_call_that_tool_first() -> None:

@@ -400,7 +400,7 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
     except (Exception, SystemExit, GeneratorExit) as exc:  # sys.exit() in a tool does not end the process
         text, success, kind = _raised(tool, exc)
         text += _nested_call_note(run, tool, prepared.arguments) or _closest_value_note(
-            tool, prepared.arguments, text
+            tool, prepared.arguments, text, run.state.goal
         )
     duration = time.perf_counter() - started
     limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
@@ -607,27 +607,51 @@ def _nested_call_note(run: RunContext, tool: Tool, arguments: dict[str, object])
     return ""
 
 
-def _closest_value_note(tool: Tool, arguments: dict[str, object], error: str) -> str:
+def _closest_value_note(tool: Tool, arguments: dict[str, object], error: str, goal: str) -> str:
     """After a failed call whose error lists the values that exist (`no item named 'gadget1'; the catalogue
     has: widget, gadget, gizmo, sprocket`) and a text argument close to one of them but not it: a note naming
-    that value (the 1.5B model went on to 'gadget2', 'gadget3' … past a hint to read the error). ""
-    otherwise, and when several values are as close."""
+    that value (the 1.5B model went on to 'gadget2', 'gadget3' … past a hint to read the error). When no
+    value is close but the task names exactly one of the listed values (the 1.5B model asked for
+    'Smartphone' five times for "How much does a gadget cost?"): a note naming that one. "" otherwise, and
+    when several values are as close."""
     if len(error) > 4000:
         return ""
     options = _listed_values(error)
     if not options:
         return ""
     lowered = {o.lower(): o for o in options}
-    for name, value in arguments.items():
-        if not isinstance(value, str) or not 0 < len(value) <= 60 or value in options:
-            continue
+    texts = [
+        (n, v) for n, v in arguments.items() if isinstance(v, str) and 0 < len(v) <= 60 and v not in options
+    ]
+    for name, value in texts:
         closest = _closest(value.strip().lower(), lowered)
         if closest is not None and closest != value:
             return (
                 f"\nNote: {value!r} is not one of the values this error lists; the closest is {closest!r}. If "
                 f"that is what you meant, call {tool.name} again with {json.dumps(name)}: {json.dumps(closest)}."
             )
+    named = _named_in(goal, options) if len(texts) == 1 else None
+    if named is not None:
+        name, value = texts[0]
+        return (
+            f"\nNote: {value!r} is not one of the values this error lists, but the task names {named!r}, which "
+            f"it does list. If that is what the task asks about, call {tool.name} again with "
+            f"{json.dumps(name)}: {json.dumps(named)}."
+        )
     return ""
+
+
+def _named_in(goal: str, options: list[str]) -> str | None:
+    """The one listed value the task names as a word or phrase (`gadget` in 'How much does a gadget
+    cost?', plural or not); None when it names none of them, or several."""
+    if not goal or len(goal) > 4000:
+        return None
+    named = {
+        o
+        for o in options
+        if len(o) > 1 and re.search(rf"(?<![\w-]){re.escape(o)}(?:e?s)?(?![\w-])", goal, re.IGNORECASE)
+    }
+    return named.pop() if len(named) == 1 else None
 
 
 _LIST_RE = re.compile(r"[:;]\s*\[?([^:;\n\[\]]+)")
