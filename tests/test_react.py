@@ -744,12 +744,108 @@ async def test_made_up_numbers_put_through_the_calculator_are_still_made_up() ->
         "What does the Zephyr Z9 drone cost?"
     )
     corrections = [m.content for m in result.state.messages if m.kind == "correction"]
-    assert len(corrections) == 1 and "2000, which none of the observations" in corrections[0]
+    assert len(corrections) == 1
+    assert (  # the call that made the number up is named
+        'Your last reply needs a correction: The Final Answer gives 2000: the calculator computed 2000 from "1000 * 2", but no observation or the '
+        "task gives 1000, 2: a number made up and put through the calculator is still made up."
+    ) in corrections[0]
     assert result.output == "Could not be found."
+    calculated = [m.content for m in result.state.messages if m.name == "calculator"]
+    assert calculated == [  # the result is told to be made up, and how to get the values
+        "2000\n\nNote: none of 1000, 2 is in the task or an observation. If the task needs values looked up "
+        "(prices, rates, counts …), look them up with a tool first (search_products) and compute with those; "
+        "a result computed from made-up values is no answer."
+    ]
+
+    # Told so, the 1.5B model sent the same call and answer again: told once more, as any unsourced
+    # answer; a third such answer stands.
+    again = [
+        'Thought: x\nAction: search_products\nAction Input: {"query": "Zephyr Z9 drone"}',
+        *[
+            'Thought: x\nAction: calculator\nAction Input: {"expression": "1000 * 2"}',
+            "Thought: x\nFinal Answer: The Zephyr Z9 drone costs $2000.",
+        ]
+        * 3,
+    ]
+    result = await Agent(ScriptedModel(again, tools=False), tools=[search_products, calculator]).run(
+        "What does the Zephyr Z9 drone cost?"
+    )
+    corrections = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert len(corrections) == 2 and "still made up" in corrections[0]
+    assert "The Final Answer gives 2000, which none of the observations" in corrections[1]
+    assert result.output == "The Zephyr Z9 drone costs $2000."
+
+    # Made-up prices sent to the calculator before anything was looked up (price_difference): told to
+    # look them up first, with the tools that can.
+    unlooked = [
+        'Thought: x\nAction: calculator\nAction Input: {"expression": "(100 - 90) * 100"}',
+        "Thought: x\nFinal Answer: It costs 1000 more.",
+        'Thought: x\nAction: search_products\nAction Input: {"query": "Aurora X2"}',
+        "Thought: x\nFinal Answer: 149.00 EUR.",
+    ]
+    result = await Agent(ScriptedModel(unlooked, tools=False), tools=[search_products, calculator]).run(
+        "How much more does the Aurora X2 cost than the Aurora X2 Lite?"
+    )
+    (correction,) = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert 'computed 1000 from "(100 - 90) * 100", but no observation or the task gives 100, 90' in correction
+    assert (
+        "No tool has looked anything up yet: call the one that gives the values the task needs (one of: "
+        in correction
+    )
+    assert "search_products" in correction and result.output == "149.00 EUR."
 
     sourced = run("Aurora X2", "149.00 * 2", "Two cost 298 EUR.")  # a result's number: the product is sourced
     result = await Agent(sourced, tools=[search_products, calculator]).run("What do two Aurora X2 cost?")
     assert result.output == "Two cost 298 EUR."
+    assert not [m for m in result.state.messages if m.kind == "correction"]
+    assert [m.content for m in result.state.messages if m.name == "calculator"] == ["298"]  # no note
+
+    # Only the calculator to hand: nothing could have been looked up, no note.
+    alone = ScriptedModel(
+        ['Thought: x\nAction: calculator\nAction Input: {"expression": "13 + 17"}', "Final Answer: 30"],
+        tools=False,
+    )
+    result = await Agent(alone, tools=[calculator]).run("Add two primes above 12.")
+    assert [m.content for m in result.state.messages if m.name == "calculator"] == ["30"]
+
+
+@pytest.mark.parametrize(
+    ("expression", "sources", "made_up"),
+    [
+        ("1000 * 2", ["What does the Zephyr Z9 drone cost?", "no products match 'Zephyr Z9'"], ["1000", "2"]),
+        ("(100 - 90) * 100", ["How much more does the X2 cost than the X2 Lite?"], ["100", "90"]),
+        ("149.00 - 90", ["Aurora X2: 149.00 EUR"], ["90"]),  # one price given, the other made up
+        ("149.00 * 2", ["Aurora X2: 149.00 EUR"], []),
+        ("24 * 60 * 60", ["How many seconds are in a day?"], []),  # constants need no source
+        ("3.5 * 60", ["How many minutes are in 3.5 hours?"], []),
+        ("26.2 * 1.609", ["A marathon is 26.2 miles. How many km?"], []),  # a unit's factor
+        ("31 * 9 / 5 + 32", ["Cairo: 31 °C"], []),
+        ("19.99 - 12.75", ["widget: 12.75 EUR", "gizmo: 19.99 EUR"], []),
+    ],
+)
+def test_made_up_operands_are_those_no_source_gives_but_for_constants(
+    expression: str, sources: list[str], made_up: list[str]
+) -> None:
+    """Seconds in a day (`24 * 60 * 60`) or miles in km are computed from constants, which no result gives
+    and need none; prices put through the calculator with no result giving them are made up."""
+    from thinkloop._react import made_up_operands
+
+    assert made_up_operands(expression, sources) == made_up
+
+
+async def test_a_calculator_result_of_constants_is_a_source_for_the_answer() -> None:
+    from thinkloop import Agent
+    from thinkloop.testing import ScriptedModel
+
+    model = ScriptedModel(
+        [
+            'Thought: x\nAction: calculator\nAction Input: {"expression": "24 * 60 * 60"}',
+            "Thought: x\nFinal Answer: A day has 86400 seconds.",
+        ],
+        tools=False,
+    )
+    result = await Agent(model, tools=[calculator]).run("How many seconds are in a day?")
+    assert result.output == "A day has 86400 seconds."
     assert not [m for m in result.state.messages if m.kind == "correction"]
 
 

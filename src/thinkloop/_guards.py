@@ -73,6 +73,11 @@ DEFAULT_HINTS: dict[str, str] = {
         "Note: you already made this exact call and got this result. Do not repeat it: use the result, or "
         "give the final answer if it answers the task."
     ),
+    "made_up_numbers": (  # after a calculator call none of whose numbers the task or a result gives
+        "Note: none of {numbers} is in the task or an observation. If the task needs values looked up "
+        "(prices, rates, counts …), look them up with a tool first ({tools}) and compute with those; a "
+        "result computed from made-up values is no answer."
+    ),
     "blocked": (
         "Blocked: {name} was already called {count} times with these same arguments; it was NOT run again. "
         "The earlier result stands. Change your approach, or give the final answer now."

@@ -953,23 +953,26 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
         )
     if final.startswith(("{", "`")):  # {"name": "final_answer", "arguments": {...}} written as the answer
         final = _react.json_answer(final, run.tools.names) or final
-    results = [m.content for m in run.state.messages if m.role == "tool"]
+    results = [(m.tool_call_id, m.content) for m in run.state.messages if m.role == "tool"]
     if results:  # a computation written out wrong is put right; numbers no result gives are asked about
-        sources = _sources(
-            run,
-            [run.state.goal],
-            [(m.tool_call_id, m.content) for m in run.state.messages if m.role == "tool"],
-        )
+        made_up: list[tuple[str, str]] = []
+        sources = _sources(run, [run.state.goal], results, made_up)
         final = _react.corrected_arithmetic(final, said, sources)
-        unsourced = _unsourced(run, final, said, sources)
+        unsourced = _unsourced(run, final, said, sources, made_up)
         if unsourced:
             return Reply(text=response.text, problem=unsourced)
     return Reply(text=_react.requested_form(final, run.state.goal))
 
 
-def _sources(run: RunContext, sources: list[str], results: Sequence[tuple[str | None, str]]) -> list[str]:
+def _sources(
+    run: RunContext,
+    sources: list[str],
+    results: Sequence[tuple[str | None, str]],
+    made_up: list[tuple[str, str]] | None = None,
+) -> list[str]:
     """`sources` and then the tool results (call id, text) in order, but for the calculator's results of
-    numbers no earlier source gives: made-up numbers put through the calculator are still made up."""
+    numbers no earlier source gives (made-up numbers put through the calculator are still made up): those
+    go to `made_up` as (what it computed, result)."""
     ledger = run.state.ledger
     for call_id, text in results:
         entry = ledger.get(call_id) if call_id is not None else None
@@ -977,26 +980,52 @@ def _sources(run: RunContext, sources: list[str], results: Sequence[tuple[str | 
             entry.arguments.get("expression") if entry is not None and entry.name == "calculator" else None
         )
         if isinstance(expression, str) and _react.made_up_operands(expression, sources):
+            if made_up is not None and entry is not None:  # its output: the message may hold a note
+                made_up.append((expression, entry.output or text))
             continue
         sources.append(text)
     return sources
 
 
-def _unsourced(run: RunContext, answer: str, reply: str, sources: list[str]) -> str | None:
+def _unsourced(
+    run: RunContext, answer: str, reply: str, sources: list[str], made_up: list[tuple[str, str]]
+) -> str | None:
     """The correction of a final answer, after tool calls, whose numbers neither the task nor a tool result
     (`sources`) gives, nor arithmetic on them (made up, or worked out wrong in the model's head) — once per
-    run: a second such answer stands."""
-    if _react.told(run.state.messages, _react.UNSOURCED):
+    run; once more when the number came from a calculator call of made-up numbers (`made_up`), naming
+    that call (the 1.5B model, told once, sent `1000 * 2` again and answered $2000 again). A further such
+    answer stands."""
+    messages = run.state.messages
+    told = _react.told(messages, _react.UNSOURCED)
+    if told and _react.told(messages, _react.LAUNDERED):
         return None
     missing = _react.unsourced_numbers(answer, sources, reply)
     if not missing:
         return None
     shown = ", ".join(missing[:3])
-    return (
-        f"The Final Answer gives {shown}, {_react.UNSOURCED}. Take each value from an observation, as it is "
-        "written there; compute a new value with a tool instead of in your head; if the observations do not "
-        f"have what the task asks for, say it could not be found. The task: {run.state.goal}"
+    what_to_do = (
+        "Take each value from an observation, as it is written there; compute a new value with a tool instead "
+        "of in your head; if the observations do not have what the task asks for, say it could not be found. "
+        f"The task: {run.state.goal}"
     )
+    call = _react.made_up_result(missing, made_up)
+    if call is not None and not _react.told(messages, _react.LAUNDERED):
+        expression, result = call
+        operands = ", ".join(_react.made_up_operands(expression, sources)[:3])
+        others = [n for n in run.visible_names() if n != "calculator"]
+        if others and all(e.name == "calculator" for e in run.state.ledger.values()):  # nothing looked up
+            what_to_do = (
+                f"No tool has looked anything up yet: call the one that gives the values the task needs (one "
+                f"of: {', '.join(others[:8])}), then compute with what it returns. The task: {run.state.goal}"
+            )
+        return (
+            f"The Final Answer gives {shown}: the calculator computed {result.strip()[:60]} from "
+            f"{json.dumps(expression[:200])}, but no observation or the task gives {operands}: "
+            f"{_react.LAUNDERED}. {what_to_do}"
+        )
+    if told:
+        return None
+    return f"The Final Answer gives {shown}, {_react.UNSOURCED}. {what_to_do}"
 
 
 def _answer_calls(run: RunContext, reply: Reply) -> Reply:
@@ -1314,7 +1343,10 @@ def heal(run: RunContext, reply: Reply) -> bool:
     names = ", ".join(run.visible_names())
     planned = reply.problem in (_react.PLAN_ONLY, _react.PLAN_ONLY_NATIVE)
     task = f" The task: {run.state.goal}" if planned else ""
-    corrected = _react.UNSOURCED in (reply.problem or "") or reply.problem == _react.PLAN_ONLY_NATIVE
+    problem = reply.problem or ""
+    corrected = (
+        _react.UNSOURCED in problem or _react.LAUNDERED in problem or problem == _react.PLAN_ONLY_NATIVE
+    )
     lead = "needs a correction" if corrected else "could not be understood"
     if run.state.mode == "native":  # the ReAct lines would teach it to write its calls as text
         choice = f"Either call one of your tools ({names}), or reply" if names else "Reply"
@@ -1402,6 +1434,8 @@ def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
         text, call = outcome.output, outcome.call
         if repeats and call.id in repeats:  # a successful call that repeats an earlier one, result included
             text = f"{text}\n\n{guards.config.hint('repeat_note')}"
+        elif call.name == "calculator" and outcome.success:
+            text += _made_up_note(run, call)
         state.messages.append(
             new_message(role="tool", content=text, tool_call_id=call.id, name=call.name, step=step)
         )
@@ -1414,6 +1448,25 @@ def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
         text, reason = hint
         state.messages.append(Message.user(text, kind="hint", step=step))
         run.emit(lambda: Hint(step=step, text=text, reason=reason))
+
+
+def _made_up_note(run: RunContext, call: ToolCall) -> str:
+    """After a calculator call none of whose numbers the task or an earlier result gives, when other tools
+    could have looked them up: a note saying so (the 1.5B model sent `(100 - 90) * 100` for a price
+    difference before looking a price up, and `1000 * 2` after "no products match"). "" otherwise."""
+    expression = call.arguments.get("expression")
+    others = [n for n in run.visible_names() if n != "calculator"]
+    if not isinstance(expression, str) or not others or len(expression) > 500:
+        return ""
+    given = [run.state.goal, *(m.content for m in run.state.messages if m.kind in ("task", "memory"))]
+    results = [(m.tool_call_id, m.content) for m in run.state.messages if m.role == "tool"]
+    numbers = _react.computed_from_nowhere(expression, _sources(run, given, results))
+    if not numbers:
+        return ""
+    note = run.guards.config.hint(
+        "made_up_numbers", numbers=", ".join(numbers[:4]), tools=", ".join(others[:8])
+    )
+    return f"\n\n{note}" if note else ""  # a replacement text of "" turns it off
 
 
 def _result_event(step: int, o: ToolOutcome) -> ToolResultEvent:

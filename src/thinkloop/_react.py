@@ -975,6 +975,7 @@ _NUMBER_RE = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|\d+(?:\.\
 _SCALE_RE = re.compile(r"\s*(thousand|million|billion)\b", re.IGNORECASE)
 _SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9}
 UNSOURCED = "which none of the observations or the task gives"  # in the correction: told once a run
+LAUNDERED = "a number made up and put through the calculator is still made up"  # told once a run
 
 
 def _numbers(text: str) -> list[tuple[str, float, int]]:
@@ -1198,22 +1199,75 @@ def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
             value = float(evaluate(expression))
         except (CalculatorError, OverflowError):
             continue
-        given = [any(_rounds_to(k, n, decimals) for k in known) for _, n, decimals in _numbers(expression)]
-        free = [decimals <= 0 and (n <= 12 or n in _FREE_OPERANDS) for _, n, decimals in _numbers(expression)]
-        sourced = any(given) and all(g or f for g, f in zip(given, free, strict=True))
+        numbers = _numbers(expression)
+        sourced = bool(numbers) and not _made_up(numbers, known)
         found.append(Worked(" ".join(written.split()), match.group(2), value, sourced))
     return found
 
 
-def made_up_operands(expression: str, sources: list[str]) -> bool:
-    """Whether a calculator expression computes only with numbers that no source gives (nor small integers,
-    100 or 1000 beside one that does, as `worked_arithmetic` counts them): its result is then no source
-    either. The 1.5B model, told no product matched, sent `1000 * 2` and answered "costs $2000"."""
-    known = [value for source in sources for _, value, _ in _numbers(source)]
+def made_up_operands(expression: str, sources: list[str]) -> list[str]:
+    """The numbers that make a calculator expression made up (as `worked_arithmetic` counts them), as
+    written: every one when no source gives any of them, else those no source gives that are not small
+    integers, 100 or 1000; [] when it is sourced. The result of a made-up computation is no source either:
+    the 1.5B model, told no product matched, sent `1000 * 2` and answered "costs $2000"."""
     numbers = _numbers(expression)
+    return (
+        _made_up(numbers, [value for source in sources for _, value, _ in _numbers(source)])
+        if numbers
+        else []
+    )
+
+
+def computed_from_nowhere(expression: str, sources: list[str]) -> list[str]:
+    """The numbers of a calculator expression (each once) when no source gives any of them and they are
+    not all constants (`_constant`: `24 * 60`): `1000 * 2` after "no products match". [] otherwise."""
+    numbers = _numbers(expression)
+    made_up = _made_up(numbers, [value for source in sources for _, value, _ in _numbers(source)])
+    return made_up if made_up and len(made_up) == len({w for w, _, _ in numbers}) else []
+
+
+def _made_up(numbers: list[tuple[str, float, int]], known: list[float]) -> list[str]:
+    """Of a computation's operands, those that make it made up (each once). [] when one at least is `known`
+    and every other is too, or is a constant (`_constant`), 100 or 1000 (`/ 3` for a mean, `/ 100` for a
+    percentage, `* 60` for minutes); [] too when none is known but all are constants, not small integers
+    only (`24 * 60 * 60` for the seconds of a day, not `10 + 4`)."""
     given = [any(_rounds_to(k, n, decimals) for k in known) for _, n, decimals in numbers]
-    free = [decimals <= 0 and (n <= 12 or n in _FREE_OPERANDS) for _, n, decimals in numbers]
-    return bool(numbers) and not (any(given) and all(g or f for g, f in zip(given, free, strict=True)))
+    constant = [_constant(n, decimals) for _, n, decimals in numbers]
+    if not any(given):  # small integers alone are no constants (`10 + 4 = 14` of made-up prices)
+        small = all(decimals <= 0 and n <= 12 for _, n, decimals in numbers)
+        return [] if all(constant) and not small else list(dict.fromkeys(w for w, _, _ in numbers))
+    free = [
+        c or (decimals <= 0 and n in _FREE_OPERANDS)
+        for (_, n, decimals), c in zip(numbers, constant, strict=True)
+    ]
+    return list(
+        dict.fromkeys(w for (w, _, _), g, f in zip(numbers, given, free, strict=True) if not (g or f))
+    )
+
+
+_CONSTANTS = frozenset({24.0, 60.0, 365.0, 366.0, 52.0, 1440.0, 3600.0, 86400.0, 1024.0})  # time, bytes
+_CONVERSION_FACTORS = tuple(  # a unit's factor, either way (1.609, 0.6214 …), and °C-°F's: no scales (1000)
+    sorted({v for f in _FACTORS.values() for v in (f, 1 / f) if 0.02 < v < 50} | {1.8, 32.0, 273.15})
+)
+
+
+def _constant(value: float, decimals: int) -> bool:
+    """A number a computation may use that no source gives: a small integer (up to 12), a count of the
+    hours of a day, the minutes of an hour, the days of a year …, or a unit's conversion factor."""
+    if decimals <= 0 and (value <= 12 or value in _CONSTANTS):
+        return True
+    return any(_converts_to(factor, value, decimals) for factor in _CONVERSION_FACTORS)
+
+
+def made_up_result(missing: list[str], made_up: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """Of the calculator calls whose operands were made up (expression, result), the last whose result is
+    one of an answer's `missing` numbers: the answer's number came from that call."""
+    values = [(value, decimals) for written in missing for _, value, decimals in _numbers(written)]
+    for expression, result in reversed(made_up):
+        computed = [value for _, value, _ in _numbers(result)]
+        if any(_rounds_to(c, v, d) for c in computed for v, d in values):
+            return expression, result
+    return None
 
 
 def _derived(value: float, known: list[float], asked: set[float]) -> bool:
