@@ -38,7 +38,8 @@ from ._tokens import TokenCounter, TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
 from .experience import Learner, RunRecord
 from .mcp import MCPServer, registry_with_mcp
-from .models import Model, resolve_model
+from .models import PROVIDERS, Model, resolve_model
+from .models import _unknown as unknown_model_message
 from .stores._base import Store, check_goal, check_id
 from .stores._memory import InProcessStore
 
@@ -121,7 +122,13 @@ def _check_parts(**parts: object) -> None:
 
 
 def _check_sink(sink: EventSink | None) -> EventSink | None:
-    """An `async def` listener would never run (listeners are called, not awaited): refused at once."""
+    """An `async def` listener would never run (listeners are called, not awaited): refused at once; so is
+    one that is no function at all (it failed at the first event, inside the run)."""
+    if sink is not None and not callable(sink):
+        raise ConfigurationError(
+            f"on_event must be a function taking each event (or None), not {_kind(sink)}; e.g. "
+            "on_event=print, or use `agent.stream()`"
+        )
     if sink is not None and (
         inspect.iscoroutinefunction(sink) or inspect.iscoroutinefunction(type(sink).__call__)
     ):
@@ -130,6 +137,93 @@ def _check_sink(sink: EventSink | None) -> EventSink | None:
             "run. Pass a plain function (it may do `queue.put_nowait(event)`), or use `agent.stream()`"
         )
     return sink
+
+
+def _check_budget(budget: object) -> None:
+    """A run's `budget=`: a `budget=5` failed inside the run with an AttributeError."""
+    if budget is None or isinstance(budget, Budget):
+        return
+    meant = (
+        f" (did you mean Budget(max_steps={budget})?)"
+        if isinstance(budget, int) and not isinstance(budget, bool)
+        else ""
+    )
+    raise ConfigurationError(
+        f"budget must be a Budget, e.g. Budget(max_steps=16), or None for the agent's, not {_kind(budget)}{meant}"
+    )
+
+
+def _check_model(model: object) -> None:
+    """A model string is read when the model is first needed (loading the local model is slow), but a
+    wrong one — a bare name like "gpt-4o", an unknown provider — is refused now: it failed at the first
+    run, far from the line that made the agent. Only the spelling is checked here, nothing is loaded."""
+    if isinstance(model, str):
+        text = model.strip()
+        provider, colon, name = text.partition(":")
+        provider, name = provider.strip().lower(), name.strip()
+        if text and provider not in PROVIDERS:
+            raise ConfigurationError(unknown_model_message(text, provider, name if colon else None))
+        if provider == "router":
+            for part in (p for p in name.split(",") if p.strip()):
+                _check_model(part)
+    elif isinstance(model, Sequence) and not isinstance(model, bytes | bytearray):
+        if not model:
+            raise ConfigurationError(
+                "the list of models is empty: give at least one, e.g. Agent(['openai:gpt-4o-mini', 'local'])"
+            )
+        for each in model:
+            if not isinstance(each, str | Model):
+                raise ConfigurationError(
+                    f"a list of models holds model strings or Models, not {_kind(each)}; "
+                    "e.g. Agent(['openai:gpt-4o-mini', 'local'])"
+                )
+            _check_model(each)
+    elif model is not None and not isinstance(model, Model):
+        raise ConfigurationError(
+            f"model must be a model string, a Model or a list of them (None: $THINKLOOP_MODEL or 'local'), "
+            f"not {_kind(model)}; e.g. Agent('local') or Agent('openai:gpt-4o-mini')"
+        )
+
+
+def _mcp_servers(servers: object) -> list[MCPServer]:
+    """`mcp_servers=`: MCP servers, in a list (one alone is taken as meant); a URL or a command line as
+    text, or anything else, failed at the first run with an AttributeError."""
+    if isinstance(servers, MCPServer):
+        return [servers]
+    if isinstance(servers, str | bytes) or not isinstance(servers, Iterable):
+        raise ConfigurationError(
+            f"mcp_servers must be a list of MCP servers (MCPServerStdio(...), MCPServerHTTP(...) from "
+            f"thinkloop.mcp), not {_kind(servers)}"
+        )
+    found = list(servers)
+    bad = next((server for server in found if not isinstance(server, MCPServer)), None)
+    if bad is not None:
+        raise ConfigurationError(
+            f"mcp_servers must hold MCP servers (MCPServerStdio(...), MCPServerHTTP(...) from "
+            f"thinkloop.mcp); it holds {_kind(bad)}"
+        )
+    return found
+
+
+def _check_answer_settings(final_answer_on_stop: object, output_validator: object) -> None:
+    if not isinstance(final_answer_on_stop, bool):
+        raise ConfigurationError(
+            f"final_answer_on_stop must be True or False, not {_kind(final_answer_on_stop)}"
+        )
+    if output_validator is None:
+        return
+    if not callable(output_validator):
+        raise ConfigurationError(
+            f"output_validator must be a function of the final answer (or None), not {_kind(output_validator)}"
+        )
+    if inspect.iscoroutinefunction(output_validator) or inspect.iscoroutinefunction(
+        getattr(output_validator, "__call__", None)  # noqa: B004  # an object with an async __call__
+    ):
+        raise ConfigurationError(
+            f"output_validator={output_validator!r} is an async function: it is called, not awaited, so "
+            "its coroutine would be taken as the answer. Pass a plain function that returns the answer or "
+            "raises ValueError"
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -237,6 +331,8 @@ class Agent:
             safety=safety, store=store, experience=experience, on_event=on_event, summarizer=summarizer,
             final_answer_prompt=final_answer_prompt,
         )  # fmt: skip
+        _check_answer_settings(final_answer_on_stop, output_validator)
+        _check_model(model)
         if token_counter is not None:
             as_counter(token_counter)  # a counter, or a function: anything else is refused now
         self.name = name
@@ -265,7 +361,7 @@ class Agent:
         self.discovery = discovery
         if discovery is not None:
             discovery.check(self.tools.names)
-        self.mcp_servers = list(mcp_servers)
+        self.mcp_servers = _mcp_servers(mcp_servers)
         self.experience = experience
         self.lessons_limit = lessons_limit
         self.output = OutputSpec.of(output_type, output_validator)
@@ -327,9 +423,8 @@ class Agent:
         the goal, and the goal and the answer are added to it when the run ends. `deps` is handed to
         the tools that take a `ToolContext` (it is not saved: give it again to `resume()`).
         """
-        run = self._new_run(
-            goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[_check_sink(on_event)], stream=False
-        )
+        sink = _check_sink(on_event)
+        run = self._new_run(goal, budget=budget, run_id=run_id, metadata=metadata, sinks=[sink], stream=False)
         run.state.session = self._session(session)
         run.deps = deps
         return await self._drive(run)
@@ -349,9 +444,11 @@ class Agent:
         a completed call is never executed again; a started one is re-run only if its tool is idempotent.
         A run that already ended raises `StateError`.
         """
+        _check_budget(budget)
+        sink = _check_sink(on_event)
         state = await load_resumable(self._store_for("resume a run"), check_id(run_id))
         self._adopt(state)
-        run = self._context(state, budget=budget, sinks=[_check_sink(on_event)], stream=False)
+        run = self._context(state, budget=budget, sinks=[sink], stream=False)
         run.deps = deps
         return await self._drive(run, resumed=True)
 
@@ -466,6 +563,9 @@ class Agent:
     ) -> RunContext:
         check_goal(goal)  # a string, not blank, without NUL (as the server, the CLI and the job queue take)
         _check_metadata(metadata)
+        _check_budget(budget)
+        if run_id is not None and not isinstance(run_id, str):
+            raise ConfigurationError(f"run_id must be a string (None: a new id), not {_kind(run_id)}")
         state = new_run_state(
             agent_name=self.name,
             model=self.model.spec,

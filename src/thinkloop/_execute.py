@@ -35,6 +35,8 @@ from ._tools import (
     ToolContext,
     ToolRegistry,
     _safe_str,
+    collect_items,
+    drain_in_thread,
     plain_tool_name,
     render_output,
     truncate_output,
@@ -564,15 +566,16 @@ async def returned_result(value: Any) -> Any:
     """`value`, or the result of the coroutine it is — one a tool returned instead of awaiting it (a sync
     function returning an async one's call) — and of a coroutine that one returns in turn; the items of a
     generator (async or not) an async tool returned, as a list. The caller bounds it by what is left of
-    the call's time limit."""
+    the call's time limit: a sync generator is drained in a tool thread, an async one lets the event loop
+    run every so many items, so that one yielding for ever is stopped there too (it hung the run)."""
     while type(value) is types.CoroutineType:
         finished, value = start_invocation(value)
         if not finished:
             value = await value
     if type(value) is types.AsyncGeneratorType:
-        return [item async for item in value]
+        return await collect_items(value)
     if type(value) is types.GeneratorType:
-        return list(value)
+        return await drain_in_thread(value)
     return value
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
 import decimal
@@ -43,7 +44,11 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")  # what every model API a
 
 
 def _type_name(value: object) -> str:
-    return "None" if value is None else f"a {type(value).__name__} ({value!r:.60})"
+    """`an int (3)`, `a str ('x')`, `None`: a value as a message names it."""
+    if value is None:
+        return "None"
+    kind = type(value).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} ({value!r:.60})"
 
 
 def _checked_schema(name: str, parameters: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -101,6 +106,68 @@ def _checked_length(name: str, length: int | None) -> int | None:
             f"the agent's output_max_length), not {_type_name(length)}"
         )
     return length
+
+
+_RISK_LEVELS = ", ".join(repr(level.value) for level in RiskLevel)
+
+
+def risk_level(value: object) -> RiskLevel | None:
+    """`value` as a `RiskLevel`: one as it is, its name as text in any case (`"high"`, `"HIGH"`); else None."""
+    if isinstance(value, RiskLevel):
+        return value
+    if isinstance(value, str):
+        try:
+            return RiskLevel(value.strip().lower())
+        except ValueError:
+            return None
+    return None
+
+
+def _checked_risk(name: str, risk: object) -> RiskSpec:
+    """A tool's `risk`: a `RiskLevel` (or its name as text, converted), or a function of the arguments.
+    Anything else was called as a risk function at every call, failed, and rated each call HIGH in silence
+    (`risk="low"` too)."""
+    level = risk_level(risk)
+    if level is not None:
+        return level
+    if not callable(risk) or isinstance(risk, type):
+        raise ConfigurationError(
+            f"the risk of tool {name!r} must be a RiskLevel ({_RISK_LEVELS}: RiskLevel.HIGH or its name as "
+            f"text) or a function of the arguments returning one, not {_type_name(risk)}"
+        )
+    return risk
+
+
+def _is_async_callable(value: object) -> bool:
+    return inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(
+        getattr(value, "__call__", None)  # noqa: B004  # a callable object with an async __call__
+    )
+
+
+def _checked_flag(name: str, flag: str, value: object) -> bool:
+    """A yes/no setting of a tool: `True` or `False` only (a text `"false"` is true, `None` false)."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{flag} of tool {name!r} must be True or False, not {_type_name(value)}")
+    return value
+
+
+def _checked_parts(name: str, function: object, validator: object, context_param: object) -> None:
+    """The parts of a hand-made `Tool` the loop calls: each failed only at the tool's first call."""
+    if not callable(function):
+        raise ConfigurationError(
+            f"the function of tool {name!r} must be a function (sync or async) taking the arguments as "
+            f"keywords, not {_type_name(function)}"
+        )
+    if validator is not None and not (isinstance(validator, type) and issubclass(validator, BaseModel)):
+        raise ConfigurationError(
+            f"the validator of tool {name!r} must be a pydantic model class (or None: the arguments are "
+            f"checked against parameters), not {_type_name(validator)}"
+        )
+    if context_param is not None and not isinstance(context_param, str):
+        raise ConfigurationError(
+            f"context_param of tool {name!r} must be the name of the function's parameter that receives "
+            f"the ToolContext (or None), not {_type_name(context_param)}"
+        )
 
 
 def _bad_name_message(name: object) -> str:
@@ -191,22 +258,21 @@ class Tool:
             raise ConfigurationError(
                 f"the description of tool {name!r} must be text, not {_type_name(description)}"
             )
+        _checked_parts(name, function, validator, context_param)
         self.name = name
         self.description = description.strip()
         self.parameters: dict[str, Any] = _checked_schema(name, parameters)
         self.function = function
-        self.risk = risk
+        self.risk = _checked_risk(name, risk)
         self.timeout = _checked_timeout(name, timeout)
-        self.idempotent = idempotent
+        self.idempotent = _checked_flag(name, "idempotent", idempotent)
         self.output_max_length = _checked_length(name, output_max_length)
         self.validator = validator
         self._renamed = _renamed_fields(validator)  # field -> parameter, for parameters pydantic reserves
         self._plain = _plain_fields(validator)  # a type check does what pydantic would (scalars, no rules)
-        self.in_thread = in_thread
+        self.in_thread = _checked_flag(name, "in_thread", in_thread)
         self.context_param = context_param  # the parameter that receives the `ToolContext`, if any
-        self._is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
-            getattr(function, "__call__", None)  # noqa: B004  # a callable object with an async __call__
-        )
+        self._is_async = _is_async_callable(function)
         self._collects = inspect.isasyncgenfunction(function)  # an async generator: its items are the output
         self._positional = _positional_only(function)  # passed by position: `def f(a, /)` takes no a=
         self.definition = ToolDefinition(name=name, description=self.description, parameters=self.parameters)
@@ -262,7 +328,7 @@ class Tool:
             if inspect.iscoroutine(rated):  # an async risk function: never awaited here, so never run
                 rated.close()
                 return RiskLevel.HIGH
-            return RiskLevel(rated)
+            return risk_level(rated) or RiskLevel.HIGH  # "LOW" as well as RiskLevel.LOW; anything else HIGH
         except (Exception, SystemExit):  # sys.exit() in a risk function does not end the process
             return RiskLevel.HIGH
 
@@ -275,26 +341,39 @@ class Tool:
         if self._is_async:
             return function(**arguments)  # type: ignore[no-any-return]  # its coroutine, not started
         if self._collects:
-            return _collect(function(**arguments))
+            return collect_items(function(**arguments))
         return self._invoke_sync(function, arguments)
 
     async def _invoke_sync(self, function: Callable[..., Any], arguments: dict[str, Any]) -> Any:
         if self.in_thread:
+            stop = threading.Event()
             call = functools.partial(
-                contextvars.copy_context().run, _call_and_drain, function, arguments, True
+                contextvars.copy_context().run, _call_and_drain, function, arguments, True, stop
             )
-            result = await asyncio.get_running_loop().run_in_executor(tool_threads(), call)
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(tool_threads(), call)
+            finally:
+                stop.set()  # given up on (its timeout, a cancelled run): a generator stops at its next item
         else:
             result = _call_and_drain(function, arguments, False)
         if inspect.isawaitable(result):
             result = await result
+        if inspect.isgenerator(result):  # `in_thread=False`: drained in a thread all the same
+            result = await drain_in_thread(result)
         if inspect.isasyncgen(result):
-            result = await _collect(result)
+            result = await collect_items(result)
         return result
 
 
-def _call_and_drain(function: Callable[..., Any], arguments: dict[str, Any], in_thread: bool) -> Any:
-    """Call a sync tool function; a generator it returns is run to its end (its items are the output).
+def _call_and_drain(
+    function: Callable[..., Any],
+    arguments: dict[str, Any],
+    in_thread: bool,
+    stop: threading.Event | None = None,
+) -> Any:
+    """Call a sync tool function; a generator it returns is run to its end (its items are the output) in
+    a worker thread (`stop` given): on the event loop's, one yielding for ever would hang every run, its
+    time limit never firing — it is returned as it is, for `drain_in_thread`.
 
     An exception the event loop would misread is raised as a stand-in of the same name (see
     `ToolRaisedError`). A `KeyboardInterrupt` on the event loop's thread may be the user's Ctrl-C and
@@ -302,7 +381,7 @@ def _call_and_drain(function: Callable[..., Any], arguments: dict[str, Any], in_
     """
     try:
         result = function(**arguments)
-        return list(result) if inspect.isgenerator(result) else result
+        return _drained(result, stop) if stop is not None and inspect.isgenerator(result) else result
     except KeyboardInterrupt as exc:
         if not in_thread:
             raise
@@ -534,8 +613,67 @@ def _by_position(
     return functools.partial(function, *values), rest
 
 
-async def _collect(items: Any) -> list[Any]:
-    return [item async for item in items]
+def _drained(items: Iterator[Any], stop: threading.Event) -> list[Any]:
+    """The items of a generator, until its end or until `stop` is set (the call was given up on: the
+    generator is closed, its thread freed — it would yield for ever, filling the memory)."""
+    collected: list[Any] = []
+    try:
+        for item in items:
+            if stop.is_set():
+                break
+            collected.append(item)
+    finally:
+        if stop.is_set() and inspect.isgenerator(items):
+            items.close()
+    return collected
+
+
+async def drain_in_thread(items: Iterator[Any]) -> list[Any]:
+    """The items of a sync generator, drained in a tool thread: on the event loop one yielding for ever
+    hung every run (no timer can fire). Given up on (a timeout, a cancelled run), it stops at its next item."""
+    stop = threading.Event()
+    call = functools.partial(
+        contextvars.copy_context().run, _call_and_drain, _drained, {"items": items, "stop": stop}, True
+    )
+    try:
+        return await asyncio.get_running_loop().run_in_executor(tool_threads(), call)
+    finally:
+        stop.set()
+
+
+COLLECT_PAUSE = 64  # items of an async generator collected between two chances for the event loop to run
+
+
+async def collect_items(items: Any) -> list[Any]:
+    """The items of an async generator, as a list. Every `COLLECT_PAUSE` items the event loop gets to run,
+    so that one which never awaits — yielding for ever — is still stopped at the call's time limit; it is
+    closed however the collecting ends."""
+    collected: list[Any] = []
+    try:
+        async for item in items:
+            collected.append(item)
+            if len(collected) % COLLECT_PAUSE == 0:
+                await asyncio.sleep(0)
+    finally:
+        _close_now(items)
+    return collected
+
+
+def _close_now(items: Any) -> None:
+    """Close an async generator at once, without waiting on it: one stopped at its time limit whose
+    `finally` awaits something is closed where it waits (a generator that ended needs nothing)."""
+    aclose = getattr(items, "aclose", None)
+    if aclose is None:
+        return
+    closing = aclose()
+    try:
+        closing.send(None)
+    except StopIteration:
+        return
+    except Exception:  # its `finally` raised: the call is over, its result or failure told already
+        return
+    with contextlib.suppress(RuntimeError):  # "async generator ignored GeneratorExit": left where it waits
+        closing.close()
 
 
 TOOL_THREADS = 64
@@ -873,11 +1011,15 @@ def tool(
     description and an `Args:` section documents the parameters.
     """
 
+    _check_tool_options(function, name, description)
+
     def build(fn: Callable[..., Any]) -> Tool:
         if isinstance(fn, Tool):
             raise ConfigurationError(
                 f"{fn!r} is a tool already: use it as it is (tool() makes one from a function, once)"
             )
+        if not callable(fn) and not isinstance(fn, classmethod):
+            raise ConfigurationError(f"tool() makes a tool from a function, not from {_type_name(fn)}")
         fn, binds, self_param = _method_parts(fn)
         label = name or _function_name(fn)
         summary, param_docs = _parse_docstring(_function_doc(fn))
@@ -909,6 +1051,22 @@ def tool(
         return made
 
     return build(function) if function is not None else build
+
+
+def _check_tool_options(function: object, name: object, description: object) -> None:
+    """`tool()`'s own arguments: `@tool("search")` gave the name where the function goes (and failed
+    far from it), `description=3` raised AttributeError."""
+    if isinstance(function, str):
+        raise ConfigurationError(
+            f"tool() takes the function, not its name {function!r}: to name the tool, write "
+            f"@tool(name={function!r})"
+        )
+    if name is not None and (not isinstance(name, str) or not _NAME_RE.fullmatch(name)):
+        raise ConfigurationError(_bad_name_message(name))
+    if description is not None and not isinstance(description, str):
+        raise ConfigurationError(
+            f"the description of a tool must be text (None: the docstring's), not {_type_name(description)}"
+        )
 
 
 def _method_parts(fn: Any) -> tuple[Callable[..., Any], str | None, str | None]:
@@ -981,8 +1139,13 @@ def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _hinted(fn: Callable[..., Any]) -> Any:
     """What holds the type hints of `fn`: the function a `functools.partial` wraps, a callable object's
-    `__call__`, else `fn` itself."""
+    `__call__`, a class's fields (a dataclass, a pydantic model, a named tuple) or else its `__init__`,
+    else `fn` itself."""
     fn = _unwrapped(fn)
+    if isinstance(fn, type):  # not `type.__call__`, which has no hints (every parameter was untyped)
+        fielded = dataclasses.is_dataclass(fn) or issubclass(fn, BaseModel | tuple)
+        init = next((vars(base)["__init__"] for base in fn.__mro__ if "__init__" in vars(base)), None)
+        return fn if fielded or not inspect.isfunction(init) else init
     if not (inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isbuiltin(fn)) and callable(fn):
         return type(fn).__call__
     return fn
@@ -999,8 +1162,8 @@ def _function_name(fn: Callable[..., Any]) -> str:
 def _function_doc(fn: Callable[..., Any]) -> str:
     hinted = _hinted(fn)
     target = _unwrapped(fn)
-    if hinted is target:  # a function or method, maybe wrapped in a partial
-        return inspect.getdoc(hinted) or ""
+    if hinted is target or isinstance(target, type):  # a function or method (maybe in a partial), a class
+        return inspect.getdoc(target) or ""
     # a callable object: its `__call__`'s own doc or a base class's, else its class's. Not getdoc(__call__),
     # which inherits `object`'s slot wrapper doc, "Call self as a function."
     for base in type(target).__mro__[:-1]:
@@ -1065,7 +1228,7 @@ def _validator_for(
     label = label or _function_name(fn)
     fields: dict[str, Any] = {}
     skip = {*skip, *_bound_keywords(fn)}
-    for index, param in enumerate(inspect.signature(fn).parameters.values()):
+    for index, param in enumerate(_signature(fn, label).parameters.values()):
         if param.name in skip:
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -1089,7 +1252,50 @@ def _validator_for(
     try:
         return create_model(f"{label}_arguments", __config__=_TOOL_CONFIG, **fields)
     except Exception as exc:
-        raise ConfigurationError(f"cannot build a schema for tool function {label!r}: {exc}") from exc
+        problem = _unschematic_parameter(label, fields)
+        raise ConfigurationError(
+            problem or f"cannot build a schema for tool function {label!r}: {exc}"
+        ) from exc
+
+
+def _signature(fn: Callable[..., Any], label: str) -> inspect.Signature:
+    """The signature of a tool function. Some builtins and C functions (`print`, `max`) have none to read:
+    their parameters cannot be told to the model."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"cannot read the parameters of {label!r} ({_type_name(fn)}): {exc}. Builtins and C functions "
+            "often have no signature: make the tool from a function with named, typed parameters that "
+            f"calls it (def {label}_tool(a: float, b: float) -> float: return {label}(a, b))"
+        ) from exc
+
+
+def _unschematic_parameter(label: str, fields: dict[str, Any]) -> str | None:
+    """Which parameter's type has no schema, and what to do: pydantic's own message names a class and
+    suggests `arbitrary_types_allowed`, which a tool cannot use (the model must be told what to send)."""
+    for field_name, (hint, info) in fields.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
+                probe: dict[str, Any] = {field_name: (hint, info)}
+                create_model("probe", __config__=_TOOL_CONFIG, **probe).model_json_schema()
+        except Exception:
+            parameter = info.alias or field_name
+            return (
+                f"parameter {parameter!r} of tool function {label!r} is annotated {_hint_text(hint)}, which has "
+                "no JSON schema to show the model: annotate it with a JSON type (str, int, float, bool, a list "
+                "or dict of them, a Literal, an Enum, a pydantic model, a dataclass or a TypedDict) and build "
+                "the object in the tool; an object the tool needs but the model does not send comes from "
+                "the run: a ToolContext parameter (ctx.deps) or functools.partial"
+            )
+    return None
+
+
+def _hint_text(hint: Any) -> str:
+    if isinstance(hint, type):
+        return hint.__qualname__
+    return re.sub(r"\b(typing|collections\.abc|builtins)\.", "", repr(hint))
 
 
 def _annotated_text(hint: Any) -> str | None:
@@ -1114,7 +1320,9 @@ def _schema_of(validator: type[BaseModel]) -> dict[str, Any]:
             schema = validator.model_json_schema()
     except Exception as exc:
         name = validator.__name__.removesuffix("_arguments")
-        raise ConfigurationError(f"cannot build a JSON schema for tool {name!r}: {exc}") from exc
+        fields = {key: (info.annotation, info) for key, info in validator.model_fields.items()}
+        problem = _unschematic_parameter(name, fields)
+        raise ConfigurationError(problem or f"cannot build a JSON schema for tool {name!r}: {exc}") from exc
     schema.setdefault("properties", {})
     return _self_contained(schema)
 

@@ -106,10 +106,23 @@ def _check_concurrency(limit: int) -> None:
         raise ConfigurationError(f"max_concurrency must be an integer of at least 1, got {limit!r}")
 
 
+def _check_count(name: str, value: object, least: int) -> None:
+    """A count (`max_attempts`, `max_repairs`): `"3"` or `2.5` failed inside the run with a TypeError."""
+    if type(value) is not int or value < least:
+        raise ConfigurationError(f"{name} must be {least} or more (a whole number), not {value!r}")
+
+
+def _check_emit(emit: object) -> None:
+    if emit is not None and not callable(emit):
+        raise ConfigurationError(f"emit must be a function receiving each plan event (or None), not {emit!r}")
+
+
 def _check_limits(tool_timeout: float | None, output_max_length: int | None) -> None:
     """A timeout of 0 or NaN waited forever (0 fell back to the default, NaN never fires), -1 failed every
     task at once: a positive number of seconds (or None), and a positive number of characters."""
-    if tool_timeout is not None and not (isinstance(tool_timeout, int | float) and tool_timeout > 0):
+    if tool_timeout is not None and (
+        isinstance(tool_timeout, bool) or not (isinstance(tool_timeout, int | float) and tool_timeout > 0)
+    ):
         raise ConfigurationError(
             f"tool_timeout must be a positive number of seconds or None, not {tool_timeout!r}"
         )
@@ -819,6 +832,11 @@ async def execute_plan(
     """
     _check_concurrency(max_concurrency)
     _check_limits(tool_timeout, output_max_length)
+    _check_emit(emit)
+    if not isinstance(plan, Plan):
+        raise ConfigurationError(
+            f"execute_plan needs a Plan, not {type(plan).__name__}: parse_plan(text or dict) makes one"
+        )
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     levels = plan.check(registry)
     runner = _Runner(registry, emit, _by_task(reuse), tool_timeout, output_max_length)
@@ -1128,6 +1146,7 @@ def plan_tool(
     was abandoned as a whole — results so far lost — although every task finished in time.
     """
     _check_concurrency(max_concurrency)
+    _check_count("max_attempts", max_attempts, 1)
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
 
     async def run_plan(_context: ToolContext[Any] | None = None, **arguments: Any) -> str:
@@ -1289,9 +1308,11 @@ async def run_plan_and_execute(
     attempt too: the model is shown the problem. Nothing raises for a plan that keeps failing, nor for a
     model that fails (`ModelError`): the outcome's `error` says why, with the plan and results so far.
     """
-    if max_repairs < 0:
-        raise ConfigurationError(f"max_repairs must be 0 or more, not {max_repairs}")
+    _check_count("max_repairs", max_repairs, 0)
     _check_concurrency(max_concurrency)
+    _check_emit(emit)
+    if settings is not None and not isinstance(settings, ModelSettings):
+        raise ConfigurationError(f"settings must be ModelSettings(...) or None, not {settings!r}")
     model, registry = _model_and_tools(model, tools)
     try:
         return await _plan_and_execute(model, registry, goal, max_repairs, emit, settings, max_concurrency)
