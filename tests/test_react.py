@@ -821,6 +821,10 @@ async def test_made_up_numbers_put_through_the_calculator_are_still_made_up() ->
         ("26.2 * 1.609", ["A marathon is 26.2 miles. How many km?"], []),  # a unit's factor
         ("31 * 9 / 5 + 32", ["Cairo: 31 °C"], []),
         ("19.99 - 12.75", ["widget: 12.75 EUR", "gizmo: 19.99 EUR"], []),
+        ("86.40 * 1.15", ["What is the bill with a 15% tip?", "bill: 86.40 EUR"], []),  # a rate as a factor
+        ("86.40 * 0.15", ["What is a 15% tip?", "bill: 86.40 EUR"], []),
+        ("80 * 0.8", ["What does it cost after a 20% discount?", "price: 80 EUR"], []),
+        ("86.40 * 1.17", ["What is the bill with a 15% tip?", "bill: 86.40 EUR"], ["1.17"]),
     ],
 )
 def test_made_up_operands_are_those_no_source_gives_but_for_constants(

@@ -1231,7 +1231,10 @@ def _made_up(numbers: list[tuple[str, float, int]], known: list[float]) -> list[
     and every other is too, or is a constant (`_constant`), 100 or 1000 (`/ 3` for a mean, `/ 100` for a
     percentage, `* 60` for minutes); [] too when none is known but all are constants, not small integers
     only (`24 * 60 * 60` for the seconds of a day, not `10 + 4`)."""
-    given = [any(_rounds_to(k, n, decimals) for k in known) for _, n, decimals in numbers]
+    given = [
+        any(_rounds_to(k, n, decimals) for k in known) or (decimals > 0 and _rate_of(n, known))
+        for _, n, decimals in numbers
+    ]
     constant = [_constant(n, decimals) for _, n, decimals in numbers]
     if not any(given):  # small integers alone are no constants (`10 + 4 = 14` of made-up prices)
         small = all(decimals <= 0 and n <= 12 for _, n, decimals in numbers)
@@ -1243,6 +1246,15 @@ def _made_up(numbers: list[tuple[str, float, int]], known: list[float]) -> list[
     return list(
         dict.fromkeys(w for (w, _, _), g, f in zip(numbers, given, free, strict=True) if not (g or f))
     )
+
+
+def _rate_of(value: float, known: list[float]) -> bool:
+    """Whether `value` is a known percentage as a factor: `0.15` of 15 %, `1.15` (plus 15 %), `0.85` (less
+    15 %) — `86.40 * 1.15` for a bill with its tip."""
+    if not 0 < value < 3:
+        return False
+    rates = (value * 100, (value - 1) * 100, (1 - value) * 100)
+    return any(abs(k - r) <= 1e-6 * max(abs(r), 1.0) for k in known if k > 0 for r in rates)
 
 
 _CONSTANTS = frozenset({24.0, 60.0, 365.0, 366.0, 52.0, 1440.0, 3600.0, 86400.0, 1024.0})  # time, bytes
