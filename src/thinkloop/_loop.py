@@ -971,15 +971,17 @@ def _sources(
     made_up: list[tuple[str, str]] | None = None,
 ) -> list[str]:
     """`sources` and then the tool results (call id, text) in order, but for the calculator's results of
-    numbers no earlier source gives (made-up numbers put through the calculator are still made up): those
-    go to `made_up` as (what it computed, result)."""
+    numbers none of which an earlier source gives, constants aside (made-up numbers put through the
+    calculator are still made up): those go to `made_up` as (what it computed, result). A computation with
+    one sourced number at least is a source: its other numbers may be constants no list here holds (a tip's
+    `* 0.15` was taken for made up, and the right answer for "Could not be found")."""
     ledger = run.state.ledger
     for call_id, text in results:
         entry = ledger.get(call_id) if call_id is not None else None
         expression = (
             entry.arguments.get("expression") if entry is not None and entry.name == "calculator" else None
         )
-        if isinstance(expression, str) and _react.made_up_operands(expression, sources):
+        if isinstance(expression, str) and _react.computed_from_nowhere(expression, sources):
             if made_up is not None and entry is not None:  # its output: the message may hold a note
                 made_up.append((expression, entry.output or text))
             continue
@@ -1011,7 +1013,7 @@ def _unsourced(
     call = _react.made_up_result(missing, made_up)
     if call is not None and not _react.told(messages, _react.LAUNDERED):
         expression, result = call
-        operands = ", ".join(_react.made_up_operands(expression, sources)[:3])
+        operands = ", ".join(_react.computed_from_nowhere(expression, sources)[:3])
         others = [n for n in run.visible_names() if n != "calculator"]
         if others and all(e.name == "calculator" for e in run.state.ledger.values()):  # nothing looked up
             what_to_do = (

@@ -1205,19 +1205,6 @@ def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
     return found
 
 
-def made_up_operands(expression: str, sources: list[str]) -> list[str]:
-    """The numbers that make a calculator expression made up (as `worked_arithmetic` counts them), as
-    written: every one when no source gives any of them, else those no source gives that are not small
-    integers, 100 or 1000; [] when it is sourced. The result of a made-up computation is no source either:
-    the 1.5B model, told no product matched, sent `1000 * 2` and answered "costs $2000"."""
-    numbers = _numbers(expression)
-    return (
-        _made_up(numbers, [value for source in sources for _, value, _ in _numbers(source)])
-        if numbers
-        else []
-    )
-
-
 def computed_from_nowhere(expression: str, sources: list[str]) -> list[str]:
     """The numbers of a calculator expression (each once) when no source gives any of them and they are
     not all constants (`_constant`: `24 * 60`): `1000 * 2` after "no products match". [] otherwise."""
