@@ -280,6 +280,37 @@ def test_errors_differing_only_in_values_get_their_own_hint_but_do_not_stop_the_
     # the third guess gets the hint; at round 4 the "change approach" checkpoint is due: it says what goes wrong
     assert [(h.step, h.reason) for h in hints] == [(3, "similar_errors"), (4, "similar_errors")]
     assert "each time for another value" in hints[0].text and "which values exist" in hints[0].text
+    assert "Tools not called yet" not in hints[0].text  # the only tool was called
+
+
+def test_a_hint_to_a_model_guessing_values_names_the_tools_it_has_not_called() -> None:
+    """The 1.5B model guessed 'Project X', 'Project Y' … for get_project, never calling get_ticket, the
+    first step of the chain."""
+
+    @tool
+    def get_project(project: str) -> str:
+        """A project's owner."""
+        raise LookupError(f"no project named {project!r}")
+
+    @tool
+    def get_ticket(ticket_id: str) -> str:
+        """A ticket's project."""
+        return "T-88: project Borealis"
+
+    @tool
+    def get_contact(name: str) -> str:
+        """A person's phone number."""
+        return "+44 20 7946 0321"
+
+    names = iter("XYZABCDEFG")
+    model = FunctionModel(
+        lambda r: "gave up" if is_final(r) else call("get_project", project=f"Project {next(names)}")
+    )
+    result, events = run(Agent(model, tools=[get_project, get_ticket, get_contact]))
+    hints = [e for e in events if isinstance(e, Hint) and e.reason == "similar_errors"]
+    assert hints and hints[0].text.endswith(" Tools not called yet: get_ticket, get_contact.")
+    shown = [m.content for m in result.state.messages if m.kind == "hint"]
+    assert hints[0].text in shown  # what the model sees, too
 
 
 def test_error_fingerprints_keep_exact_errors_apart_and_group_similar_ones() -> None:

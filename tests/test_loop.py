@@ -1902,3 +1902,51 @@ def test_thanks_with_content_or_for_a_goal_about_thanks_is_the_answer() -> None:
     ]:
         result = Agent(ScriptedModel([call_it, answer]), tools=[lookup]).run_sync(goal)
         assert result.output == answer
+
+
+async def test_a_result_listing_ids_with_titles_names_the_tool_that_reads_one() -> None:
+    """The 1.5B model read a search result's title as the whole article ("it doesn't specify the validity
+    time") and never called read_article."""
+
+    @tool
+    def search_help(query: str) -> str:
+        """Search the help centre."""
+        return "KB-17: Resetting your password\nKB-31: Two-factor authentication"
+
+    @tool
+    def read_article(article_id: str) -> str:
+        """An article's text."""
+        return "The reset link is valid for 45 minutes."
+
+    @tool
+    def order_status(order_id: str) -> str:
+        """An order's status."""
+        return "ORD-1: shipped on 2026-03-14 via DHL"
+
+    model = ScriptedModel(
+        [
+            call("search_help", query="password reset"),
+            call("read_article", article_id="KB-17"),
+            call("search_help", query="reset"),  # one was read: no note
+            "45 minutes",
+        ]
+    )
+    result = await Agent(model, tools=[search_help, read_article]).run("How long is a reset link valid?")
+    outputs = [m.content for m in result.state.messages if m.role == "tool"]
+    assert outputs[0] == (
+        "KB-17: Resetting your password\nKB-31: Two-factor authentication\n\n"
+        'Note: to read what one of these holds in full, call read_article with {"article_id": "KB-17"}.'
+    )
+    assert outputs[1] == "The reset link is valid for 45 minutes."
+    assert "Note:" not in outputs[2]
+
+    # No tool takes such an id, or the result is a record of its own tool: no note.
+    for tools in ([search_help], [order_status, search_help]):
+        model = ScriptedModel(
+            [
+                call(tools[0].name, **({"query": "x"} if tools[0] is search_help else {"order_id": "ORD-1"})),
+                "done",
+            ]
+        )
+        result = await Agent(model, tools=tools).run("Look it up.")
+        assert "Note:" not in next(m.content for m in result.state.messages if m.role == "tool")

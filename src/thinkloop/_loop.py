@@ -1438,6 +1438,8 @@ def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
             text = f"{text}\n\n{guards.config.hint('repeat_note')}"
         elif call.name == "calculator" and outcome.success:
             text += _made_up_note(run, call)
+        elif outcome.success and ":" in text and len(text) < 4000 and _ID_LINE_RE.search(text):
+            text += _fetch_note(run, call, text)
         state.messages.append(
             new_message(role="tool", content=text, tool_call_id=call.id, name=call.name, step=step)
         )
@@ -1448,8 +1450,53 @@ def observe(run: RunContext, outcomes: list[ToolOutcome]) -> None:
     hint = guards.hint(state, run.config.budget.max_steps)
     if hint is not None:
         text, reason = hint
+        if reason in _STUCK_HINTS:
+            text += _untried_tools(run)
         state.messages.append(Message.user(text, kind="hint", step=step))
         run.emit(lambda: Hint(step=step, text=text, reason=reason))
+
+
+_ID_LINE_RE = re.compile(r"(?m)^[ \t]*(?:[-*][ \t]+)?([A-Z][A-Z0-9]{0,7}-[A-Z0-9]{1,10}):[ \t]+\S")
+_ID_PARAM_RE = re.compile(r"(?:^|_)id$", re.IGNORECASE)
+
+
+def _fetch_note(run: RunContext, call: ToolCall, text: str) -> str:
+    """After a result listing ids with titles (`KB-17: Resetting your password`), when another tool takes
+    such an id and was not called with one of them yet: a note naming that tool and how to call it (the
+    1.5B model read a search result's title as the whole article, "it doesn't specify the validity time",
+    and never called read_article). "" otherwise."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    listed = [line for line in lines if _ID_LINE_RE.match(line)]
+    if not 0 < len(listed) <= 20 or 2 * len(listed) < len(lines) or any(len(line) > 120 for line in listed):
+        return ""  # a list of ids with titles, not records (`ORD-1: shipped on … via DHL, …` is whole)
+    ids = list(dict.fromkeys(_ID_LINE_RE.findall(text)))
+    takers = []
+    for definition in run.visible_definitions():
+        if definition.name == call.name:
+            continue
+        required = definition.parameters.get("required") or []
+        param = next((r for r in required if isinstance(r, str) and _ID_PARAM_RE.search(r)), None)
+        if param is not None and len(required) == 1:
+            takers.append((definition.name, param))
+    if not takers or len(takers) > 3:
+        return ""
+    for entry in run.state.ledger.values():  # one of them was read already
+        if any(entry.name == name and entry.arguments.get(param) in ids for name, param in takers):
+            return ""
+    calls = " or ".join(f"{name} with {json.dumps({param: ids[0]})}" for name, param in takers)
+    return f"\n\nNote: to read what one of these holds in full, call {calls}."
+
+
+_STUCK_HINTS = frozenset({"similar_errors", "repeated_error", "change_approach"})
+
+
+def _untried_tools(run: RunContext) -> str:
+    """For a hint to a model stuck on failing calls: the tools it has not called yet (the 1.5B model
+    guessed 'Project X', 'Project Y' … for get_project past the hint, never calling get_ticket, the
+    chain's first step). "" when it has called them all, or when there are many."""
+    called = {entry.name for entry in run.state.ledger.values()}
+    untried = [name for name in run.visible_names() if name not in called]
+    return f" Tools not called yet: {', '.join(untried)}." if 0 < len(untried) <= 8 else ""
 
 
 def _made_up_note(run: RunContext, call: ToolCall) -> str:
