@@ -1935,7 +1935,8 @@ async def test_a_result_listing_ids_with_titles_names_the_tool_that_reads_one() 
     outputs = [m.content for m in result.state.messages if m.role == "tool"]
     assert outputs[0] == (
         "KB-17: Resetting your password\nKB-31: Two-factor authentication\n\n"
-        'Note: to read what one of these holds in full, call read_article with {"article_id": "KB-17"}.'
+        'Note: this lists ids and names only, not what they hold. Next, call read_article with {"article_id": '
+        '"KB-17"} to read one.'
     )
     assert outputs[1] == "The reset link is valid for 45 minutes."
     assert "Note:" not in outputs[2]

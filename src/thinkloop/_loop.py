@@ -1484,7 +1484,7 @@ def _fetch_note(run: RunContext, call: ToolCall, text: str) -> str:
         if any(entry.name == name and entry.arguments.get(param) in ids for name, param in takers):
             return ""
     calls = " or ".join(f"{name} with {json.dumps({param: ids[0]})}" for name, param in takers)
-    return f"\n\nNote: to read what one of these holds in full, call {calls}."
+    return f"\n\nNote: this lists ids and names only, not what they hold. Next, call {calls} to read one."
 
 
 _STUCK_HINTS = frozenset({"similar_errors", "repeated_error", "change_approach"})
