@@ -1054,3 +1054,60 @@ def test_a_contradicted_comparison_is_put_right_by_swapping_its_sides() -> None:
         == "Madrid is warmer than Berlin today."
     )
     assert righted_comparison("No comparison here.", weather) == "No comparison here."
+
+
+async def test_an_answer_naming_the_wrong_option_as_the_most_is_corrected_by_the_models_own_sums() -> None:
+    """The 1.5B model (local_tasks_b.py, most_free_space) worked out 2530, 2880 and 1010 pallets right and
+    answered "Anvil has the most free space."."""
+    import json
+
+    from thinkloop import Agent, tool
+    from thinkloop.testing import ScriptedModel
+
+    stock = {"Anvil": (12400, 9870), "Bolt": (8000, 5120), "Crate": (15000, 13990)}
+
+    @tool
+    def warehouse(name: str) -> str:
+        """A warehouse's capacity and the space in use, in pallets."""
+        cap, used = stock[name]
+        return json.dumps({"warehouse": name, "capacity_pallets": cap, "used_pallets": used})
+
+    def look(name: str, before: str = "") -> str:
+        return f'Thought: {before}\nAction: warehouse\nAction Input: {{"name": "{name}"}}'
+
+    sums = [
+        look("Anvil", "I need each one."),
+        look("Bolt", "Anvil has 12400 pallets, 9870 used. The free space is 12400 - 9870 = 2530 pallets."),
+        look("Crate", "Bolt has 8000 pallets, 5120 used. The free space is 8000 - 5120 = 2880 pallets."),
+        "Thought: Crate has 15000 pallets, 13990 used. The free space is 15000 - 13990 = 1010 pallets.\n"
+        "Final Answer: Anvil has the most free space.",
+    ]
+    goal = "Which warehouse has the most free space: Anvil, Bolt or Crate?"
+    result = await Agent(
+        ScriptedModel([*sums, "Final Answer: Bolt has the most free space."], tools=False), tools=[warehouse]
+    ).run(goal)
+    (correction,) = [m.content for m in result.state.messages if m.kind == "correction"]
+    assert (
+        "The Final Answer says Anvil has the most, but by your own computations (Anvil 2530, Bolt 2880, "
+        "Crate 1010) Bolt has the most. Correct the answer."
+    ) in correction
+    assert result.output == "Bolt has the most free space."
+
+    stubborn = ScriptedModel([*sums, "Final Answer: Anvil has the most free space."], tools=False)
+    result = await Agent(stubborn, tools=[warehouse]).run(goal)
+    assert result.output == "Bolt has the most free space."  # told once: put right
+
+    right = ScriptedModel(
+        [*sums[:-1], sums[-1].replace("Anvil has the most", "Bolt has the most")], tools=False
+    )
+    result = await Agent(right, tools=[warehouse]).run(goal)
+    assert result.output == "Bolt has the most free space."
+    assert not [m for m in result.state.messages if m.kind == "correction"]
+
+    # Crate's value not worked out: unsure, the answer stands.
+    unsure = ScriptedModel(
+        [*sums[:-1], "Thought: done.\nFinal Answer: Anvil has the most free space."], tools=False
+    )
+    result = await Agent(unsure, tools=[warehouse]).run(goal)
+    assert result.output == "Anvil has the most free space."
+    assert not [m for m in result.state.messages if m.kind == "correction"]

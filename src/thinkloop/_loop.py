@@ -961,6 +961,12 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
         unsourced = _unsourced(run, final, said, sources, made_up)
         if unsourced:
             return Reply(text=response.text, problem=unsourced)
+        work = [m.content for m in run.state.messages if m.role == "assistant"]
+        checked = _react.superlative_check(final, run.state.goal, [*work, said], sources)
+        if checked is not None:  # "Anvil has the most" beside its own 2530, 2880 (Bolt) and 1010: told once
+            if not _react.told(run.state.messages, _react.SUPERLATIVE):
+                return Reply(text=response.text, problem=checked[0])
+            final = checked[1]
     return Reply(text=_react.requested_form(final, run.state.goal))
 
 
@@ -1347,7 +1353,8 @@ def heal(run: RunContext, reply: Reply) -> bool:
     task = f" The task: {run.state.goal}" if planned else ""
     problem = reply.problem or ""
     corrected = (
-        _react.UNSOURCED in problem or _react.LAUNDERED in problem or problem == _react.PLAN_ONLY_NATIVE
+        any(marker in problem for marker in (_react.UNSOURCED, _react.LAUNDERED, _react.SUPERLATIVE))
+        or problem == _react.PLAN_ONLY_NATIVE
     )
     lead = "needs a correction" if corrected else "could not be understood"
     if run.state.mode == "native":  # the ReAct lines would teach it to write its calls as text

@@ -1389,6 +1389,71 @@ def comparison_check(answer: str, results: list[str]) -> tuple[str, str] | None:
     return correction, righted
 
 
+_MOST_WORDS = ("most", "highest", "largest", "greatest", "biggest")
+_LEAST_WORDS = ("least", "lowest", "smallest", "fewest")
+_SUPERLATIVE_RE = re.compile(
+    r"\bthe[ \t]+(?P<word>" + "|".join(_MOST_WORDS + _LEAST_WORDS) + r")\b", re.IGNORECASE
+)
+_OPTIONS_RE = re.compile(r":[ \t]*([^:?\n]+?)\s*\?|\b(?:among|of)[ \t]+([^:?\n]+?)\s*\?")
+_OPTION_SPLIT_RE = re.compile(r"\s*,\s*(?:(?:or|and)\s+)?|\s+(?:or|and)\s+")
+_SENTENCE_RE = re.compile(r"[^.!?\n]+(?:\.(?=\d)[^.!?\n]*)*")
+SUPERLATIVE = "by your own computations"  # in the correction: told once a run
+
+
+def superlative_check(answer: str, goal: str, work: list[str], sources: list[str]) -> tuple[str, str] | None:
+    """For an answer naming the one of the task's options that has "the most" (highest, largest … or the
+    least …) when the model's own computations say another: the correction to send, and the answer with the
+    right option in its place. The options are the task's list (`Which warehouse has the most free space:
+    Anvil, Bolt or Crate?`); each one's value is the result of the one computation of sourced numbers that a
+    sentence of the model's reasoning (`work`) writes beside that option alone (`Bolt has 8000 pallets …
+    The free space is 8000 - 5120 = 2880`): the 1.5B model worked out 2530, 2880 and 1010 right and named
+    the first as the most. None when anything is unsure: an option with no value, or two."""
+    options = _options(goal)
+    said = _SUPERLATIVE_RE.search(answer)
+    if len(options) < 2 or said is None or len(answer) > 300:
+        return None
+    named = [o for o in options if re.search(rf"(?<!\w){re.escape(o)}(?!\w)", answer[: said.start()], re.I)]
+    if len(named) != 1:
+        return None
+    values: dict[str, set[float]] = {o: set() for o in options}
+    for text in work:
+        current: str | None = None
+        for sentence in _SENTENCE_RE.findall(text):
+            there = [o for o in options if re.search(rf"(?<!\w){re.escape(o)}(?!\w)", sentence, re.I)]
+            current = there[0] if len(there) == 1 else (None if there else current)
+            worked = [w for w in worked_arithmetic(sentence, sources) if w.sourced and w.right]
+            if current is not None and worked:
+                values[current].add(worked[-1].value)
+    if any(len(v) != 1 for v in values.values()):
+        return None
+    value = {o: next(iter(v)) for o, v in values.items()}
+    word = said.group("word").lower()
+    pick = max if word in _MOST_WORDS else min
+    best = pick(options, key=lambda o: value[o])
+    if best == named[0] or sum(value[o] == value[best] for o in options) > 1:
+        return None
+    listed = ", ".join(f"{o} {value[o]:g}" for o in options)
+    correction = (
+        f"The Final Answer says {named[0]} has the {word}, but {SUPERLATIVE} ({listed}) {best} has the "
+        f"{word}. Correct the answer."
+    )
+    start = re.search(rf"(?<!\w){re.escape(named[0])}(?!\w)", answer, re.I)
+    righted = answer if start is None else answer[: start.start()] + best + answer[start.end() :]
+    return correction, righted
+
+
+def _options(goal: str) -> list[str]:
+    """The options a task lists to choose from (`…: Anvil, Bolt or Crate?`, `… among A, B and C?`)."""
+    match = _OPTIONS_RE.search(goal)
+    if match is None:
+        return []
+    items = [i.strip() for i in _OPTION_SPLIT_RE.split((match.group(1) or match.group(2)).strip())]
+    items = [i for i in items if i]
+    if not 2 <= len(items) <= 8 or any(len(i) > 40 or len(i.split()) > 4 for i in items):
+        return []
+    return list(dict.fromkeys(items))
+
+
 def wrong_comparison(answer: str, results: list[str]) -> str | None:
     """The correction of `comparison_check`, or None."""
     checked = comparison_check(answer, results)
