@@ -1209,6 +1209,13 @@ async def test_a_failed_call_close_to_a_value_its_error_lists_is_told_the_value(
         result = await Agent(model, tools=[unit_price]).run(goal)
         outputs = [m.content for m in result.state.messages if m.role == "tool"]
         assert "Note:" not in outputs[0] and "the catalogue has: widget, gadget" in outputs[0], goal
+    # An argument that is no name (an expression the calculator refused, listing its words): no note.
+    model = ScriptedModel([call("calculator", expression="count(orders) - count(shipped)"), "I do not know."])
+    result = await Agent(model, tools=[unit_price, calculator]).run(
+        "Which of Mia Chen's orders have not shipped yet?"
+    )
+    refused = next(m.content for m in result.state.messages if m.role == "tool")
+    assert "'orders', 'shipped' are not numbers" in refused and "Note:" not in refused
     # Plural in the task ("gadgets") still names it.
     model = ScriptedModel([call("unit_price", item="Smartphone"), "I do not know."])
     result = await Agent(model, tools=[unit_price]).run("How much do two gadgets cost?")

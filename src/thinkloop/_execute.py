@@ -633,7 +633,7 @@ def _closest_value_note(tool: Tool, arguments: dict[str, object], error: str, go
                 f"\nNote: {value!r} is not one of the values this error lists; the closest is {closest!r}. If "
                 f"that is what you meant, call {tool.name} again with {json.dumps(name)}: {json.dumps(closest)}."
             )
-    named = _named_in(goal, options) if len(texts) == 1 else None
+    named = _named_in(goal, options) if len(texts) == 1 and _NAME_LIKE_RE.fullmatch(texts[0][1]) else None
     if named is not None:
         name, value = texts[0]
         return (
@@ -642,6 +642,9 @@ def _closest_value_note(tool: Tool, arguments: dict[str, object], error: str, go
             f"{json.dumps(name)}: {json.dumps(named)}."
         )
     return ""
+
+
+_NAME_LIKE_RE = re.compile(r"[^\W\d][\w .'&-]{0,39}")  # `Smartphone`, not `count(orders) - count(shipped)`
 
 
 def _named_in(goal: str, options: list[str]) -> str | None:
