@@ -64,9 +64,22 @@ def test_action_before_final_answer_wins_and_invented_observation_is_cut() -> No
     assert step.call is not None and step.call.name == "search" and step.final is None
 
 
-def test_final_answer_before_action_wins() -> None:
-    step = parse('Final Answer: 5\nAction: search\nAction Input: {"q": 1}')
-    assert step.final is not None and step.final.startswith("5") and step.call is None
+def test_final_answer_before_action_wins_without_the_action_in_it() -> None:
+    step = parse('Thought: done\nFinal Answer: 5\nAction: search\nAction Input: {"q": 1}')
+    assert (step.final, step.call, step.thought) == ("5", None, "done")
+
+
+def test_thought_labels_after_a_final_answer_are_dropped_and_their_sentences_kept() -> None:
+    # the 1.5B model answered 'Berlin: 5 °C, partly cloudy\nThought: Oslo is colder than Berlin right now.'
+    step = parse("Final Answer: Berlin: 5 °C, partly cloudy\nThought: Oslo is colder than Berlin right now.")
+    assert step.final == "Berlin: 5 °C, partly cloudy\nOslo is colder than Berlin right now."
+
+
+def test_an_empty_final_answer_followed_by_an_action_is_the_action() -> None:
+    step = parse('Final Answer:\nAction: search\nAction Input: {"q": 1}')
+    assert step.call is not None and step.call.arguments == {"q": 1}
+    assert (step.final, step.thought) == (None, "")
+    assert parse("Final Answer:\n").error is not None
 
 
 def test_unreadable_arguments_are_kept_raw() -> None:

@@ -247,16 +247,18 @@ def parse_react(text: str, tool_names: list[str], *, call_id: str) -> ReactStep:
         action_input = _INPUT_RE.search(text)
         if action_input and (not final or action_input.start() < final.start()):
             return _parse_unlabelled_action(text, action_input, tool_names, call_id)
-    thought = _thought_of(text, action or final)
     if final and (not action or final.start() < action.start()):
-        answer = text[final.end() :].strip()
-        if not answer:
+        thought = _thought_of(text, final)
+        answer = _answer_text(text[final.end() :])
+        if answer:
+            return ReactStep(thought=thought, final=answer)
+        if not action:  # "Final Answer:" then an action: the action is what the reply holds
             return ReactStep(
                 thought=thought,
                 error="The Final Answer was empty. Write the complete answer after 'Final Answer:', or call a "
                 "tool if you still need one.",
             )
-        return ReactStep(thought=thought, final=answer)
+    thought = _strip_label(_thought_of(text, action), _FINAL_RE)
     if action:
         return _parse_action(text, action, thought, tool_names, call_id)
     bare = _bare_json_call(text, tool_names, call_id)
@@ -314,6 +316,14 @@ def _intended_tool(text: str, tool_names: list[str]) -> str | None:
         if re.search(_INTENT.format(name=re.escape(name)), text, re.IGNORECASE):
             return name
     return None
+
+
+def _answer_text(text: str) -> str:
+    """What follows 'Final Answer:', without an action written after it (it is not taken: the answer
+    came first) and without the labels of thoughts appended to it ("…\nThought: Oslo is colder." keeps
+    the sentence)."""
+    cut = min((m.start() for r in (_ACTION_RE, _INPUT_RE) if (m := r.search(text))), default=len(text))
+    return _THOUGHT_RE.sub("", text[:cut]).strip()
 
 
 def _cut_invented_observation(text: str) -> str:
