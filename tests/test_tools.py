@@ -20,7 +20,7 @@ import pytest
 import typing_extensions
 from pydantic import BaseModel, Field
 
-from thinkloop import Agent, ConfigurationError, RiskLevel, Tool, ToolContext, ToolRegistry, tool
+from thinkloop import Agent, ConfigurationError, RiskLevel, Tool, ToolContext, ToolRegistry, _tools, tool
 from thinkloop._tools import ToolArgumentsError, ToolRaisedError, render_output, truncate_output
 from thinkloop.testing import FunctionModel, ScriptedModel
 from thinkloop.tools.calculator import CalculatorError, calculator, evaluate, format_number
@@ -1411,3 +1411,45 @@ async def test_what_placeholders_cannot_say_is_shown_as_the_schema_after_them() 
     assert (
         '"anyOf"' in example and '"city"' in example
     )  # a union with an object: its fields are in the schema
+
+
+async def test_a_generator_tool_yielding_for_ever_is_stopped_at_the_item_cap_and_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Python yields millions of items a second: collected until the call's time limit, an endless
+    generator filled the memory first. The items past the cap are not taken, and the model is told."""
+    monkeypatch.setattr(_tools, "MAX_ITEMS", 5)
+    closed: list[str] = []
+
+    @tool
+    def endless() -> Iterator[str]:
+        """Yield for ever."""
+        try:
+            while True:
+                yield "x"
+        finally:
+            closed.append("sync")
+
+    @tool
+    async def endless_async() -> AsyncIterator[int]:
+        """Yield for ever, never awaiting."""
+        try:
+            while True:
+                yield 1
+        finally:
+            closed.append("async")
+
+    @tool
+    def exactly(n: int) -> Iterator[str]:
+        """Yield n lines."""
+        for i in range(n):
+            yield f"line {i}"
+
+    note = "(stopped after 5 items: the tool yields more; ask it for fewer)"
+    assert render_output(await asyncio.wait_for(endless.invoke({}), 30)) == "\n".join(["x"] * 5 + [note])
+    assert await asyncio.wait_for(endless_async.invoke({}), 30) == [1, 1, 1, 1, 1, note]
+    assert render_output(await exactly.invoke({"n": 5})).splitlines() == [f"line {i}" for i in range(5)]
+    assert closed == ["sync", "async"]
+    model = ScriptedModel([{"tool_calls": [{"name": "endless", "args": {}}]}, "done"])
+    result = await asyncio.wait_for(Agent(model, tools=[endless]).run("go"), timeout=30)
+    assert [e.output for e in result.state.ledger.values()][0].endswith(note)

@@ -614,18 +614,32 @@ def _by_position(
 
 
 def _drained(items: Iterator[Any], stop: threading.Event) -> list[Any]:
-    """The items of a generator, until its end or until `stop` is set (the call was given up on: the
-    generator is closed, its thread freed — it would yield for ever, filling the memory)."""
+    """The items of a generator, until its end, its `MAX_ITEMS`-th item or until `stop` is set (the call
+    was given up on: the generator is closed, its thread freed — it would yield for ever, filling the memory)."""
     collected: list[Any] = []
     try:
         for item in items:
-            if stop.is_set():
+            if stop.is_set() or _capped(collected):
                 break
             collected.append(item)
     finally:
-        if stop.is_set() and inspect.isgenerator(items):
+        if (stop.is_set() or len(collected) > MAX_ITEMS) and inspect.isgenerator(items):
             items.close()
     return collected
+
+
+MAX_ITEMS = (
+    100_000  # items of a generator tool kept: one yielding for ever filled the memory before its time limit
+)
+
+
+def _capped(collected: list[Any]) -> bool:
+    """Whether `collected` holds `MAX_ITEMS` items: then the note saying the rest was not taken ends it."""
+    if len(collected) < MAX_ITEMS:
+        return False
+    if len(collected) == MAX_ITEMS:
+        collected.append(f"(stopped after {MAX_ITEMS:,} items: the tool yields more; ask it for fewer)")
+    return True
 
 
 async def drain_in_thread(items: Iterator[Any]) -> list[Any]:
@@ -645,12 +659,14 @@ COLLECT_PAUSE = 64  # items of an async generator collected between two chances 
 
 
 async def collect_items(items: Any) -> list[Any]:
-    """The items of an async generator, as a list. Every `COLLECT_PAUSE` items the event loop gets to run,
+    """The items of an async generator, as a list (at most `MAX_ITEMS`). Every `COLLECT_PAUSE` items the event loop gets to run,
     so that one which never awaits — yielding for ever — is still stopped at the call's time limit; it is
     closed however the collecting ends."""
     collected: list[Any] = []
     try:
         async for item in items:
+            if _capped(collected):
+                break
             collected.append(item)
             if len(collected) % COLLECT_PAUSE == 0:
                 await asyncio.sleep(0)
