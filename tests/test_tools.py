@@ -96,6 +96,23 @@ def test_dynamic_risk_and_failing_risk_function() -> None:
     assert t.risk_for({}) is RiskLevel.HIGH  # the risk function raised: rated high, never low
 
 
+def test_an_async_risk_function_is_refused_when_the_tool_is_made() -> None:
+    """Never awaited where a call is rated, it rated every call HIGH in silence."""
+
+    async def rated(args: dict[str, Any]) -> RiskLevel:
+        return RiskLevel.LOW
+
+    with pytest.raises(ConfigurationError, match="risk function of tool 'rm' is async: it must be a plain"):
+        Tool("rm", "", None, lambda path: path, risk=rated)
+
+    def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    with pytest.raises(ConfigurationError, match="risk function of tool 'echo' is async"):
+        tool(risk=rated)(echo)
+
+
 async def test_sync_and_async_invoke() -> None:
     @tool
     async def double(x: int) -> int:
@@ -877,7 +894,7 @@ def test_arguments_with_rules_always_go_through_pydantic() -> None:
     assert stripped.validate({"city": "  Oslo "}) == {"city": "Oslo"}
 
 
-def test_a_risk_function_that_exits_or_is_async_rates_the_call_high_without_side_effects() -> None:
+def test_a_risk_function_that_exits_or_returns_a_coroutine_rates_the_call_high_without_side_effects() -> None:
     import sys
     import warnings
 
@@ -887,7 +904,7 @@ def test_a_risk_function_that_exits_or_is_async_rates_the_call_high_without_side
     async def rates(arguments: dict[str, Any]) -> RiskLevel:
         return RiskLevel.LOW
 
-    for risk in (exits, rates):
+    for risk in (exits, lambda arguments: rates(arguments)):  # the lambda is not seen as async when made
         t = Tool("t", "T.", None, lambda: "", risk=risk)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no "coroutine was never awaited"

@@ -135,6 +135,12 @@ def _checked_risk(name: str, risk: object) -> RiskSpec:
             f"the risk of tool {name!r} must be a RiskLevel ({_RISK_LEVELS}: RiskLevel.HIGH or its name as "
             f"text) or a function of the arguments returning one, not {_type_name(risk)}"
         )
+    if _is_async_callable(risk):  # never awaited where each call is rated: every call would be rated HIGH
+        raise ConfigurationError(
+            f"the risk function of tool {name!r} is async: it must be a plain (sync) function of the "
+            "arguments returning a RiskLevel, called before each call runs — do any slow check in the tool "
+            "or in an approval function instead"
+        )
     return risk
 
 
