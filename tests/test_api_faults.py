@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from thinkloop import Agent, Budget, ConfigurationError, RiskLevel, RunState, Tool, tool
+from thinkloop import Agent, Budget, ConfigurationError, RiskLevel, RunState, Tool, _tools, tool
 from thinkloop.mcp import MCPServerStdio
 from thinkloop.plans import execute_plan, parse_plan, plan_tool, run_plan_and_execute
 from thinkloop.testing import ScriptedModel
@@ -216,6 +216,12 @@ def test_a_parameter_whose_type_has_no_schema_is_named_with_what_to_do() -> None
 BOUND = 4.0  # seconds a generator yields for: far past the tools' timeout, so a test fails, never hangs
 
 
+@pytest.fixture
+def no_item_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The time limit under test: the item cap (`MAX_ITEMS`) would stop these generators first."""
+    monkeypatch.setattr(_tools, "MAX_ITEMS", 10**12)
+
+
 def endless() -> Iterator[str]:
     ends = time.monotonic() + BOUND
     while time.monotonic() < ends:
@@ -236,6 +242,7 @@ async def returns_endless_async() -> AsyncIterator[str]:
     return endless_async()
 
 
+@pytest.mark.usefixtures("no_item_cap")
 @pytest.mark.parametrize(
     ("function", "options"),
     [
@@ -258,6 +265,7 @@ async def test_a_generator_tool_yielding_for_ever_is_stopped_at_its_timeout(
     assert result.output == "done"
 
 
+@pytest.mark.usefixtures("no_item_cap")
 async def test_a_generator_abandoned_in_its_thread_stops_there_too() -> None:
     # abandoned at its timeout, its thread went on draining it (CPU, and a list growing without end).
     yielded = [0]
@@ -281,6 +289,7 @@ async def test_a_generator_abandoned_in_its_thread_stops_there_too() -> None:
     assert yielded[0] == count
 
 
+@pytest.mark.usefixtures("no_item_cap")
 async def test_a_generator_task_of_a_plan_outside_a_run_is_stopped_at_its_timeout() -> None:
     made = tool(name="endless", timeout=0.3)(endless_async)
     started = time.monotonic()
