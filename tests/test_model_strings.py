@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from thinkloop import ConfigurationError
+from thinkloop import Agent, ConfigurationError
 from thinkloop.models import resolve_model
 from thinkloop.models._local import LocalModel
 from thinkloop.models._openai import OpenAIModel
@@ -90,6 +90,25 @@ def test_a_wrong_thinkloop_model_variable_is_named_as_the_source(
         resolve_model(None)
     assert str(info.value).startswith(said), str(info.value)
     assert "set $THINKLOOP_MODEL to a valid model string, or unset it for 'local'" in str(info.value)
+
+
+def test_a_misspelt_thinkloop_model_variable_is_refused_when_the_agent_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It failed at the first run, far from the line that made the agent, as a misspelt model string did."""
+    monkeypatch.setenv("THINKLOOP_MODEL", "opneai:gpt-4o")
+    for named in (None, " "):
+        with pytest.raises(ConfigurationError) as info:
+            Agent(named)
+        assert str(info.value).startswith("$THINKLOOP_MODEL is 'opneai:gpt-4o': unknown model"), str(
+            info.value
+        )
+    Agent("local:0.5b")  # a model named: the variable is not read
+    monkeypatch.setenv("THINKLOOP_MODEL", "router:local,gpt-4o")
+    with pytest.raises(ConfigurationError, match="THINKLOOP_MODEL is 'router:local,gpt-4o'"):
+        Agent()
+    monkeypatch.setenv("THINKLOOP_MODEL", "  ")
+    Agent()  # blank: the local model, nothing to refuse
 
 
 def test_unknown_local_variants_list_the_valid_ones() -> None:

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import inspect
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -38,7 +39,7 @@ from ._tokens import TokenCounter, TokenCounterLike, as_counter
 from ._tools import Tool, ToolRegistry
 from .experience import Learner, RunRecord
 from .mcp import MCPServer, registry_with_mcp
-from .models import PROVIDERS, Model, resolve_model
+from .models import MODEL_VARIABLE, PROVIDERS, Model, resolve_model, variable_error
 from .models import _unknown as unknown_model_message
 from .stores._base import Store, check_goal, check_id
 from .stores._memory import InProcessStore
@@ -153,11 +154,24 @@ def _check_budget(budget: object) -> None:
     )
 
 
+def _check_variable() -> None:
+    """`$THINKLOOP_MODEL`'s spelling, when the agent names no model (blank: the local model)."""
+    variable = os.environ.get(MODEL_VARIABLE, "").strip()
+    if variable:
+        try:
+            _check_model(variable)
+        except ConfigurationError as exc:
+            raise variable_error(variable, exc) from exc
+
+
 def _check_model(model: object) -> None:
     """A model string is read when the model is first needed (loading the local model is slow), but a
     wrong one — a bare name like "gpt-4o", an unknown provider — is refused now: it failed at the first
-    run, far from the line that made the agent. Only the spelling is checked here, nothing is loaded."""
-    if isinstance(model, str):
+    run, far from the line that made the agent. Only the spelling is checked here, nothing is loaded;
+    no model named (None, a blank string), `$THINKLOOP_MODEL`'s is."""
+    if model is None or (isinstance(model, str) and not model.strip()):
+        _check_variable()
+    elif isinstance(model, str):
         text = model.strip()
         provider, colon, name = text.partition(":")
         provider, name = provider.strip().lower(), name.strip()

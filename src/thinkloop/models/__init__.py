@@ -74,10 +74,15 @@ def resolve_model(spec: str | Model | Sequence[str | Model] | None) -> Model:
     try:
         return _from_string(variable)
     except ConfigurationError as exc:  # the caller named no model: say where this one came from
-        raise ConfigurationError(
-            f"${MODEL_VARIABLE} is {variable!r}: {exc} — set ${MODEL_VARIABLE} to a valid model string, "
-            f"or unset it for {DEFAULT_MODEL!r}"
-        ) from exc
+        raise variable_error(variable, exc) from exc
+
+
+def variable_error(variable: str, exc: ConfigurationError) -> ConfigurationError:
+    """What a wrong `$THINKLOOP_MODEL` (`variable`, its value) says: where the model string came from."""
+    return ConfigurationError(
+        f"${MODEL_VARIABLE} is {variable!r}: {exc} — set ${MODEL_VARIABLE} to a valid model string, "
+        f"or unset it for {DEFAULT_MODEL!r}"
+    )
 
 
 MODEL_VARIABLE = "THINKLOOP_MODEL"
