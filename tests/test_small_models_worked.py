@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from thinkloop import Agent, Budget, ModelRequest, tool
+from thinkloop import Agent, Budget, ConfigurationError, GuardConfig, ModelRequest, tool
 from thinkloop._react import (
     corrected_arithmetic,
     requested_form,
@@ -183,3 +183,79 @@ def test_a_quantity_of_a_result_converted_in_the_head_is_sourced(answer: str, mi
         "A marathon is 26.2 miles; the parcel weighs 5 kg",
     ]
     assert unsourced_numbers(answer, sources) == missing
+
+
+# ------------------------------------------------------------------- switching the answer checks on and off
+
+
+def native_price(item: str) -> dict[str, object]:
+    return {"tool_calls": [{"name": "unit_price", "args": {"item": item}}]}
+
+
+async def test_answer_checks_apply_to_native_tool_calling_when_asked_for() -> None:
+    """A small model behind an OpenAI-compatible server calls tools natively: `answer_checks=True` gives
+    its final answers the checks text ReAct has (here: a number no result gives, asked about once)."""
+    replies = [native_price("gizmo"), "A gizmo costs 21.99 EUR.", "A gizmo costs 19.99 EUR."]
+    checked = await Agent(
+        ScriptedModel(replies), tools=[unit_price], guards=GuardConfig(answer_checks=True)
+    ).run("What does a gizmo cost?")
+    assert checked.output == "A gizmo costs 19.99 EUR." and checked.usage.requests == 3
+    (correction,) = corrections(checked)
+    assert "21.99" in correction and "What does a gizmo cost?" in correction
+    assert "Action Input" not in correction  # native: no ReAct lines
+    default = await Agent(ScriptedModel(replies), tools=[unit_price]).run("What does a gizmo cost?")
+    assert default.output == "A gizmo costs 21.99 EUR." and default.usage.requests == 2  # native: unchecked
+
+
+async def test_answer_checks_put_native_arithmetic_right_and_form_the_answer() -> None:
+    replies = [
+        native_price("gizmo"),
+        native_price("widget"),
+        "19.99 - 12.75 = 7.34, so the widget is cheaper by 7.34 EUR.",
+    ]
+    result = await Agent(
+        ScriptedModel(replies), tools=[unit_price], guards=GuardConfig(answer_checks=True)
+    ).run("Which is cheaper, a gizmo or a widget, and by how much?")
+    assert result.output == "19.99 - 12.75 = 7.24, so the widget is cheaper by 7.24 EUR."
+    assert corrections(result) == []
+    formed = await Agent(
+        ScriptedModel([native_price("gizmo"), "The gizmo costs 19.99 EUR."]),
+        tools=[unit_price],
+        guards=GuardConfig(answer_checks=True),
+    ).run("What does a gizmo cost? Answer with just the number.")
+    assert formed.output == "19.99"
+
+
+async def test_answer_checks_can_be_turned_off_in_react() -> None:
+    replies = [price("gizmo"), "Final Answer: A gizmo costs 21.99 EUR."]
+    result = await Agent(
+        ScriptedModel(replies, tools=False), tools=[unit_price], guards=GuardConfig(answer_checks=False)
+    ).run("What does a gizmo cost? Answer with just the number.")
+    assert result.output == "A gizmo costs 21.99 EUR." and corrections(result) == []
+
+
+async def test_a_forced_native_answer_is_rechecked_only_when_answer_checks_are_on() -> None:
+    def reply(request: ModelRequest) -> object:
+        if any(m.kind == "final_prompt" for m in request.messages):
+            corrected = any(m.kind == "correction" for m in request.messages)
+            return "A gizmo costs 19.99 EUR." if corrected else "A gizmo costs 23.50 EUR."
+        return native_price("gizmo")  # again and again: the guards stop the run
+
+    for checks, output, requests in (
+        (True, "A gizmo costs 19.99 EUR.", 4),
+        (None, "A gizmo costs 23.50 EUR.", 3),
+    ):
+        result = await Agent(
+            FunctionModel(reply),
+            tools=[unit_price],
+            budget=Budget(max_steps=2),
+            guards=GuardConfig(answer_checks=checks),
+        ).run("What does a gizmo cost?")
+        assert result.forced_final and result.output == output
+        assert result.usage.requests == requests
+
+
+@pytest.mark.parametrize("bad", [1, 0, "yes", "react"])
+def test_answer_checks_must_be_none_true_or_false(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match="answer_checks must be None, True or False"):
+        GuardConfig(answer_checks=bad)  # type: ignore[arg-type]

@@ -125,6 +125,12 @@ class GuardConfig:
             filled in).
         is_useful: `(outcome, guard_state) -> bool`, what counts as progress (default: a successful
             call whose result was not seen before in the run).
+        answer_checks: check a final answer given after tool calls against their results — arithmetic
+            written out wrong is put right, numbers no result gives and a "most"/"cheapest" its own
+            figures contradict are asked about once, the answer is cut to the form the task asks for
+            ("answer with just the number"). `None` (the default): in text ReAct, where small models
+            work; `True`: with native tool calling too (a small model behind an OpenAI-compatible
+            server); `False`: never (a strong model, whose rare false alarm would cost a model call).
     """
 
     max_identical_calls: int = 3
@@ -138,8 +144,13 @@ class GuardConfig:
     native_fallback_after: int = 2
     hints: dict[str, str] = field(default_factory=dict)
     is_useful: Callable[[ToolOutcome, GuardState], bool] | None = None
+    answer_checks: bool | None = None
 
     def __post_init__(self) -> None:
+        if not (self.answer_checks is None or isinstance(self.answer_checks, bool)):
+            raise ConfigurationError(
+                f"GuardConfig answer_checks must be None, True or False, got {self.answer_checks!r}"
+            )
         for name in ("max_identical_calls", "max_polls", "max_blocked_steps", "max_repeated_errors",
                      "max_repeated_thoughts", "no_progress_threshold", "max_heals", "native_fallback_after"):  # fmt: skip
             value, least = getattr(self, name), 0 if name in ("no_progress_threshold", "max_heals") else 1

@@ -914,12 +914,19 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     if malformed:
         _note_malformed_native(run)
     if not calls:
-        answer = native_answer(response.text)
-        if run.tools.names and _only_announces(run, answer):
-            return Reply(text=response.text, problem=_react.PLAN_ONLY_NATIVE)
-        return _new_reply(text=answer, calls=calls)
+        return _native_final(run, response)
     reply = _new_reply(text=response.text, calls=calls)
     return _answer_calls(run, reply) if unknown else reply
+
+
+def _native_final(run: RunContext, response: ModelResponse) -> Reply:
+    """A native reply without calls: its answer, checked when `GuardConfig.answer_checks` asks for it."""
+    answer = native_answer(response.text)
+    if run.tools.names and _only_announces(run, answer):
+        return Reply(text=response.text, problem=_react.PLAN_ONLY_NATIVE)
+    if run.guards.config.answer_checks:  # asked for: a small model behind a server
+        return _checked_answer(run, answer, reasoning_removed(response.text), response.text)
+    return _new_reply(text=answer, calls=[])
 
 
 def _only_announces(run: RunContext, answer: str) -> bool:
@@ -953,6 +960,16 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
         )
     if final.startswith(("{", "`")):  # {"name": "final_answer", "arguments": {...}} written as the answer
         final = _react.json_answer(final, run.tools.names) or final
+    if run.guards.config.answer_checks is False:
+        return Reply(text=final)
+    return _checked_answer(run, final, said, response.text)
+
+
+def _checked_answer(run: RunContext, final: str, said: str, text: str) -> Reply:
+    """A final answer checked against the run's tool results (`GuardConfig.answer_checks`): a computation
+    written out wrong is put right, numbers no result gives are asked about, a superlative its own figures
+    contradict is asked about once, then put right; the answer in the form the task asks for. `said` is
+    the reply without its reasoning, `text` the whole reply (kept with a problem, to heal)."""
     results = [(m.tool_call_id, m.content) for m in run.state.messages if m.role == "tool"]
     if results:  # a computation written out wrong is put right; numbers no result gives are asked about
         made_up: list[tuple[str, str]] = []
@@ -960,12 +977,12 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
         final = _react.corrected_arithmetic(final, said, sources)
         unsourced = _unsourced(run, final, said, sources, made_up)
         if unsourced:
-            return Reply(text=response.text, problem=unsourced)
+            return Reply(text=text, problem=unsourced)
         work = [m.content for m in run.state.messages if m.role == "assistant"]
         checked = _react.superlative_check(final, run.state.goal, [*work, said], sources)
         if checked is not None:  # "Anvil has the most" beside its own 2530, 2880 (Bolt) and 1010: told once
             if not _react.told(run.state.messages, _react.SUPERLATIVE):
-                return Reply(text=response.text, problem=checked[0])
+                return Reply(text=text, problem=checked[0])
             final = checked[1]
     return Reply(text=_react.requested_form(final, run.state.goal))
 
@@ -1560,7 +1577,7 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
         return await finish(
             run, reason, answer=_best_known(run), error=f"{why} The final-answer call failed: {exc}"
         )
-    if state.mode == "react" and reason not in (StopReason.MAX_TOKENS, StopReason.MAX_COST):
+    if _checks_answers(run) and reason not in (StopReason.MAX_TOKENS, StopReason.MAX_COST):
         answer = await _recheck_forced(run, request, answer)
     if state.ledger and len(answer) <= 2000:  # no second chance: a contradicted comparison is put right
         answer = _react.righted_comparison(answer, _results(run))
@@ -1626,7 +1643,13 @@ def _forced_answer(run: RunContext, response: ModelResponse, fallback: str | Non
         return (_best_known(run) if fallback is None else fallback) or text
     prompt = next((m.content for m in reversed(run.state.messages) if m.kind == "final_prompt"), "")
     kept = _react.drop_copied_lines(text, prompt) if prompt else text
-    return _react.requested_form(kept, run.state.goal) if run.state.mode == "react" else kept
+    return _react.requested_form(kept, run.state.goal) if _checks_answers(run) else kept
+
+
+def _checks_answers(run: RunContext) -> bool:
+    """Whether final answers are checked against the tool results (`GuardConfig.answer_checks`)."""
+    setting = run.guards.config.answer_checks
+    return run.state.mode == "react" if setting is None else setting
 
 
 def _known_facts(run: RunContext, limit: int = 12) -> list[str]:
