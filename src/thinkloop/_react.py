@@ -1193,9 +1193,8 @@ class Worked:
 def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
     """The computations `text` writes out as `expression = result` (units and currency signs beside the
     numbers allowed: `250 * 151.2 JPY = 37760 JPY`), each evaluated by the calculator; dates and times, and
-    operands of different units (`1 h - 15 min = 45 min` is not `1 - 15`), are no arithmetic. The computation is sourced when the task or a tool result gives one of its operands at
-    least and every other is too, or is a small integer (up to 12), 100 or 1000 (`/ 3` for a mean, `/ 100`
-    for a percentage): `10 + 5 = 15` of made-up prices is not."""
+    operands of different units (`1 h - 15 min = 45 min` is not `1 - 15`), are no arithmetic. The
+    computation is sourced when its operands are (`_made_up`): `10 + 5 = 15` of made-up prices is not."""
     from .tools.calculator import CalculatorError, evaluate  # the calculator imports the tool layer
 
     known = [value for source in sources for _, value, _ in _numbers(source)]
