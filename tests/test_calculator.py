@@ -292,3 +292,27 @@ def test_constants_and_functions_are_no_words() -> None:
     assert evaluate("round(pi * e, 2)") == 8.54
     with pytest.raises(CalculatorError, match="unknown function 'count'"):
         evaluate("count(1, 2)")  # numbers, but no such function
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("200 - 15%", "170"),  # 15 % off, as on a phone's calculator
+        ("200 + 15%", "230"),
+        ("$1,200 - 10%", "1080"),
+        ("(200 - 15%) * 2", "340"),
+        ("19.99 * (1 - 15%)", "16.9915"),
+        ("50% + 25%", "0.75"),  # percentages added to each other
+        ("100 - 15% of 20", "97"),
+    ],
+)
+def test_a_percentage_taken_from_or_added_to_a_number_is_a_percentage_of_it(
+    expression: str, value: str
+) -> None:
+    assert format_number(evaluate(expression)) == value
+
+
+@pytest.mark.parametrize("expression", ["2 * 100 - 15%", "(1 + 2) + 5%", "10 / 4 - 1%"])
+def test_a_percentage_taken_from_a_longer_expression_is_refused_as_ambiguous(expression: str) -> None:
+    with pytest.raises(CalculatorError, match="ambiguous: write 'X \\* \\(1 - 15/100\\)'"):
+        evaluate(expression)

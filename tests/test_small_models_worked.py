@@ -259,3 +259,19 @@ async def test_a_forced_native_answer_is_rechecked_only_when_answer_checks_are_o
 def test_answer_checks_must_be_none_true_or_false(bad: object) -> None:
     with pytest.raises(ConfigurationError, match="answer_checks must be None, True or False"):
         GuardConfig(answer_checks=bad)  # type: ignore[arg-type]
+
+
+def test_a_percentage_off_or_on_is_checked_as_a_shop_reads_it() -> None:
+    """`200 - 15% = 170` is right (15 % off 200); it was "corrected" to 199.85, a right answer made wrong."""
+    sources = ["What does the jacket cost after the discount?", "price: $200, discount: 15%"]
+    assert corrected_arithmetic("It costs $170.", "200 - 15% = 170", sources) == "It costs $170."
+    assert corrected_arithmetic("With tax: 230.", "200 + 15% = 230", sources) == "With tax: 230."
+    assert corrected_arithmetic("It costs $180.", "200 - 15% = 180", sources) == "It costs $170."
+
+
+def test_a_wrong_result_that_a_source_gives_too_is_left_alone() -> None:
+    """Replacing it would change the answer's copy of that source's value (an order number) too."""
+    sources = ["What does order 160 cost?", "order 160: 100 units at 1.5 EUR"]
+    answer = "Order 160 costs 160 EUR."
+    assert corrected_arithmetic(answer, "100 * 1.5 = 160", sources) == answer
+    assert corrected_arithmetic("It costs 155 EUR.", "100 * 1.5 = 155", sources) == "It costs 150 EUR."

@@ -1122,9 +1122,17 @@ def corrected_arithmetic(answer: str, reply: str, sources: list[str]) -> str:
     """The answer with the wrong result of a computation written out in the reply from sourced operands
     replaced by the right one, as the calculator gives it ("250 * 151.2 JPY = 37760 JPY … Final Answer: 37760
     JPY" is answered 37800 JPY). The 0.5B model multiplied a looked-up rate in its head and, corrected,
-    looked the rate up again until the guards stopped the run; the 1.5B model wrote 250 × 151.2 = 37650."""
+    looked the rate up again until the guards stopped the run; the 1.5B model wrote 250 × 151.2 = 37650.
+    A wrong result that the task or a result gives as well is left alone: the answer's copy of it may be
+    that value ("order 160 costs 160" after `100 * 1.5 = 160` would lose its order number)."""
+    known: list[float] | None = None
     for worked in worked_arithmetic(reply, sources):
         if worked.sourced and not worked.right:
+            if known is None:
+                known = [value for source in sources for _, value, _ in _numbers(source)]
+            wrong = float(worked.written.replace(",", ""))
+            if wrong in known:
+                continue
             right = _calculated(worked.value)
             answer = re.sub(rf"(?<![\d.,]){re.escape(worked.written)}(?![\d]|[.,]\d)", right, answer)
     return answer

@@ -70,6 +70,10 @@ def _mean(values: tuple[Any, ...]) -> float:
 
 _PERCENT_OF_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%\s*of\b", re.IGNORECASE)
 _PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%(?!\s*[\w.(])")
+# `200 - 15%` (alone or in parentheses) is 15 % off 200, as on a phone's calculator and in shops: 170
+_OFF_RE = re.compile(r"(^|\()\s*(\d+(?:\.\d+)?|\.\d+)\s*([-+])\s*(\d+(?:\.\d+)?|\.\d+)\s*%\s*(?=\)|$)")
+# a percentage added to or taken from anything else (`2 * 100 - 15%`): no reading of it is safe
+_LOOSE_PERCENT_RE = re.compile(r"(?<![%\s])\s*[-+]\s*(?:\d+(?:\.\d+)?|\.\d+)\s*%(?!\s*[\w.(])")
 
 
 _CURRENCY_RE = re.compile(r"[$€£¥₹]\s*(?=\d|\.\d)")  # $12.50 is 12.50
@@ -125,6 +129,22 @@ def _without_thousands_separators(text: str) -> str:
     return _THOUSANDS_RE.sub(lambda m: m[0] if in_call[m.start()] else m[0].replace(",", ""), text)
 
 
+def _percentages(text: str) -> str:
+    """Percentages as people write them: `15% of 80` and `80 * 15%` are 15 hundredths of 80, `200 - 15%`
+    and `(200 + 15%)` are 200 less or more 15 % of it; a percentage added to or taken from a longer
+    expression is refused, as the two readings differ (`2 * 100 - 15%`: 199.85 or 170)."""
+    if "%" not in text:
+        return text
+    text = _OFF_RE.sub(r"\1\2*(1\3\4/100)", _PERCENT_OF_RE.sub(r"(\1/100)*", text))
+    loose = _LOOSE_PERCENT_RE.search(text)
+    if loose is not None:
+        raise CalculatorError(
+            f"'{loose[0].strip()}' after an expression is ambiguous: write 'X * (1 - 15/100)' for X less 15 %, "
+            "or 'X - 15/100 * Y' for 15 % of Y taken from X"
+        )
+    return _PERCENT_RE.sub(r"(\1/100)", text)
+
+
 def evaluate(expression: str) -> int | float:
     """Evaluate an arithmetic expression safely. Raises `CalculatorError` with a clear message."""
     text = _normalise(expression)
@@ -170,9 +190,8 @@ def _normalise(expression: str) -> str:
     if len(text) > _MAX_LENGTH:  # before the regular expressions: they take quadratic time in the length
         raise CalculatorError(f"the expression is longer than {_MAX_LENGTH} characters")
     text = text.replace("^", "**").replace("×", "*").replace("÷", "/")
-    text = _without_units(text)
-    text = _PERCENT_RE.sub(r"(\1/100)", _PERCENT_OF_RE.sub(r"(\1/100)*", text))
-    text = _without_thousands_separators(text)
+    text = _without_thousands_separators(_without_units(text))
+    text = _percentages(text)
     if not text:
         raise CalculatorError("the expression is empty")
     if len(text) > _MAX_LENGTH:
