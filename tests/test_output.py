@@ -254,6 +254,13 @@ OSLO = City(name="Oslo", population=709000)
         (int, "The answer is 42.", 42),
         (int, "**42**", 42),
         (float, "€3.5", 3.5),
+        # a minus sign as models write it: U+2212, a dash, a word (it was dropped: −5 read as 5)
+        (int, "−5", -5),
+        (int, "The temperature is −5 degrees.", -5),
+        (int, "**–5**", -5),
+        (int, "minus 5", -5),
+        (float, "Negative 2.5 °C", -2.5),
+        (City, '{"name": "Oslo", "population": "−12"}', City(name="Oslo", population=-12)),
         # enum values and booleans as words
         (Color, "RED", Color.RED),
         (Color, '"Green"', Color.GREEN),
@@ -282,6 +289,9 @@ def test_what_small_models_write_is_read_when_its_intent_is_unambiguous(
         (float, "12%", '"12%"'),  # 12 or 0.12?
         (int, "about 700k", '"about 700k"'),
         (int, "1.2 million", '"1.2 million"'),
+        (int, "3 and a half", '"3 and a half"'),  # not 3
+        (int, "from 2–5", '"from 2–5"'),  # a range's dash is no minus sign
+        (int, "10 minus 5", '"10 minus 5"'),
         (int, "Oslo had 709,000 people in 2023.", "Oslo had 709,000 people in 2023."),  # two numbers
         (Literal["yes", "no"], "No, the answer is yes.", '"No, the answer is yes."'),
         (Literal["yes", "no"], "Not yes.", '"Not yes."'),

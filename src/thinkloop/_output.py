@@ -391,10 +391,23 @@ _IN_PROSE_RE = re.compile(
 )
 
 
+# a minus sign written as U+2212 or a dash (not a range's dash, "2–5"), or as a word: "−5", "minus 5"
+_MINUS_SIGN_RE = re.compile(r"(?<![\w.,])[\u2212\u2013\u2014\ufe63\uff0d][ \t]?(?=\.?\d)")
+_MINUS_WORD_RE = re.compile(r"\b(?:minus|negative)[ \t]+(?=\.?\d)", re.IGNORECASE)
+# "3 and a half", "2 and three quarters": a number its digits alone do not give
+_FRACTION_WORD_RE = re.compile(
+    r"\d[ \t]+and[ \t]+(?:an?|one|two|three)[ \t]+(?:half|halves|thirds?|quarters?|fifths?|eighths?)\b",
+    re.IGNORECASE,
+)
+
+
 def _number(text: str) -> str | None:
     """A number written as text, as JSON would write it: "1,234.5" → "1234.5", "$12.50" → "12.50",
     "**42**" → "42", "The answer is 42." → "42"; None when it is not one number (several, "12%" — 12 or
     0.12? —, "1.2 million", "about 700k")."""
+    text = _MINUS_WORD_RE.sub("-", _MINUS_SIGN_RE.sub("-", text))
+    if _FRACTION_WORD_RE.search(text):
+        return None
     plain = _CURRENCY_RE.sub("", _undecorated(text))
     if _NUMBER_RE.fullmatch(plain):
         return plain
