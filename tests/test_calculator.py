@@ -316,3 +316,12 @@ def test_a_percentage_taken_from_or_added_to_a_number_is_a_percentage_of_it(
 def test_a_percentage_taken_from_a_longer_expression_is_refused_as_ambiguous(expression: str) -> None:
     with pytest.raises(CalculatorError, match="ambiguous: write 'X \\* \\(1 - 15/100\\)'"):
         evaluate(expression)
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [("0xFF", 255), ("0x1F + 1", 32), ("255 - 0xFF", 0), ("0xa * 2", 20), ("0b101", 5), ("0o17", 15)],
+)
+def test_hexadecimal_binary_and_octal_letters_are_digits_not_units(expression: str, value: int) -> None:
+    """`0xFF` was 0: its letters were taken for a unit after the 0, as `km` is after `42.165`."""
+    assert evaluate(expression) == value

@@ -89,11 +89,15 @@ _UNIT_RE = re.compile(r"(?<=[\d.])[ \t]*([A-Za-z]+(?:/[A-Za-z]+)?)\b(?![ \t]*\()
 _NOT_UNITS = frozenset({*_FUNCTIONS, *_CONSTANTS, "of", "x", "X"})
 
 
+# hexadecimal, binary and octal literals, in decimal before units are read: `0x1F`'s F is no unit
+_BASED_RE = re.compile(r"(?<![\w.])0(?:[xX][0-9A-Fa-f]+|[bB][01]+|[oO][0-7]+)\b")
+
+
 def _without_units(text: str) -> str:
     """Numbers without their currency signs and units (`$12.50 * 3`, `42.165 km / 3 hours`), and `x` or
     `times` as multiplication: small models copy them from the task. Units that differ in a sum or
     difference (`5 miles + 3 km`) are refused: adding their numbers would be wrong."""
-    text = _CURRENCY_RE.sub("", text)
+    text = _BASED_RE.sub(lambda m: str(int(m[0], 0)), _CURRENCY_RE.sub("", text))
     text = _WORD_OPERATOR_RE.sub(lambda m: f" {_WORD_OPERATORS[' '.join(m[1].lower().split())]} ", text)
     text = _TIMES_RE.sub("*", text)
     units = [m[1] for m in _UNIT_RE.finditer(text) if m[1] not in _NOT_UNITS]
