@@ -10,7 +10,17 @@ from typing import Any
 
 import pytest
 
-from thinkloop import Agent, Budget, GuardConfig, ModelRequest, RunState, StopReason, ToolCall, tool
+from thinkloop import (
+    Agent,
+    Budget,
+    ConfigurationError,
+    GuardConfig,
+    ModelRequest,
+    RunState,
+    StopReason,
+    ToolCall,
+    tool,
+)
 from thinkloop._events import Event, Hint, ModeSwitched, ToolCallEvent, ToolResultEvent
 from thinkloop._execute import GateDecision, ToolOutcome
 from thinkloop._guards import Guards, hint_rounds, signature
@@ -446,6 +456,31 @@ def test_a_replacement_hint_keeps_placeholders_it_is_not_given() -> None:
     plain = GuardConfig(hints={"answer_now": "Only {remaining} left, {name}."})
     assert plain.hint("answer_now", remaining=2) == "Only 2 left, {name}."
     assert plain.hint("answer_now", remaining=2, name="x") == "Only 2 left, x."
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            'Summarise, as {"answer": "..."}.',
+            r'\{"answer": "..."\} is no placeholder \(its placeholders: \{goal\}',
+        ),
+        ("Summarise {goal", "expected '}' before end of string"),
+        ("Summarise {0}", r"\{0\} is no placeholder"),
+        ("Summarise {goal!r}", r"\{goal!r\} is no placeholder"),
+    ],
+)
+def test_a_replacement_hint_that_cannot_be_filled_in_is_refused_when_it_is_given(
+    text: str, says: str
+) -> None:
+    """It raised at the step of the hint, after the run's tool calls, and left the run unfinished."""
+    with pytest.raises(
+        ConfigurationError, match=rf"GuardConfig hints\['summarise'\] cannot be filled in: {says}"
+    ):
+        GuardConfig(hints={"summarise": text})
+    assert GuardConfig(hints={"summarise": "As {{'answer': ...}}: {goal}"}).hint("summarise", goal="g") == (
+        "As {'answer': ...}: g"
+    )
 
 
 def test_checkpoint_hints_can_be_turned_off() -> None:

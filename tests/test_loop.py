@@ -1840,6 +1840,15 @@ async def test_a_hung_summarizer_does_not_outlast_the_run_s_time_limit() -> None
         ({"summarizer": "short"}, "summarizer must be a function"),
         ({"token_counter": 4}, "token_counter must have a count"),
         ({"final_answer_prompt": 1}, "final_answer_prompt must be a string"),
+        # a template the budget stop would fill in: it raised KeyError there, and resuming raised it again
+        (
+            {"final_answer_prompt": 'Stopped ({reason}). Reply like {"answer": "..."}.'},
+            r'final_answer_prompt cannot be filled in: \{"answer": "..."\} is no placeholder \(its placeholders: '
+            r"\{reason\}, \{goal\}, \{facts\}; write \{\{ and \}\} for a literal brace\)",
+        ),
+        ({"final_answer_prompt": "Answer {task}."}, r"the placeholder \{task\} is unknown"),
+        ({"final_answer_prompt": "Answer {0}."}, r"\{0\} is no placeholder"),
+        ({"final_answer_prompt": "Answer {goal"}, "expected '}' before end of string"),
     ],
 )
 def test_agent_arguments_of_the_wrong_kind_are_refused_when_the_agent_is_made(
@@ -1859,7 +1868,7 @@ def test_agent_arguments_of_the_right_kind_are_taken() -> None:
         rules=("be brief",),
         on_event=lambda event: None,
         token_counter=lambda messages: 1,
-        final_answer_prompt="Answer now.",
+        final_answer_prompt="Answer {goal} now ({reason}), as {{'answer': ...}}.",
     )
     assert agent.max_context_tokens == 8_000 and agent.rules == ("be brief",)
     assert agent.run_sync("x").output == "hi"

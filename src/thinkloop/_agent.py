@@ -32,7 +32,7 @@ from ._loop import (
 )
 from ._messages import Message, ModelSettings
 from ._output import OutputSpec
-from ._prompt import DEFAULT_RULES
+from ._prompt import DEFAULT_RULES, template_problem
 from ._resume import load_resumable, memory_messages
 from ._state import Mode, RunState, StopReason, new_run_state, record_list, unsaved_metadata
 from ._tokens import TokenCounter, TokenCounterLike, as_counter
@@ -287,6 +287,10 @@ class Agent:
             retried with exponential backoff or the provider's Retry-After (2; a `RouterModel` retries
             itself instead).
         final_answer_on_stop: on a hard stop, make one last call for a best-effort answer.
+        final_answer_prompt: the text of that call, in place of the default; `{reason}`, `{goal}` and
+            `{facts}` (the tool calls that worked and failed, appended when it has no such placeholder)
+            are filled in; write `{{` and `}}` for a literal brace. A text that cannot be filled in is
+            refused when the agent is made.
         on_event: a callback receiving every event of every run.
         discovery: runtime tool discovery (`ToolDiscovery`): the model is shown only a few tools plus
             `discover_tools`, which finds the others in the catalogue when needed.
@@ -346,6 +350,10 @@ class Agent:
             final_answer_prompt=final_answer_prompt,
         )  # fmt: skip
         _check_answer_settings(final_answer_on_stop, output_validator)
+        if final_answer_prompt is not None:
+            problem = template_problem(final_answer_prompt, ("reason", "goal", "facts"))
+            if problem is not None:
+                raise ConfigurationError(f"final_answer_prompt cannot be filled in: {problem}")
         _check_model(model)
         if token_counter is not None:
             as_counter(token_counter)  # a counter, or a function: anything else is refused now

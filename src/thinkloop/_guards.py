@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigurationError
 from ._messages import ToolCall, arguments_json
+from ._prompt import template_problem
 from ._state import GuardState, RunState, StopReason
 
 if TYPE_CHECKING:
@@ -102,6 +103,9 @@ _STOP_TEXTS = {
 }
 
 
+_HINT_FIELDS = re.compile(r"(?<!\{)\{([a-z_]+)\}")  # the placeholders of a default hint
+
+
 @dataclass(frozen=True)
 class GuardConfig:
     """Settings of the guards.
@@ -165,6 +169,10 @@ class GuardConfig:
                     :400
                 ]
             )
+        for key, text in self.hints.items():
+            problem = template_problem(text, _HINT_FIELDS.findall(DEFAULT_HINTS[key]), unknown_ok=True)
+            if problem is not None:
+                raise ConfigurationError(f"GuardConfig hints[{key!r}] cannot be filled in: {problem}")
 
     def hint(self, key: str, **values: Any) -> str:
         template = self.hints.get(key, DEFAULT_HINTS[key])

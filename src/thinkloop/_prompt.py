@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 from collections.abc import Sequence
 
 DEFAULT_ROLE = "You are a capable assistant that completes the user's task, using tools when they help."
@@ -44,6 +45,28 @@ def system_prompt(
     if experience:
         layers.append("## Lessons from earlier runs\n" + "\n".join(f"- {e}" for e in experience))
     return "\n\n".join(layers)
+
+
+def template_problem(template: str, names: Sequence[str], *, unknown_ok: bool = False) -> str | None:
+    """What is wrong with a text whose `{name}` placeholders the loop fills in with `names` — a brace that
+    is no placeholder (`{"answer": ...}`, a lone `{`), a numbered field or a format spec, an unknown name
+    (unless `unknown_ok`: it then stays as written) — or None. Checked when the text is given: when the
+    loop filled it in, it crashed the run."""
+    placeholders = ", ".join("{" + n + "}" for n in names) or "none"
+    fix = f"its placeholders: {placeholders}; write {{{{ and }}}} for a literal brace"
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:  # Single '{' encountered in format string
+        return f"{exc} ({fix})"
+    for name, spec, conversion in fields:
+        if not name.isidentifier() or spec or conversion:
+            written = (
+                "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            )
+            return f"{written} is no placeholder ({fix})"
+        if not unknown_ok and name not in names:
+            return f"the placeholder {{{name}}} is unknown ({fix})"
+    return None
 
 
 def final_answer_prompt(
