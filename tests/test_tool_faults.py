@@ -391,6 +391,10 @@ async def test_a_value_a_tool_puts_in_metadata_that_cannot_be_saved_is_removed_w
     [
         ({"handle": object()}, "metadata['handle'] (of type object) cannot be saved with the run's state"),
         ({"deep": nested(100)}, "metadata['deep'] (of type dict) cannot be saved"),
+        # written, but never read back: every checkpoint "succeeded" and the run could not be resumed
+        ({"n": 10**4400}, "metadata['n'] (of type int) cannot be saved"),
+        ({"x": [1, {"r": float("nan")}]}, "metadata['x'] (of type list) cannot be saved"),  # saved as null
+        ({"ok": 1, "inf": float("inf")}, "metadata['inf'] (of type float) cannot be saved"),
         (["not", "a", "dict"], "metadata must be a dict of JSON values, not a list"),
     ],
 )
@@ -400,6 +404,31 @@ async def test_run_metadata_that_cannot_be_saved_is_refused_before_the_run(metad
         await Agent(model).run("x", metadata=metadata)
     assert says in str(raised.value)
     assert model.requests == []  # refused before the model was asked anything
+
+
+async def test_a_number_a_tool_puts_in_metadata_that_would_not_read_back_is_removed(tmp_path: Path) -> None:
+    """An integer of 4,342 digits was saved at every checkpoint and refused by every load: the crashed run
+    could never be resumed (DamagedRunError, "number out of range")."""
+
+    @tool
+    def remember(ctx: ToolContext, note: str) -> str:
+        """Remember a note."""
+        ctx.metadata.update(note=note, big=3**9100, ratio=float("nan"), digits=10**4298)
+        return "remembered"
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    script = [call("remember", note="n"), "done"]
+    result = await Agent(ScriptedModel(script), tools=[remember], store=store).run("x", run_id="r")
+    saved = await store.load_state("r")
+    assert saved is not None and result.output == "done"
+    assert {k: saved.metadata.get(k) for k in ("note", "big", "ratio")} == {
+        "note": "n",
+        "big": None,
+        "ratio": None,
+    }
+    assert (
+        "big" not in saved.metadata and "ratio" not in saved.metadata and saved.metadata["digits"] == 10**4298
+    )
 
 
 async def test_json_metadata_is_taken_as_it_is() -> None:

@@ -846,8 +846,9 @@ def _check_metadata(metadata: object) -> None:
         key = bad[0]
         raise ConfigurationError(
             f"metadata[{key!r}] (of type {type(metadata[key]).__name__}) cannot be saved with the run's state: "
-            f"metadata holds JSON values (text, numbers, booleans, None, lists and dicts of them, at most "
-            f"{_json.MAX_DEPTH} levels deep); pass objects the tools need as deps="
+            f"metadata holds JSON values (text, numbers — finite, integers under 4,300 digits —, booleans, None, "
+            f"lists and dicts of them, at most {_json.MAX_DEPTH} levels deep); pass objects the tools need as "
+            "deps="
         )
 
 

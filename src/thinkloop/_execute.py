@@ -437,8 +437,8 @@ def _drop_unsaved_metadata(run: RunContext, tool: Tool) -> None:
         value = metadata.pop(key)
         logger.warning(
             "tool %s put metadata[%r] (of type %s) in its ToolContext, which cannot be saved with the run's state: "
-            "it was removed. Store JSON values in metadata (text, numbers, booleans, None, lists and dicts "
-            "of them); keep objects in deps=",
+            "it was removed. Store JSON values in metadata (text, finite numbers, booleans, None, lists and "
+            "dicts of them); keep objects in deps=",
             tool.name, key, type(value).__name__,
         )  # fmt: skip
 

@@ -211,24 +211,25 @@ def _first_error(exc: ValidationError) -> str:
 
 def unsaved_metadata(metadata: dict[str, Any]) -> list[str]:
     """The keys of `metadata` whose values a saved run state cannot hold: values pydantic cannot write as
-    JSON (an arbitrary object, a lambda …), or nesting too deep to be read back. [] for the usual
-    metadata, checked with one serialisation."""
+    JSON (an arbitrary object, a lambda …), nesting too deep to be read back, or numbers that would not
+    read back as written (NaN and infinities, saved as null; integers of 4,300 digits or more, which
+    Python refuses to read: the run could never be resumed). [] for the usual metadata, checked with one
+    serialisation and one parse."""
+    if _saves(metadata):
+        return []
+    return [key for key, value in metadata.items() if not _saves(value)]
+
+
+def _saves(value: Any) -> bool:
+    """Whether `value` is written as JSON and read back from it as it is."""
     try:
-        text = pydantic_core.to_json(metadata).decode()
+        text = pydantic_core.to_json(value, inf_nan_mode="constants")  # NaN, not null: refused below
+        if _json.text_too_deep(text.decode()):
+            return False
+        pydantic_core.from_json(text, allow_inf_nan=False)
     except (pydantic_core.PydanticSerializationError, ValueError, RecursionError):
-        pass
-    else:
-        if not _json.text_too_deep(text):
-            return []
-    bad = []
-    for key, value in metadata.items():
-        try:
-            deep = _json.too_deep(value) or _json.text_too_deep(pydantic_core.to_json(value).decode())
-        except (pydantic_core.PydanticSerializationError, ValueError, RecursionError):
-            deep = True
-        if deep:
-            bad.append(key)
-    return bad
+        return False
+    return True
 
 
 def record_list(metadata: dict[str, Any], key: str) -> list[Any]:
