@@ -430,6 +430,27 @@ async def test_max_tokens_and_max_cost() -> None:
     assert result.stop_reason is StopReason.MAX_COST and result.usage.cost >= 500
 
 
+def test_a_price_table_changed_after_a_lookup_prices_by_its_new_prices() -> None:
+    """The looked-up price was kept while the table kept its size: a changed price went unseen, and a
+    `max_cost` budget was enforced with the old one."""
+    given = {"function": Price(0.0, 0.0)}
+    table = PriceTable(given)
+    assert table.cost("function", 1_000_000, 0) == 0.0
+    table.prices["function"] = Price(2.0, 0.0)
+    assert table.cost("function", 1_000_000, 0) == 2.0
+    table.prices.update({"function-x": Price(5.0, 0.0)})  # a longer prefix of the name
+    assert table.cost("function-x1", 1_000_000, 0) == 5.0 and table.price("function-y") == Price(2.0, 0.0)
+    del table.prices["function-x"]
+    table.prices.setdefault("function-x", Price(7.0, 0.0))
+    assert table.cost("function-x1", 1_000_000, 0) == 7.0
+    table.prices = {"function": Price(3.0, 0.0)}
+    assert table.cost("function-x1", 1_000_000, 0) == 3.0
+    table.prices.clear()
+    assert table.price("function") is None and table.cost("function", 10, 10) == 0.0
+    assert given == {"function": Price(0.0, 0.0)}  # the caller's dict is its own
+    assert table == PriceTable({}) and "function" not in repr(table)
+
+
 @pytest.mark.parametrize(
     ("limits", "says"),
     [

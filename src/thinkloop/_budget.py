@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._errors import ConfigurationError
 from ._messages import Usage
@@ -83,22 +84,72 @@ class Price:
         return (input_tokens * self.input_per_million + output_tokens * self.output_per_million) / 1e6
 
 
+class _Prices(dict[str, Price]):
+    """A price table's prices: a dict that counts its changes, so looked-up prices are never stale."""
+
+    version = 0
+
+    def _changed(self) -> None:
+        self.version += 1
+
+    def __setitem__(self, key: str, value: Price) -> None:
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self._changed()
+
+    def __ior__(self, other: Any) -> _Prices:  # type: ignore[override,misc]
+        super().__ior__(other)
+        self._changed()
+        return self
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def pop(self, *args: Any) -> Any:
+        self._changed()
+        return super().pop(*args)
+
+    def popitem(self) -> tuple[str, Price]:
+        self._changed()
+        return super().popitem()
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._changed()
+        return super().setdefault(key, default)
+
+    def clear(self) -> None:
+        super().clear()
+        self._changed()
+
+
 @dataclass
 class PriceTable:
-    """Prices by model name; a name matches its longest known prefix (`gpt-4o-mini-2024…` → `gpt-4o-mini`)."""
+    """Prices by model name; a name matches its longest known prefix (`gpt-4o-mini-2024…` → `gpt-4o-mini`).
+    `prices` may be changed at any time (`table.prices["my-model"] = Price(1, 2)`, or a new dict)."""
 
     prices: dict[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
     _found: dict[str, tuple[int, Price | None]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "prices":  # a dict of its own, whose changes are seen: the caller's is not changed
+            value = _Prices(value)
+            object.__setattr__(self, "_found", {})
+        object.__setattr__(self, name, value)
+
     def price(self, model_name: str) -> Price | None:
-        """The price of a model (looked up once per name while the table keeps its size)."""
+        """The price of a model (looked up once per name while the prices do not change)."""
         found = self._found.get(model_name)
-        if found is None or found[0] != len(self.prices):
+        version = self.prices.version  # type: ignore[attr-defined]  # a `_Prices`: set by __setattr__
+        if found is None or found[0] != version:
             if len(self._found) > 1024:
                 self._found.clear()
-            found = self._found[model_name] = (len(self.prices), self._lookup(model_name))
+            found = self._found[model_name] = (version, self._lookup(model_name))
         return found[1]
 
     def _lookup(self, model_name: str) -> Price | None:
@@ -111,7 +162,8 @@ class PriceTable:
 
     def cost(self, model_name: str, input_tokens: int, output_tokens: int) -> float:
         found = self._found.get(model_name)  # `price()`, its common case written out: a call every step
-        price = found[1] if found is not None and found[0] == len(self.prices) else self.price(model_name)
+        version = self.prices.version  # type: ignore[attr-defined]
+        price = found[1] if found is not None and found[0] == version else self.price(model_name)
         return price.cost(input_tokens, output_tokens) if price else 0.0
 
 
