@@ -10,7 +10,9 @@ import enum
 import functools
 import json
 import re
+import sys
 import time
+import typing
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -962,6 +964,22 @@ class _Target(typing_extensions.TypedDict):
 class _Tree(BaseModel):
     value: int
     children: list[_Tree] = []
+
+
+class _PlainTarget(typing.TypedDict):
+    x: int
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="pydantic reads typing.TypedDict from Python 3.12")
+def test_a_typing_typeddict_parameter_on_python_3_11_is_refused_with_what_to_use_instead() -> None:
+    """The refusal suggested "a TypedDict", the very thing it refused."""
+
+    def aim(target: _PlainTarget) -> str:
+        """Aim."""
+        return ""
+
+    with pytest.raises(ConfigurationError, match="define it with typing_extensions.TypedDict"):
+        tool(aim)
 
 
 def test_schemas_are_self_contained_without_titles_and_keep_only_recursive_defs() -> None:

@@ -1302,8 +1302,14 @@ def _unschematic_parameter(label: str, fields: dict[str, Any]) -> str | None:
                 warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
                 probe: dict[str, Any] = {field_name: (hint, info)}
                 create_model("probe", __config__=_TOOL_CONFIG, **probe).model_json_schema()
-        except Exception:
+        except Exception as exc:
             parameter = info.alias or field_name
+            if "typing_extensions.TypedDict" in str(exc):  # pydantic's code typed-dict-version
+                return (
+                    f"parameter {parameter!r} of tool function {label!r} is annotated {_hint_text(hint)}, a "
+                    "typing.TypedDict, which pydantic reads on Python 3.12 and later only: define it with "
+                    "typing_extensions.TypedDict (from typing_extensions import TypedDict)"
+                )
             return (
                 f"parameter {parameter!r} of tool function {label!r} is annotated {_hint_text(hint)}, which has "
                 "no JSON schema to show the model: annotate it with a JSON type (str, int, float, bool, a list "
