@@ -1417,3 +1417,50 @@ def test_a_timeout_that_is_not_a_positive_number_is_a_configuration_error(timeou
     """Before, it was accepted and every request failed: 'no response from … within nan s', retried."""
     with pytest.raises(ConfigurationError, match=r"OpenAIModel timeout must be a positive number of seconds"):
         OpenAIModel("m", base_url="http://127.0.0.1:1/v1", timeout=timeout)
+
+
+def _sse(*chunks: dict[str, Any]) -> bytes:
+    return ("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n").encode()
+
+
+def _chunk(delta: dict[str, Any], finish: object = None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [choice]}
+
+
+async def test_a_streamed_finish_reason_that_is_no_text_is_unknown_not_a_crash(
+    server: OpenAICompatibleServer, model: OpenAIModel
+) -> None:
+    """`"finish_reason": {"type": "stop"}` raised TypeError (unhashable dict) and lost the streamed answer."""
+    body = _sse(_chunk({"content": "Hi there"}), _chunk({}, {"type": "stop"}))
+    server.add(Fault(200, body=body, headers={"content-type": "text/event-stream"}))
+    response = await answer(model, True)
+    assert (response.text, response.finish_reason) == ("Hi there", "unknown")
+
+
+@pytest.mark.parametrize(
+    ("usage", "counted"),
+    [
+        ({"prompt_tokens": 20, "total_tokens": 4020}, (20, 4000)),  # the output was counted as 0 tokens
+        ({"completion_tokens": 7, "total_tokens": 30}, (23, 7)),
+        ({"prompt_tokens": 20}, (0, 0)),  # no total: both estimated by the loop (requests=0)
+        ({"prompt_tokens": 20, "total_tokens": 5}, (0, 0)),  # a total below a part: no count to trust
+    ],
+)
+async def test_usage_missing_one_count_takes_it_from_the_total_or_is_estimated(
+    server: OpenAICompatibleServer, model: OpenAIModel, usage: dict[str, int], counted: tuple[int, int]
+) -> None:
+    message = {"role": "assistant", "content": "x" * 2000}
+    choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+    body = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [choice],
+        "usage": usage,
+    }
+    server.add(Fault(200, body=body))
+    response = await answer(model, False)
+    assert (response.usage.input_tokens, response.usage.output_tokens) == counted
+    assert response.usage.requests == (1 if counted != (0, 0) else 0)

@@ -65,7 +65,10 @@ DEFAULT_TIMEOUT = 120.0
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection (at most `timeout`): a host that drops it fails fast
 # bytes of a reply body (JSON or event stream) read beyond 16 per character of the reply asked for
 BODY_SLACK = 16 * 1024 * 1024
-AFTER_FINISH_WAIT = 5.0  # seconds a stream may stay silent after its finish_reason before it is closed
+# seconds a stream may stay silent after its finish_reason before it is closed: the usage chunk follows the
+# finish at once; a server that sends no [DONE] and keeps the connection open held a complete reply for 5 s,
+# past a shorter deadline, which threw it away
+AFTER_FINISH_WAIT = 1.0
 LOCAL_API_KEY = "not-needed"  # sent to local servers, which ignore the key
 MAX_STOP_SEQUENCES = 4  # the chat-completions API accepts at most four
 _REASONING_PREFIXES = (
@@ -873,7 +876,13 @@ def _parse_usage(usage: Any) -> Usage:
         return Usage()
     if prompt <= 0 and completion <= 0:  # neither reported, or zeros from a server that does not count
         return Usage()
-    return Usage(input_tokens=max(prompt, 0), output_tokens=max(completion, 0), requests=1)
+    if prompt < 0 or completion < 0:  # one side missing: from the total, else both estimated
+        total = _token_count(getattr(usage, "total_tokens", None))
+        known = max(prompt, completion)
+        if total is None or total < known:
+            return Usage()  # the output of a reply counted as 0 tokens escaped max_tokens and max_cost
+        prompt, completion = (total - known, completion) if prompt < 0 else (prompt, total - known)
+    return Usage(input_tokens=prompt, output_tokens=completion, requests=1)
 
 
 def _token_count(value: Any) -> int | None:
@@ -1028,7 +1037,10 @@ class _StreamAssembler:
             self.usage_seen = self.usage_seen or chunk.usage is not None
             return []
         choice = chunk.choices[0]
-        self.finish = choice.finish_reason or self.finish
+        reason = choice.finish_reason
+        if reason is not None and not isinstance(reason, str):  # `{"type": "stop"}`: crashed the lookup
+            reason = "unknown"
+        self.finish = reason or self.finish
         delta = choice.delta
         if delta is None:
             return []
