@@ -320,3 +320,15 @@ def test_a_catalogue_of_thousands_of_tools_is_searched_quickly() -> None:
     started = time.perf_counter()
     hits = index.search("create invoice", 5)
     assert time.perf_counter() - started < 0.5 and all(h.name.startswith("create_invoice") for h in hits)
+
+
+def test_always_takes_one_name_a_list_of_names_or_tools_and_refuses_anything_else() -> None:
+    """`always="calculator"` was split into its letters, and `always=[calculator]` silently matched nothing:
+    the model was shown only discover_tools."""
+    calculator = next(t for t in catalogue() if t.name == "calculator")
+    assert ToolDiscovery(always="calculator").always == ("calculator",)
+    assert ToolDiscovery(always=[calculator, "weather"]).always == ("calculator", "weather")
+    with pytest.raises(ConfigurationError, match="takes tool names, not 3"):
+        ToolDiscovery(always=["calculator", 3])  # type: ignore[list-item]
+    with pytest.raises(ConfigurationError, match="max_results and max_discovered"):
+        ToolDiscovery(max_results="5")  # type: ignore[arg-type]

@@ -149,6 +149,21 @@ async def test_a_run_started_over_http_ends_with_its_answer_and_every_message_is
     assert [e.type for e in stored] == [e["type"] for e in events]
 
 
+async def test_a_call_whose_id_holds_a_slash_can_be_approved() -> None:
+    """Call ids are the model's: `call/1`, sent as `call%2F1` by the page, did not match the route (404) and
+    the call waited out the approval timeout."""
+    calls = iter([{"tool_calls": [{"id": "call/1", "name": "purge", "args": {"target": "x"}}]}, "purged"])
+    agent, purges = make_agent(FunctionModel(lambda request: next(calls)))
+    async with api(create_app(agent)) as client:
+        run_id = await start(client)
+        waiting = await waiting_approval(client, run_id)
+        assert waiting["call"]["id"] == "call/1"
+        answer = await client.post(f"/api/runs/{run_id}/approvals/call%2F1", json={"decision": "approve"})
+        assert answer.status_code == 200, answer.text
+        events = await finished(client, run_id)
+    assert events[-1]["result"]["output"] == "purged" and purges.done == ["x"]
+
+
 async def test_a_request_may_lower_the_agents_limits_and_use_a_session() -> None:
     store = MemoryStore()
     model = FunctionModel(lambda request: {"tool_calls": [{"name": "purge", "args": {"target": "x"}}]})

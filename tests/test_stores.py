@@ -1802,3 +1802,16 @@ async def test_a_file_store_reads_the_save_count_of_a_large_state_too(tmp_path: 
                 await store.checkpoint(second, [])
             again = await store.load_state(state.run_id)
             assert again is not None and again.saves == 2
+
+
+def test_a_sqlite_path_under_home_is_expanded_as_a_file_store_path_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sqlite://~/runs.db` made a directory named `~` in the working directory."""
+    from thinkloop.stores import open_store
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    store = open_store("sqlite://~/runs.db")
+    assert store.path == tmp_path / "home" / "runs.db"  # type: ignore[attr-defined]
+    assert not (tmp_path / "~").exists()

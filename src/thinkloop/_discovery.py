@@ -200,12 +200,27 @@ class ToolDiscovery:
             again (they still run when called, and can be discovered again).
     """
 
-    def __init__(self, always: Iterable[str] = (), *, max_results: int = 5, max_discovered: int = 20) -> None:
-        if max_results < 1 or max_discovered < 1:
+    def __init__(
+        self, always: str | Iterable[str | Tool] = (), *, max_results: int = 5, max_discovered: int = 20
+    ) -> None:
+        if (
+            not all(type(n) is int for n in (max_results, max_discovered))
+            or max_results < 1
+            or max_discovered < 1
+        ):
             raise ConfigurationError(
                 f"max_results and max_discovered must be ≥ 1 (got {max_results}, {max_discovered})"
             )
-        self.always = tuple(always)
+        given = (always,) if isinstance(always, str) else tuple(always)  # "calculator" is one name, not ten
+        names = tuple(n.name if isinstance(n, Tool) else n for n in given)  # a tool stands for its name
+        wrong = [n for n in names if not isinstance(n, str)]
+        if wrong:
+            raise ConfigurationError(
+                f"ToolDiscovery(always=...) takes tool names, not {wrong[0]!r}: e.g. always=['calculator']"[
+                    :300
+                ]
+            )
+        self.always = names
         if DISCOVER_TOOLS in self.always:
             raise ConfigurationError(f"{DISCOVER_TOOLS!r} is always shown: do not list it in `always`")
         self.max_results = max_results

@@ -819,7 +819,7 @@ def _add_approval_routes(app: FastAPI, manager: RunManager, approvals: PendingAp
         waiting = [] if approvals is None else approvals.pending(run_id)
         return {"approvals": [r.model_dump(mode="json") for r in waiting]}
 
-    @app.post("/api/runs/{run_id}/approvals/{call_id}")
+    @app.post("/api/runs/{run_id}/approvals/{call_id:path}")  # ids are the model's: `call/1`
     async def answer_approval(
         request: Request, run_id: str, call_id: str, body: ApprovalAnswer
     ) -> dict[str, Any]:

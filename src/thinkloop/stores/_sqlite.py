@@ -144,7 +144,7 @@ class SQLiteStore(Store):
     """
 
     def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 10.0) -> None:
-        self.path = default_path() if path is None else Path(path)
+        self.path = default_path() if path is None else Path(path).expanduser()  # `~/runs.db`, as FileStore
         self.url = f"sqlite://{self.path}"
         self.busy_timeout = busy_timeout
         self._executor: ThreadPoolExecutor | None = None
