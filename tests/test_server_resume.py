@@ -219,6 +219,33 @@ async def test_resume_is_refused_while_a_live_thinkloop_process_runs_the_run_unl
         await other.communicate(b"")
 
 
+async def test_a_run_started_with_other_options_than_the_servers_is_refused_not_resumed_with_the_servers() -> (
+    None
+):
+    """A strict `thinkloop run --tools shell --workspace sandbox` run, resumed from a balanced server's page,
+    ran its next command unapproved in the server's directory."""
+    store = crashing(MemoryStore, observed(1), after=True)()
+    effects = Effects()
+    setup = {"tools": "shell", "workspace": "/srv/sandbox", "safety": "strict", "mcp": [], "hosts": None}
+    with pytest.raises(Crash):
+        await agent_for(store, effects).run("do the things", run_id="r", metadata={"cli": setup})
+    servers = {**setup, "safety": "balanced", "workspace": "/srv"}
+    async with api(_app(agent_for(store, effects), run_metadata={"cli": servers})) as client:
+        refused = await client.post("/api/runs/r/resume", json={"force": True})
+        assert refused.status_code == 409
+        error = refused.json()["error"]
+        assert error.startswith(
+            "run 'r' was started with --safety 'strict' (this server: 'balanced'), --workspace '/srv/sandbox' "
+            "(this server: '/srv'): this server would resume it with its own tools and safety"
+        )
+        assert "thinkloop runs resume r --store" in error
+    assert effects.runs == ["fetch:k1"]  # nothing ran again
+    async with api(_app(agent_for(store, effects), run_metadata={"cli": dict(setup)})) as client:
+        resumed = await client.post("/api/runs/r/resume", json={})  # a server of the run's own options
+        assert resumed.status_code == 202
+        assert (await finished(client, "r"))[-1]["result"]["output"] == "all done"
+
+
 async def test_a_run_another_process_saved_meanwhile_is_refused_and_not_forceable() -> None:
     """Another writer saves the run between the server's read and its claim: 409, which forcing cannot change."""
 

@@ -232,12 +232,34 @@ class RunManager:
             raise NotResumableError(
                 f"run {run_id!r} already ended ({reason}) and cannot be resumed: start a new run instead"
             )
+        differs = self._other_setup(state)
+        if differs:
+            raise NotResumableError(
+                f"run {run_id!r} was started with {differs}: this server would resume it with its own "
+                f"tools and safety, not the run's. Resume it with `thinkloop runs resume {run_id} --store "
+                "<this store>`, or from a server started with the run's options"
+            )
         if not force and OWNER_KEY in state.metadata:
             try:
                 check_not_running(run_id, state.metadata, force='the body {"force": true}')
             except StillRunningError as exc:
                 raise NotResumableError(str(exc), forceable=True) from None
         return state
+
+    def _other_setup(self, state: RunState) -> str:
+        """How the command line a run was started with (`metadata["cli"]`: `thinkloop run` or another
+        server) differs from this server's, in what a resume would change — tools, safety mode, working
+        directory, MCP servers, hosts — as `--safety strict (this server: balanced)`; "" when it does not.
+        A strict shell run resumed here ran its next command unapproved, in the server's directory."""
+        run, own = state.metadata.get("cli"), self.metadata.get("cli")
+        if not isinstance(run, dict) or not isinstance(own, dict):
+            return ""
+        differs = [
+            f"--{key} {run.get(key)!r} (this server: {own.get(key)!r})"
+            for key in ("safety", "tools", "workspace", "mcp", "hosts")
+            if run.get(key) != own.get(key)
+        ]
+        return ", ".join(differs)
 
     async def _claim(self, state: RunState) -> _Claim:
         """Record this process as the run's own and save that (`thinkloop runs resume` elsewhere then refuses
