@@ -1238,6 +1238,21 @@ async def test_a_tool_request_no_member_can_take_is_a_tools_unsupported_error_th
     assert (result.output, result.state.mode) == ("5", "react")
 
 
+async def test_a_tool_less_fallback_answers_a_tool_run_when_the_native_members_fail() -> None:
+    """An API model first and the local model (no native tool calling) as its fallback: every tool request
+    skipped the local model, so when the API failed the run ended with its error, the fallback never asked."""
+    from thinkloop import ToolsUnsupportedError
+
+    replies = ['Thought: add\nAction: add_numbers\nAction Input: {"a": 2, "b": 3}', "Final Answer: 5"]
+    local = ScriptedModel(replies, tools=False, name="local")
+    router = RouterModel([flaky(busy(), name="api"), local], retries=0)
+    with pytest.raises(ToolsUnsupportedError, match="test:local: skipped, no native tool calling"):
+        await router.request(TOOL_REQUEST)  # the loop's cue to go on in ReAct
+    result = await Agent(router, tools=[add_numbers], model_retries=0).run("2+3?")
+    assert (result.stop_reason, result.output, result.state.mode) == (StopReason.FINAL_ANSWER, "5", "react")
+    assert [r.tools for r in local.requests] == [[], []]  # asked in ReAct, with the tools in the prompt
+
+
 @tool
 def add_numbers(a: int, b: int) -> int:
     """Add two integers."""

@@ -262,6 +262,8 @@ class _Attempt:
         lines = "; ".join([*self.failures, *self.skipped]) or "no member could be tried"
         message = f"all {len(self.router.models)} models of the router failed: {lines}"
         last = self.last_error
+        if last is None and self.skipped:  # the tool-less fallbacks can still answer, in text ReAct
+            return self._charged(ToolsUnsupportedError(message, provider="router"))
         if last is None:
             unasked = ModelRetryableError(
                 f"{message}. Try again later or add another model to the router.",
@@ -294,8 +296,8 @@ class _Attempt:
                 ". The last failure is not transient: fix what its error says to check (the API key, the model "
                 "name, base_url, the request), or add another model"
             )
-        if self.no_tools:  # the loop switches the run to ReAct and asks the members again, without tools
-            cls = ToolsUnsupportedError
+        if self.no_tools or self.skipped:  # the loop switches the run to ReAct and asks the members again,
+            cls = ToolsUnsupportedError  # without tools: a tool-less fallback (the local model) takes it then
         error = cls(
             message,
             provider="router",
