@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigurationError
 from ._messages import ToolCall, arguments_json
-from ._prompt import template_problem
+from ._prompt import placeholders, template_problem
 from ._state import GuardState, RunState, StopReason
 
 if TYPE_CHECKING:
@@ -101,9 +101,6 @@ _STOP_TEXTS = {
     "errors": "The run was stopped because the model kept making calls that failed with the same error.",
     "thoughts": "The run was stopped because the model kept repeating the same reasoning.",
 }
-
-
-_HINT_FIELDS = re.compile(r"(?<!\{)\{([a-z_]+)\}")  # the placeholders of a default hint
 
 
 @dataclass(frozen=True)
@@ -170,7 +167,7 @@ class GuardConfig:
                 ]
             )
         for key, text in self.hints.items():
-            problem = template_problem(text, _HINT_FIELDS.findall(DEFAULT_HINTS[key]), unknown_ok=True)
+            problem = template_problem(text, placeholders(DEFAULT_HINTS[key]), unknown_ok=True)
             if problem is not None:
                 raise ConfigurationError(f"GuardConfig hints[{key!r}] cannot be filled in: {problem}")
 

@@ -924,7 +924,7 @@ def _native_final(run: RunContext, response: ModelResponse) -> Reply:
     answer = native_answer(response.text)
     if run.tools.names and _only_announces(run, answer):
         return Reply(text=response.text, problem=_react.PLAN_ONLY_NATIVE)
-    if run.guards.config.answer_checks:  # asked for: a small model behind a server
+    if _checks_answers(run):  # asked for (`answer_checks=True`): a small model behind a server
         return _checked_answer(run, answer, reasoning_removed(response.text), response.text)
     return _new_reply(text=answer, calls=[])
 
@@ -960,7 +960,7 @@ def _interpret_react(run: RunContext, response: ModelResponse, request: ModelReq
         )
     if final.startswith(("{", "`")):  # {"name": "final_answer", "arguments": {...}} written as the answer
         final = _react.json_answer(final, run.tools.names) or final
-    if run.guards.config.answer_checks is False:
+    if not _checks_answers(run):
         return Reply(text=final)
     return _checked_answer(run, final, said, response.text)
 

@@ -47,6 +47,11 @@ def system_prompt(
     return "\n\n".join(layers)
 
 
+def placeholders(template: str) -> list[str]:
+    """The names of a well-formed template's `{name}` placeholders, in order (`{{` is no placeholder)."""
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name]
+
+
 def template_problem(template: str, names: Sequence[str], *, unknown_ok: bool = False) -> str | None:
     """What is wrong with a text whose `{name}` placeholders the loop fills in with `names` — a brace that
     is no placeholder (`{"answer": ...}`, a lone `{`), a numbered field or a format spec, an unknown name
