@@ -442,6 +442,48 @@ async def test_a_server_that_ignores_stream_and_sends_json_is_healed(
     assert isinstance(final, ModelResponse) and final.usage.input_tokens == 7
 
 
+_CALL = (
+    'data: {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [{"index": 0, '
+    '"delta": {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", '
+    '"arguments": "{\\"a\\": 2, \\"b\\": 3}"}}]}, "finish_reason": "tool_calls"}]}\n\n'
+)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain; charset=utf-8", "application/json", "application/octet-stream"])
+async def test_an_event_stream_labelled_as_something_else_is_read_as_a_stream(
+    server: OpenAICompatibleServer, model: OpenAIModel, content_type: str
+) -> None:
+    """Some proxies relabel an event stream: its events are assembled as a stream's would be; before, the
+    whole reply was refused as "not a chat completion"."""
+    usage = 'data: {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}\n\n'  # fmt: skip
+    body = ": keep-alive\n\n" + _HELLO.replace("Hel", "Hello") + _CALL + usage + "data: [DONE]\n\n"
+    server.add(Fault(200, body=body.encode(), headers={"content-type": content_type}))
+    chunks = [chunk async for chunk in model.stream(ask())]
+    final = chunks[-1]
+    assert isinstance(final, ModelResponse)
+    assert (final.text, final.finish_reason, final.usage.input_tokens, final.usage.output_tokens) == ("Hello", "tool_calls", 5, 3)
+    assert [(c.name, c.arguments) for c in final.tool_calls] == [("add", {"a": 2, "b": 3})]
+    assert chunks[0] == TextDelta(text="Hello")
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ('data: {"error": {"message": "CUDA out of memory", "type": "server_error"}}\n\n', "CUDA out of memory"),
+        ("data: not json\n\n", "malformed stream chunk, not JSON"),
+        ("data: [1, 2]\n\n", "did not answer with a chat completion but with a JSON list"),
+        (_HELLO, "ended"),  # cut before the model finished
+    ],
+    ids=["error", "not-json", "list", "cut"],
+)
+async def test_a_relabelled_event_stream_that_is_broken_says_why(
+    server: OpenAICompatibleServer, model: OpenAIModel, body: str, error: str
+) -> None:
+    server.add(Fault(200, body=body.encode(), headers={"content-type": "text/plain"}))
+    with pytest.raises(ModelError, match=error):
+        _ = [chunk async for chunk in model.stream(ask())]
+
+
 @BOTH
 async def test_a_huge_reply_is_cut_at_32_characters_per_token_asked_for(
     server: OpenAICompatibleServer, model: OpenAIModel, streaming: bool

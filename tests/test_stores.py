@@ -185,6 +185,18 @@ async def test_list_runs_newest_first_with_filters(store: Store) -> None:
     assert (summary.goal, summary.stop_reason, summary.status) == ("a goal", "final_answer", "done")
 
 
+@pytest.mark.parametrize("limit", [-1, 2.5, True, "10", None])
+async def test_list_runs_refuses_a_limit_that_is_no_count_of_runs_in_every_store(store: Store, limit: Any) -> None:
+    """`limit=-1` listed every run in SQLite, all but the oldest in memory and raised psycopg's error in
+    PostgreSQL: every store now says what a limit must be."""
+    state = _state("run-0")
+    await store.checkpoint(state, _emit(state, Status(text="x")))
+    with pytest.raises(ConfigurationError, match=r"limit must be a whole number, 0 or more, not"):
+        await store.list_runs(limit=limit)
+    assert await store.list_runs(limit=0) == []
+    assert [r.run_id for r in await store.list_runs(limit=1)] == ["run-0"]
+
+
 # ============================================================================================== memory
 
 

@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
@@ -343,6 +343,8 @@ class OpenAIModel(Model):
         from openai.types.chat import ChatCompletion
 
         body = await self._whole_body(stream, scope, most)
+        if _SSE_START.match(body):  # an event stream sent as text/plain (some proxies relabel it)
+            return await self._labelled_wrongly(body, scope, most)
         try:
             data = json.loads(body)
         except ValueError:
@@ -355,6 +357,37 @@ class OpenAIModel(Model):
         chunks: list[StreamChunk] = [TextDelta(text=response.text)] if response.text else []
         chunks += [ToolCallDelta(index=i, id=c.id, name=c.name) for i, c in enumerate(response.tool_calls)]
         return [*chunks, response]
+
+    async def _labelled_wrongly(self, body: str, scope: str, most: int) -> list[StreamChunk]:
+        """The chunks of an event stream read whole because the server labelled it as something else: its
+        events are assembled as a stream's would be."""
+        from openai.types.chat import ChatCompletionChunk
+
+        assembler = _StreamAssembler(self.name)
+        chunks: list[StreamChunk] = []
+        done = False
+        for event, data in _sse_events(body):
+            if data.strip() == "[DONE]":
+                done = True
+                break
+            try:
+                value = json.loads(data)
+            except ValueError as exc:
+                message = (
+                    f"the server sent a malformed stream chunk, not JSON ({exc}); check that base_url is an "
+                    "OpenAI-compatible API and that no proxy in between rewrites the event stream"
+                )
+                raise ModelError(message, provider=self.provider, scope=scope) from None
+            except RecursionError:
+                raise self._too_deep("a stream chunk", scope) from None
+            if not isinstance(value, dict):
+                raise self._not_a_completion(value, scope)
+            error = value.get("error")
+            if isinstance(error, dict) or event == "error":  # what the SDK raises for a real event stream
+                said = error if isinstance(error, dict) else value
+                value = {**said, "object": "error", "message": str(said.get("message") or said)}
+            chunks += self._feed(assembler, ChatCompletionChunk.construct(**value), scope)
+        return [*chunks, self._checked(self._streamed_response(assembler, scope, most, done), scope)]
 
     async def _whole_body(self, stream: Any, scope: str, most: int) -> str:
         """The body of a reply that is not an event stream, read within `timeout` (a trickled or stalled body
@@ -1250,6 +1283,28 @@ def _validation_issue(item: Any) -> str:
 
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>|<h1[^>]*>(.*?)</h1>", re.IGNORECASE | re.DOTALL)
 _TAG = re.compile(r"<[^>]+>")
+
+
+# the start of a body that is an event stream: a field line, or a comment line and then one
+_SSE_START = re.compile(r"\s*(data|event|id|retry):|\s*:[^\n]*\n\s*(data|event):")
+
+
+def _sse_events(body: str) -> Iterator[tuple[str, str]]:
+    """(event name, data) of each event of an event-stream body (the WHATWG format: `field: value` lines,
+    events ended by a blank line, comment lines starting with `:`)."""
+    event, data = "", []
+    for line in [*body.splitlines(), ""]:
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "", []
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "data":
+                data.append(value)
+            elif name == "event":
+                event = value
 
 
 def _describe_body(text: str) -> str:

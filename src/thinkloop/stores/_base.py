@@ -183,6 +183,27 @@ def check_id(value: str, what: str = "run id") -> str:
     return value
 
 
+def newest_runs(
+    rows: Sequence[RunSummary], limit: int, status: RunStatus | None, session: str | None
+) -> list[RunSummary]:
+    """`list_runs()` of a store that holds its summaries in memory: those of `status` and `session`, the most
+    recently updated first, at most `limit`."""
+    kept = [
+        r
+        for r in rows
+        if (status is None or r.status == status) and (session is None or r.session == session)
+    ]
+    kept.sort(key=lambda r: r.updated_at, reverse=True)
+    return kept[: check_limit(limit)]
+
+
+def check_limit(limit: int) -> int:
+    """`list_runs()`'s `limit`: a whole number of runs, 0 or more (`ConfigurationError` otherwise)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ConfigurationError(f"list_runs() limit must be a whole number, 0 or more, not {limit!r}")
+    return limit
+
+
 def file_in_the_way(path: pathlib.Path) -> pathlib.Path | None:
     """The regular file among `path`'s parent directories, if one is (`a-file/runs.db`): no store can be
     made under it."""

@@ -42,6 +42,7 @@ from ._base import (
     as_saved,
     base_version,
     check_id,
+    check_limit,
     check_role,
     check_saves,
     clean_text,
@@ -50,6 +51,7 @@ from ._base import (
     load_state_text,
     lost_events,
     memory_turn,
+    newest_runs,
     numbered,
     parse_event,
     problem,
@@ -222,14 +224,8 @@ class FileStore(Store):
     async def list_runs(
         self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
     ) -> list[RunSummary]:
-        summaries = await self._call(self._summaries)
-        rows = [
-            s
-            for s in summaries
-            if (status is None or s.status == status) and (session is None or s.session == session)
-        ]
-        rows.sort(key=lambda s: s.updated_at, reverse=True)
-        return rows[:limit]
+        check_limit(limit)
+        return newest_runs(await self._call(self._summaries), limit, status, session)
 
     def _summaries(self) -> list[RunSummary]:
         runs = self.root / "runs"

@@ -23,6 +23,7 @@ from ._base import (
     clean_text,
     load_state_text,
     memory_turn,
+    newest_runs,
     numbered,
     parse_event,
     to_json,
@@ -92,14 +93,8 @@ class MemoryStore(Store):
     async def list_runs(
         self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
     ) -> list[RunSummary]:
-        rows = [s for _, s in self._states.values()]
-        rows = [
-            r
-            for r in rows
-            if (status is None or r.status == status) and (session is None or r.session == session)
-        ]
-        rows.sort(key=lambda r: r.updated_at, reverse=True)
-        return [r.model_copy() for r in rows[:limit]]
+        rows = newest_runs([s for _, s in self._states.values()], limit, status, session)
+        return [r.model_copy() for r in rows]
 
     async def add_memory(self, session: str, role: MemoryRole, content: str) -> None:
         self._remember(check_id(session, "session id"), check_role(role), content)
@@ -189,11 +184,4 @@ class InProcessStore(MemoryStore):
     async def list_runs(
         self, limit: int = 50, *, status: RunStatus | None = None, session: str | None = None
     ) -> list[RunSummary]:
-        rows = [RunSummary.from_state(s) for s in self._live.values()]
-        rows = [
-            r
-            for r in rows
-            if (status is None or r.status == status) and (session is None or r.session == session)
-        ]
-        rows.sort(key=lambda r: r.updated_at, reverse=True)
-        return rows[:limit]
+        return newest_runs([RunSummary.from_state(s) for s in self._live.values()], limit, status, session)

@@ -35,6 +35,7 @@ from ._base import (
     SavedRuns,
     Store,
     check_id,
+    check_limit,
     check_role,
     check_saves,
     clean_text,
@@ -347,7 +348,7 @@ class PostgresStore(Store):
         rows = await self._fetchall(
             f"SELECT run_id, summary FROM thinkloop_runs WHERE {' AND '.join(clauses)} "
             "ORDER BY updated_at DESC LIMIT %s",
-            (*params, limit),
+            (*params, check_limit(limit)),
         )
         return parse_summaries(rows, self.url)
 

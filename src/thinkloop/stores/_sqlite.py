@@ -40,6 +40,7 @@ from ._base import (
     SavedRuns,
     Store,
     check_id,
+    check_limit,
     check_role,
     check_saves,
     clean_text,
@@ -407,7 +408,7 @@ class SQLiteStore(Store):
         rows = await self._call(
             _all,
             f"SELECT run_id, summary FROM runs{where} ORDER BY updated_at DESC LIMIT ?",
-            (*params, limit),
+            (*params, check_limit(limit)),
         )
         return parse_summaries(rows, str(self.path))
 
