@@ -500,7 +500,10 @@ def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
 
 
 def _repaired(body: str) -> Any:
-    """`body`, broken JSON, as json_repair mends it; None when it cannot, or mends it into NaN or infinity."""
+    """`body`, broken JSON, as json_repair mends it; None when it cannot, mends it into NaN or infinity, or
+    would take long to (`_json.repairable`)."""
+    if not _json.repairable(body):
+        return None
     try:
         import json_repair  # only for broken JSON (keeps `import thinkloop` fast)
 
