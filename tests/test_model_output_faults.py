@@ -41,3 +41,16 @@ async def test_a_structured_answer_of_broken_json_brackets_is_not_mended_for_a_m
     result = await Agent(model, output_type=Point, budget=Budget(max_steps=4)).run("a point")
     assert time.monotonic() - started < 5
     assert result.output == '{"x": 1}'
+
+
+async def test_a_long_run_of_operands_in_an_answer_is_checked_at_once() -> None:
+    # the answer check looked for worked arithmetic (`2 + 3 = 5`) from every position of the answer: on
+    # `1-1-1-…` (no `=`) its time grew with the square of the length, 12 s for these 12 kB
+    replies = [
+        'Thought: add\nAction: calculator\nAction Input: {"expression": "1+1"}',
+        "Final Answer: " + "1-" * 6_000,
+    ]
+    started = time.monotonic()
+    result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 5
+    assert result.stop_reason == "final_answer"
