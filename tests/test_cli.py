@@ -245,6 +245,11 @@ def test_model_error_exits_1(cli: Cli) -> None:
         (["--model", "script:missing.json"], "error: script file 'missing.json' does not exist"),
         (["--model", "script:broken.json"], "error: script file 'broken.json' is not valid JSON"),
         (["--model", "script:object.json"], "must hold a JSON list of replies"),
+        (["--model", "script:deep.json"], "error: script file 'deep.json' is nested too deeply to read"),
+        (
+            ["--model", "script:calls.json"],
+            "error: a scripted reply's tool_calls must be a list of calls, not 5",
+        ),
         (["--model", "nope:x"], "error: unknown model 'nope:x'"),
         (["--model", "script:adir"], "error: script file 'adir' is a directory, not a JSON file of replies"),
         (["--model", ""], "error: --model is empty (''): name a model"),
@@ -258,6 +263,10 @@ def test_model_error_exits_1(cli: Cli) -> None:
             ["--tools", "ssh_execute", "--hosts", "bad-hosts.json"],
             "bad-hosts.json': web1.bogus: Extra inputs",
         ),
+        (
+            ["--tools", "ssh_execute", "--hosts", "deep.json"],
+            "error: hosts file 'deep.json' is nested too deeply to read as JSON",
+        ),
         (["--tools", "shell", "--workspace", "no/such/dir"], "does not exist"),
         (
             ["--trace", "adir"],
@@ -269,6 +278,8 @@ def test_model_error_exits_1(cli: Cli) -> None:
 def test_bad_options_exit_2_with_one_clear_line(cli: Cli, args: list[str], message: str) -> None:
     (cli.dir / "broken.json").write_text("[{", encoding="utf-8")
     (cli.dir / "object.json").write_text('{"text": "hi"}', encoding="utf-8")
+    (cli.dir / "deep.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    (cli.dir / "calls.json").write_text('[{"tool_calls": 5}]', encoding="utf-8")
     (cli.dir / "bad-hosts.json").write_text('{"web1": {"hostname": "h", "bogus": 1}}', encoding="utf-8")
     (cli.dir / "adir").mkdir()
     model = cli.script([text("unused")])

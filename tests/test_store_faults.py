@@ -127,9 +127,17 @@ def _damage_state(store: Store, text: str) -> Callable[[], Any]:
     return lambda: sql("SELECT state FROM runs WHERE run_id = ?", "run-1")
 
 
-async def test_a_corrupt_state_names_the_run_where_it_is_stored_and_what_to_do(store: Store) -> None:
+DEEP = "[" * 100_000 + "]" * 100_000  # nested past Python's recursion limit: json.loads raised RecursionError
+
+
+@pytest.mark.parametrize(
+    "damaged", ['{"run_id": "run-1", "step": ', '{"run_id": "run-1", "step": ' + DEEP + "}"]
+)
+async def test_a_corrupt_state_names_the_run_where_it_is_stored_and_what_to_do(
+    store: Store, damaged: str
+) -> None:
     await _saved(store)
-    read_back = _damage_state(store, '{"run_id": "run-1", "step": ')
+    read_back = _damage_state(store, damaged)
     for attempt in (store.load_state("run-1"), Agent(ScriptedModel(["unused"]), store=store).resume("run-1")):
         with pytest.raises(StateError) as info:
             await attempt
@@ -140,7 +148,7 @@ async def test_a_corrupt_state_names_the_run_where_it_is_stored_and_what_to_do(s
         assert message.endswith(
             "; the store is left as it is: restore it from a backup, or start the run again under another id"
         )
-    assert read_back() == '{"run_id": "run-1", "step": '
+    assert read_back() == damaged
 
 
 async def test_a_state_of_a_newer_thinkloop_says_to_upgrade(store: Store) -> None:
@@ -276,6 +284,15 @@ async def test_a_log_ahead_of_a_checkpoint_is_still_a_race(damageable: Store) ->
     with pytest.raises(ConcurrencyError, match="is at version 3, not the expected 5: ") as info:
         await store.append_events("run-1", [Status(text="ahead")], expected_version=5)
     assert "another writer" not in str(info.value)
+
+
+async def test_a_file_store_lists_its_runs_past_one_whose_state_is_nested_too_deeply(tmp_path: Path) -> None:
+    # `thinkloop runs list` ended in "unexpected RecursionError … a bug in thinkloop" for every run
+    async with FileStore(tmp_path / "files") as store:
+        await _saved(store)
+        await store.checkpoint(RunState(run_id="run-2", goal="another", model="test:script"), [])
+        _damage_state(store, '{"run_id": "run-1", "step": ' + DEEP + "}")
+        assert [s.run_id for s in await store.list_runs()] == ["run-2"]
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])

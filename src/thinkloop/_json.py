@@ -21,10 +21,12 @@ import pydantic_core
 
 __all__ = [
     "MAX_DEPTH",
+    "REPAIR_BUDGET",
     "TOO_DEEP",
     "loads",
     "non_finite",
     "raw_decode",
+    "repairable",
     "text_too_deep",
     "too_deep",
     "valid_text",
@@ -124,6 +126,23 @@ def text_too_deep(text: str) -> bool:
         elif token in "]}":
             depth = max(depth - 1, 0)
     return False
+
+
+REPAIR_BUDGET = 300_000
+"""The most brackets times characters of broken JSON that is given to json_repair to mend (see `repairable`)."""
+
+
+def repairable(text: str) -> bool:
+    """Whether broken JSON `text` is small enough for json_repair to mend at once: its brackets (those
+    outside strings) times its length at most `REPAIR_BUDGET`. json_repair's time grows with that product
+    — about 1-2 µs a unit at worst: a 32 kB model reply of `{]{]{]…` took 73 s, during which the event
+    loop, and every other run on it, stood still. Past it the text is not mended (about half a second at
+    most) and the model is asked for valid JSON; the broken JSON models write is far smaller."""
+    length = len(text)
+    if length * (text.count("{") + text.count("[")) <= REPAIR_BUDGET:
+        return True
+    openers = sum(1 for match in _TOKENS.finditer(text) if match[0] in "[{")
+    return openers * length <= REPAIR_BUDGET
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # `\ud83d`: JSON's escape of half a character

@@ -255,8 +255,8 @@ def _repaired(text: str) -> Any:
     """Small slips (quotes, trailing commas, comments, Python literals) in complete JSON; never a cut-off
     object."""
     text = text.strip()
-    if not text.startswith(("{", "[")) or _first_bracketed(text) != text:
-        return None
+    if not text.startswith(("{", "[")) or _first_bracketed(text) != text or not _json.repairable(text):
+        return None  # not one bracketed value, or too large to mend at once
     try:
         import json_repair  # only for broken JSON (keeps `import thinkloop` fast)
 

@@ -500,7 +500,10 @@ def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
 
 
 def _repaired(body: str) -> Any:
-    """`body`, broken JSON, as json_repair mends it; None when it cannot, or mends it into NaN or infinity."""
+    """`body`, broken JSON, as json_repair mends it; None when it cannot, mends it into NaN or infinity, or
+    would take long to (`_json.repairable`)."""
+    if not _json.repairable(body):
+        return None
     try:
         import json_repair  # only for broken JSON (keeps `import thinkloop` fast)
 
@@ -1173,9 +1176,9 @@ def forced_correction(answer: str, sources: list[str]) -> str | None:
 _FIGURE = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # 37800, 37,800.5
 _AMOUNT = rf"[$€£]?{_FIGURE}(?:[ \t]?(?:[A-Za-z]{{1,4}}\b|°[CFcf]|%))?"
 _OPERAND = rf"\(*[ \t]*{_AMOUNT}[ \t]*\)*"
-_WORKED_RE = re.compile(
-    rf"({_OPERAND}(?:[ \t]*[-+*/×x÷^][ \t]*{_OPERAND})+)[ \t]*=[ \t]*[$€£]?(-?{_FIGURE})(?![\d.]*\d)"
-)
+_EXPRESSION_RE = re.compile(rf"({_OPERAND}(?:[ \t]*[-+*/×x÷^][ \t]*{_OPERAND})+)[ \t]*\Z")  # before an `=`
+_RESULT_RE = re.compile(rf"=[ \t]*[$€£]?(-?{_FIGURE})(?![\d.]*\d)")
+_LONGEST_WORKING = 300  # characters of an expression written out before its `=`: a longer one is no working
 _DATE_RE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}:\d{2}")
 _UNIT_RE = re.compile(r"(?<=[\d)])[ \t]?(?:(?![x×]\b)[A-Za-z]{1,4}\b|°[CFcf])|[$€£]")
 _TIMES_RE = re.compile(r"(?<=[\d)])[ \t]*[x×][ \t]*(?=[\d(])")
@@ -1207,8 +1210,7 @@ def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
 
     known = [value for source in sources for _, value, _ in _numbers(source)]
     found = []
-    for match in _WORKED_RE.finditer(text):
-        written = match.group(1).strip()
+    for written, result in _written_out(text):
         if _DATE_RE.search(written) or len({u.strip().lower() for u in _UNIT_RE.findall(written)}) > 1:
             continue  # dates, and operands of different units (`1 h - 15 min`): no arithmetic on the figures
         expression = _UNIT_RE.sub("", _TIMES_RE.sub(" * ", written)).replace("×", "*").replace("÷", "/")
@@ -1218,8 +1220,25 @@ def worked_arithmetic(text: str, sources: list[str]) -> list[Worked]:
             continue
         numbers = _numbers(expression)
         sourced = bool(numbers) and not _made_up(numbers, known)
-        found.append(Worked(" ".join(written.split()), match.group(2), value, sourced))
+        found.append(Worked(" ".join(written.split()), result, value, sourced))
     return found
+
+
+def _written_out(text: str) -> Iterator[tuple[str, str]]:
+    """The `(expression, result)` of each `expression = result` in `text`, in order: each `=` followed by a
+    figure, and the operands and operators written before it (at most `_LONGEST_WORKING` characters). One
+    regex searched from every position instead, and on a long run of operands without an `=` (`1-1-1-…`,
+    the loop of a small model) took time growing with its square: 3 s for 6 kB, the event loop blocked."""
+    start = 0
+    while (equals := text.find("=", start)) >= 0:
+        result = _RESULT_RE.match(text, equals)
+        window = max(start, equals - _LONGEST_WORKING)
+        expression = None if result is None else _EXPRESSION_RE.search(text, window, equals)
+        if result is None or expression is None or expression.start() == window > start:
+            start = equals + 1  # no working ends here (or a longer one than is read: not cut into one)
+            continue
+        yield expression.group(1).strip(), result.group(1)
+        start = result.end()
 
 
 def computed_from_nowhere(expression: str, sources: list[str]) -> list[str]:

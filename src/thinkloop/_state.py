@@ -190,7 +190,7 @@ def _peek_version(data: str | bytes) -> int | None:
 
     try:
         raw = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past Python's recursion limit: corrupt all the same
         return None
     version = raw.get("schema_version") if isinstance(raw, dict) else None
     return version if isinstance(version, int) else None

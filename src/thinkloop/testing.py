@@ -41,7 +41,13 @@ def to_response(reply: Reply, *, turn: int = 0, model_name: str = "script") -> M
         raise ConfigurationError(
             f"scripted reply has unknown key(s) {sorted(unknown)}; use 'text' and 'tool_calls'"
         )
-    calls = [_to_call(raw, turn, i) for i, raw in enumerate(reply.get("tool_calls") or [])]
+    raw_calls = reply.get("tool_calls") or []
+    if not isinstance(raw_calls, list | tuple):
+        raise ConfigurationError(
+            f"a scripted reply's tool_calls must be a list of calls, not {raw_calls!r}: "
+            '{"tool_calls": [{"name": "add", "args": {"a": 1}}]}'
+        )
+    calls = [_to_call(raw, turn, i) for i, raw in enumerate(raw_calls)]
     finish = reply.get("finish_reason")
     return ModelResponse(
         text=str(reply.get("text") or ""),
@@ -247,6 +253,10 @@ def load_script(path: str | Path) -> ScriptedModel:
         raise ConfigurationError(f"script file {str(file)!r} does not exist") from None
     except ValueError as exc:
         raise ConfigurationError(f"script file {str(file)!r} is not valid JSON: {exc}") from None
+    except RecursionError:  # `[[[[…]]]]`: json raises it, not a ValueError, past Python's recursion limit
+        raise ConfigurationError(
+            f"script file {str(file)!r} is nested too deeply to read: it must hold a JSON list of replies"
+        ) from None
     if not isinstance(data, list):
         raise ConfigurationError(f"script file {str(file)!r} must hold a JSON list of replies")
     model = ScriptedModel(data, by_turn=True, name=str(file.resolve()))

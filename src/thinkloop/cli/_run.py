@@ -461,6 +461,8 @@ def load_hosts(path: Path | None) -> dict[str, Any] | None:
         raise ConfigurationError(f"cannot read the hosts file {str(path)!r}: {exc.strerror}") from None
     except ValueError as exc:
         raise ConfigurationError(f"hosts file {str(path)!r} is not valid JSON: {exc}") from None
+    except RecursionError:  # `[[[[…]]]]`: json raises it, not a ValueError, past Python's recursion limit
+        raise ConfigurationError(f"hosts file {str(path)!r} is nested too deeply to read as JSON") from None
     if not isinstance(data, dict) or not data:
         raise ConfigurationError(
             f'hosts file {str(path)!r} must hold a JSON object: {{"web1": {{"hostname": "10.0.0.5"}}}}'

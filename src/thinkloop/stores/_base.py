@@ -333,7 +333,7 @@ def _no_run_id(text: str | bytes) -> bool:
     """Whether a stored state (one that loads) holds no `run_id` field of its own."""
     try:
         raw = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(raw, dict) and "run_id" not in raw
 

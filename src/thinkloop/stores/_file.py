@@ -191,7 +191,7 @@ class FileStore(Store):
             return None
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         value = raw.get(name) if isinstance(raw, dict) else None
         return value if isinstance(value, int) else None

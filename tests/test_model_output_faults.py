@@ -1,0 +1,56 @@
+"""Model output is untrusted: a degenerate reply must neither crash the loop nor stall it (nor, with it, the
+event loop every other run shares)."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel
+
+from thinkloop import Agent, Budget
+from thinkloop.testing import ScriptedModel
+from thinkloop.tools.calculator import calculator
+
+GARBAGE = "{]" * 6_000  # a small model stuck repeating two tokens; json_repair's time grows with its square
+
+
+async def test_a_reply_of_broken_json_brackets_is_not_mended_for_a_minute() -> None:
+    # json_repair took 10 s on these 12 kB (73 s on 32 kB), with the event loop blocked: the run's own time
+    # limit could not stop it
+    react = [f"Thought: add\nAction: calculator\nAction Input: {GARBAGE}", "Final Answer: 2"]
+    started = time.monotonic()
+    result = await Agent(ScriptedModel(react, tools=False), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 5
+    assert result.output == "2"
+    observation = next(m.content for m in result.state.messages if m.role == "tool")
+    assert observation.startswith("Error: ")  # the model is asked for valid JSON
+    started = time.monotonic()
+    result = await Agent(ScriptedModel([GARBAGE]), tools=[calculator]).run("1+1?")  # read for a JSON call
+    assert time.monotonic() - started < 5
+    assert result.stop_reason == "final_answer"
+
+
+class Point(BaseModel):
+    x: int
+
+
+async def test_a_structured_answer_of_broken_json_brackets_is_not_mended_for_a_minute() -> None:
+    answer = "[" + GARBAGE + "]"  # balanced, so it was given to json_repair: 7 s
+    model = ScriptedModel([answer, '{"x": 1}'])
+    started = time.monotonic()
+    result = await Agent(model, output_type=Point, budget=Budget(max_steps=4)).run("a point")
+    assert time.monotonic() - started < 5
+    assert result.output == '{"x": 1}'
+
+
+async def test_a_long_run_of_operands_in_an_answer_is_checked_at_once() -> None:
+    # the answer check looked for worked arithmetic (`2 + 3 = 5`) from every position of the answer: on
+    # `1-1-1-…` (no `=`) its time grew with the square of the length, 12 s for these 12 kB
+    replies = [
+        'Thought: add\nAction: calculator\nAction Input: {"expression": "1+1"}',
+        "Final Answer: " + "1-" * 6_000,
+    ]
+    started = time.monotonic()
+    result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 5
+    assert result.stop_reason == "final_answer"
