@@ -489,7 +489,7 @@ def _as_written(task: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(args, str):
         try:
             parsed = _strict_json(args) if args.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's recursion limit
             parsed = None
         if isinstance(parsed, dict):
             out["args"] = parsed
