@@ -54,3 +54,23 @@ async def test_a_long_run_of_operands_in_an_answer_is_checked_at_once() -> None:
     result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run("1+1?")
     assert time.monotonic() - started < 5
     assert result.stop_reason == "final_answer"
+
+
+async def test_a_reply_of_reasoning_blocks_never_closed_is_read_at_once() -> None:
+    # `<think>.*?</think>`, tried at each opening tag, took time growing with the square of the reply
+    reply = "<think>," * 8_000
+    started = time.monotonic()
+    result = await Agent(ScriptedModel([reply]), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 2
+    assert result.stop_reason == "final_answer"
+
+
+async def test_an_answer_after_reasoning_that_holds_a_dotted_capital_i_is_kept_whole() -> None:
+    # the closing tag was found in text.lower(), where `İ` is two characters, and the answer was cut there:
+    # 'he answer is Ankara.'
+    reply = "İstanbul is the largest city, not the capital.</think>The answer is Ankara."
+    result = await Agent(ScriptedModel([reply]), tools=[calculator]).run("Capital of Türkiye?")
+    assert result.output == "The answer is Ankara."
+    react = ["İİİ reasoning</think>Final Answer: Ankara"]
+    result = await Agent(ScriptedModel(react, tools=False), tools=[calculator]).run("Capital of Türkiye?")
+    assert result.output == "Ankara"

@@ -513,6 +513,35 @@ def _repaired(body: str) -> Any:
     return None if _json.non_finite(value) else value
 
 
+_THINK_OPEN_RE = re.compile("<think>", re.IGNORECASE)
+THINK_CLOSE_RE = re.compile("</think>", re.IGNORECASE)
+_TOOL_CALL_OPEN_RE = re.compile("<tool_call>", re.IGNORECASE)
+
+
+def without_think_blocks(text: str) -> str:
+    """`text` without its `<think>…</think>` blocks: each opening tag up to the next closing one, as the
+    regex `<think>.*?</think>` removed them — in linear time: that regex, tried at each of many opening
+    tags that no closing one follows, took time growing with the square of the reply."""
+    parts: list[str] = []
+    start = 0
+    while (opened := _THINK_OPEN_RE.search(text, start)) is not None:
+        closed = THINK_CLOSE_RE.search(text, opened.end())
+        if closed is None:
+            break
+        parts.append(text[start : opened.start()])
+        start = closed.end()
+    return "".join(parts) + text[start:] if parts else text
+
+
+def last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    """The last match of `pattern` in `text` — where `text.lower().rfind(tag)` was taken as an index of
+    `text`, which it is not when a character before it lowers to two (`İ` to `i̇`): the slice was off."""
+    found = None
+    for match in pattern.finditer(text):
+        found = match
+    return found
+
+
 def unfenced(text: str) -> str:
     """The text inside the first Markdown code fence of `text`, or `text`."""
     match = _FENCE_RE.search(text)
@@ -607,7 +636,8 @@ def ends_inside_call(text: str) -> bool:
         return False
     labels = list(_INPUT_RE.finditer(text))
     label = labels[-1] if labels else None
-    body = unfenced(text[label.end() :] if label else text[text.lower().rfind("<tool_call>") + 1 :]).strip()
+    opened = None if label else last_match(_TOOL_CALL_OPEN_RE, text)
+    body = unfenced(text[label.end() :] if label else text[opened.start() + 1 if opened else 0 :]).strip()
     if label is not None and not body.startswith(("{", "[", '"')):
         return True  # plain text up to the cut
     if body.startswith('"') and (len(body) == 1 or not body.endswith('"')):
