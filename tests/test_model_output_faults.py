@@ -74,3 +74,14 @@ async def test_an_answer_after_reasoning_that_holds_a_dotted_capital_i_is_kept_w
     react = ["İİİ reasoning</think>Final Answer: Ankara"]
     result = await Agent(ScriptedModel(react, tools=False), tools=[calculator]).run("Capital of Türkiye?")
     assert result.output == "Ankara"
+
+
+async def test_a_long_goal_is_searched_for_the_options_it_lists_at_once() -> None:
+    # the options a task lists (`…: Anvil, Bolt or Crate?`) were searched for with a regex whose time grew
+    # with the square of a run of spaces or of `of`s: 4 s for a 40 kB goal, which the server accepts
+    replies = ['Thought: x\nAction: calculator\nAction Input: {"expression": "1+1"}', "Final Answer: 2"]
+    for goal in ("Which has the most: a" + " " * 40_000 + "b", "of " * 13_000):
+        started = time.monotonic()
+        result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run(goal)
+        assert time.monotonic() - started < 2
+        assert result.output == "2"

@@ -1460,7 +1460,7 @@ _LEAST_WORDS = ("least", "lowest", "smallest", "fewest")
 _SUPERLATIVE_RE = re.compile(
     r"\bthe[ \t]+(?P<word>" + "|".join(_MOST_WORDS + _LEAST_WORDS) + r")\b", re.IGNORECASE
 )
-_OPTIONS_RE = re.compile(r":[ \t]*([^:?\n]+?)\s*\?|\b(?:among|of)[ \t]+([^:?\n]+?)\s*\?")
+_AMONG_RE = re.compile(r"\b(?:among|of)[ \t]+")
 _OPTION_SPLIT_RE = re.compile(r"\s*,\s*(?:(?:or|and)\s+)?|\s+(?:or|and)\s+")
 _SENTENCE_RE = re.compile(r"[^.!?\n]+(?:\.(?=\d)[^.!?\n]*)*")
 SUPERLATIVE = "by your own computations"  # in the correction: told once a run
@@ -1508,12 +1508,28 @@ def superlative_check(answer: str, goal: str, work: list[str], sources: list[str
     return correction, righted
 
 
+def _listed_before_question(goal: str) -> str | None:
+    """The first list a question mark ends, after a colon or `among`/`of` (`: Anvil, Bolt or Crate?`), or
+    None. Read question by question, in linear time: a regex searching for it from every `of` and through
+    every run of spaces took time growing with the square of the goal (4 s for a 40 kB one)."""
+    for line in goal.split("\n"):
+        start = 0
+        while (mark := line.find("?", start)) >= 0:
+            before = line[start:mark]  # a list never holds a colon: only the last one can lead it
+            colon = before.rfind(":")
+            lead = colon + 1 if colon >= 0 else (m.end() if (m := _AMONG_RE.search(before)) else -1)
+            if lead >= 0 and before[lead:]:
+                return before[lead:]
+            start = mark + 1
+    return None
+
+
 def _options(goal: str) -> list[str]:
     """The options a task lists to choose from (`…: Anvil, Bolt or Crate?`, `… among A, B and C?`)."""
-    match = _OPTIONS_RE.search(goal)
-    if match is None:
+    listed = _listed_before_question(goal)
+    if listed is None:
         return []
-    items = [i.strip() for i in _OPTION_SPLIT_RE.split((match.group(1) or match.group(2)).strip())]
+    items = [i.strip() for i in _OPTION_SPLIT_RE.split(listed.strip())]
     items = [i for i in items if i]
     if not 2 <= len(items) <= 8 or any(len(i) > 40 or len(i.split()) > 4 for i in items):
         return []
