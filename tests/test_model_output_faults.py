@@ -85,3 +85,18 @@ async def test_a_long_goal_is_searched_for_the_options_it_lists_at_once() -> Non
         result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run(goal)
         assert time.monotonic() - started < 2
         assert result.output == "2"
+
+
+async def test_a_code_fence_followed_by_blank_lines_without_end_is_read_at_once() -> None:
+    # the blank space after an opening fence could go to the fence's line or to the block: the regex tried
+    # every split, 10 s for 20 kB of newlines (a small model stuck on line breaks), event loop blocked
+    reply = "```json\n" + "\n" * 20_000
+    started = time.monotonic()
+    result = await Agent(ScriptedModel([reply]), tools=[calculator], output_type=Point).run("a point")
+    assert time.monotonic() - started < 2
+    assert result.stop_reason is not None
+    started = time.monotonic()
+    react = ["Thought: x\nAction: calculator\nAction Input: ```" + " " * 20_000, "Final Answer: 2"]
+    result = await Agent(ScriptedModel(react, tools=False), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 2
+    assert result.output == "2"

@@ -220,7 +220,7 @@ class ReactStep:
     error: str | None = None
 
 
-_FENCE_RE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
+_FENCE_RE = re.compile(r"```(?>[a-zA-Z0-9_-]*\s*\n?)(.*?)```", re.DOTALL)  # atomic: see _output._FENCE_RE
 _LABEL = r"(?im)^[ \t>*_#]*{label}[ \t*_]*[:：](?:[*_]+(?=\s|$))?[ \t]*"  # `**Final Answer:** 5` too
 _THOUGHT_RE = re.compile(_LABEL.format(label=r"thought"))
 _ACTION_RE = re.compile(_LABEL.format(label=r"action(?![ \t_]*input)"))
