@@ -630,6 +630,10 @@ async def test_rows_no_worker_can_run_fail_with_a_clear_error_and_the_worker_goe
     await queue.submit("a first healthy job", run_id="good-1")  # creates the table
     bad = {  # rows written by something else than `submit`
         "not-json": ("x", "{not json"),
+        "too-deep": (
+            "x",
+            "[" * 100_000 + "]" * 100_000,
+        ),  # json raised RecursionError: it crashed every worker
         "not-object": ("x", "[1, 2]"),
         "bad-metadata": ("x", '{"budget": null, "metadata": "m", "session": null}'),
         "bad-budget": ("x", '{"budget": {"speed": 3}, "metadata": {}, "session": null}'),
@@ -651,6 +655,7 @@ async def test_rows_no_worker_can_run_fail_with_a_clear_error_and_the_worker_goe
         assert sorted(worker.completed) == ["good-1", "good-2"]
         expected = {
             "not-json": "its options are not JSON (",
+            "too-deep": "its options are not JSON (they nest too deeply to read)",
             "not-object": "its options must be a JSON object (as `JobQueue.submit` writes them), got '[1, 2]'",
             "bad-metadata": "its option 'metadata' must be a dict or null, got 'm'",
             "bad-budget": "the job's budget {'speed': 3} is not a budget",

@@ -54,3 +54,49 @@ async def test_a_long_run_of_operands_in_an_answer_is_checked_at_once() -> None:
     result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run("1+1?")
     assert time.monotonic() - started < 5
     assert result.stop_reason == "final_answer"
+
+
+async def test_a_reply_of_reasoning_blocks_never_closed_is_read_at_once() -> None:
+    # `<think>.*?</think>`, tried at each opening tag, took time growing with the square of the reply
+    reply = "<think>," * 8_000
+    started = time.monotonic()
+    result = await Agent(ScriptedModel([reply]), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 2
+    assert result.stop_reason == "final_answer"
+
+
+async def test_an_answer_after_reasoning_that_holds_a_dotted_capital_i_is_kept_whole() -> None:
+    # the closing tag was found in text.lower(), where `İ` is two characters, and the answer was cut there:
+    # 'he answer is Ankara.'
+    reply = "İstanbul is the largest city, not the capital.</think>The answer is Ankara."
+    result = await Agent(ScriptedModel([reply]), tools=[calculator]).run("Capital of Türkiye?")
+    assert result.output == "The answer is Ankara."
+    react = ["İİİ reasoning</think>Final Answer: Ankara"]
+    result = await Agent(ScriptedModel(react, tools=False), tools=[calculator]).run("Capital of Türkiye?")
+    assert result.output == "Ankara"
+
+
+async def test_a_long_goal_is_searched_for_the_options_it_lists_at_once() -> None:
+    # the options a task lists (`…: Anvil, Bolt or Crate?`) were searched for with a regex whose time grew
+    # with the square of a run of spaces or of `of`s: 4 s for a 40 kB goal, which the server accepts
+    replies = ['Thought: x\nAction: calculator\nAction Input: {"expression": "1+1"}', "Final Answer: 2"]
+    for goal in ("Which has the most: a" + " " * 40_000 + "b", "of " * 13_000):
+        started = time.monotonic()
+        result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run(goal)
+        assert time.monotonic() - started < 2
+        assert result.output == "2"
+
+
+async def test_a_code_fence_followed_by_blank_lines_without_end_is_read_at_once() -> None:
+    # the blank space after an opening fence could go to the fence's line or to the block: the regex tried
+    # every split, 10 s for 20 kB of newlines (a small model stuck on line breaks), event loop blocked
+    reply = "```json\n" + "\n" * 20_000
+    started = time.monotonic()
+    result = await Agent(ScriptedModel([reply]), tools=[calculator], output_type=Point).run("a point")
+    assert time.monotonic() - started < 2
+    assert result.stop_reason is not None
+    started = time.monotonic()
+    react = ["Thought: x\nAction: calculator\nAction Input: ```" + " " * 20_000, "Final Answer: 2"]
+    result = await Agent(ScriptedModel(react, tools=False), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 2
+    assert result.output == "2"

@@ -247,6 +247,14 @@ def test_a_plan_with_a_non_json_number_is_a_plan_error(number: str) -> None:
         parse_plan(f"Here is the plan: {text} — done.")  # found in prose
 
 
+def test_a_task_whose_args_text_nests_too_deeply_is_a_plan_error() -> None:
+    # args given as JSON text nested past Python's recursion limit raised RecursionError out of parse_plan
+    # (and the plan tool's observation was "run_plan raised RecursionError")
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(PlanError, match="tasks.0.args: Input should be a valid dictionary"):
+        parse_plan({"tasks": [{"id": "a", "tool": "t", "args": deep}]})
+
+
 async def test_a_planner_model_raising_any_exception_is_reported_not_raised() -> None:
     # Only ModelError was caught: a model raising anything else (a custom adapter, a FunctionModel) escaped
     # run_plan_and_execute, though an agent run takes the same failure as a failed run.

@@ -719,7 +719,8 @@ async def _stream_model(run: RunContext, request: ModelRequest, answer: _AnswerS
     return final
 
 
-_THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
+_THINK_CLOSE_RE = _react.THINK_CLOSE_RE
+_THINK_OPEN_RE = re.compile(r"<think>", re.IGNORECASE)
 
 
 class _AnswerStreamer:
@@ -1066,9 +1067,6 @@ def _answer_calls(run: RunContext, reply: Reply) -> Reply:
     return reply
 
 
-_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-
-
 def reasoning_removed(text: str) -> str:
     """What a reply says, for reading its calls and labels: `<think>…</think>` reasoning blocks removed, and
     everything before a closing tag whose opening one was part of the prompt, and a block never closed (cut
@@ -1076,24 +1074,25 @@ def reasoning_removed(text: str) -> str:
     reject in the next line — one was run."""
     if "think>" not in text.lower():
         return text
-    cleaned = _THINK_RE.sub("", text)
-    close = cleaned.lower().rfind("</think>")
-    if close >= 0:
-        cleaned = cleaned[close + len("</think>") :]
-    opened = cleaned.lower().find("<think>")
-    return cleaned if opened < 0 else cleaned[:opened]
+    cleaned = _react.without_think_blocks(text)
+    close = _react.last_match(_THINK_CLOSE_RE, cleaned)
+    if close is not None:
+        cleaned = cleaned[close.end() :]
+    opened = _THINK_OPEN_RE.search(cleaned)
+    return cleaned if opened is None else cleaned[: opened.start()]
 
 
 def native_answer(text: str) -> str:
     """The answer in a native reply without tool calls: reasoning blocks of thinking models
     (`<think>…</think>`) removed, and the text after a `Final Answer:` label when the model wrote one."""
     if "think>" in text.lower():
-        cleaned = _THINK_RE.sub("", text)
-        lower = cleaned.lower()
-        close = lower.rfind("</think>")
-        if close >= 0:  # the opening tag was part of the prompt: everything before the close is reasoning
-            cleaned = cleaned[close + len("</think>") :]
-        elif lower.lstrip().startswith("<think>"):  # cut off while reasoning: keep the reasoning, untagged
+        cleaned = _react.without_think_blocks(text)
+        close = _react.last_match(_THINK_CLOSE_RE, cleaned)
+        if (
+            close is not None
+        ):  # the opening tag was part of the prompt: everything before the close is reasoning
+            cleaned = cleaned[close.end() :]
+        elif cleaned.lstrip().lower().startswith("<think>"):  # cut off while reasoning: keep it, untagged
             cleaned = cleaned.lstrip()[len("<think>") :]
         text = cleaned.strip() or text.replace("<think>", "").replace("</think>", "").strip()
     match = _react._FINAL_RE.search(text)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from . import _json
 from ._errors import ConfigurationError, RunError
-from ._react import first_json_span
+from ._react import first_json_span, without_think_blocks
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,10 @@ _SCHEMA_ROOM = 2000  # a longer schema is not repeated in a correction (it is in
 _MAX_SPANS = 8  # JSON values read from an answer's text: the last ones (the final version comes last)
 _NOTHING: Any = object()  # no fix applies
 _MAX_FIXES = 64  # errors in one answer that are fixed (more: the model is told)
-_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_FENCE_RE = re.compile(r"```[ \t]*(?:[\w+-]*[ \t]*\n)?(.*?)```", re.DOTALL)
+_FENCE_RE = re.compile(r"```(?>[ \t]*(?:[\w+-]*[ \t]*\n)?)(.*?)```", re.DOTALL)
+"""A fenced block. Its opening line is matched atomically: the blank space after an opening fence that no
+closing one follows could go to the opening or to the block, and a regex trying every split took time
+growing with the square of it (20 kB of newlines after a fence: 10 s, the event loop blocked)."""
 _WRAPPERS = frozenset(
     {"answer", "final_answer", "finalanswer", "output", "result", "response", "data", "value", "json",
      "content", "properties", "arguments", "args", "parameters", "input", "action_input", "item", "object"}
@@ -153,7 +155,7 @@ class _Reading:
 
 
 def _read(text: str) -> _Reading:
-    body = _THINK_RE.sub("", text).strip() or text.strip()
+    body = without_think_blocks(text).strip() or text.strip()
     fenced = [m.group(1).strip() for m in _FENCE_RE.finditer(body)]
     pieces = [p for p in fenced if p] or [body]
     if len(pieces) == 1:

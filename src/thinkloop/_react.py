@@ -220,7 +220,7 @@ class ReactStep:
     error: str | None = None
 
 
-_FENCE_RE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
+_FENCE_RE = re.compile(r"```(?>[a-zA-Z0-9_-]*\s*\n?)(.*?)```", re.DOTALL)  # atomic: see _output._FENCE_RE
 _LABEL = r"(?im)^[ \t>*_#]*{label}[ \t*_]*[:：](?:[*_]+(?=\s|$))?[ \t]*"  # `**Final Answer:** 5` too
 _THOUGHT_RE = re.compile(_LABEL.format(label=r"thought"))
 _ACTION_RE = re.compile(_LABEL.format(label=r"action(?![ \t_]*input)"))
@@ -513,6 +513,35 @@ def _repaired(body: str) -> Any:
     return None if _json.non_finite(value) else value
 
 
+_THINK_OPEN_RE = re.compile("<think>", re.IGNORECASE)
+THINK_CLOSE_RE = re.compile("</think>", re.IGNORECASE)
+_TOOL_CALL_OPEN_RE = re.compile("<tool_call>", re.IGNORECASE)
+
+
+def without_think_blocks(text: str) -> str:
+    """`text` without its `<think>…</think>` blocks: each opening tag up to the next closing one, as the
+    regex `<think>.*?</think>` removed them — in linear time: that regex, tried at each of many opening
+    tags that no closing one follows, took time growing with the square of the reply."""
+    parts: list[str] = []
+    start = 0
+    while (opened := _THINK_OPEN_RE.search(text, start)) is not None:
+        closed = THINK_CLOSE_RE.search(text, opened.end())
+        if closed is None:
+            break
+        parts.append(text[start : opened.start()])
+        start = closed.end()
+    return "".join(parts) + text[start:] if parts else text
+
+
+def last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    """The last match of `pattern` in `text` — where `text.lower().rfind(tag)` was taken as an index of
+    `text`, which it is not when a character before it lowers to two (`İ` to `i̇`): the slice was off."""
+    found = None
+    for match in pattern.finditer(text):
+        found = match
+    return found
+
+
 def unfenced(text: str) -> str:
     """The text inside the first Markdown code fence of `text`, or `text`."""
     match = _FENCE_RE.search(text)
@@ -607,7 +636,8 @@ def ends_inside_call(text: str) -> bool:
         return False
     labels = list(_INPUT_RE.finditer(text))
     label = labels[-1] if labels else None
-    body = unfenced(text[label.end() :] if label else text[text.lower().rfind("<tool_call>") + 1 :]).strip()
+    opened = None if label else last_match(_TOOL_CALL_OPEN_RE, text)
+    body = unfenced(text[label.end() :] if label else text[opened.start() + 1 if opened else 0 :]).strip()
     if label is not None and not body.startswith(("{", "[", '"')):
         return True  # plain text up to the cut
     if body.startswith('"') and (len(body) == 1 or not body.endswith('"')):
@@ -1430,7 +1460,7 @@ _LEAST_WORDS = ("least", "lowest", "smallest", "fewest")
 _SUPERLATIVE_RE = re.compile(
     r"\bthe[ \t]+(?P<word>" + "|".join(_MOST_WORDS + _LEAST_WORDS) + r")\b", re.IGNORECASE
 )
-_OPTIONS_RE = re.compile(r":[ \t]*([^:?\n]+?)\s*\?|\b(?:among|of)[ \t]+([^:?\n]+?)\s*\?")
+_AMONG_RE = re.compile(r"\b(?:among|of)[ \t]+")
 _OPTION_SPLIT_RE = re.compile(r"\s*,\s*(?:(?:or|and)\s+)?|\s+(?:or|and)\s+")
 _SENTENCE_RE = re.compile(r"[^.!?\n]+(?:\.(?=\d)[^.!?\n]*)*")
 SUPERLATIVE = "by your own computations"  # in the correction: told once a run
@@ -1478,12 +1508,28 @@ def superlative_check(answer: str, goal: str, work: list[str], sources: list[str
     return correction, righted
 
 
+def _listed_before_question(goal: str) -> str | None:
+    """The first list a question mark ends, after a colon or `among`/`of` (`: Anvil, Bolt or Crate?`), or
+    None. Read question by question, in linear time: a regex searching for it from every `of` and through
+    every run of spaces took time growing with the square of the goal (4 s for a 40 kB one)."""
+    for line in goal.split("\n"):
+        start = 0
+        while (mark := line.find("?", start)) >= 0:
+            before = line[start:mark]  # a list never holds a colon: only the last one can lead it
+            colon = before.rfind(":")
+            lead = colon + 1 if colon >= 0 else (m.end() if (m := _AMONG_RE.search(before)) else -1)
+            if lead >= 0 and before[lead:]:
+                return before[lead:]
+            start = mark + 1
+    return None
+
+
 def _options(goal: str) -> list[str]:
     """The options a task lists to choose from (`…: Anvil, Bolt or Crate?`, `… among A, B and C?`)."""
-    match = _OPTIONS_RE.search(goal)
-    if match is None:
+    listed = _listed_before_question(goal)
+    if listed is None:
         return []
-    items = [i.strip() for i in _OPTION_SPLIT_RE.split((match.group(1) or match.group(2)).strip())]
+    items = [i.strip() for i in _OPTION_SPLIT_RE.split(listed.strip())]
     items = [i for i in items if i]
     if not 2 <= len(items) <= 8 or any(len(i) > 40 or len(i.split()) > 4 for i in items):
         return []

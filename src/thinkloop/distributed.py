@@ -410,6 +410,8 @@ def _options(options: object) -> dict[str, Any] | str:
         parsed = json.loads(options) if isinstance(options, str) else None
     except ValueError as exc:
         return f"its options are not JSON ({exc}): {options!r:.200}"
+    except RecursionError:  # `[[[[…]]]]`: every worker that took the job raised it
+        return f"its options are not JSON (they nest too deeply to read): {options!r:.200}"
     if not isinstance(parsed, dict):
         return f"its options must be a JSON object (as `JobQueue.submit` writes them), got {options!r:.200}"
     for key, kind in (("budget", dict), ("metadata", dict), ("session", str)):

@@ -489,7 +489,7 @@ def _as_written(task: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(args, str):
         try:
             parsed = _strict_json(args) if args.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's recursion limit
             parsed = None
         if isinstance(parsed, dict):
             out["args"] = parsed
@@ -507,7 +507,7 @@ def _as_written(task: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-_FENCE_RE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?(.*?)```", re.DOTALL)
+_FENCE_RE = re.compile(r"```(?>[A-Za-z0-9_+-]*[ \t]*\n?)(.*?)```", re.DOTALL)  # atomic: see _output._FENCE_RE
 
 
 def _plan_json(text: str) -> Any:
