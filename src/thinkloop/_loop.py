@@ -905,7 +905,7 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
         ):
             return _new_reply(text=response.text, calls=calls)
         calls = _settled(run, calls)
-    if not calls and response.text and run.tools.names:
+    if not calls and response.text and run.tools.names and _react.may_hold_calls(response.text):
         said = reasoning_removed(response.text)  # a call the model only considered in its reasoning is none
         answer = _react.json_answer(said, run.tools.names)  # {"name": "final_answer", ...} as text
         if answer is not None:
