@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from thinkloop import Message, ToolCall
 from thinkloop._messages import ToolDefinition
 from thinkloop._react import (
     arguments_example,
     call_syntax,
+    json_answer,
+    may_hold_calls,
     parse_arguments,
     parse_react,
     render_transcript,
@@ -1124,3 +1128,33 @@ async def test_an_answer_naming_the_wrong_option_as_the_most_is_corrected_by_the
     result = await Agent(unsure, tools=[warehouse]).run(goal)
     assert result.output == "Anvil has the most free space."
     assert not [m for m in result.state.messages if m.kind == "correction"]
+
+
+# Texts built from the characters the call forms are written with, and the tools' names and labels, so that
+# the generated texts come close to calls; a text without `{`, `(`, a colon or `<tool_call>` never is one.
+_PIECES = st.sampled_from(
+    ["calculator", "search", "final_answer", "Action", "Action Input", "Final Answer", "<tool_call>",
+     "</tool_call>", "```", "```json", '"name"', "{", "}", "(", ")", ":", "：", "=", "\n", " ", "2+2", "x"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PIECES, max_size=12).map("".join))
+def test_a_text_that_may_hold_no_call_is_parsed_as_none(text: str) -> None:
+    names = [*TOOLS, "final_answer"]
+    if not may_hold_calls(text):
+        assert text_calls(text, names, "t") == (text, [])
+        assert json_answer(text, names) is None
+
+
+def test_call_forms_are_seen_by_may_hold_calls() -> None:
+    for text in (
+        '{"name": "search", "arguments": {"q": "x"}}',
+        "calculator(expression='2+2')",
+        "Action: search",
+        "Action： search",
+        "<tool_call>search</tool_call>",
+    ):
+        assert may_hold_calls(text), text
+        assert text_calls(text, TOOLS, "t")[1], text
+    assert not may_hold_calls("It is 42 degrees in Paris.")

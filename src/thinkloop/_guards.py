@@ -278,33 +278,9 @@ class Guards:
     def screen(self, state: RunState, calls: list[ToolCall]) -> dict[str, str]:
         """Count the calls' signatures; return {call_id: message} for the calls that must not run."""
         g = state.guards
-        if len(calls) == 1:  # the common case, without the lists and loops
-            return self._screen_one(g, calls[0])
-        sigs = [signature(c) for c in calls]
-        self._signatures = {c.id: sig for c, sig in zip(calls, sigs, strict=True)}
-        step_sig = "|".join(sorted(sigs))
-        alternating = _alternates(g.recent_signatures, step_sig)
-        blocked: dict[str, str] = {}
-        counts, most = g.signature_counts, self.config.max_identical_calls
-        for call, sig in zip(calls, sigs, strict=True):
-            count = counts[sig] = counts.get(sig, 0) + 1
-            if count > 1:
-                g.repeated_calls += 1
-            if count > most:
-                message = self._repeated(g, call, sig, count)
-                if message is not None:
-                    blocked[call.id] = message
-            elif alternating:
-                blocked[call.id] = self.config.hint("alternating", name=call.name)
-        g.total_calls += len(calls)
-        _push(g.recent_signatures, step_sig, 8)
-        g.blocked_calls += len(blocked)
-        all_blocked = bool(calls) and len(blocked) == len(calls)
-        g.consecutive_blocked = g.consecutive_blocked + 1 if all_blocked else 0
-        return blocked
-
-    def _screen_one(self, g: GuardState, call: ToolCall) -> dict[str, str]:
-        """`screen` of a step with one call (the same rules)."""
+        if len(calls) != 1:
+            return self._screen_many(g, calls)
+        call = calls[0]  # the common case, one call: without the lists and loops of `_screen_many`
         sig = signature(call)
         self._signatures = {call.id: sig}
         recent = g.recent_signatures
@@ -329,6 +305,31 @@ class Guards:
         g.blocked_calls += 1
         g.consecutive_blocked += 1
         return {call.id: message}
+
+    def _screen_many(self, g: GuardState, calls: list[ToolCall]) -> dict[str, str]:
+        """`screen` of a step with several calls (the same rules)."""
+        sigs = [signature(c) for c in calls]
+        self._signatures = {c.id: sig for c, sig in zip(calls, sigs, strict=True)}
+        step_sig = "|".join(sorted(sigs))
+        alternating = _alternates(g.recent_signatures, step_sig)
+        blocked: dict[str, str] = {}
+        counts, most = g.signature_counts, self.config.max_identical_calls
+        for call, sig in zip(calls, sigs, strict=True):
+            count = counts[sig] = counts.get(sig, 0) + 1
+            if count > 1:
+                g.repeated_calls += 1
+            if count > most:
+                message = self._repeated(g, call, sig, count)
+                if message is not None:
+                    blocked[call.id] = message
+            elif alternating:
+                blocked[call.id] = self.config.hint("alternating", name=call.name)
+        g.total_calls += len(calls)
+        _push(g.recent_signatures, step_sig, 8)
+        g.blocked_calls += len(blocked)
+        all_blocked = bool(calls) and len(blocked) == len(calls)
+        g.consecutive_blocked = g.consecutive_blocked + 1 if all_blocked else 0
+        return blocked
 
     def _repeated(self, g: GuardState, call: ToolCall, sig: str, count: int) -> str | None:
         """Why a call made more than `max_identical_calls` times is blocked; None for a poll whose last two
@@ -359,35 +360,9 @@ class Guards:
         call exactly, result included (`is_repeat`, as it was before this step): the loop notes it to the
         model."""
         g = state.guards
-        if len(outcomes) == 1:
-            return self._observe_one(g, outcomes[0])
-        repeats = frozenset(
-            o.call.id for o in outcomes if o.success and self.is_repeat(state, o.call, o.output)
-        )
-        g.heal_failures = g.heal_failures + 1 if all(o.error_kind in _MALFORMED for o in outcomes) else 0
-        executed = [o for o in outcomes if o.error_kind != "repeated_call"]
-        succeeded = False
-        for outcome in executed:
-            succeeded = succeeded or outcome.success
-            g.consecutive_failures = 0 if outcome.success else g.consecutive_failures + 1
-        if succeeded:
-            if g.recent_errors:
-                g.recent_errors.clear()
-        elif executed:
-            errors = "\n".join(sorted(f"{o.call.name}:{o.output}" for o in executed))
-            _push(g.recent_errors, _error_fingerprint(errors), 8)
-        useful = False
-        for outcome in outcomes:  # every outcome is looked at (it may be a result not seen before)
-            useful = self._useful(outcome, g) or useful
-        g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
-        if useful and g.recent_thoughts:  # reasoning repeated while new results come in is a routine
-            g.recent_thoughts.clear()  # (the next of several items), not a circle
-        if g.recent_signatures:
-            _note_results(g.recent_signatures, outcomes, blocked=not executed)
-        return repeats
-
-    def _observe_one(self, g: GuardState, outcome: ToolOutcome) -> frozenset[str]:
-        """`observe` of a step with one call (the same rules; the result's digest taken once)."""
+        if len(outcomes) != 1:
+            return self._observe_many(state, outcomes)
+        outcome = outcomes[0]  # the common case, one call: its result's digest taken once
         kind, success = outcome.error_kind, outcome.success
         g.heal_failures = g.heal_failures + 1 if kind in _MALFORMED else 0
         executed = kind != "repeated_call"
@@ -414,7 +389,7 @@ class Guards:
                 del seen[0]
         useful = new if self.config.is_useful is None else bool(self.config.is_useful(outcome, g))
         g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
-        if useful and g.recent_thoughts:  # see `observe`
+        if useful and g.recent_thoughts:  # a routine, not a circle (`_observe_many`)
             g.recent_thoughts.clear()
         recent = g.recent_signatures
         if recent:  # `_note_results` of one outcome
@@ -422,6 +397,34 @@ class Guards:
             sig = last if "#" not in last else last.split("#", 1)[0]
             recent[-1] = f"{sig}#{digest if executed else _earlier_result(recent, sig, digest)}"
         return frozenset((call.id,)) if repeat else _NONE
+
+    def _observe_many(self, state: RunState, outcomes: list[ToolOutcome]) -> frozenset[str]:
+        """`observe` of a step with several calls (the same rules)."""
+        g = state.guards
+        repeats = frozenset(
+            o.call.id for o in outcomes if o.success and self.is_repeat(state, o.call, o.output)
+        )
+        g.heal_failures = g.heal_failures + 1 if all(o.error_kind in _MALFORMED for o in outcomes) else 0
+        executed = [o for o in outcomes if o.error_kind != "repeated_call"]
+        succeeded = False
+        for outcome in executed:
+            succeeded = succeeded or outcome.success
+            g.consecutive_failures = 0 if outcome.success else g.consecutive_failures + 1
+        if succeeded:
+            if g.recent_errors:
+                g.recent_errors.clear()
+        elif executed:
+            errors = "\n".join(sorted(f"{o.call.name}:{o.output}" for o in executed))
+            _push(g.recent_errors, _error_fingerprint(errors), 8)
+        useful = False
+        for outcome in outcomes:  # every outcome is looked at (it may be a result not seen before)
+            useful = self._useful(outcome, g) or useful
+        g.steps_without_progress = 0 if useful else g.steps_without_progress + 1
+        if useful and g.recent_thoughts:  # reasoning repeated while new results come in is a routine
+            g.recent_thoughts.clear()  # (the next of several items), not a circle
+        if g.recent_signatures:
+            _note_results(g.recent_signatures, outcomes, blocked=not executed)
+        return repeats
 
     def _useful(self, outcome: ToolOutcome, g: GuardState) -> bool:
         new = False

@@ -532,7 +532,7 @@ async def call_model(run: RunContext, request: ModelRequest) -> ModelResponse:
             and usage.output_tokens >= 0
             and 0.0 <= usage.cost < math.inf
             and type(response.tool_calls) is list
-            and all(_plain_call(call) for call in response.tool_calls)
+            and _plain_calls(response.tool_calls)
         )
         and (problem := _malformed(response)) is not None
     ):  # a model of the user's making
@@ -603,14 +603,19 @@ def model_failure(run: RunContext, exc: Exception) -> Exception:
     return as_model_error(exc, run.model.provider)
 
 
-def _plain_call(call: object) -> bool:
-    return (
-        type(call) is ToolCall
-        and type(call.id) is str
-        and type(call.name) is str
-        and type(call.arguments) is dict
-        and (call.raw_arguments is None or type(call.raw_arguments) is str)
-    )
+def _plain_calls(calls: list[ToolCall]) -> bool:
+    """Whether every call is a `ToolCall` of text id and name, with a dict of arguments (and text or None as
+    its raw arguments): a loop, not `all()` over a generator (a frame less every step)."""
+    for call in calls:
+        if not (
+            type(call) is ToolCall
+            and type(call.id) is str
+            and type(call.name) is str
+            and type(call.arguments) is dict
+            and (call.raw_arguments is None or type(call.raw_arguments) is str)
+        ):
+            return False
+    return True
 
 
 def _malformed(response: ModelResponse) -> str | None:
@@ -890,11 +895,18 @@ def interpret(run: RunContext, response: ModelResponse, request: ModelRequest) -
     if run.state.mode == "react" and not response.tool_calls:
         return _interpret_react(run, response, request)
     calls = response.tool_calls
-    if calls and not (  # the common case, inline: one call, of a fresh id, naming a tool exactly
-        len(calls) == 1 and calls[0].id and calls[0].id not in run.state.ledger and calls[0].name in run.tools
-    ):
+    if calls:
+        call = calls[0]
+        if (  # the common case, at once: one well-formed call, of a fresh id, naming a tool exactly
+            len(calls) == 1
+            and call.raw_arguments is None
+            and call.id
+            and call.id not in run.state.ledger
+            and call.name in run.tools
+        ):
+            return _new_reply(text=response.text, calls=calls)
         calls = _settled(run, calls)
-    if not calls and response.text and run.tools.names:
+    if not calls and response.text and run.tools.names and _react.may_hold_calls(response.text):
         said = reasoning_removed(response.text)  # a call the model only considered in its reasoning is none
         answer = _react.json_answer(said, run.tools.names)  # {"name": "final_answer", ...} as text
         if answer is not None:

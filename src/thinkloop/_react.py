@@ -285,7 +285,10 @@ def parse_react(text: str, tool_names: list[str], *, call_id: str) -> ReactStep:
 def announces_next_step(text: str) -> bool:
     """Whether the last sentence of `text` says what the writer will do next ("I will try again later.",
     "Let me check the weather.") — a step announced, not an answer."""
-    return bool(_PLAN_RE.search(re.split(r"(?<=[.!?])\s+|\n", text.strip())[-1]))
+    return bool(_PLAN_RE.search(_SENTENCE_END_RE.split(text.strip())[-1]))
+
+
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+|\n")
 
 
 _ACT = (  # what a step announces ("I will try again later." ended a run of the 0.5B model as its answer)
@@ -644,6 +647,13 @@ def ends_inside_call(text: str) -> bool:
         return True
     span = first_json_span(body, "{[")
     return span is not None and not span[1]
+
+
+def may_hold_calls(text: str) -> bool:
+    """Whether `text` can hold a call written as text (`text_calls`, `json_answer`): each form needs a `{`,
+    a `(`, a label's colon or a `<tool_call>` tag. A plain answer ("It is 42 degrees.") has none of them,
+    and is not parsed."""
+    return "{" in text or "(" in text or ":" in text or "：" in text or "<tool_call>" in text
 
 
 def text_calls(text: str, tool_names: list[str], call_id: str) -> tuple[str, list[ToolCall]]:
