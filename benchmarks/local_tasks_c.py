@@ -552,7 +552,8 @@ TASKS = [
     ),
     Task(
         "below_reorder", "yes_no", "Is the Hamburg stock of HINGE-H40 below its reorder level?",
-        [site_stock, sku_details, calculator], [yes_no(True)],
+        [site_stock, sku_details, calculator],
+        [any_of(yes_no(True), lambda t: has("is below", "are below")(t) and lacks("not", "n't", "no ")(t))],
     ),
     Task(
         "hinge_value", "chain3", "What is the total value in EUR of the HINGE-H40 hinges in stock at Hamburg?",
