@@ -62,3 +62,36 @@ def test_no_order_line_for_what_is_not_a_list_of_records_with_different_numbers(
     assert list_orders("3 items, total 6.65 kg") == ""
     assert list_orders("[not json") == ""
     assert list_orders(json.dumps([{"n": i} for i in range(13)])) == ""  # too long to list
+
+
+async def test_order_lines_only_when_the_task_ranks_and_records_named_by_their_title() -> None:
+    """Suite C's borrowable_now, seed 0: after `search_catalogue` listed two books, the line ordering them
+    by copies (labelled by ISBN) made the 1.5B model answer with one, "the highest number of copies", for
+    a task that asked which books can be borrowed. The lines are for tasks that rank or compare."""
+    books = [
+        {"isbn": "978-0-306-40615-7", "title": "A Map of Quiet Rivers", "copies_available": 3},
+        {"isbn": "978-0-7432-7356-5", "title": "Winter at Vell Point", "copies_available": 1},
+    ]
+
+    @tool
+    def search_catalogue(query: str) -> list[dict[str, object]]:
+        """Search the library catalogue."""
+        return books
+
+    def reply(request: ModelRequest) -> str:
+        if request.turn == 0:
+            return 'Thought: search\nAction: search_catalogue\nAction Input: {"query": "Tomas Reyes"}'
+        return "Final Answer: A Map of Quiet Rivers and Winter at Vell Point."
+
+    seen = []
+    for goal in (
+        "Which books by Tomas Reyes can I borrow right now?",
+        "Which Tomas Reyes book has the most copies?",
+    ):
+        model = FunctionModel(reply, tools=False)
+        await Agent(model, tools=[search_catalogue]).run(goal)
+        seen.append(model.requests[1].messages[-1].content)
+    assert seen[0] == f"Observation: {json.dumps(books)}"
+    assert seen[1].endswith(
+        "\n(items by copies_available, from lowest to highest: Winter at Vell Point (1), A Map of Quiet Rivers (3))"
+    )

@@ -42,6 +42,10 @@ _WORD_RE = re.compile(
     + r")\b",
     re.IGNORECASE,
 )
+_RANKING_RE = re.compile(
+    r"\b(faster|fastest|slower|slowest|newer|newest|older|oldest|younger|youngest|best|worst|maximum|minimum)\b",
+    re.IGNORECASE,
+)  # rank, with no one direction: "the oldest" may be the lowest year or the highest age
 _NEGATED_RE = re.compile(r"\b(not|isn't|aren't|no)\b", re.IGNORECASE)
 _TIME_RE = re.compile(r"^([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?$")
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -83,6 +87,12 @@ def choice_check(answer: str, goal: str, calls: Sequence[Call]) -> str | None:
         f"The Final Answer picks {pick}, but {CHOSEN}{what}: {listed}. So {best} is the "
         f"{' '.join(word.group(1).lower().split())} one. Correct the answer."
     )
+
+
+def comparative(text: str) -> str | None:
+    """The first comparative or superlative word of a text ("cheaper", "the most", "earliest"), or None."""
+    found = _WORD_RE.search(text) or _RANKING_RE.search(text)
+    return None if found is None else " ".join(found.group(1).lower().split())
 
 
 def _direction(word: str) -> bool:
