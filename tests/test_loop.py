@@ -1988,3 +1988,52 @@ async def test_a_result_listing_ids_with_titles_names_the_tool_that_reads_one() 
         )
         result = await Agent(model, tools=tools).run("Look it up.")
         assert "Note:" not in next(m.content for m in result.state.messages if m.role == "tool")
+
+
+async def test_a_failed_call_whose_error_gives_the_form_of_an_argument_is_told_to_rewrite_it() -> None:
+    """Suite C's book_room, seed 0: told "start must be a 24-hour time written HH:MM, like 08:30 or 17:00,
+    not '3pm'", the 1.5B model called time_in to turn 3pm into 15:00 until the guards stopped it. The error
+    now ends with a note to rewrite the value itself and call the tool again."""
+    booked: list[str] = []
+
+    @tool
+    def book_room(room: str, start: str) -> str:
+        """Book a meeting room."""
+        if not start[:2].isdigit() or ":" not in start:
+            raise ValueError(
+                f"start must be a 24-hour time written HH:MM, like 08:30 or 17:00, not {start!r}"
+            )
+        booked.append(f"{room} {start}")
+        return f"booked {room} at {start}"
+
+    @tool
+    def time_in(time: str, from_city: str, to_city: str) -> str:
+        """A clock time in another city."""
+        return time
+
+    model = ScriptedModel(
+        [
+            'Thought: book\nAction: book_room\nAction Input: {"room": "Fjord", "start": "3pm"}',
+            'Thought: 3pm is 15:00\nAction: book_room\nAction Input: {"room": "Fjord", "start": "15:00"}',
+            "Final Answer: Booked.",
+        ],
+        tools=False,
+    )
+    result = await Agent(model, tools=[book_room, time_in]).run("Book the Fjord room from 3pm.")
+    first = [m.content for m in result.state.messages if m.role == "tool"][0]
+    assert first.endswith(
+        "not '3pm'\nNote: the error says how start must be written. Rewrite \"3pm\" in that form yourself and "
+        "call book_room again with it."
+    )
+    assert booked == ["Fjord 15:00"] and result.output == "Booked."
+
+    @tool
+    def stock_level(sku: str) -> str:
+        """Units in stock by SKU."""
+        raise ValueError(f"{sku!r} is not a SKU code; sku must be like SKU-0000. Use time_in to get it.")
+
+    model = ScriptedModel(
+        ['Thought: x\nAction: stock_level\nAction Input: {"sku": "widget"}', "Final Answer: ?"]
+    )
+    result = await Agent(model, tools=[stock_level, time_in]).run("How many widgets?")
+    assert "Note:" not in [m.content for m in result.state.messages if m.role == "tool"][0]  # it names a tool
