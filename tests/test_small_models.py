@@ -95,3 +95,56 @@ async def test_order_lines_only_when_the_task_ranks_and_records_named_by_their_t
     assert seen[1].endswith(
         "\n(items by copies_available, from lowest to highest: Winter at Vell Point (1), A Map of Quiet Rivers (3))"
     )
+
+
+SITE = {
+    "site": "Hamburg",
+    "zones": [
+        {
+            "zone": "A",
+            "bins": [
+                {"bin": "A-01", "sku": "BOLT-M6", "qty": 1200},
+                {"bin": "A-02", "sku": "NUT-M6", "qty": 3400},
+            ],
+        },
+        {
+            "zone": "B",
+            "bins": [
+                {"bin": "B-07", "sku": "BOLT-M6", "qty": 850},
+                {"bin": "B-09", "sku": "HINGE-H40", "qty": 35},
+            ],
+        },
+    ],
+}
+
+
+async def test_records_inside_records_are_shown_one_a_line_after_the_records_they_are_in() -> None:
+    """Suite C's bolts_total, seed 0: reading the nested JSON, the 1.5B model added up every quantity of
+    the site (`1200 + 3400 + 850 + 35 + 5000`) for "how many M6 bolts across all bins"."""
+
+    @tool
+    def site_stock(site: str) -> dict[str, object]:
+        """Stock by zone and bin."""
+        return SITE
+
+    def reply(request: ModelRequest) -> str:
+        if request.turn == 0:
+            return 'Thought: stock\nAction: site_stock\nAction Input: {"site": "Hamburg"}'
+        return "Final Answer: 2050"
+
+    model = FunctionModel(reply, tools=False)
+    result = await Agent(model, tools=[site_stock]).run("How many M6 bolts are there across all bins?")
+    assert model.requests[1].messages[-1].content == (
+        f"Observation: {json.dumps(SITE)}\n(the bins, one a line:\nzone A: bin A-01, sku BOLT-M6, qty 1200\n"
+        "zone A: bin A-02, sku NUT-M6, qty 3400\nzone B: bin B-07, sku BOLT-M6, qty 850\n"
+        "zone B: bin B-09, sku HINGE-H40, qty 35)"
+    )
+    assert [m.content for m in result.state.messages if m.role == "tool"] == [json.dumps(SITE)]  # unchanged
+
+
+def test_no_rows_for_records_that_hold_no_records() -> None:
+    from thinkloop._react import nested_rows
+
+    assert nested_rows(json.dumps({"loans": [{"title": "a", "due": "2026-12-03"}, {"title": "b"}]})) == ""
+    assert nested_rows(json.dumps({"offices": [{"city": "Dublin", "address": {"street": "x"}}]})) == ""
+    assert nested_rows("[not json") == nested_rows("3 items") == ""

@@ -825,7 +825,7 @@ def render_transcript(messages: list[Message]) -> list[Message]:
             out.append(Message(role="assistant", content=body, kind=msg.kind, step=msg.step))
         elif msg.role == "tool":
             orders = list_orders(msg.content) if ordered else ""
-            text = f"{OBSERVATION} {readable_json(msg.content)}{orders}"
+            text = f"{OBSERVATION} {readable_json(msg.content)}{nested_rows(msg.content)}{orders}"
             if (
                 out
                 and out[-1].role == "user"
@@ -893,6 +893,57 @@ def list_orders(text: str) -> str:
         lists = [(str(k), v) for k, v in value.items() if isinstance(v, list)]
     lines = [line for name, items in lists for line in _orders(name, items)]
     return "".join(f"\n({line})" for line in lines[:_ORDER_MAX_KEYS])
+
+
+_ROWS_MAX = 40
+
+
+def nested_rows(text: str) -> str:
+    """For a JSON tool result whose records hold lists of records (zones holding bins), the innermost
+    records one a line, each after the records it is in (`zone B: bin B-07, sku BOLT-M6, qty 850`); ""
+    otherwise. Shown to a ReAct model after the result (the stored result is unchanged): reading
+    `{"zones": [{"zone": "A", "bins": [{…}, {…}]}, …]}`, the 1.5B model added up every quantity of the
+    site for "how many M6 bolts across all bins", and tried a list comprehension in the calculator."""
+    if text.lstrip()[:1] not in ("{", "[") or len(text) > 20_000:
+        return ""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return ""
+    rows: list[str] = []
+    kinds: set[str] = set()
+    for key, items in _record_lists(value):
+        _rows(key, items, [], rows, kinds)
+    if not rows or len(rows) > _ROWS_MAX or len(kinds) != 1:
+        return ""
+    return f"\n(the {kinds.pop()}, one a line:\n" + "\n".join(rows) + ")"
+
+
+def _record_lists(value: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The lists of records a value holds at its top (a list itself, or a record's fields)."""
+    pairs = [("items", value)] if isinstance(value, list) else []
+    if isinstance(value, dict):
+        pairs = [(str(k), v) for k, v in value.items() if isinstance(v, list)]
+    return [(k, v) for k, v in pairs if v and all(isinstance(i, dict) for i in v)]
+
+
+def _rows(key: str, items: list[dict[str, Any]], path: list[str], rows: list[str], kinds: set[str]) -> None:
+    for item in items:
+        scalars = [
+            (str(k), v) for k, v in item.items() if v is None or isinstance(v, str | int | float | bool)
+        ]
+        inner = _record_lists(item)
+        if inner and scalars and len(rows) <= _ROWS_MAX:
+            label = f"{scalars[0][0]} {_shown(scalars[0][1])}"
+            for inner_key, inner_items in inner:
+                _rows(inner_key, inner_items, [*path, label], rows, kinds)
+        elif path and not inner:
+            kinds.add(key)
+            rows.append(", ".join(path) + ": " + ", ".join(f"{k} {_shown(v)}" for k, v in scalars))
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def asks_order(task: str) -> bool:
