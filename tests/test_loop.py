@@ -2037,3 +2037,26 @@ async def test_a_failed_call_whose_error_gives_the_form_of_an_argument_is_told_t
     )
     result = await Agent(model, tools=[stock_level, time_in]).run("How many widgets?")
     assert "Note:" not in [m.content for m in result.state.messages if m.role == "tool"][0]  # it names a tool
+
+
+async def test_a_tool_already_called_inside_the_calculator_is_told_to_write_its_values() -> None:
+    """Suite C's hinge_value: after site_stock answered, the 1.5B model sent a comprehension over
+    `site_stock['zones']` to the calculator; told to call site_stock first, it called it again (and again,
+    until the guards blocked it). Once the tool has answered, the note says to write its values instead."""
+
+    @tool
+    def site_stock(site: str) -> dict[str, object]:
+        """Stock by bin."""
+        return {"bins": [{"sku": "HINGE-H40", "qty": 35}]}
+
+    expression = "sum([bin['qty'] for bin in site_stock['zones'][2]['bins'] if bin['sku'] == 'HINGE-H40'])"
+    model = ScriptedModel(
+        [call("site_stock", site="Hamburg"), call("calculator", expression=expression), "35"]
+    )
+    result = await Agent(model, tools=[calculator, site_stock]).run("x")
+    refused = [m.content for m in result.state.messages if m.role == "tool"][1]
+    assert refused.endswith(
+        "\nNote: site_stock is a tool, which calculator cannot read. Its result is above: write the values you "
+        "need from it as numbers in calculator."
+    )
+    assert "'bin', 'site_stock' are not numbers" in refused

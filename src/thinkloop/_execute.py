@@ -605,6 +605,11 @@ def _nested_call_note(run: RunContext, tool: Tool, arguments: dict[str, object])
         return ""
     for name in run.visible_names():
         if name != tool.name and any(re.search(rf"\b{re.escape(name)}\s*[(\[]", text) for text in texts):
+            if any(e.name == name and e.success for e in run.state.ledger.values()):
+                return (  # called already: calling it again does not help (the 1.5B model did, then guessed)
+                    f"\nNote: {name} is a tool, which {tool.name} cannot read. Its result is above: write the "
+                    f"values you need from it as numbers in {tool.name}."
+                )
             return (
                 f"\nNote: {name} is a tool, which {tool.name} cannot call. Call {name} first, on its own, then "
                 f"use the values it returns in {tool.name}."
