@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from thinkloop import Agent, tool
-from thinkloop._choice import Call, choice_check
+from thinkloop import Agent, Budget, tool
+from thinkloop._choice import Call, choice_check, righted_choice
 from thinkloop.testing import ScriptedModel
 
 PARCELS = [
@@ -37,6 +37,19 @@ def test_the_wrong_option_of_two_json_results_is_named_with_both_values() -> Non
     assert choice_check("Swiftpost is cheaper, by 0.30 EUR.", PARCEL_GOAL, PARCELS) is None
     assert choice_check("Parcelo is more expensive than Swiftpost by 0.30.", PARCEL_GOAL, PARCELS) is None
     assert choice_check("Swiftpost is more expensive than Parcelo.", PARCEL_GOAL, PARCELS) is not None
+
+
+def test_the_pick_is_put_right_where_it_is_the_subject_of_the_comparison() -> None:
+    assert (
+        righted_choice("Parcelo is cheaper, by 0.30.", PARCEL_GOAL, PARCELS)
+        == "Swiftpost is cheaper, by 0.30."
+    )
+    both = "Riverside opens earlier on Sunday than Old Town."
+    assert righted_choice(both, HOURS_GOAL, HOURS) == "Old Town opens earlier on Sunday than Riverside."
+    twice = "Parcelo: 9.39. Parcelo is cheaper."  # named twice, alone: where is the pick? left as it is
+    assert righted_choice(twice, PARCEL_GOAL, PARCELS) == twice
+    bare = '{"carrier": "parcelo", "price_eur": 9.39}'  # no comparison written: nothing to put right
+    assert righted_choice(bare, PARCEL_GOAL, PARCELS) == bare
 
 
 def test_times_are_compared_and_the_field_is_the_one_the_task_names() -> None:
@@ -109,7 +122,20 @@ async def test_the_run_sends_the_wrong_pick_back_once_with_the_values() -> None:
 
     stubborn = ScriptedModel([_lookup("swiftpost"), _lookup("parcelo"), wrong, wrong])
     result = await Agent(stubborn, tools=[parcel_rate]).run(PARCEL_GOAL)
-    assert result.output == "It is cheaper to send a 4 kg parcel with Parcelo, and by 0.30 euros."
+    assert (
+        result.output == "It is cheaper to send a 4 kg parcel with Swiftpost, and by 0.30 euros."
+    )  # put right
+    # the after-run of the same task: told, the model looked both prices up again until the step limit, and
+    # the forced answer picked Parcelo again, after listing both prices
+    forced = (
+        "The price of sending a 4 kg parcel with Swiftpost is 9.09 euros, and the price of sending the same "
+        "parcel with Parcelo is 9.39 euros. Therefore, Parcelo is cheaper by 0.30 euros."
+    )
+    again = [_lookup("swiftpost"), _lookup("parcelo")]
+    looping = ScriptedModel([*again, wrong, *again, forced])
+    result = await Agent(looping, tools=[parcel_rate], budget=Budget(max_steps=5)).run(PARCEL_GOAL)
+    assert result.forced_final
+    assert result.output.endswith("9.39 euros. Therefore, Swiftpost is cheaper by 0.30 euros.")
     native = ScriptedModel(
         [
             {"tool_calls": [{"name": "parcel_rate", "args": {"carrier": c, "weight_kg": 4}}]}

@@ -66,6 +66,28 @@ def choice_check(answer: str, goal: str, calls: Sequence[Call]) -> str | None:
     """The correction for an answer that picks the wrong one of the options the task names, by the values
     the options' tool results give (see the module's docstring); None when it picks the right one, or
     anything is unsure."""
+    checked = _checked(answer, goal, calls)
+    return None if checked is None else checked[0]
+
+
+def righted_choice(answer: str, goal: str, calls: Sequence[Call]) -> str:
+    """The answer with its wrong pick replaced by the right option, where the pick is written as the subject
+    of the comparison ("Therefore, Parcelo is cheaper" → "Therefore, Swiftpost is cheaper"): for an answer
+    given again after the correction, or forced (the 1.5B model, told the values, looked both prices up
+    again and its forced answer picked Parcelo again). `answer` itself otherwise."""
+    checked = _checked(answer, goal, calls)
+    if checked is None or checked[1] is None:
+        return answer
+    start, end, best = checked[1]
+    pick = answer[start:end]
+    after = _where(best, answer[end:])  # "Riverside opens earlier than Old Town": the two sides swap
+    rest = (
+        answer[end:] if after is None else answer[end:][: after.start()] + pick + answer[end:][after.end() :]
+    )
+    return answer[:start] + best + rest
+
+
+def _checked(answer: str, goal: str, calls: Sequence[Call]) -> tuple[str, tuple[int, int, str] | None] | None:
     word = _WORD_RE.search(goal)
     if word is None or not re.search(r"\bor\b", goal, re.IGNORECASE) or len(answer) > 600:
         return None
@@ -75,18 +97,20 @@ def choice_check(answer: str, goal: str, calls: Sequence[Call]) -> str | None:
     if values is None:
         return None
     field, value = values
-    pick = _pick(answer, list(value), lower)
-    if pick is None:
+    picked = _pick(answer, list(value), lower)
+    if picked is None:
         return None
+    pick, span = picked
     best = (min if lower else max)(value, key=lambda o: value[o][0])
     if best == pick or sum(v[0] == value[best][0] for v in value.values()) > 1:
         return None
     listed = ", ".join(f"{o} {value[o][1]}" for o in value)
     what = f" ({field})" if field else ""
-    return (
+    correction = (
         f"The Final Answer picks {pick}, but {CHOSEN}{what}: {listed}. So {best} is the "
         f"{' '.join(word.group(1).lower().split())} one. Correct the answer."
     )
+    return correction, None if span is None else (*span, best)
 
 
 def comparative(text: str) -> str | None:
@@ -216,7 +240,10 @@ def _single_number(calls: list[Call]) -> tuple[float, str] | None:
         return None
 
 
-def _pick(answer: str, options: list[str], lower: bool) -> str | None:
+Picked = tuple[str, tuple[int, int] | None]  # the option, and where the answer names it as the one picked
+
+
+def _pick(answer: str, options: list[str], lower: bool) -> Picked | None:
     """The option the answer picks: the only one it names, or the one named last before its first
     comparative word (the other one, of two, when that word points the other way: "Parcelo is more
     expensive than Swiftpost" picks Swiftpost for "cheaper"). None when unsure or negated."""
@@ -225,9 +252,11 @@ def _pick(answer: str, options: list[str], lower: bool) -> str | None:
         return None
     named = [o for o in options if _written(o, answer)]
     if len(named) == 1:
+        found = list(re.finditer(rf"(?<!\w){re.escape(named[0])}(?!\w)", answer, re.IGNORECASE))
+        span = found[0].span() if len(found) == 1 and first is not None else None  # not a bare name
         if first is None or _direction(first.group(1)) == lower:
-            return named[0]
-        return next(o for o in options if o != named[0]) if len(options) == 2 else None
+            return named[0], span
+        return (next(o for o in options if o != named[0]), None) if len(options) == 2 else None
     if first is None or len(named) < 2:
         return None
     before = answer[: first.start()].lower()
@@ -236,6 +265,6 @@ def _pick(answer: str, options: list[str], lower: bool) -> str | None:
     if positions[subject] < 0:
         return None
     if _direction(first.group(1)) == lower:
-        return subject
+        return subject, (positions[subject], positions[subject] + len(subject))
     others = [o for o in options if o != subject]
-    return others[0] if len(options) == 2 else None
+    return (others[0], None) if len(options) == 2 else None

@@ -1306,15 +1306,21 @@ def _compared(run: RunContext, answer: str) -> str | None:
     if checked is not None:
         return None if _send_back(run, checked[0], _react.COMPARED) else checked[1]
     if _checks_answers(run):
-        calls = [
-            _choice.Call(e.name, e.arguments, e.output)
-            for e in run.state.ledger.values()
-            if e.success and e.output is not None
-        ]
-        chosen = _choice.choice_check(answer, run.state.goal, calls)
+        chosen = _choice.choice_check(answer, run.state.goal, _calls(run))
         if chosen is not None and _send_back(run, chosen, _choice.CHOSEN):
             return None
+        if chosen is not None:  # told once already: the pick is put right where it can be
+            return _choice.righted_choice(answer, run.state.goal, _calls(run))
     return answer
+
+
+def _calls(run: RunContext) -> list[_choice.Call]:
+    """The successful tool calls of the run, with their results."""
+    return [
+        _choice.Call(e.name, e.arguments, e.output)
+        for e in run.state.ledger.values()
+        if e.success and e.output is not None
+    ]
 
 
 def _results(run: RunContext) -> list[str]:
@@ -1600,6 +1606,8 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
         answer = await _recheck_forced(run, request, answer)
     if state.ledger and len(answer) <= 2000:  # no second chance: a contradicted comparison is put right
         answer = _react.righted_comparison(answer, _results(run))
+        if _checks_answers(run):
+            answer = _choice.righted_choice(answer, state.goal, _calls(run))
     check_output(run, answer)  # a best effort: kept as `parsed` when it validates, never asked again
     state.messages.append(Message.assistant(answer, step=state.step))
     state.forced_final = True
