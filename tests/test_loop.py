@@ -2060,3 +2060,26 @@ async def test_a_tool_already_called_inside_the_calculator_is_told_to_write_its_
         "need from it as numbers in calculator."
     )
     assert "'bin', 'site_stock' are not numbers" in refused
+
+
+async def test_no_form_note_when_the_argument_is_not_what_the_error_says_must_be_so() -> None:
+    """Suite A's translate after the note was added: the calculator's own error ("… use numbers … like
+    sqrt(x) … Put the numbers themselves in the expression") got the note, and the 1.5B model sent the
+    sentence to the calculator three times. The argument must be the subject: `start must be …`."""
+    model = ScriptedModel(
+        [call("calculator", expression="translate 'good morning' into Spanish"), "Buenos días."]
+    )
+    result = await Agent(model, tools=[calculator]).run("Translate 'good morning' into Spanish.")
+    assert "Note: the error says how" not in [m.content for m in result.state.messages if m.role == "tool"][0]
+
+    @tool
+    def trains(date: str) -> str:
+        """Trains on a date."""
+        raise ValueError(f"date {date!r} is not YYYY-MM-DD (like 2027-03-24)")
+
+    model = ScriptedModel([call("trains", date="dec 12 2026"), "?"])
+    result = await Agent(model, tools=[trains]).run("x")
+    assert [m.content for m in result.state.messages if m.role == "tool"][0].endswith(
+        'Note: the error says how date must be written. Rewrite "dec 12 2026" in that form yourself and call '
+        "trains again with it."
+    )

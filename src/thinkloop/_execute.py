@@ -651,9 +651,7 @@ def _closest_value_note(tool: Tool, arguments: dict[str, object], error: str, go
     return ""
 
 
-_FORM_RE = re.compile(
-    r"\b(?:must|should|has to|needs? to) be\b|\bis not (?:a |an )?[A-Z]{2}|\b(?:like|e\.g\.|for example|such as)\b"
-)
+_FORM_AFTER = r"""(?:\s+(?:'[^'\n]*'|"[^"\n]*"))?\s+(?:(?:must|should|has to|needs? to) be\b|is not (?:a |an )?[A-Z]{2})"""
 
 
 def _form_note(run: RunContext, tool: Tool, arguments: dict[str, object], error: str) -> str:
@@ -661,12 +659,12 @@ def _form_note(run: RunContext, tool: Tool, arguments: dict[str, object], error:
     (`start must be a 24-hour time written HH:MM, like 08:30 or 17:00, not '3pm'`), and names no other
     tool: a note to rewrite the value in that form and call the tool again. The 1.5B model, told so by the
     error alone, called a time-zone tool to turn '3pm' into 15:00 until the guards stopped it. "" otherwise."""
-    if len(error) > 1000 or not _FORM_RE.search(error):
+    if len(error) > 1000:
         return ""
     named = [
         (n, v) for n, v in arguments.items()
-        if isinstance(v, str) and re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", error)
-    ]  # fmt: skip
+        if isinstance(v, str) and re.search(rf"(?<![\w-]){re.escape(n)}{_FORM_AFTER}", error)
+    ]  # fmt: skip  # what must be so is the argument: `start must be`, `date '12.12.2026' is not YYYY-MM-DD`
     if len(named) != 1 or any(t != tool.name and t in error for t in run.visible_names()):
         return ""
     name, value = named[0]
