@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import re
 import sys
 import time
@@ -557,6 +558,9 @@ async def main(
     parser.add_argument("--only", default="", help="comma-separated task names")
     parser.add_argument("--kind", default="", help="comma-separated task kinds (single, chain2, ...)")
     parser.add_argument("--verbose", action="store_true", help="print the transcripts of failures")
+    parser.add_argument(
+        "--transcripts", default="", help="write every task's transcript to this JSON-lines file"
+    )
     args = parser.parse_args()
     tasks = [
         t
@@ -589,6 +593,8 @@ async def main(
             if args.verbose and not o.passed:
                 print(f"  [task] {task.goal}")
                 print("\n".join(o.transcript), flush=True)
+            if args.transcripts:
+                save_transcript(args.transcripts, seed, o)
         totals.append(outcomes)
         summary(outcomes, f"seed {seed}")
     if args.runs > 1:
@@ -596,6 +602,13 @@ async def main(
         summary([o for r in totals for o in r], f"{args.runs} runs")
         per_task = {t.name: sum(r[i].passed for r in totals) for i, t in enumerate(tasks)}
         print("per task (runs passed): " + ", ".join(f"{k} {v}" for k, v in per_task.items()))
+
+
+def save_transcript(path: str, seed: int, o: Outcome) -> None:
+    """Append a task's outcome and whole transcript, passing or not, as one JSON line."""
+    record = {"seed": seed, "task": o.task.name, "passed": o.passed, "calls": o.calls, "stop": o.stop}
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(json.dumps({**record, "output": o.output, "transcript": o.transcript}) + "\n")
 
 
 def summary(outcomes: list[Outcome], label: str) -> None:

@@ -325,3 +325,31 @@ def test_a_percentage_taken_from_a_longer_expression_is_refused_as_ambiguous(exp
 def test_hexadecimal_binary_and_octal_letters_are_digits_not_units(expression: str, value: int) -> None:
     """`0xFF` was 0: its letters were taken for a unit after the 0, as `km` is after `42.165`."""
     assert evaluate(expression) == value
+
+
+def test_comparisons_are_true_or_false() -> None:
+    """Suite C's below_reorder, seed 0: the 1.5B model wanted to compare a stock of 35 with a reorder level
+    of 50 with the calculator."""
+    assert calculator.function("35 < 50") == "true"
+    assert calculator.function("50 <= 35") == "false"
+    assert calculator.function("1 < 2 < 3") == "true"
+    assert calculator.function("2 * 3 == 6") == "true"
+
+
+@pytest.mark.parametrize(
+    ("expression", "named"),
+    [
+        (  # suite C's below_reorder, seed 0, four times: told only "cannot parse … use numbers"
+            "HINGE-H40's current stock < HINGE-H40's reorder level",
+            '"HINGE-H40\'s current stock", "HINGE-H40\'s reorder level" are not numbers',
+        ),
+        (  # suite C's bolts_total, seed 0, three times: told only "only arithmetic is allowed"
+            "sum([bin['qty'] for bin in site['zones'][0]['bins'] if bin['sku'] == 'BOLT-M6'])",
+            "'bin', 'site' are not numbers",
+        ),
+    ],
+)
+def test_words_in_expressions_that_cannot_be_read_are_named_too(expression: str, named: str) -> None:
+    with pytest.raises(CalculatorError) as raised:
+        evaluate(expression)
+    assert f"; {named}: the calculator computes with numbers only." in str(raised.value)

@@ -1988,3 +1988,98 @@ async def test_a_result_listing_ids_with_titles_names_the_tool_that_reads_one() 
         )
         result = await Agent(model, tools=tools).run("Look it up.")
         assert "Note:" not in next(m.content for m in result.state.messages if m.role == "tool")
+
+
+async def test_a_failed_call_whose_error_gives_the_form_of_an_argument_is_told_to_rewrite_it() -> None:
+    """Suite C's book_room, seed 0: told "start must be a 24-hour time written HH:MM, like 08:30 or 17:00,
+    not '3pm'", the 1.5B model called time_in to turn 3pm into 15:00 until the guards stopped it. The error
+    now ends with a note to rewrite the value itself and call the tool again."""
+    booked: list[str] = []
+
+    @tool
+    def book_room(room: str, start: str) -> str:
+        """Book a meeting room."""
+        if not start[:2].isdigit() or ":" not in start:
+            raise ValueError(
+                f"start must be a 24-hour time written HH:MM, like 08:30 or 17:00, not {start!r}"
+            )
+        booked.append(f"{room} {start}")
+        return f"booked {room} at {start}"
+
+    @tool
+    def time_in(time: str, from_city: str, to_city: str) -> str:
+        """A clock time in another city."""
+        return time
+
+    model = ScriptedModel(
+        [
+            'Thought: book\nAction: book_room\nAction Input: {"room": "Fjord", "start": "3pm"}',
+            'Thought: 3pm is 15:00\nAction: book_room\nAction Input: {"room": "Fjord", "start": "15:00"}',
+            "Final Answer: Booked.",
+        ],
+        tools=False,
+    )
+    result = await Agent(model, tools=[book_room, time_in]).run("Book the Fjord room from 3pm.")
+    first = [m.content for m in result.state.messages if m.role == "tool"][0]
+    assert first.endswith(
+        "not '3pm'\nNote: the error says how start must be written. Rewrite \"3pm\" in that form yourself and "
+        "call book_room again with it."
+    )
+    assert booked == ["Fjord 15:00"] and result.output == "Booked."
+
+    @tool
+    def stock_level(sku: str) -> str:
+        """Units in stock by SKU."""
+        raise ValueError(f"{sku!r} is not a SKU code; sku must be like SKU-0000. Use time_in to get it.")
+
+    model = ScriptedModel(
+        ['Thought: x\nAction: stock_level\nAction Input: {"sku": "widget"}', "Final Answer: ?"]
+    )
+    result = await Agent(model, tools=[stock_level, time_in]).run("How many widgets?")
+    assert "Note:" not in [m.content for m in result.state.messages if m.role == "tool"][0]  # it names a tool
+
+
+async def test_a_tool_already_called_inside_the_calculator_is_told_to_write_its_values() -> None:
+    """Suite C's hinge_value: after site_stock answered, the 1.5B model sent a comprehension over
+    `site_stock['zones']` to the calculator; told to call site_stock first, it called it again (and again,
+    until the guards blocked it). Once the tool has answered, the note says to write its values instead."""
+
+    @tool
+    def site_stock(site: str) -> dict[str, object]:
+        """Stock by bin."""
+        return {"bins": [{"sku": "HINGE-H40", "qty": 35}]}
+
+    expression = "sum([bin['qty'] for bin in site_stock['zones'][2]['bins'] if bin['sku'] == 'HINGE-H40'])"
+    model = ScriptedModel(
+        [call("site_stock", site="Hamburg"), call("calculator", expression=expression), "35"]
+    )
+    result = await Agent(model, tools=[calculator, site_stock]).run("x")
+    refused = [m.content for m in result.state.messages if m.role == "tool"][1]
+    assert refused.endswith(
+        "\nNote: site_stock is a tool, which calculator cannot read. Its result is above: write the values you "
+        "need from it as numbers in calculator."
+    )
+    assert "'bin', 'site_stock' are not numbers" in refused
+
+
+async def test_no_form_note_when_the_argument_is_not_what_the_error_says_must_be_so() -> None:
+    """Suite A's translate after the note was added: the calculator's own error ("… use numbers … like
+    sqrt(x) … Put the numbers themselves in the expression") got the note, and the 1.5B model sent the
+    sentence to the calculator three times. The argument must be the subject: `start must be …`."""
+    model = ScriptedModel(
+        [call("calculator", expression="translate 'good morning' into Spanish"), "Buenos días."]
+    )
+    result = await Agent(model, tools=[calculator]).run("Translate 'good morning' into Spanish.")
+    assert "Note: the error says how" not in [m.content for m in result.state.messages if m.role == "tool"][0]
+
+    @tool
+    def trains(date: str) -> str:
+        """Trains on a date."""
+        raise ValueError(f"date {date!r} is not YYYY-MM-DD (like 2027-03-24)")
+
+    model = ScriptedModel([call("trains", date="dec 12 2026"), "?"])
+    result = await Agent(model, tools=[trains]).run("x")
+    assert [m.content for m in result.state.messages if m.role == "tool"][0].endswith(
+        'Note: the error says how date must be written. Rewrite "dec 12 2026" in that form yourself and call '
+        "trains again with it."
+    )

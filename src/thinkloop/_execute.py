@@ -401,8 +401,10 @@ async def _run_one(run: RunContext, prepared: _Prepared) -> ToolOutcome:
         text, success, kind = _raised(tool, exc)  # the tool's own (an inner task it awaited was cancelled)
     except (Exception, SystemExit, GeneratorExit) as exc:  # sys.exit() in a tool does not end the process
         text, success, kind = _raised(tool, exc)
-        text += _nested_call_note(run, tool, prepared.arguments) or _closest_value_note(
-            tool, prepared.arguments, text, run.state.goal
+        text += (
+            _nested_call_note(run, tool, prepared.arguments)
+            or _closest_value_note(tool, prepared.arguments, text, run.state.goal)
+            or _form_note(run, tool, prepared.arguments, text)
         )
     duration = time.perf_counter() - started
     limit = tool.output_max_length if tool.output_max_length is not None else run.config.output_max_length
@@ -603,6 +605,11 @@ def _nested_call_note(run: RunContext, tool: Tool, arguments: dict[str, object])
         return ""
     for name in run.visible_names():
         if name != tool.name and any(re.search(rf"\b{re.escape(name)}\s*[(\[]", text) for text in texts):
+            if any(e.name == name and e.success for e in run.state.ledger.values()):
+                return (  # called already: calling it again does not help (the 1.5B model did, then guessed)
+                    f"\nNote: {name} is a tool, which {tool.name} cannot read. Its result is above: write the "
+                    f"values you need from it as numbers in {tool.name}."
+                )
             return (
                 f"\nNote: {name} is a tool, which {tool.name} cannot call. Call {name} first, on its own, then "
                 f"use the values it returns in {tool.name}."
@@ -642,6 +649,29 @@ def _closest_value_note(tool: Tool, arguments: dict[str, object], error: str, go
             f"{json.dumps(name)}: {json.dumps(named)}."
         )
     return ""
+
+
+_FORM_AFTER = r"""(?:\s+(?:'[^'\n]*'|"[^"\n]*"))?\s+(?:(?:must|should|has to|needs? to) be\b|is not (?:a |an )?[A-Z]{2})"""
+
+
+def _form_note(run: RunContext, tool: Tool, arguments: dict[str, object], error: str) -> str:
+    """After a failed call whose error names one of its text arguments and says how it must be written
+    (`start must be a 24-hour time written HH:MM, like 08:30 or 17:00, not '3pm'`), and names no other
+    tool: a note to rewrite the value in that form and call the tool again. The 1.5B model, told so by the
+    error alone, called a time-zone tool to turn '3pm' into 15:00 until the guards stopped it. "" otherwise."""
+    if len(error) > 1000:
+        return ""
+    named = [
+        (n, v) for n, v in arguments.items()
+        if isinstance(v, str) and re.search(rf"(?<![\w-]){re.escape(n)}{_FORM_AFTER}", error)
+    ]  # fmt: skip  # what must be so is the argument: `start must be`, `date '12.12.2026' is not YYYY-MM-DD`
+    if len(named) != 1 or any(t != tool.name and t in error for t in run.visible_names()):
+        return ""
+    name, value = named[0]
+    return (
+        f"\nNote: the error says how {name} must be written. Rewrite {json.dumps(value)} in that form yourself "
+        f"and call {tool.name} again with it."
+    )
 
 
 _NAME_LIKE_RE = re.compile(r"[^\W\d][\w .'&-]{0,39}")  # `Smartphone`, not `count(orders) - count(shipped)`

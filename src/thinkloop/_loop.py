@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from . import _json, _react
+from . import _choice, _json, _react
 from ._budget import Budget, PriceTable
 from ._context import ContextManager
 from ._data import fast_constructor
@@ -1293,11 +1293,10 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
             return None
         answer = _best_known(run) or answer  # told once already: what the tools found is the answer
     if run.state.ledger and len(answer) <= 2000:
-        checked = _react.comparison_check(answer, _results(run))
-        if checked is not None:
-            if _send_back(run, checked[0], _react.COMPARED):
-                return None
-            answer = checked[1]  # told once already: the comparison is put right
+        compared = _compared(run, answer)
+        if compared is None:
+            return None
+        answer = compared
     problem = check_output(run, answer)
     if problem is None:
         return await finish(run, StopReason.FINAL_ANSWER, answer=answer)
@@ -1307,6 +1306,32 @@ async def final_answer(run: RunContext, answer: str) -> RunResult | None:
     what = problem.split(" Give the final answer again", 1)[0]  # the instructions were for the model
     error = f"the final answer did not match the output type: {what}"
     return await finish(run, StopReason.ERROR, answer=answer, error=error)
+
+
+def _compared(run: RunContext, answer: str) -> str | None:
+    """The answer, its comparison put right when the results contradict it and the model was told once
+    already; None when it is sent back (`comparison_check`: "gizmo is cheaper than widget"; with answer
+    checks on, `choice_check`: the wrong one of the options the task names, by the values separate calls
+    gave them)."""
+    checked = _react.comparison_check(answer, _results(run))
+    if checked is not None:
+        return None if _send_back(run, checked[0], _react.COMPARED) else checked[1]
+    if _checks_answers(run):
+        chosen = _choice.choice_check(answer, run.state.goal, _calls(run))
+        if chosen is not None and _send_back(run, chosen, _choice.CHOSEN):
+            return None
+        if chosen is not None:  # told once already: the pick is put right where it can be
+            return _choice.righted_choice(answer, run.state.goal, _calls(run))
+    return answer
+
+
+def _calls(run: RunContext) -> list[_choice.Call]:
+    """The successful tool calls of the run, with their results."""
+    return [
+        _choice.Call(e.name, e.arguments, e.output)
+        for e in run.state.ledger.values()
+        if e.success and e.output is not None
+    ]
 
 
 def _results(run: RunContext) -> list[str]:
@@ -1592,6 +1617,8 @@ async def finish_forced(run: RunContext, reason: StopReason) -> RunResult:
         answer = await _recheck_forced(run, request, answer)
     if state.ledger and len(answer) <= 2000:  # no second chance: a contradicted comparison is put right
         answer = _react.righted_comparison(answer, _results(run))
+        if _checks_answers(run):
+            answer = _choice.righted_choice(answer, state.goal, _calls(run))
     check_output(run, answer)  # a best effort: kept as `parsed` when it validates, never asked again
     state.messages.append(Message.assistant(answer, step=state.step))
     state.forced_final = True

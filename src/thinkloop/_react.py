@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _json
+from . import _choice, _json
 from ._messages import Message, ToolCall, ToolDefinition
 
 if TYPE_CHECKING:
@@ -854,9 +854,12 @@ def format_action(thought: str, call: ToolCall) -> str:
 def render_transcript(messages: list[Message]) -> list[Message]:
     """The history as a ReAct model reads it: tool calls as Action text, results as Observations.
 
-    Consecutive tool results are merged into one user message (one Observation per call).
+    Consecutive tool results are merged into one user message (one Observation per call). A list of
+    records is followed by its order lines (`list_orders`) when the task asks about an order.
     """
     out: list[Message] = []
+    task = next((m.content for m in messages if m.kind == "task"), "")
+    ordered = not task or asks_order(task)
     for msg in messages:
         if msg.role == "assistant" and msg.tool_calls:
             body = "\n".join(
@@ -864,7 +867,8 @@ def render_transcript(messages: list[Message]) -> list[Message]:
             )
             out.append(Message(role="assistant", content=body, kind=msg.kind, step=msg.step))
         elif msg.role == "tool":
-            text = f"{OBSERVATION} {readable_json(msg.content)}{list_orders(msg.content)}"
+            orders = list_orders(msg.content) if ordered else ""
+            text = f"{OBSERVATION} {readable_json(msg.content)}{nested_rows(msg.content)}{orders}"
             if (
                 out
                 and out[-1].role == "user"
@@ -912,6 +916,7 @@ def readable_json(text: str) -> str:
 # ------------------------------------------------------------------- lists of records, in numeric order
 
 _ORDER_MAX_ITEMS, _ORDER_MAX_KEYS = 12, 4
+_NAME_KEY_RE = re.compile(r"(?:^|_)(?:name|title)$", re.IGNORECASE)
 
 
 def list_orders(text: str) -> str:
@@ -931,6 +936,65 @@ def list_orders(text: str) -> str:
         lists = [(str(k), v) for k, v in value.items() if isinstance(v, list)]
     lines = [line for name, items in lists for line in _orders(name, items)]
     return "".join(f"\n({line})" for line in lines[:_ORDER_MAX_KEYS])
+
+
+_ROWS_MAX = 40
+
+
+def nested_rows(text: str) -> str:
+    """For a JSON tool result whose records hold lists of records (zones holding bins), the innermost
+    records one a line, each after the records it is in (`zone B: bin B-07, sku BOLT-M6, qty 850`); ""
+    otherwise. Shown to a ReAct model after the result (the stored result is unchanged): reading
+    `{"zones": [{"zone": "A", "bins": [{…}, {…}]}, …]}`, the 1.5B model added up every quantity of the
+    site for "how many M6 bolts across all bins", and tried a list comprehension in the calculator."""
+    if text.lstrip()[:1] not in ("{", "[") or len(text) > 20_000:
+        return ""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return ""
+    rows: list[str] = []
+    kinds: set[str] = set()
+    for key, items in _record_lists(value):
+        _rows(key, items, [], rows, kinds)
+    if not rows or len(rows) > _ROWS_MAX or len(kinds) != 1:
+        return ""
+    return f"\n(the {kinds.pop()}, one a line:\n" + "\n".join(rows) + ")"
+
+
+def _record_lists(value: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The lists of records a value holds at its top (a list itself, or a record's fields)."""
+    pairs = [("items", value)] if isinstance(value, list) else []
+    if isinstance(value, dict):
+        pairs = [(str(k), v) for k, v in value.items() if isinstance(v, list)]
+    return [(k, v) for k, v in pairs if v and all(isinstance(i, dict) for i in v)]
+
+
+def _rows(key: str, items: list[dict[str, Any]], path: list[str], rows: list[str], kinds: set[str]) -> None:
+    for item in items:
+        scalars = [
+            (str(k), v) for k, v in item.items() if v is None or isinstance(v, str | int | float | bool)
+        ]
+        inner = _record_lists(item)
+        if inner and scalars and len(rows) <= _ROWS_MAX:
+            label = f"{scalars[0][0]} {_shown(scalars[0][1])}"
+            for inner_key, inner_items in inner:
+                _rows(inner_key, inner_items, [*path, label], rows, kinds)
+        elif path and not inner:
+            kinds.add(key)
+            rows.append(", ".join(path) + ": " + ", ".join(f"{k} {_shown(v)}" for k, v in scalars))
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def asks_order(task: str) -> bool:
+    """Whether a task compares or ranks ("the cheapest", "more than", "which is earlier"): only then does
+    a list of records get its order lines. Shown for "Which books by Tomas Reyes can I borrow right now?",
+    the line by `copies_available` made the 1.5B model answer with one book, "the highest number of
+    copies", instead of the two the list held."""
+    return _choice.comparative(task) is not None
 
 
 def _orders(name: str, items: list[Any]) -> list[str]:
@@ -954,8 +1018,11 @@ def _number(value: Any) -> bool:
 
 
 def _record_labels(items: list[dict[str, Any]]) -> list[str]:
-    """What names each record: the first text field whose values are all different, else its position."""
-    for key in dict.fromkeys(k for item in items for k in item):
+    """What names each record: the first text field whose values are all different — a name or title
+    first (`The Glass Harbour`, not its ISBN) — else its position."""
+    keys = list(dict.fromkeys(k for item in items for k in item))
+    keys.sort(key=lambda k: not _NAME_KEY_RE.search(str(k)))
+    for key in keys:
         values = [item.get(key) for item in items]
         if all(isinstance(v, str) and v.strip() for v in values) and len(set(values)) == len(values):
             return [str(v) for v in values]

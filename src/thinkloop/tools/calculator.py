@@ -11,7 +11,9 @@ before no operand means "/100" (`86.4 * 15%` is 12.96, `15% of 86.4` too); `10 %
 Numbers written with a currency sign or a unit (`$12.50 * 3`, `42.165 km / 3 hours`) are read without
 them, and `3 x 4` / `3 times 4` as a product; units that differ in a sum (`5 miles + 3 km`) are refused.
 So are thousands separators where a comma could not separate arguments: `1,284,557.32 + 903,118.75` (as
-tables in tool results write numbers) is 2187676.07, while `max(1,234)` stays 234.
+tables in tool results write numbers) is 2187676.07, while `max(1,234)` stays 234. A comparison
+(`35 < 50`) is `true` or `false`. Words where numbers should be are named in the error, also in an
+expression that cannot be parsed or that reads a variable (`site['zones']`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
+_COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
+    ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}  # fmt: skip  # `35 < 50`: small models compare with the calculator; the result is true or false
 _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "sqrt": math.sqrt, "cbrt": lambda x: math.copysign(abs(x) ** (1 / 3), x), "abs": abs, "round": round,
@@ -151,24 +157,17 @@ def _percentages(text: str) -> str:
 
 def evaluate(expression: str) -> int | float:
     """Evaluate an arithmetic expression safely. Raises `CalculatorError` with a clear message."""
-    text = _normalise(expression)
-    try:
-        tree = ast.parse(text, mode="eval")
-    except (RecursionError, MemoryError):
-        raise CalculatorError("the expression is nested too deeply: simplify it") from None
-    except (SyntaxError, ValueError):
-        raise CalculatorError(
-            f"cannot parse {expression!r}: use numbers, + - * / ** ( ) and functions like sqrt(x)"
-        ) from None
+    tree = _parse(_normalise(expression), expression)
     words = _words(tree.body)
     if words:
-        raise CalculatorError(
-            f"{', '.join(map(repr, words))} {'is not a number' if len(words) == 1 else 'are not numbers'}: the "
-            "calculator computes with numbers only. Put the numbers themselves in the expression; to pick, count "
-            "or compare the items of a result, read the result and answer without the calculator"
-        )
+        raise CalculatorError(_not_numbers(words))
     try:
         value = _eval(tree.body)
+    except CalculatorError as exc:
+        names = _names(tree.body)
+        if not names or not str(exc).startswith("unsupported element"):
+            raise
+        raise CalculatorError(f"{exc}; {_not_numbers(names)}") from None
     except ZeroDivisionError:
         raise CalculatorError("division by zero") from None
     except (OverflowError, MemoryError):
@@ -188,6 +187,19 @@ def evaluate(expression: str) -> int | float:
     return value
 
 
+def _parse(text: str, expression: str) -> ast.Expression:
+    try:
+        return ast.parse(text, mode="eval")
+    except (RecursionError, MemoryError):
+        raise CalculatorError("the expression is nested too deeply: simplify it") from None
+    except (SyntaxError, ValueError):
+        phrases = _phrases(text)
+        raise CalculatorError(
+            f"cannot parse {expression!r}: use numbers, + - * / ** ( ) and functions like sqrt(x)"
+            + (f"; {_not_numbers(phrases)}" if phrases else "")
+        ) from None
+
+
 def _normalise(expression: str) -> str:
     """The expression in Python's syntax (`^`, `×`, `÷`, percentages); refused if empty or too long."""
     text = expression.strip()
@@ -203,8 +215,18 @@ def _normalise(expression: str) -> str:
     return text
 
 
-_PLAIN = (ast.BinOp, ast.UnaryOp, ast.Call, ast.Constant, ast.Name, ast.List, ast.Tuple, ast.Load)
-_PLAIN_OPERATORS = (ast.operator, ast.unaryop)
+_PLAIN = (
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Call,
+    ast.Constant,
+    ast.Name,
+    ast.List,
+    ast.Tuple,
+    ast.Load,
+    ast.Compare,
+)
+_PLAIN_OPERATORS = (ast.operator, ast.unaryop, ast.cmpop)
 
 
 def _words(tree: ast.expr) -> list[str]:
@@ -220,6 +242,32 @@ def _words(tree: ast.expr) -> list[str]:
         if isinstance(node, ast.Name) and id(node) not in called and not _known(node.id):
             words.append((node.col_offset, node.id))
     return list(dict.fromkeys(name for _, name in sorted(words)))
+
+
+def _not_numbers(words: list[str]) -> str:
+    return (
+        f"{', '.join(map(repr, words))} {'is not a number' if len(words) == 1 else 'are not numbers'}: the "
+        "calculator computes with numbers only. Put the numbers themselves in the expression; to pick, count "
+        "or compare the items of a result, read the result and answer without the calculator"
+    )
+
+
+def _names(tree: ast.expr) -> list[str]:
+    """Every name of an expression that is no constant or called function (`bin`, `site` of a
+    comprehension over a tool's result: the calculator cannot read variables)."""
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    found = [(n.col_offset, n.id) for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called]
+    return list(dict.fromkeys(name for _, name in sorted(found) if not _known(name)))[:4]
+
+
+_PHRASE_SPLIT_RE = re.compile(r"\s+[-+*/%<>=!]+\s+|[(),*/+<>=]")
+
+
+def _phrases(text: str) -> list[str]:
+    """The parts of an expression that cannot be parsed which hold words (`HINGE-H40's current stock <
+    HINGE-H40's reorder level`: the 1.5B model compared two quantities by their names, four times)."""
+    parts = [p.strip() for p in _PHRASE_SPLIT_RE.split(text)]
+    return list(dict.fromkeys(p for p in parts if re.search(r"[A-Za-z]{2}", p) and not _known(p)))[:4]
 
 
 def _known(name: str) -> bool:
@@ -250,6 +298,10 @@ def _eval(node: ast.expr) -> Any:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.Call):
         return _call(node)
+    if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+        values = [_eval(node.left), *(_eval(c) for c in node.comparators)]
+        pairs = zip(node.ops, values, values[1:], strict=False)
+        return all(_COMPARE[type(op)](a, b) for op, a, b in pairs)
     raise CalculatorError(f"unsupported element {ast.unparse(node)!r}: only arithmetic is allowed")
 
 
@@ -335,7 +387,8 @@ def _scientific(value: int, digits: int) -> str:
 
 
 def _calculate(expression: str) -> str:
-    return format_number(evaluate(expression))
+    value = evaluate(expression)
+    return ("true" if value else "false") if isinstance(value, bool) else format_number(value)
 
 
 class _Arguments(BaseModel):
