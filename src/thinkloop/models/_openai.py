@@ -1292,12 +1292,12 @@ _SSE_START = re.compile(r"\s*(data|event|id|retry):|\s*:[^\n]*\n\s*(data|event):
 def _sse_events(body: str) -> Iterator[tuple[str, str]]:
     """(event name, data) of each event of an event-stream body (the WHATWG format: `field: value` lines,
     events ended by a blank line, comment lines starting with `:`)."""
-    event, data = "", []
+    event, data = "", list[str]()
     for line in [*body.splitlines(), ""]:
         if not line:
             if data:
                 yield event, "\n".join(data)
-            event, data = "", []
+            event, data = "", list[str]()
         elif not line.startswith(":"):
             name, _, value = line.partition(":")
             value = value[1:] if value.startswith(" ") else value
