@@ -307,7 +307,7 @@ class Guards:
         return {call.id: message}
 
     def _screen_many(self, g: GuardState, calls: list[ToolCall]) -> dict[str, str]:
-        """`screen` of a step with several calls (the same rules)."""
+        """`screen` of a step with several calls, or none (the same rules)."""
         sigs = [signature(c) for c in calls]
         self._signatures = {c.id: sig for c, sig in zip(calls, sigs, strict=True)}
         step_sig = "|".join(sorted(sigs))
@@ -399,7 +399,7 @@ class Guards:
         return frozenset((call.id,)) if repeat else _NONE
 
     def _observe_many(self, state: RunState, outcomes: list[ToolOutcome]) -> frozenset[str]:
-        """`observe` of a step with several calls (the same rules)."""
+        """`observe` of a step with several calls, or none (the same rules)."""
         g = state.guards
         repeats = frozenset(
             o.call.id for o in outcomes if o.success and self.is_repeat(state, o.call, o.output)
