@@ -80,7 +80,11 @@ async def test_a_long_goal_is_searched_for_the_options_it_lists_at_once() -> Non
     # the options a task lists (`…: Anvil, Bolt or Crate?`) were searched for with a regex whose time grew
     # with the square of a run of spaces or of `of`s: 4 s for a 40 kB goal, which the server accepts
     replies = ['Thought: x\nAction: calculator\nAction Input: {"expression": "1+1"}', "Final Answer: 2"]
-    for goal in ("Which has the most: a" + " " * 40_000 + "b", "of " * 13_000):
+    for goal in (
+        "Which has the most: a" + " " * 40_000 + "b",
+        "of " * 13_000,
+        "Which: a" + " " * 20_000 + "b?",
+    ):
         started = time.monotonic()
         result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run(goal)
         assert time.monotonic() - started < 2

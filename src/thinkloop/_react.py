@@ -1527,8 +1527,8 @@ def _listed_before_question(goal: str) -> str | None:
 def _options(goal: str) -> list[str]:
     """The options a task lists to choose from (`…: Anvil, Bolt or Crate?`, `… among A, B and C?`)."""
     listed = _listed_before_question(goal)
-    if listed is None:
-        return []
+    if listed is None or len(listed.strip()) > 8 * (40 + 6):  # more than 8 options of 40 characters: none
+        return []  # (and a split of long runs of blank space took time growing with their square)
     items = [i.strip() for i in _OPTION_SPLIT_RE.split(listed.strip())]
     items = [i for i in items if i]
     if not 2 <= len(items) <= 8 or any(len(i) > 40 or len(i.split()) > 4 for i in items):
