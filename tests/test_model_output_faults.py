@@ -104,3 +104,13 @@ async def test_a_code_fence_followed_by_blank_lines_without_end_is_read_at_once(
     result = await Agent(ScriptedModel(react, tools=False), tools=[calculator]).run("1+1?")
     assert time.monotonic() - started < 2
     assert result.output == "2"
+
+
+async def test_a_structured_answer_with_a_long_blank_run_in_a_number_is_read_at_once() -> None:
+    # a number given as text ("12.50 USD") lost its currency through a regex matching the blank space
+    # before it, tried at every position of a run of it: 16 s for a 20 kB value
+    answer = '{"x": "1' + " " * 20_000 + '2"}'
+    started = time.monotonic()
+    result = await Agent(ScriptedModel([answer, '{"x": 1}']), output_type=Point).run("a point")
+    assert time.monotonic() - started < 2
+    assert result.output == '{"x": 1}'
