@@ -114,3 +114,16 @@ async def test_a_structured_answer_with_a_long_blank_run_in_a_number_is_read_at_
     result = await Agent(ScriptedModel([answer, '{"x": 1}']), output_type=Point).run("a point")
     assert time.monotonic() - started < 2
     assert result.output == '{"x": 1}'
+
+
+async def test_an_answer_with_a_long_run_of_punctuation_before_answers_the_is_read_at_once() -> None:
+    # the example's closing words ("…, that answers the task.") were cut off by a regex that also matched
+    # the punctuation before them, tried at each position of a long run of it: 9 s for 20 kB
+    replies = [
+        'Thought: x\nAction: calculator\nAction Input: {"expression": "1+1"}',
+        "Final Answer: " + "; " * 10_000 + "x answers the",
+    ]
+    started = time.monotonic()
+    result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 2
+    assert result.stop_reason == "final_answer"
