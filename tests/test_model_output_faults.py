@@ -80,7 +80,11 @@ async def test_a_long_goal_is_searched_for_the_options_it_lists_at_once() -> Non
     # the options a task lists (`…: Anvil, Bolt or Crate?`) were searched for with a regex whose time grew
     # with the square of a run of spaces or of `of`s: 4 s for a 40 kB goal, which the server accepts
     replies = ['Thought: x\nAction: calculator\nAction Input: {"expression": "1+1"}', "Final Answer: 2"]
-    for goal in ("Which has the most: a" + " " * 40_000 + "b", "of " * 13_000):
+    for goal in (
+        "Which has the most: a" + " " * 40_000 + "b",
+        "of " * 13_000,
+        "Which: a" + " " * 20_000 + "b?",
+    ):
         started = time.monotonic()
         result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run(goal)
         assert time.monotonic() - started < 2
@@ -100,3 +104,26 @@ async def test_a_code_fence_followed_by_blank_lines_without_end_is_read_at_once(
     result = await Agent(ScriptedModel(react, tools=False), tools=[calculator]).run("1+1?")
     assert time.monotonic() - started < 2
     assert result.output == "2"
+
+
+async def test_a_structured_answer_with_a_long_blank_run_in_a_number_is_read_at_once() -> None:
+    # a number given as text ("12.50 USD") lost its currency through a regex matching the blank space
+    # before it, tried at every position of a run of it: 16 s for a 20 kB value
+    answer = '{"x": "1' + " " * 20_000 + '2"}'
+    started = time.monotonic()
+    result = await Agent(ScriptedModel([answer, '{"x": 1}']), output_type=Point).run("a point")
+    assert time.monotonic() - started < 2
+    assert result.output == '{"x": 1}'
+
+
+async def test_an_answer_with_a_long_run_of_punctuation_before_answers_the_is_read_at_once() -> None:
+    # the example's closing words ("…, that answers the task.") were cut off by a regex that also matched
+    # the punctuation before them, tried at each position of a long run of it: 9 s for 20 kB
+    replies = [
+        'Thought: x\nAction: calculator\nAction Input: {"expression": "1+1"}',
+        "Final Answer: " + "; " * 10_000 + "x answers the",
+    ]
+    started = time.monotonic()
+    result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 2
+    assert result.stop_reason == "final_answer"

@@ -1465,9 +1465,9 @@ def requested_form(answer: str, goal: str) -> str:
 
 # the close of the format example's last thought, which small models copy into their answer
 _EXAMPLE_CLOSE_RE = re.compile(
-    r"(?:[\s,;:.—–-]*\b(?:and\s+)?(?:that|this|which)\s+answers\s+the\s+(?:task|question)\s*[.!]?\s*)$",
-    re.IGNORECASE,
+    r"\b(?:and\s+)?(?:that|this|which)\s+answers\s+the\s+(?:task|question)\s*[.!]?\s*$", re.IGNORECASE
 )
+_BEFORE_CLOSE = ",;:.—–-"  # and blank space: what is taken off before the closing words
 
 
 _ANSWER_LEAD_RE = re.compile(r"(?i)^\s*(?:so,?\s+)?the\s+final\s+answer\s+is\s*[:：]\s*(?=\S)")
@@ -1479,7 +1479,13 @@ def _without_example_close(answer: str) -> str:
     answer = _ANSWER_LEAD_RE.sub("", answer, count=1)
     if "answers the" not in answer.lower():
         return answer
-    cut = _EXAMPLE_CLOSE_RE.sub("", answer).rstrip()
+    close = _EXAMPLE_CLOSE_RE.search(answer)
+    end = len(answer) if close is None else close.start()
+    # the punctuation before the closing words is found from them back: a regex matching it as well tried
+    # each position of a long run of it, in time growing with its square (9 s for 20 kB)
+    while close is not None and end and (answer[end - 1].isspace() or answer[end - 1] in _BEFORE_CLOSE):
+        end -= 1
+    cut = answer[:end].rstrip()
     if not cut:
         return answer
     return cut if cut[-1] in ".!?)\"'" else cut + "."
@@ -1604,8 +1610,8 @@ def _listed_before_question(goal: str) -> str | None:
 def _options(goal: str) -> list[str]:
     """The options a task lists to choose from (`…: Anvil, Bolt or Crate?`, `… among A, B and C?`)."""
     listed = _listed_before_question(goal)
-    if listed is None:
-        return []
+    if listed is None or len(listed.strip()) > 8 * (40 + 6):  # more than 8 options of 40 characters: none
+        return []  # (and a split of long runs of blank space took time growing with their square)
     items = [i.strip() for i in _OPTION_SPLIT_RE.split(listed.strip())]
     items = [i for i in items if i]
     if not 2 <= len(items) <= 8 or any(len(i) > 40 or len(i.split()) > 4 for i in items):
