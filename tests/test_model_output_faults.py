@@ -127,3 +127,10 @@ async def test_an_answer_with_a_long_run_of_punctuation_before_answers_the_is_re
     result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run("1+1?")
     assert time.monotonic() - started < 2
     assert result.stop_reason == "final_answer"
+
+
+def test_worked_arithmetic_is_found_after_a_long_blank_run_but_not_cut_out_of_a_longer_one() -> None:
+    from thinkloop._react import worked_arithmetic
+
+    assert [w.expression for w in worked_arithmetic(" " * 400 + "1 + 2 = 4", [])] == ["1 + 2"]
+    assert worked_arithmetic("1+" * 200 + "1 = 201", []) == []  # longer than is read: not half of it

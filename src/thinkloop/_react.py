@@ -1264,10 +1264,12 @@ def _written_out(text: str) -> Iterator[tuple[str, str]]:
         result = _RESULT_RE.match(text, equals)
         window = max(start, equals - _LONGEST_WORKING)
         expression = None if result is None else _EXPRESSION_RE.search(text, window, equals)
-        if result is None or expression is None or expression.start() == window > start:
-            start = equals + 1  # no working ends here (or a longer one than is read: not cut into one)
+        written = "" if expression is None else expression.group(1)
+        cut = expression is not None and window > start and expression.start(1) == window  # it may go on
+        if result is None or expression is None or (cut and not text[window - 1].isspace()):
+            start = equals + 1  # no working ends here (or one longer than is read: not cut into one)
             continue
-        yield expression.group(1).strip(), result.group(1)
+        yield written.strip(), result.group(1)
         start = result.end()
 
 
