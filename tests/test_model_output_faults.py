@@ -144,3 +144,14 @@ async def test_a_tool_call_block_with_a_long_blank_run_is_read_at_once() -> None
     assert time.monotonic() - started < 2
     assert result.output == "2"
     assert [m.content for m in result.state.messages if m.role == "tool"] == ["2"]
+
+
+async def test_a_tool_name_with_a_long_blank_run_is_looked_up_at_once() -> None:
+    # a call's parentheses (`get_weather()`) were taken off the name by a regex matching the blank space
+    # before them too, tried at each position of a run of it: seconds for a 40 kB name
+    name = "calculator" + " " * 40_000 + "((x)"
+    replies = [{"tool_calls": [{"name": name, "args": {"expression": "1+1"}}]}, "2"]
+    started = time.monotonic()
+    result = await Agent(ScriptedModel(replies), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 2
+    assert result.output == "2"
