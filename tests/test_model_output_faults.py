@@ -127,3 +127,31 @@ async def test_an_answer_with_a_long_run_of_punctuation_before_answers_the_is_re
     result = await Agent(ScriptedModel(replies, tools=False), tools=[calculator]).run("1+1?")
     assert time.monotonic() - started < 2
     assert result.stop_reason == "final_answer"
+
+
+def test_worked_arithmetic_is_found_after_a_long_blank_run_but_not_cut_out_of_a_longer_one() -> None:
+    from thinkloop._react import worked_arithmetic
+
+    assert [w.expression for w in worked_arithmetic(" " * 400 + "1 + 2 = 4", [])] == ["1 + 2"]
+    assert worked_arithmetic("1+" * 200 + "1 = 201", []) == []  # longer than is read: not half of it
+
+
+async def test_a_tool_call_block_with_a_long_blank_run_is_read_at_once() -> None:
+    # the blank space before `</tool_call>` was matched at each step of the block's lazy body: 9 s for 30 kB
+    reply = '<tool_call>{"name": "calculator",' + " " * 30_000 + '"arguments": {"expression": "1+1"}}'
+    started = time.monotonic()
+    result = await Agent(ScriptedModel([reply, "2"]), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 2
+    assert result.output == "2"
+    assert [m.content for m in result.state.messages if m.role == "tool"] == ["2"]
+
+
+async def test_a_tool_name_with_a_long_blank_run_is_looked_up_at_once() -> None:
+    # a call's parentheses (`get_weather()`) were taken off the name by a regex matching the blank space
+    # before them too, tried at each position of a run of it: seconds for a 40 kB name
+    name = "calculator" + " " * 40_000 + "((x)"
+    replies = [{"tool_calls": [{"name": name, "args": {"expression": "1+1"}}]}, "2"]
+    started = time.monotonic()
+    result = await Agent(ScriptedModel(replies), tools=[calculator]).run("1+1?")
+    assert time.monotonic() - started < 2
+    assert result.output == "2"

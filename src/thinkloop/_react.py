@@ -624,7 +624,9 @@ def _with_non_finite(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) and _json.non_finite(value) else None
 
 
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+"""A `<tool_call>` block; its body is stripped after (a `\\s*` before the closing tag, tried at each step of the
+lazy body, made a long run of blank space in it take time growing with its square: 4 s for 20 kB)."""
 MAX_TEXT_CALLS = 16
 
 
@@ -665,7 +667,7 @@ def text_calls(text: str, tool_names: list[str], call_id: str) -> tuple[str, lis
     that is only `tool_name(arg=value, ...)`. The first call keeps `call_id`, the next get `_1`, `_2` ….
     """
     ids = (call_id if i == 0 else f"{call_id}_{i}" for i in range(MAX_TEXT_CALLS))
-    blocks = _TOOL_CALL_RE.findall(text)
+    blocks = [body.strip() for body in _TOOL_CALL_RE.findall(text)]
     if blocks:
         found = (_block_call(body, tool_names, next(ids, call_id)) for body in blocks[:MAX_TEXT_CALLS])
         calls = [call for call in found if call is not None]
@@ -1341,10 +1343,12 @@ def _written_out(text: str) -> Iterator[tuple[str, str]]:
         result = _RESULT_RE.match(text, equals)
         window = max(start, equals - _LONGEST_WORKING)
         expression = None if result is None else _EXPRESSION_RE.search(text, window, equals)
-        if result is None or expression is None or expression.start() == window > start:
-            start = equals + 1  # no working ends here (or a longer one than is read: not cut into one)
+        written = "" if expression is None else expression.group(1)
+        cut = expression is not None and window > start and expression.start(1) == window  # it may go on
+        if result is None or expression is None or (cut and not text[window - 1].isspace()):
+            start = equals + 1  # no working ends here (or one longer than is read: not cut into one)
             continue
-        yield expression.group(1).strip(), result.group(1)
+        yield written.strip(), result.group(1)
         start = result.end()
 
 

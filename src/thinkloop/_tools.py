@@ -1630,11 +1630,20 @@ def plain_tool_name(name: str) -> str:
     """A tool name as `resolve` compares it: lower case, without quotes or angle brackets, a call's
     parentheses (`get_weather()`, `get_weather(city)`), a namespace prefix (`functions.`, `tool:`) or
     separators (`_`, `-`, spaces) — so `GetWeather`, `get-weather` and `get weather` are `get_weather`."""
-    name = _CALLED_RE.sub("", name.strip().strip("`'\"<>").strip())
+    name = _without_call_parentheses(name.strip().strip("`'\"<>").strip())
     return _SEPARATORS_RE.sub("", re.split(r"[.:/]", name.lower())[-1])
 
 
-_CALLED_RE = re.compile(r"\s*\([^()]*\)$")
+def _without_call_parentheses(name: str) -> str:
+    """`name` without the parentheses of a call closing it (`get_weather(city)`) and the blank space before
+    them, found from its end: a regex matching both tried each position of a long run of blank space in a
+    model's tool name, in time growing with its square."""
+    opened = name.rfind("(", 0, len(name) - 1) if name.endswith(")") else -1
+    if opened < 0 or ")" in name[opened + 1 : -1]:
+        return name
+    return name[:opened].rstrip()
+
+
 _SEPARATORS_RE = re.compile(r"[\s_-]+")
 
 
