@@ -590,7 +590,7 @@ async def test_an_overflow_error_says_so_through_a_stream(
 # ====================================================================== wire shapes other servers send
 
 
-def completion_body(message: dict[str, Any], finish: str = "stop") -> Fault:
+def completion_body(message: dict[str, Any], finish: object = "stop") -> Fault:
     body = {
         "id": "x", "object": "chat.completion", "created": 1, "model": "m",
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
@@ -1506,3 +1506,25 @@ async def test_usage_missing_one_count_takes_it_from_the_total_or_is_estimated(
     response = await answer(model, False)
     assert (response.usage.input_tokens, response.usage.output_tokens) == counted
     assert response.usage.requests == (1 if counted != (0, 0) else 0)
+
+
+@pytest.mark.parametrize(
+    ("reply", "text", "reason"),
+    [
+        (completion_body({"role": "assistant", "content": "Hi there"}, {"type": "stop"}), "Hi there", "unknown"),
+        (completion_body({"role": "assistant", "content": "Hi there"}, ["stop"]), "Hi there", "unknown"),
+        (completion_body({"role": "assistant", "content": 5}), "5", "stop"),
+        (completion_body({"role": "assistant", "content": 2.5}), "2.5", "stop"),
+        (sse({"content": 5}), "5", "stop"),
+    ],
+    ids=["finish-object", "finish-list", "content-int", "content-float", "stream-content-int"],
+)  # fmt: skip
+async def test_a_reply_of_odd_types_keeps_its_answer(
+    server: OpenAICompatibleServer, model: OpenAIModel, reply: Fault, text: str, reason: str
+) -> None:
+    """A whole reply's `"finish_reason": {"type": "stop"}` raised TypeError (unhashable) and ended the run with
+    an error, losing the text; `"content": 5` (a server that sends the answer as a JSON number) was no text,
+    so the run ended with an empty answer."""
+    server.add(reply)
+    response = await answer(model, reply.headers.get("content-type") == "text/event-stream")
+    assert (response.text, response.finish_reason) == (text, reason)

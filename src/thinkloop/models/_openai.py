@@ -931,17 +931,20 @@ def _token_count(value: Any) -> int | None:
     return value
 
 
-def _finish_reason(reason: str | None, has_calls: bool) -> FinishReason:
+def _finish_reason(reason: object, has_calls: bool) -> FinishReason:
     if reason is None:
         return "tool_calls" if has_calls else "stop"
-    return _FINISH.get(reason, "unknown")
+    return _FINISH.get(reason, "unknown") if isinstance(reason, str) else "unknown"  # `{"type": "stop"}` too
 
 
 def _content_text(content: Any) -> str:
     """Message content as text: a string, or a list of content parts (`[{"type": "text", "text": …}]`,
-    which some servers send) joined; anything else is no text."""
+    which some servers send) joined, or a number (`"content": 5`: the answer as a JSON number); anything
+    else is no text."""
     if isinstance(content, str):
         return content
+    if isinstance(content, int | float) and not isinstance(content, bool):
+        return repr(content)
     if isinstance(content, list):
         texts = [
             part.get("text") if isinstance(part, dict) else getattr(part, "text", None) for part in content
