@@ -543,3 +543,47 @@ async def test_a_state_holding_an_object_json_cannot_write_says_so_not_that_the_
     assert "once the store works" not in message  # the store works: resuming would not help it
     saved = await store.load_state("meddled")  # the last checkpoint, before the object went in
     assert saved is not None and not saved.finished and "client" not in saved.metadata
+
+
+class _Killed(BaseException):
+    """A process killed at this point of a save (nothing after it runs, as with SIGKILL)."""
+
+
+@pytest.mark.parametrize("at", ["session", "state"])
+async def test_a_file_store_killed_in_the_final_save_keeps_the_session_turn_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: str
+) -> None:
+    """The final save wrote the run's state, then its session turn: killed between the two, the run was done
+    and its turn lost for good (a done run is not resumed). Now the turn is written first, and a save made
+    again after a kill replaces what the killed one wrote: the turn is kept once."""
+    from thinkloop.stores import _file
+
+    root = tmp_path / "files"
+    write_atomic, append = _file._write_atomic, _file._append_synced
+
+    def killing_write(path: Path, text: str) -> None:
+        if at == "state" and path.name == "run-1.json" and '"phase":"done"' in text.replace(" ", ""):
+            raise _Killed
+        write_atomic(path, text)
+
+    def killing_append(path: Path, lines: list[str]) -> None:
+        append(path, lines)
+        if at == "session" and path.parent.name == "sessions":
+            raise _Killed  # after the first line of the turn
+
+    monkeypatch.setattr(_file, "_write_atomic", killing_write)
+    monkeypatch.setattr(_file, "_append_synced", killing_append)
+    agent = Agent(ScriptedModel(["The answer is 42."] * 2), store=FileStore(root))
+    with pytest.raises(_Killed):
+        await agent.run("What is the answer?", session="chat", run_id="run-1")
+    monkeypatch.setattr(_file, "_write_atomic", write_atomic)
+    monkeypatch.setattr(_file, "_append_synced", append)
+
+    store = FileStore(root)
+    assert (await store.load_state("run-1")).phase != "done"  # type: ignore[union-attr]
+    result = await Agent(ScriptedModel(["The answer is 42."]), store=store).resume("run-1")
+    assert result.output == "The answer is 42."
+    turns = [(m.role, m.content) for m in await store.get_memory("chat")]
+    assert turns == [("user", "What is the answer?"), ("assistant", "The answer is 42.")]
+    text = (root / "sessions" / "chat.jsonl").read_text()
+    assert text.count('"run":"run-1"') == 2

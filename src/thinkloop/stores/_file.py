@@ -148,10 +148,12 @@ class FileStore(Store):
                 check_saves(run_id, state[1], self._saved_count(run_id))
             if lines:
                 _append_synced(log, lines)
+            if memory:  # before the state that commits the turn: a crash between the two loses nothing
+                self._forget_run(session or "", run_id)  # what a crashed try of this save wrote
+                for role, content in memory:
+                    self._remember(session or "", role, content, run_id)
             if state is not None:
                 _write_atomic(self._state_path(run_id), state[0])
-            for role, content in memory:
-                self._remember(session or "", role, content)
 
     def _repair(self, run_id: str, existing: list[str], expected: int) -> list[str]:
         """Drop events a crashed checkpoint wrote without its state — after the saved state's version, or
@@ -253,9 +255,24 @@ class FileStore(Store):
         with self._locked():
             self._remember(session, role, content)
 
-    def _remember(self, session: str, role: MemoryRole, content: str) -> None:
+    def _remember(self, session: str, role: MemoryRole, content: str, run_id: str | None = None) -> None:
+        """Append a message to the session's file; one of a run's turn names the run (`"run"`), so that a
+        finishing save that a crash cut before its state was written can take it back when it is made again."""
         entry = MemoryEntry(session=session, role=role, content=clean_text(content), time=time.time())
-        _append_synced(self._session_path(session), [entry.model_dump_json()])
+        line = entry.model_dump_json()
+        if run_id is not None:
+            line = f"{line[:-1]},{_RUN_KEY}{json.dumps(run_id)}}}"
+        _append_synced(self._session_path(session), [line])
+
+    def _forget_run(self, session: str, run_id: str) -> None:
+        """Remove the session's messages of run `run_id`: only a save of its turn that a crash cut before the
+        run's state was written leaves any (the run's answer then may differ on resume)."""
+        path = self._session_path(session)
+        mark = f"{_RUN_KEY}{json.dumps(run_id)}}}"
+        lines = _read_lines(path, whole=True)
+        kept = [line for line in lines if not line.endswith(mark)]
+        if len(kept) != len(lines):
+            _write_atomic(path, "".join(line + "\n" for line in kept))
 
     async def get_memory(self, session: str, limit: int | None = None) -> list[MemoryEntry]:
         path = self._session_path(session)
@@ -264,8 +281,13 @@ class FileStore(Store):
         return [_memory_entry(session, path, first + i, line) for i, line in enumerate(lines[first:], 1)]
 
 
+_RUN_KEY = '"run":'  # the last key of a session line of a run's turn (`FileStore._remember`)
+
+
 def _memory_entry(session: str, path: Path, number: int, line: str) -> MemoryEntry:
     try:
+        if _RUN_KEY in line:
+            line = re.sub(r',"run":"(?:[^"\\]|\\.)*"}$', "}", line)
         return MemoryEntry.model_validate_json(line)
     except ValueError as exc:
         raise StateError(
