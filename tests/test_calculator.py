@@ -339,17 +339,24 @@ def test_comparisons_are_true_or_false() -> None:
 @pytest.mark.parametrize(
     ("expression", "named"),
     [
-        (  # suite C's below_reorder, seed 0, four times: told only "cannot parse … use numbers"
-            "HINGE-H40's current stock < HINGE-H40's reorder level",
-            '"HINGE-H40\'s current stock", "HINGE-H40\'s reorder level" are not numbers',
-        ),
+        ("HINGE-H40 < 1000", "'HINGE', 'H40' are not numbers"),  # suite C's below_reorder, after
         (  # suite C's bolts_total, seed 0, three times: told only "only arithmetic is allowed"
             "sum([bin['qty'] for bin in site['zones'][0]['bins'] if bin['sku'] == 'BOLT-M6'])",
             "'bin', 'site' are not numbers",
         ),
     ],
 )
-def test_words_in_expressions_that_cannot_be_read_are_named_too(expression: str, named: str) -> None:
+def test_words_in_comparisons_and_variables_are_named_too(expression: str, named: str) -> None:
     with pytest.raises(CalculatorError) as raised:
         evaluate(expression)
-    assert f"; {named}: the calculator computes with numbers only." in str(raised.value)
+    assert f"{named}: the calculator computes with numbers only." in str(raised.value)
+
+
+def test_an_expression_that_cannot_be_parsed_is_told_only_that() -> None:
+    """Naming its words ("… is not a number: … read the result and answer without the calculator") after
+    "translate 'good morning' into Spanish" sent the 1.5B model on to other tools (suite A's translate)."""
+    with pytest.raises(CalculatorError) as raised:
+        evaluate("translate 'good morning' into Spanish")
+    assert str(raised.value) == (
+        "cannot parse \"translate 'good morning' into Spanish\": use numbers, + - * / ** ( ) and functions like sqrt(x)"
+    )
