@@ -921,17 +921,24 @@ _ORDER_MAX_ITEMS, _ORDER_MAX_KEYS = 12, 4
 _NAME_KEY_RE = re.compile(r"(?:^|_)(?:name|title)$", re.IGNORECASE)
 
 
+def _json_result(text: str) -> Any:
+    """A tool result that is a JSON object or list of at most 20,000 characters, parsed; None otherwise."""
+    if text.lstrip()[:1] not in ("{", "[") or len(text) > 20_000:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
 def list_orders(text: str) -> str:
     """For a JSON tool result holding a list of records (2 to 12 objects), one line per numeric field
     giving the records in the order of that field (`flights by price_eur, from lowest to highest: IB 3401
     (498), LH 1120 (642)`), each named by its first field that tells them apart; "" otherwise. Shown to a
     ReAct model after the result (the stored result is unchanged): the 1.5B model named the first of two
     flights as the cheapest, reading the right prices."""
-    if text.lstrip()[:1] not in ("{", "[") or len(text) > 20_000:
-        return ""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
+    value = _json_result(text)
+    if value is None:
         return ""
     lists = [("items", value)] if isinstance(value, list) else []
     if isinstance(value, dict):
@@ -949,11 +956,8 @@ def nested_rows(text: str) -> str:
     otherwise. Shown to a ReAct model after the result (the stored result is unchanged): reading
     `{"zones": [{"zone": "A", "bins": [{…}, {…}]}, …]}`, the 1.5B model added up every quantity of the
     site for "how many M6 bolts across all bins", and tried a list comprehension in the calculator."""
-    if text.lstrip()[:1] not in ("{", "[") or len(text) > 20_000:
-        return ""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
+    value = _json_result(text)
+    if value is None:
         return ""
     rows: list[str] = []
     kinds: set[str] = set()
