@@ -1100,9 +1100,8 @@ def native_answer(text: str) -> str:
     if "think>" in text.lower():
         cleaned = _react.without_think_blocks(text)
         close = _react.last_match(_THINK_CLOSE_RE, cleaned)
-        if (
-            close is not None
-        ):  # the opening tag was part of the prompt: everything before the close is reasoning
+        # the opening tag was part of the prompt: everything before the close is reasoning
+        if close is not None:
             cleaned = cleaned[close.end() :]
         elif cleaned.lstrip().lower().startswith("<think>"):  # cut off while reasoning: keep it, untagged
             cleaned = cleaned.lstrip()[len("<think>") :]
